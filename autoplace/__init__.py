@@ -1,0 +1,53 @@
+"""autoplace: automatic device placement for PyTorch.
+
+    model = autoplace.wrap(model, ["cuda:0", "cuda:1", "cuda:2", "cuda:3"])
+
+traces the model with torch.fx, plans a placement (a learned policy or a classic heuristic,
+judged by a training-step simulator) and returns a module that runs it. The pieces are public
+too: ``trace`` / ``load_pipedream`` give an :class:`OpGraph`, ``Cluster`` describes devices,
+``plan`` returns a :class:`Placement`, ``simulate`` predicts its step time.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from .cluster import Cluster, Device, Link
+from .cost.analytic import CostModel
+from .graph.ir import OpGraph
+from .placement import Placement, PlacementError
+
+__version__ = "0.1.0"
+
+# Heavier names load on first use, so `import autoplace` stays quick.
+_LAZY = {
+    "trace": ("autoplace.graph.trace", "trace"),
+    "load_pipedream": ("autoplace.graph.pipedream", "load_pipedream"),
+    "simulate": ("autoplace.sim", "simulate"),
+    "SimResult": ("autoplace.sim", "SimResult"),
+    "lower_bound": ("autoplace.sim", "lower_bound"),
+    "planners": ("autoplace.planners", "planners"),
+    "plan": ("autoplace.api", "plan"),
+    "wrap": ("autoplace.api", "wrap"),
+    "PlacedModule": ("autoplace.api", "PlacedModule"),
+    "zoo": ("autoplace.zoo", None),
+}
+
+__all__ = [
+    "trace", "load_pipedream", "OpGraph", "Cluster", "Device", "Link", "CostModel", "Placement",
+    "PlacementError", "simulate", "SimResult", "lower_bound", "planners", "plan", "wrap", "PlacedModule", "zoo",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        value = import_module(mod) if attr is None else getattr(import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autoplace' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

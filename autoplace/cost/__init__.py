@@ -1,0 +1,1 @@
+"""Cost models: roofline (analytic.py), per-op profiling (profile.py), calibration."""

@@ -1,0 +1,193 @@
+"""The cost model: seconds per op per device, from measurements where they exist and from a
+roofline estimate where they do not.
+
+Roofline (Williams, Waterman and Patterson, CACM 2009), per op and device:
+
+    t = max(flops / (peak_flops * e_compute[class]), bytes / (mem_bandwidth * e_memory)) + overhead
+
+with ``bytes`` the op's parameters plus the activations it reads and writes, and ``class`` the
+op's kind class (:mod:`autoplace.graph.kinds`). Backward uses the graph's backward FLOPs and
+twice the forward bytes (it reads the saved activations and the output gradient, writes the
+input and weight gradients). A transfer costs ``latency + bytes / bandwidth`` (the cluster's).
+
+Measured times (a PipeDream profile, or :mod:`autoplace.cost.profile`) win over the roofline
+on the device kind they were measured on; on another kind they are scaled by the ratio of the
+two kinds' fp32 peaks. ``batch_fraction`` < 1 (a pipeline micro-batch) scales the per-sample
+work and keeps the per-op overhead and the parameter traffic: small micro-batches pay for it.
+
+:func:`autoplace.cost.calibrate.calibrate` fits ``e_compute`` per class to measured times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from ..graph.kinds import CLASSES, kind_class
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+
+__all__ = ["CostModel", "DEFAULT_COMPUTE_EFFICIENCY", "OPTIMIZER_STATE"]
+
+# Fraction of fp32 peak that eager PyTorch reaches per class of op on a GPU at training batch
+# sizes (cuDNN convolutions and cuBLAS GEMMs near half of peak; the rest is memory bound, so
+# its compute term rarely decides). calibrate() replaces these with fitted values.
+DEFAULT_COMPUTE_EFFICIENCY: dict[str, float] = {
+    "conv": 0.55,
+    "matmul": 0.6,
+    "rnn": 0.4,
+    "attention": 0.4,
+    "embedding": 0.3,
+    "norm": 0.2,
+    "pool": 0.3,
+    "activation": 0.3,
+    "elementwise": 0.3,
+    "reduce": 0.3,
+    "concat": 0.3,
+    "dropout": 0.3,
+    "input": 1.0,
+    "loss": 0.3,
+    "other": 0.3,
+}
+
+# Optimizer state per parameter byte (Adam keeps two moments; SGD with momentum one).
+OPTIMIZER_STATE: dict[str, float] = {"adam": 2.0, "adamw": 2.0, "sgd-momentum": 1.0, "sgd": 0.0}
+# Bytes touched by the update per parameter byte (read p, g and state, write p and state).
+_UPDATE_TRAFFIC: dict[str, float] = {"adam": 7.0, "adamw": 7.0, "sgd-momentum": 5.0, "sgd": 3.0}
+
+
+def _family(kind: str) -> str:
+    return kind.split("-", 1)[0].upper()
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long ops, transfers and updates take. A frozen value; ``replace`` to change it."""
+
+    compute_efficiency: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_COMPUTE_EFFICIENCY))
+    """fraction of peak FLOP/s reached, per kind class (missing classes use "other")."""
+    memory_efficiency: float = 0.7
+    """fraction of memory bandwidth reached by memory-bound ops."""
+    use_measured: bool = True
+    """use a graph's measured times where it has them."""
+    optimizer: str = "adam"
+    """optimizer whose state and update the simulator charges ("adam", "sgd-momentum", "sgd")."""
+    dtype_bytes: int = 4
+    """bytes per value of parameters and activations (4: fp32; 2: fp16/bf16 on tensor cores)."""
+    overhead_scale: float = 1.0
+    """multiplier on each device's per-op launch overhead."""
+    calibration: Mapping[str, Any] = field(default_factory=dict)
+    """how this model was fitted (set by calibrate(); empty for the defaults)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise ValueError(f"optimizer {self.optimizer!r} is unknown; use one of {sorted(OPTIMIZER_STATE)}")
+        bad = {k: v for k, v in self.compute_efficiency.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"compute efficiencies must be in (0, 1]; got {bad}")
+        if not 0 < self.memory_efficiency <= 1:
+            raise ValueError(f"memory_efficiency is {self.memory_efficiency}; it must be in (0, 1]")
+
+    # ---- per-op ------------------------------------------------------------------------
+
+    def efficiency_vector(self, graph: "OpGraph") -> np.ndarray:
+        other = self.compute_efficiency.get("other", DEFAULT_COMPUTE_EFFICIENCY["other"])
+        return np.array([self.compute_efficiency.get(kind_class(k), other) for k in graph.kinds])
+
+    def roofline_times(self, graph: "OpGraph", cluster: "Cluster", *,
+                       batch_fraction: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(N, D) forward and backward seconds from the roofline alone."""
+        f = float(batch_fraction)
+        eff = self.efficiency_vector(graph)[:, None]
+        in_bytes = np.zeros(graph.num_nodes)
+        if graph.num_edges:
+            np.add.at(in_bytes, graph.edges[:, 1], graph.edge_bytes)
+        act = (in_bytes + graph.out_bytes) * f
+        fwd_bytes = (graph.param_bytes + act)[:, None]
+        bwd_bytes = (2.0 * graph.param_bytes + 2.0 * act)[:, None]
+        tensor = self.dtype_bytes <= 2
+        peak = np.array([(d.peak_flops_tensor or d.peak_flops) if tensor else d.peak_flops
+                         for d in cluster.devices])[None, :]
+        bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
+        ovh = np.array([d.launch_overhead_s for d in cluster.devices])[None, :] * self.overhead_scale
+        fwd = np.maximum(graph.fwd_flops[:, None] * f / (peak * eff), fwd_bytes / bw) + ovh
+        bwd = np.maximum(graph.bwd_flops[:, None] * f / (peak * eff), bwd_bytes / bw) + ovh
+        # Ops that move nothing and compute nothing (folded inputs) cost nothing.
+        idle = ((graph.fwd_flops == 0) & (graph.out_bytes == 0) & (graph.param_bytes == 0))[:, None]
+        fwd = np.where(idle, 0.0, fwd)
+        bwd = np.where(idle, 0.0, bwd)
+        return fwd, bwd
+
+    def op_times(self, graph: "OpGraph", cluster: "Cluster", *,
+                 batch_fraction: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(N, D) forward and backward seconds of every op on every device, at
+        ``batch_fraction`` of the graph's batch."""
+        fwd, bwd = self.roofline_times(graph, cluster, batch_fraction=batch_fraction)
+        if not self.use_measured:
+            return fwd, bwd
+        mf, mb = graph.fwd_time_s, graph.bwd_time_s
+        if np.all(np.isnan(mf)) and np.all(np.isnan(mb)):
+            return fwd, bwd
+        scale = self._measured_scale(graph, cluster)  # (D,) or NaN where not transferable
+        if np.all(np.isnan(scale)):
+            return fwd, bwd
+        if batch_fraction != 1.0:
+            # Measured at the full batch: keep the per-op overhead, scale the rest like the roofline does.
+            full_f, full_b = self.roofline_times(graph, cluster)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rf = np.where(full_f > 0, fwd / full_f, batch_fraction)
+                rb = np.where(full_b > 0, bwd / full_b, batch_fraction)
+        else:
+            rf = rb = np.ones_like(fwd)
+        ok = ~np.isnan(scale)[None, :]
+        mfw = mf[:, None] * scale[None, :] * rf
+        mbw = mb[:, None] * scale[None, :] * rb
+        fwd = np.where(ok & ~np.isnan(mf)[:, None], mfw, fwd)
+        bwd = np.where(ok & ~np.isnan(mb)[:, None], mbw, bwd)
+        return fwd, bwd
+
+    def _measured_scale(self, graph: "OpGraph", cluster: "Cluster") -> np.ndarray:
+        from ..cluster import DEVICE_KINDS
+
+        ref = graph.profiled_on
+        ref_peak = None
+        if ref in DEVICE_KINDS:
+            ref_peak = DEVICE_KINDS[ref][0]
+        out = np.full(cluster.num_devices, np.nan)
+        for i, d in enumerate(cluster.devices):
+            if d.kind == ref or (ref and _family(d.kind) == _family(ref) and ref_peak is None):
+                out[i] = 1.0
+            elif ref_peak is not None:
+                out[i] = ref_peak / d.peak_flops
+            elif not ref:
+                out[i] = 1.0  # measured somewhere unnamed: take the numbers as they are
+        return out
+
+    def update_times(self, graph: "OpGraph", cluster: "Cluster") -> np.ndarray:
+        """(N, D) seconds of the optimizer update of each op's parameters on each device."""
+        bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
+        return graph.param_bytes[:, None] * _UPDATE_TRAFFIC[self.optimizer] / bw
+
+    @property
+    def optimizer_state_factor(self) -> float:
+        """Optimizer state bytes per parameter byte."""
+        return OPTIMIZER_STATE[self.optimizer]
+
+    def with_efficiency(self, **per_class: float) -> "CostModel":
+        unknown = set(per_class) - set(CLASSES)
+        if unknown:
+            raise ValueError(f"unknown kind classes {sorted(unknown)}; known: {', '.join(CLASSES)}")
+        return replace(self, compute_efficiency={**self.compute_efficiency, **per_class})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_efficiency": dict(self.compute_efficiency), "memory_efficiency": self.memory_efficiency,
+                "use_measured": self.use_measured, "optimizer": self.optimizer, "dtype_bytes": self.dtype_bytes,
+                "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":
+        return cls(**dict(d))

@@ -1,0 +1,1 @@
+"""Op graphs: the IR (ir.py), the tracer (trace.py), the PipeDream loader, features."""

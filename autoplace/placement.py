@@ -1,0 +1,312 @@
+"""Placement: the plan, as a plain value that prints, saves to JSON, loads and compares.
+
+Two modes:
+
+- ``"model"`` (model parallel): ``device_of_node[i]`` is the cluster device that runs op i.
+- ``"pipeline"``: ``stage_of_node[i]`` is op i's stage; stages never decrease along an edge,
+  so they form a chain; ``stage_devices[s]`` are the devices that run stage s (more than one
+  means the stage is replicated, data parallel inside the stage); ``microbatches`` and
+  ``schedule`` ("1f1b" or "gpipe") say how a step is cut and ordered. ``device_of_node[i]``
+  is then the first device of op i's stage.
+
+Like accelerate's ``device_map``, a placement can be written out, edited by hand and read back;
+``validate`` lists every problem at once rather than stopping at the first.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .graph.ir import OpGraph
+
+__all__ = ["Placement", "PlacementError", "SCHEDULES"]
+
+SCHEDULES = ("1f1b", "gpipe")
+MODES = ("model", "pipeline")
+
+
+class PlacementError(ValueError):
+    """A placement does not fit its graph or cluster; the message lists every problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        head = "placement is invalid" if len(self.problems) != 1 else "placement is invalid:"
+        body = self.problems[0] if len(self.problems) == 1 else "\n  - " + "\n  - ".join(self.problems)
+        super().__init__(f"{head} {body}" if len(self.problems) == 1 else f"{head}:{body}")
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    mode: str
+    device_of_node: np.ndarray
+    stage_of_node: np.ndarray | None = None
+    stage_devices: tuple[tuple[int, ...], ...] | None = None
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    graph_hash: str = ""
+    cluster_fingerprint: str = ""
+    planner: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.mode not in MODES:
+            raise PlacementError([f"mode is {self.mode!r}; it must be one of {MODES}"])
+        dev = np.array(self.device_of_node).reshape(-1)
+        if dev.size and not np.issubdtype(dev.dtype, np.integer):
+            if not np.all(np.isfinite(dev.astype(float))) or np.any(dev != np.round(dev)):
+                raise PlacementError(["device_of_node must hold integer device indices"])
+        dev = dev.astype(np.int64)
+        dev.setflags(write=False)
+        set_(self, "device_of_node", dev)
+        if self.stage_of_node is not None:
+            st = np.array(self.stage_of_node, dtype=np.int64).reshape(-1)
+            st.setflags(write=False)
+            set_(self, "stage_of_node", st)
+        if self.stage_devices is not None:
+            set_(self, "stage_devices", tuple(
+                (int(s),) if np.isscalar(s) else tuple(int(x) for x in s) for s in self.stage_devices))
+        set_(self, "microbatches", int(self.microbatches))
+        set_(self, "meta", dict(self.meta))
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_assignment(cls, graph: "OpGraph", cluster: "Cluster", device_of_node: Sequence[int] | np.ndarray,
+                        *, planner: str = "", meta: Mapping[str, Any] | None = None,
+                        validate: bool = True) -> "Placement":
+        """A model-parallel placement: ``device_of_node[i]`` runs op i."""
+        p = cls("model", np.asarray(device_of_node), graph_hash=graph.hash,
+                cluster_fingerprint=cluster.fingerprint, planner=planner, meta=dict(meta or {}))
+        if validate:
+            p.validate(graph, cluster)
+        return p
+
+    @classmethod
+    def pipeline(cls, graph: "OpGraph", cluster: "Cluster", stage_of_node: Sequence[int] | np.ndarray,
+                 stage_devices: Sequence[int | Sequence[int]], *, microbatches: int = 4,
+                 schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
+                 validate: bool = True) -> "Placement":
+        """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
+        over several (a sequence of ints)."""
+        sd = tuple((int(s),) if np.isscalar(s) else tuple(int(x) for x in s) for s in stage_devices)
+        st = np.asarray(stage_of_node, dtype=np.int64)
+        first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
+        dev = first[np.clip(st, 0, max(len(sd) - 1, 0))] if len(sd) else np.full(st.shape, -1)
+        p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
+                schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
+                planner=planner, meta=dict(meta or {}))
+        if validate:
+            p.validate(graph, cluster)
+        return p
+
+    @classmethod
+    def single(cls, graph: "OpGraph", cluster: "Cluster", device: int = 0, **kw: Any) -> "Placement":
+        return cls.from_assignment(graph, cluster, np.full(graph.num_nodes, device), **kw)
+
+    # ---- checks -------------------------------------------------------------------------
+
+    @property
+    def num_stages(self) -> int:
+        return 0 if self.stage_devices is None else len(self.stage_devices)
+
+    def problems(self, graph: "OpGraph", cluster: "Cluster") -> list[str]:
+        """Every way this placement fails to fit ``graph`` and ``cluster`` (empty when valid)."""
+        out: list[str] = []
+        n, d = graph.num_nodes, cluster.num_devices
+        if self.graph_hash and self.graph_hash != graph.hash:
+            out.append(f"it was made for graph {self.graph_hash}, not this one ({graph.hash}"
+                       f"{', ' + graph.name if graph.name else ''}); plan again for this model")
+        dev = self.device_of_node
+        if dev.shape[0] != n:
+            out.append(f"device_of_node has {dev.shape[0]} entries; the graph has {n} ops")
+        bad = np.nonzero((dev < 0) | (dev >= d))[0]
+        if bad.size:
+            names = ", ".join(f"{graph.names[i] if i < n else i}={dev[i]}" for i in bad[:3])
+            out.append(f"placement names device {int(dev[bad[0]])} ({names}{', ...' if bad.size > 3 else ''}); "
+                       f"the cluster has {d} ({_device_range(cluster)})")
+        if self.mode == "pipeline":
+            out.extend(self._pipeline_problems(graph, cluster))
+        elif self.stage_of_node is not None or self.stage_devices is not None:
+            out.append("a model-parallel placement has no stages; use Placement.pipeline for stages")
+        return out
+
+    def _pipeline_problems(self, graph: "OpGraph", cluster: "Cluster") -> list[str]:
+        out: list[str] = []
+        n, d = graph.num_nodes, cluster.num_devices
+        st, sd = self.stage_of_node, self.stage_devices
+        if st is None or sd is None:
+            return ["a pipeline placement needs stage_of_node and stage_devices"]
+        s = len(sd)
+        if s == 0:
+            out.append("stage_devices is empty; a pipeline needs at least one stage")
+        if st.shape[0] != n:
+            out.append(f"stage_of_node has {st.shape[0]} entries; the graph has {n} ops")
+        elif n:
+            if st.min() < 0 or st.max() >= s:
+                out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; "
+                           f"there are {s} stages (0..{s - 1})")
+            missing = sorted(set(range(s)) - set(st.tolist()))
+            if missing:
+                out.append(f"stages {missing} have no ops; every stage needs at least one")
+            if graph.num_edges:
+                src, dst = graph.edges[:, 0], graph.edges[:, 1]
+                back = np.nonzero(st[src] > st[dst])[0]
+                if back.size:
+                    a, b = graph.edges[back[0]]
+                    out.append(f"edge {graph.names[a]} (stage {st[a]}) -> {graph.names[b]} (stage {st[b]}) goes "
+                               f"back a stage ({back.size} such edges); stages must not decrease along edges")
+        used: dict[int, int] = {}
+        for k, devs in enumerate(sd):
+            if not devs:
+                out.append(f"stage {k} has no devices")
+            for x in devs:
+                if not 0 <= x < d:
+                    out.append(f"stage {k} names device {x}; the cluster has {d} ({_device_range(cluster)})")
+                elif x in used:
+                    out.append(f"device {x} runs stages {used[x]} and {k}; a device runs at most one stage")
+                else:
+                    used[x] = k
+        if self.microbatches < 1:
+            out.append(f"microbatches is {self.microbatches}; it must be at least 1")
+        elif self.microbatches > graph.batch_size:
+            out.append(f"microbatches is {self.microbatches}, more than the batch size {graph.batch_size}")
+        if self.schedule not in SCHEDULES:
+            out.append(f"schedule is {self.schedule!r}; it must be one of {SCHEDULES}")
+        return out
+
+    def validate(self, graph: "OpGraph", cluster: "Cluster") -> "Placement":
+        """Raise :class:`PlacementError` listing every problem; return self when valid."""
+        probs = self.problems(graph, cluster)
+        if probs:
+            raise PlacementError(probs)
+        return self
+
+    # ---- views --------------------------------------------------------------------------
+
+    def devices_used(self) -> list[int]:
+        if self.mode == "pipeline" and self.stage_devices is not None:
+            return sorted({x for s in self.stage_devices for x in s})
+        return sorted(set(self.device_of_node.tolist()))
+
+    def ops_per_device(self, num_devices: int) -> np.ndarray:
+        return np.bincount(self.device_of_node, minlength=num_devices)
+
+    def describe(self, graph: "OpGraph | None" = None, cluster: "Cluster | None" = None) -> str:
+        n = self.device_of_node.shape[0]
+        who = f" by {self.planner}" if self.planner else ""
+        if self.mode == "model":
+            counts = np.bincount(self.device_of_node, minlength=1)
+            per = ", ".join(f"dev{i}: {c}" for i, c in enumerate(counts) if c)
+            return f"model-parallel placement{who} of {n} ops over {len(self.devices_used())} devices ({per})"
+        assert self.stage_of_node is not None and self.stage_devices is not None
+        sizes = np.bincount(self.stage_of_node, minlength=self.num_stages)
+        stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
+                           for k, devs in enumerate(self.stage_devices))
+        return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
+                f"{self.microbatches} micro-batches, {self.schedule}")
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Placement):
+            return NotImplemented
+        a, b = self.to_dict(), other.to_dict()
+        a.pop("meta"), b.pop("meta")
+        return a == b
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # ---- persistence --------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "format": "autoplace.Placement/1",
+            "mode": self.mode,
+            "graph_hash": self.graph_hash,
+            "cluster_fingerprint": self.cluster_fingerprint,
+            "planner": self.planner,
+            "device_of_node": self.device_of_node.tolist(),
+        }
+        if self.mode == "pipeline":
+            assert self.stage_of_node is not None and self.stage_devices is not None
+            d.update(stage_of_node=self.stage_of_node.tolist(), stage_devices=[list(s) for s in self.stage_devices],
+                     microbatches=self.microbatches, schedule=self.schedule)
+        d["meta"] = _jsonable(self.meta)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Placement":
+        if d.get("format") != "autoplace.Placement/1":
+            raise PlacementError([f"not an autoplace plan (format {d.get('format')!r}; "
+                                  "expected 'autoplace.Placement/1')"])
+        if d["mode"] == "pipeline":
+            return cls("pipeline", np.asarray(d["device_of_node"]), stage_of_node=np.asarray(d["stage_of_node"]),
+                       stage_devices=tuple(tuple(s) for s in d["stage_devices"]), microbatches=d["microbatches"],
+                       schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
+                       cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
+                       meta=d.get("meta", {}))
+        return cls(d["mode"], np.asarray(d["device_of_node"]), graph_hash=d.get("graph_hash", ""),
+                   cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
+                   meta=d.get("meta", {}))
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Placement":
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"plan file {str(p)!r} does not exist")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise PlacementError([f"{p} is not JSON ({e})"]) from None
+        return cls.from_dict(d)
+
+    # ---- accelerate-style device maps ---------------------------------------------------
+
+    def to_device_map(self, graph: "OpGraph", cluster: "Cluster") -> dict[str, str]:
+        """``{module path: device name}`` like accelerate's ``device_map``, when every module
+        (the coarsest path whose ops share a device) is on one device; raises otherwise.
+        Ops of top-level functions (no module) are omitted (they follow their inputs)."""
+        from .device_map import to_device_map
+
+        return to_device_map(self, graph, cluster)
+
+    @classmethod
+    def from_device_map(cls, graph: "OpGraph", cluster: "Cluster", device_map: Mapping[str, Any],
+                        *, planner: str = "device_map") -> "Placement":
+        """Read an accelerate ``device_map`` (module path -> device name or index)."""
+        from .device_map import from_device_map
+
+        return from_device_map(graph, cluster, device_map, planner=planner)
+
+
+def _device_range(cluster: "Cluster") -> str:
+    names = [dv.name for dv in cluster.devices]
+    if len(names) <= 4:
+        return ", ".join(f"{i}={n}" for i, n in enumerate(names))
+    return f"0={names[0]} .. {len(names) - 1}={names[-1]}"
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
