@@ -28,7 +28,7 @@ _LAZY = {
     "SimResult": ("autoplace.sim", "SimResult"),
     "lower_bound": ("autoplace.sim", "lower_bound"),
     "planners": ("autoplace.planners", "planners"),
-    "plan": ("autoplace.api", "plan"),
+    "plan": ("autoplace.planners", "plan"),
     "wrap": ("autoplace.api", "wrap"),
     "PlacedModule": ("autoplace.api", "PlacedModule"),
     "zoo": ("autoplace.zoo", None),
