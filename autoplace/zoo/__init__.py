@@ -1,0 +1,161 @@
+"""The reference workloads of the device-placement papers, as plain torch models.
+
+    wl = autoplace.zoo.build("inception_v3")                 # paper size, real seeded weights
+    wl = autoplace.zoo.build("gpt2", size="xl", device="meta")  # 1.5B parameters, nothing allocated
+    wl = autoplace.zoo.build("gnmt4-unrolled", small=True)   # tiny, for tests
+    loss = wl.loss_fn(wl.model(*wl.example_inputs), wl.target)
+
+No weights, no downloads, no torchvision: every model is written here. Each has a default
+config (the paper's or the usual size, and a training batch size) and a ``small`` config that
+keeps the structure (same branching, same layer types) at a size whose forward and backward
+run on a CPU in well under a second. Every model goes through ``torch.fx.symbolic_trace``
+as it is: no Python control flow on tensor values, sizes held as module attributes.
+
+No model has dropout: the workloads are for planning and for checking rewrites exactly
+(same outputs and gradients), and dropout is a cheap elementwise op for a placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import resnet
+from .tasks import classification_loss, image_batch, token_batch, token_loss
+
+__all__ = ["Workload", "build", "names"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model ready to train one step: ``loss_fn(model(*example_inputs), target)``."""
+
+    name: str
+    """The zoo name it was built from."""
+    model: nn.Module = field(repr=False)
+    """The model, in training mode, on the device asked for."""
+    example_inputs: tuple[Tensor, ...] = field(repr=False)
+    """Positional arguments of ``model.forward`` for one training batch."""
+    target: Tensor = field(repr=False)
+    """What ``loss_fn`` compares the model's output with."""
+    loss_fn: LossFn = field(repr=False)
+    """``loss_fn(output, target) -> scalar tensor``."""
+    batch_size: int
+    """Examples in ``example_inputs``."""
+    config: dict[str, Any]
+    """The full resolved config: defaults (or small ones), then the caller's overrides."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """How one zoo name is built."""
+
+    model: Callable[[Mapping[str, Any]], nn.Module]
+    data: Callable[[Mapping[str, Any]], tuple[tuple[Tensor, ...], Tensor]]
+    loss_fn: Callable[[Mapping[str, Any]], LossFn]
+    default: Mapping[str, Any]
+    small: Mapping[str, Any]
+    resolve: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Fills derived keys (e.g. a GPT-2 ``size`` preset) after overrides are applied."""
+
+
+def _images(cfg: Mapping[str, Any]) -> tuple[tuple[Tensor, ...], Tensor]:
+    return image_batch(cfg["batch_size"], cfg["image_size"], cfg["num_classes"])
+
+
+def _tokens(cfg: Mapping[str, Any]) -> tuple[tuple[Tensor, ...], Tensor]:
+    return token_batch(cfg["batch_size"], cfg["seq_len"], cfg["vocab_size"])
+
+
+def _classification(cfg: Mapping[str, Any]) -> LossFn:
+    return classification_loss
+
+
+def _token_prediction(cfg: Mapping[str, Any]) -> LossFn:
+    return token_loss
+
+
+_ENTRIES: dict[str, _Entry] = {
+    "resnet18": _Entry(resnet.build_model, _images, _classification, resnet.RESNET18, resnet.RESNET18_SMALL),
+    "resnet50": _Entry(resnet.build_model, _images, _classification, resnet.RESNET50, resnet.RESNET50_SMALL),
+}
+
+
+def names() -> list[str]:
+    """Every workload name :func:`build` accepts, sorted."""
+    return sorted(_ENTRIES)
+
+
+def build(name: str, *, small: bool = False, device: str | torch.device = "cpu", seed: int = 0,
+          **config: Any) -> Workload:
+    """Build the workload ``name``.
+
+    ``small=True`` starts from the tiny test config instead of the default one; ``config``
+    keys override either (``build("gpt2", size="xl", batch_size=2)``); unknown keys are an
+    error that lists the valid ones. ``device="meta"`` creates parameters, inputs and target on
+    the meta device, allocating nothing (trace a 1.5B-parameter GPT for free); any other device
+    gets real weights, initialised after ``torch.manual_seed(seed)``, and random inputs drawn
+    from seed ``seed + 1``. The caller's global random state is left as it was.
+    """
+    if name not in _ENTRIES:
+        raise KeyError(f"no zoo workload named {name!r}; the zoo has: {', '.join(names())}")
+    entry = _ENTRIES[name]
+    cfg = _resolve(name, entry, small, config)
+    dev = torch.device(device)
+    with _seeded(seed, dev), dev:
+        model = entry.model(cfg)
+    with _seeded(seed + 1, dev), dev:
+        inputs, target = entry.data(cfg)
+    model.train()
+    return Workload(name=name, model=model, example_inputs=inputs, target=target,
+                    loss_fn=entry.loss_fn(cfg), batch_size=int(cfg["batch_size"]), config=cfg)
+
+
+def _resolve(name: str, entry: _Entry, small: bool, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Base config, then overrides (checked against the base's keys and value types), then derived keys."""
+    base = dict(entry.small if small else entry.default)
+    unknown = sorted(set(overrides) - set(base))
+    if unknown:
+        raise TypeError(f"zoo workload {name!r} has no config key {', '.join(map(repr, unknown))}; "
+                        f"valid keys: {', '.join(sorted(base))}")
+    reference = entry.resolve(dict(base)) if entry.resolve else base
+    for key, value in overrides.items():
+        _check_value(name, key, value, reference[key])
+    cfg = {**base, **overrides}
+    return entry.resolve(cfg) if entry.resolve else cfg
+
+
+def _check_value(name: str, key: str, value: Any, like: Any) -> None:
+    """A config value must have the type of the default it replaces; counts and sizes are >= 1."""
+    if isinstance(like, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(like, int):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    elif isinstance(like, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(like, (tuple, list)):
+        ok = isinstance(value, (tuple, list))
+    elif isinstance(like, str):
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        kind = "a positive int" if isinstance(like, int) and not isinstance(like, bool) else type(like).__name__
+        raise TypeError(f"zoo workload {name!r}: config {key}={value!r} must be {kind} like its default {like!r}")
+
+
+@contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's generators for the block, restoring the caller's random state after it."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
