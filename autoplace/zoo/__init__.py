@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import resnet
+from . import alexnet, inception, resnet, vgg
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
 __all__ = ["Workload", "build", "names"]
@@ -82,9 +82,17 @@ def _token_prediction(cfg: Mapping[str, Any]) -> LossFn:
     return token_loss
 
 
+def _inception_loss(cfg: Mapping[str, Any]) -> LossFn:
+    return inception.inception_loss if cfg["aux"] else classification_loss
+
+
 _ENTRIES: dict[str, _Entry] = {
+    "alexnet": _Entry(alexnet.build_alexnet, _images, _classification, alexnet.ALEXNET, alexnet.ALEXNET_SMALL),
+    "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
+                           inception.INCEPTION_V3_SMALL),
     "resnet18": _Entry(resnet.build_model, _images, _classification, resnet.RESNET18, resnet.RESNET18_SMALL),
     "resnet50": _Entry(resnet.build_model, _images, _classification, resnet.RESNET50, resnet.RESNET50_SMALL),
+    "vgg16": _Entry(vgg.build_vgg16, _images, _classification, vgg.VGG16, vgg.VGG16_SMALL),
 }
 
 
