@@ -1,0 +1,195 @@
+"""The :class:`Simulator`: everything about a graph on a cluster that does not depend on the
+placement, computed once, and the three ways to score a placement.
+
+    sim = Simulator(graph, cluster)                    # op times, adjacency, memory terms
+    sim.evaluate(device_of_node)                       # model parallel, no timeline: the reward
+    sim.evaluate_pipeline(stage_of_node, stage_devices, microbatches, schedule="1f1b")
+    sim.run(placement)                                 # a full SimResult with its timeline
+
+``evaluate`` and ``run`` call the same compiled simulation (:mod:`.model_parallel`,
+:mod:`.pipeline`), so they agree exactly. A Simulator is not thread-safe to build but is
+safe to call from several threads (each call allocates its own scratch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..cost.analytic import CostModel
+from ..placement import Placement, PlacementError
+from .model_parallel import mp_evaluate, mp_run
+from .result import Evaluation, Event, SimResult, device_labels
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+
+__all__ = ["Simulator"]
+
+def _tied_groups(graph: "OpGraph") -> list[list[int]]:
+    """Disjoint tied groups (overlapping ones merged), each sorted, owner first; groups whose
+    members are fewer than two are dropped."""
+    parent = list(range(graph.num_nodes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    members: set[int] = set()
+    for g in graph.tied:
+        for i in g[1:]:
+            parent[find(i)] = find(g[0])
+        members.update(g)
+    groups: dict[int, list[int]] = {}
+    for i in sorted(members):
+        groups.setdefault(find(i), []).append(i)
+    ordered = []
+    for g in graph.tied:  # keep the graph's owner (first member) when groups do not overlap
+        if g and find(g[0]) in groups:
+            grp = groups.pop(find(g[0]))
+            owner = g[0] if len(grp) == len(set(g)) else grp[0]
+            ordered.append([owner] + [i for i in grp if i != owner])
+    return [g for g in ordered if len(g) > 1]
+
+
+class Simulator:
+    """Scores placements of ``graph`` on ``cluster`` under ``cost`` (default ``CostModel()``).
+
+    Built once per (graph, cluster, cost): forward, backward and update times of every op on
+    every device, link latencies and inverse bandwidths, the graph's adjacency as CSR arrays and
+    its memory terms; pipeline op times at each micro-batch size are computed on first use and
+    kept.
+    """
+
+    def __init__(self, graph: "OpGraph", cluster: "Cluster", cost: CostModel | None = None) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.cost = cost if cost is not None else CostModel()
+        self.num_nodes = graph.num_nodes
+        self.num_devices = cluster.num_devices
+        fwd, bwd = self.cost.op_times(graph, cluster)
+        self.fwd = np.ascontiguousarray(fwd, dtype=np.float64)
+        self.bwd = np.ascontiguousarray(bwd, dtype=np.float64)
+        self.upd = np.ascontiguousarray(self.cost.update_times(graph, cluster), dtype=np.float64)
+        self._times: dict[int, tuple[np.ndarray, np.ndarray]] = {1: (self.fwd, self.bwd)}
+        self.lat = np.ascontiguousarray(cluster.latency_matrix, dtype=np.float64).copy()
+        np.fill_diagonal(self.lat, 0.0)
+        with np.errstate(divide="ignore"):
+            inv = 1.0 / np.asarray(cluster.bandwidth_matrix, dtype=np.float64)
+        np.fill_diagonal(inv, 0.0)
+        self.inv_bw = np.ascontiguousarray(inv)
+        self.capacity = np.array([d.memory_bytes for d in cluster.devices], dtype=np.float64)
+        self.labels = device_labels([d.name for d in cluster.devices], [d.kind for d in cluster.devices])
+        groups = _tied_groups(graph)
+        tied_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+        for k, g in enumerate(groups):
+            tied_of[g] = k
+        self.tied_groups = groups
+        self.tied_of = tied_of
+        self.tied_first = np.array([g[0] for g in groups], dtype=np.int64)
+        self.tied_bytes = np.array([graph.param_bytes[g[0]] for g in groups], dtype=np.float64)
+        i64 = np.int64
+        self._mp = {
+            "fwd": self.fwd, "bwd": self.bwd, "upd": self.upd,
+            "succ_ptr": graph.succ_ptr.astype(i64), "succ_eid": graph.succ_eid.astype(i64),
+            "pred_ptr": graph.pred_ptr.astype(i64), "pred_eid": graph.pred_eid.astype(i64),
+            "esrc": np.ascontiguousarray(graph.edges[:, 0], dtype=i64),
+            "edst": np.ascontiguousarray(graph.edges[:, 1], dtype=i64),
+            "ebytes": np.ascontiguousarray(graph.edge_bytes, dtype=np.float64),
+            "lat": self.lat, "inv_bw": self.inv_bw,
+            "out_bytes": np.ascontiguousarray(graph.out_bytes, dtype=np.float64),
+            "param_bytes": np.ascontiguousarray(graph.param_bytes, dtype=np.float64),
+            "opt_factor": float(self.cost.optimizer_state_factor),
+            "tied_of": tied_of, "tied_first": self.tied_first, "tied_bytes": self.tied_bytes,
+            "capacity": self.capacity,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Simulator of {self.graph.name or 'a graph'} ({self.num_nodes} ops) on {self.cluster.describe()}>"
+
+    # ---- shared precomputation ----------------------------------------------------------
+
+    def op_times(self, parts: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(N, D) forward and backward seconds at 1/``parts`` of the batch (cached)."""
+        if parts not in self._times:
+            f, b = self.cost.op_times(self.graph, self.cluster, batch_fraction=1.0 / parts)
+            self._times[parts] = (np.ascontiguousarray(f, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64))
+        return self._times[parts]
+
+    def _check_assignment(self, device_of_node: Sequence[int] | np.ndarray) -> np.ndarray:
+        dev = np.ascontiguousarray(device_of_node, dtype=np.int64)
+        if dev.shape != (self.num_nodes,):
+            raise PlacementError([f"device_of_node has shape {dev.shape}; the graph has {self.num_nodes} ops, "
+                                  f"so it must be ({self.num_nodes},)"])
+        if self.num_nodes and (dev.min() < 0 or dev.max() >= self.num_devices):
+            bad = int(dev.min()) if dev.min() < 0 else int(dev.max())
+            raise PlacementError([f"placement names device {bad}; the cluster has {self.num_devices} "
+                                  f"(0..{self.num_devices - 1})"])
+        return dev
+
+    # ---- model parallel -----------------------------------------------------------------
+
+    def evaluate(self, device_of_node: Sequence[int] | np.ndarray) -> Evaluation:
+        """Step time and memory of the model-parallel placement ``device_of_node`` (no timeline)."""
+        dev = self._check_assignment(device_of_node)
+        step, peak, excess = mp_evaluate(self._mp, dev)
+        return Evaluation(float(step), peak, float(excess))
+
+    def _run_model(self, dev: np.ndarray, timeline: bool) -> SimResult:
+        (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
+         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self._mp, dev)
+        n_dev = self.num_devices
+        link_busy = np.zeros((n_dev, n_dev))
+        np.add.at(link_busy, (tr_from, tr_to), tr_end - tr_start)
+        events: list[Event] = []
+        if timeline:
+            lane = [f"dev {i} {d.name}" for i, d in enumerate(self.cluster.devices)]
+            for i in range(self.num_nodes):
+                d = int(dev[i])
+                events.append(Event(lane[d], d, "fwd", i, -1, float(f_start[i]), float(f_end[i])))
+                events.append(Event(lane[d], d, "bwd", i, -1, float(b_start[i]), float(b_end[i])))
+            for d in range(n_dev):
+                if u_end[d] > u_start[d]:
+                    events.append(Event(lane[d], d, "update", -1, -1, float(u_start[d]), float(u_end[d])))
+            for a, b, node, s, e in zip(tr_from.tolist(), tr_to.tolist(), tr_node.tolist(), tr_start.tolist(),
+                                        tr_end.tolist()):
+                events.append(Event(f"link {a}->{b}", a, "send", node, -1, s, e))
+            events.sort(key=lambda e: (e.start, e.end, e.lane))
+        return SimResult(mode="model", step_time_s=float(step), peak_memory_bytes=peak,
+                         memory_capacity_bytes=self.capacity, compute_s=compute,
+                         comm_s=float((tr_end - tr_start).sum()), link_busy_s=link_busy,
+                         batch_size=self.graph.batch_size, device_labels=self.labels, timeline=tuple(events))
+
+    # ---- pipeline -----------------------------------------------------------------------
+
+    def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
+                          stage_devices: Sequence[int | Sequence[int]], microbatches: int,
+                          schedule: str = "1f1b") -> Evaluation:
+        """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule)."""
+        from .pipeline import pipeline_step
+
+        out = pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, timeline=False)
+        return out.evaluation
+
+    # ---- full result --------------------------------------------------------------------
+
+    def run(self, placement: Placement, *, timeline: bool = True) -> SimResult:
+        """Validate ``placement`` and simulate it, with its timeline unless ``timeline=False``."""
+        placement.validate(self.graph, self.cluster)
+        if placement.mode == "pipeline":
+            from .pipeline import pipeline_step
+
+            assert placement.stage_of_node is not None and placement.stage_devices is not None
+            return pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
+                                 placement.schedule, timeline=timeline)
+        return self._run_model(self._check_assignment(placement.device_of_node), timeline)
+
+    def lower_bound(self, *, mode: str = "any") -> float:
+        """See :func:`autoplace.sim.bounds.lower_bound`."""
+        from .bounds import lower_bound_of
+
+        return lower_bound_of(self, mode=mode)
