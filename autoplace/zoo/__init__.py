@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import alexnet, inception, resnet, vgg
+from . import alexnet, bert, gnmt, gpt2, inception, resnet, vgg
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
 __all__ = ["Workload", "build", "names"]
@@ -88,6 +88,14 @@ def _inception_loss(cfg: Mapping[str, Any]) -> LossFn:
 
 _ENTRIES: dict[str, _Entry] = {
     "alexnet": _Entry(alexnet.build_alexnet, _images, _classification, alexnet.ALEXNET, alexnet.ALEXNET_SMALL),
+    "bert-base": _Entry(bert.build_model, _tokens, _token_prediction, bert.BERT_BASE, bert.BERT_SMALL),
+    "gnmt4": _Entry(gnmt.build_model, gnmt.gnmt_batch, _token_prediction, gnmt.GNMT4, gnmt.GNMT4_SMALL),
+    "gnmt8": _Entry(gnmt.build_model, gnmt.gnmt_batch, _token_prediction, gnmt.GNMT8, gnmt.GNMT8_SMALL),
+    "gnmt4-unrolled": _Entry(gnmt.build_unrolled, gnmt.gnmt_batch, _token_prediction, gnmt.GNMT4_UNROLLED,
+                             gnmt.GNMT4_SMALL),
+    "gnmt8-unrolled": _Entry(gnmt.build_unrolled, gnmt.gnmt_batch, _token_prediction, gnmt.GNMT8_UNROLLED,
+                             gnmt.GNMT8_SMALL),
+    "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve),
     "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
                            inception.INCEPTION_V3_SMALL),
     "resnet18": _Entry(resnet.build_model, _images, _classification, resnet.RESNET18, resnet.RESNET18_SMALL),
