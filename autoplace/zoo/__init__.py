@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import alexnet, bert, gnmt, gpt2, inception, resnet, vgg
+from . import alexnet, bert, gnmt, gpt2, inception, nasnet, resnet, vgg
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
 __all__ = ["Workload", "build", "names"]
@@ -98,6 +98,7 @@ _ENTRIES: dict[str, _Entry] = {
     "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve),
     "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
                            inception.INCEPTION_V3_SMALL),
+    "nasnet": _Entry(nasnet.build_model, _images, _classification, nasnet.NASNET_LARGE, nasnet.NASNET_SMALL),
     "resnet18": _Entry(resnet.build_model, _images, _classification, resnet.RESNET18, resnet.RESNET18_SMALL),
     "resnet50": _Entry(resnet.build_model, _images, _classification, resnet.RESNET50, resnet.RESNET50_SMALL),
     "vgg16": _Entry(vgg.build_vgg16, _images, _classification, vgg.VGG16, vgg.VGG16_SMALL),
