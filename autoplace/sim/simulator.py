@@ -172,8 +172,7 @@ class Simulator:
         """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule)."""
         from .pipeline import pipeline_step
 
-        out = pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, timeline=False)
-        return out.evaluation
+        return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False).evaluation
 
     # ---- full result --------------------------------------------------------------------
 
@@ -184,8 +183,10 @@ class Simulator:
             from .pipeline import pipeline_step
 
             assert placement.stage_of_node is not None and placement.stage_devices is not None
-            return pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
-                                 placement.schedule, timeline=timeline)
+            out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
+                                placement.schedule, result=True, timeline=timeline)
+            assert out.result is not None
+            return out.result
         return self._run_model(self._check_assignment(placement.device_of_node), timeline)
 
     def lower_bound(self, *, mode: str = "any") -> float:
