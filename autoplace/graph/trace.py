@@ -1,0 +1,470 @@
+"""From an ``nn.Module`` and example inputs to an :class:`~autoplace.graph.ir.OpGraph`.
+
+Three steps, each its own module:
+
+1. **Trace** (here). ``torch.fx`` symbolic tracing with a tracer that keeps ``leaf_modules``
+   whole; when that fails (Hugging Face models, Python control flow on shapes or values),
+   ``torch.export.export(strict=False)``, whose ATen-level nodes are mapped back to module
+   paths through ``nn_module_stack``. When both fail, a :class:`TraceError` names the
+   innermost module where tracing stopped and suggests making it a leaf.
+2. **Propagate** (:mod:`autoplace.graph.propagate`): shapes, bytes and forward/backward FLOPs
+   per fx node on fake tensors, so no weight is ever allocated.
+3. **Coarsen** (:mod:`autoplace.graph.coarsen`): placeholders, ``get_attr``, the output and
+   free view-like nodes are folded into neighbours so that every op of the graph does work.
+
+Parameters and buffers belong to the op that holds them (a call-module op holds its module's
+state, a ``get_attr`` belongs to its first consumer). A tensor held by several ops (tied
+embeddings, a module called twice) is counted once, at the first of them, and when it is a
+trainable parameter the ops that share it form a ``tied`` group.
+
+:func:`trace_module` returns a :class:`Traced`: the fx ``GraphModule`` that runs the model,
+the op graph, and ``op_of_fx``, which op every fx node was folded into. That is what the
+rewrite uses to put each fx node on its op's device.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten
+
+from .coarsen import coarsen
+from .ir import OpGraph
+from .propagate import NodeStats, TraceError, propagate
+
+__all__ = ["Traced", "TraceError", "trace", "trace_module", "node_kind", "VIEW_KINDS"]
+
+# Free, view-like kinds (after normalisation): folded into their producer. They allocate no
+# new activation memory (contiguous and expand may copy, but rarely on the hot path) and do
+# no arithmetic. Dropout is not here: it does work in training.
+VIEW_KINDS: frozenset[str] = frozenset({
+    "getitem", "getattr", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "permute",
+    "transpose", "t", "T", "mT", "contiguous", "expand", "expand_as", "size", "sym_size", "dim", "numel",
+    "unsqueeze", "squeeze", "unbind", "split", "split_with_sizes", "chunk", "tensor_split", "narrow", "select",
+    "slice", "detach", "alias", "unsafe_view", "movedim", "moveaxis", "swapaxes", "swapdims", "as_strided",
+    "assert", "assert_is_none", "assert_tensor_metadata", "assert_scalar", "guards_fn",
+})
+
+_ALIASES = {
+    "iadd": "add", "isub": "sub", "imul": "mul", "truediv": "div", "itruediv": "div", "floordiv": "floor_divide",
+    "ifloordiv": "floor_divide", "true_divide": "div", "multiply": "mul", "subtract": "sub", "divide": "div",
+}
+
+ExampleInputs = Any  # tuple of positional args | dict of keyword args | a single tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Traced:
+    """A traced model: what runs it, the op graph, and how the two correspond."""
+
+    gm: torch.fx.GraphModule
+    """runs the model. From symbolic tracing it holds the user's own submodules and parameters
+    (never copies); from torch.export it holds the user's parameter and buffer tensors."""
+    graph: OpGraph
+    """the coarse op graph."""
+    op_of_fx: dict[str, int]
+    """every fx node name in ``gm.graph`` (placeholders, get_attr and output included) -> the
+    index of the op it was folded into; ``graph.members[i]`` lists the names that map to i."""
+    method: str
+    """"fx" (torch.fx.symbolic_trace) or "export" (torch.export.export, strict=False)."""
+    input_names: tuple[str, ...]
+    """the placeholders of ``gm`` that take the user's tensors, in order."""
+    bind: Callable[[ExampleInputs], dict[str, Any]] = field(repr=False)
+    """example inputs (same form as given to :func:`trace_module`) -> value of every
+    placeholder of ``gm`` by node name; what a node-by-node interpreter feeds the graph."""
+
+
+# ---- inputs and leaf modules ------------------------------------------------------------
+
+def _split_inputs(example_inputs: ExampleInputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, Mapping):
+        bad = [k for k in example_inputs if not isinstance(k, str)]
+        if bad:
+            raise TraceError(f"example_inputs as a dict must have str keys (argument names); got {bad[:3]}")
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise TraceError(
+        f"example_inputs is a {type(example_inputs).__name__}; give a tuple of positional arguments, a dict of "
+        "keyword arguments (Hugging Face style: {'input_ids': ids}) or a single tensor"
+    )
+
+
+def _leaf_sets(model: torch.nn.Module, leaf_modules: Sequence[Any]) -> tuple[tuple[type, ...], frozenset[str]]:
+    if isinstance(leaf_modules, (str, type)):
+        leaf_modules = (leaf_modules,)
+    classes: list[type] = []
+    paths: set[str] = set()
+    for leaf in leaf_modules:
+        if isinstance(leaf, type) and issubclass(leaf, torch.nn.Module):
+            classes.append(leaf)
+        elif isinstance(leaf, str):
+            try:
+                model.get_submodule(leaf)
+            except AttributeError:
+                some = [n for n, _ in model.named_modules() if n][:6]
+                raise TraceError(
+                    f"leaf_modules names {leaf!r}, which is not a submodule of {type(model).__name__}; "
+                    f"give a dotted module path such as {some} or a module class"
+                ) from None
+            paths.add(leaf)
+        else:
+            raise TraceError(
+                f"leaf_modules entries are nn.Module classes or dotted module paths; got {leaf!r} "
+                f"({type(leaf).__name__})"
+            )
+    return tuple(classes), frozenset(paths)
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """The default fx tracer (torch.nn layers are leaves) plus the user's leaf modules."""
+
+    def __init__(self, classes: tuple[type, ...], paths: frozenset[str]) -> None:
+        super().__init__()
+        self.leaf_classes = classes
+        self.leaf_paths = paths
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_paths or (self.leaf_classes and isinstance(m, self.leaf_classes)):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+# ---- the two tracers --------------------------------------------------------------------
+
+def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              leaves: tuple[tuple[type, ...], frozenset[str]]) -> tuple[torch.fx.GraphModule, Callable[..., Any]]:
+    sig = inspect.signature(model.forward)
+    bound = sig.bind(*args, **kwargs)
+    # Tensors (and containers of them) become graph inputs; everything else, given or
+    # defaulted, is fixed at its value so Python control flow on it traces.
+    concrete: dict[str, Any] = {}
+    for name, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            if name in bound.arguments and bound.arguments[name]:
+                raise TypeError(f"forward takes *{name}/**{name}; symbolic tracing needs named arguments")
+            continue
+        if name in bound.arguments:
+            value = bound.arguments[name]
+            if not any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0]):
+                concrete[name] = value
+        elif p.default is not p.empty:
+            concrete[name] = p.default
+    tracer = _LeafTracer(*leaves)
+    graph = tracer.trace(model, concrete_args=concrete)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    placeholder_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    targets = {n.name: str(n.target) for n in gm.graph.nodes if n.op == "placeholder"}
+    defaults = {n.name: n.args[0] for n in gm.graph.nodes if n.op == "placeholder" and n.args}
+
+    def bind(example_inputs: ExampleInputs) -> dict[str, Any]:
+        a, k = _split_inputs(example_inputs)
+        got = sig.bind(*a, **k).arguments
+        out: dict[str, Any] = {}
+        for ph in placeholder_names:
+            target = targets[ph].lstrip("*")
+            if target in got and target not in concrete:
+                out[ph] = got[target]
+            elif ph in defaults:
+                out[ph] = defaults[ph]
+            else:
+                raise TraceError(f"no value for the graph input {ph!r}; forward's arguments are {list(sig.parameters)}")
+        return out
+
+    return gm, bind
+
+
+@contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+
+
+def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[torch.fx.GraphModule, Callable[..., Any]]:
+    state = list(model.parameters()) + list(model.buffers())
+    on_meta = bool(state) and all(t.is_meta for t in state)
+
+    def to_meta(v: Any) -> Any:
+        return v.to("meta") if isinstance(v, torch.Tensor) and on_meta else v
+
+    a = tuple(to_meta(v) for v in args)
+    k = {n: to_meta(v) for n, v in kwargs.items()}
+    with _quiet("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export", "torch._export"):
+        ep = torch.export.export(model, a, k, strict=False)
+    gm = ep.module()
+    if not isinstance(gm, torch.fx.GraphModule):  # pragma: no cover - export always returns one today
+        raise TypeError(f"torch.export returned a {type(gm).__name__}, not a GraphModule")
+    placeholder_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    in_spec = getattr(gm, "_in_spec", None)
+
+    def bind(example_inputs: ExampleInputs) -> dict[str, Any]:
+        a2, k2 = _split_inputs(example_inputs)
+        kw_spec = in_spec.children()[1] if in_spec is not None and in_spec.num_children == 2 else None
+        if kw_spec is not None and isinstance(kw_spec.context, list):
+            order = kw_spec.context
+            missing = [n for n in order if n not in k2]
+            if missing:
+                raise TraceError(f"example_inputs lack {missing}; the exported graph takes {order}")
+            k2 = {n: k2[n] for n in order}
+        flat = tree_flatten((a2, k2))[0]
+        if len(flat) != len(placeholder_names):
+            raise TraceError(
+                f"example_inputs flatten to {len(flat)} values; the exported graph takes {len(placeholder_names)} "
+                f"({placeholder_names})"
+            )
+        return dict(zip(placeholder_names, flat))
+
+    return gm, bind
+
+
+def _innermost_module(model: torch.nn.Module, *errors: BaseException | None) -> tuple[str, torch.nn.Module] | None:
+    """The innermost submodule of ``model`` whose code is on an error's traceback."""
+    by_id = {id(m): (name, m) for name, m in model.named_modules()}
+    for err in errors:
+        found = None
+        tb = err.__traceback__ if err is not None else None
+        while tb is not None:
+            me = tb.tb_frame.f_locals.get("self")
+            if me is not None and id(me) in by_id:
+                found = by_id[id(me)]
+            tb = tb.tb_next
+        if found is not None:
+            return found
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else "")[:300]
+
+
+def _untraceable(model: torch.nn.Module, fx_err: BaseException, ex_err: BaseException) -> TraceError:
+    where = _innermost_module(model, fx_err, ex_err)
+    if where is None or where[0] == "":
+        cls = type(model).__name__
+        place = f"in the forward of {cls} itself"
+        fix = (f"Trace a model whose forward has no data-dependent Python control flow, or make the parts "
+               f"that do submodules and pass them as leaf_modules=(...) (the forward of {cls} cannot be a leaf).")
+    else:
+        path, mod = where
+        cls = type(mod).__name__
+        place = f"in module {path!r} ({cls})"
+        fix = (f"Make that module a leaf so the tracer calls it whole: "
+               f"autoplace.trace(model, example_inputs, leaf_modules=({cls},)) or leaf_modules=({path!r},).")
+    return TraceError(
+        f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed {place} "
+        f"({type(fx_err).__name__}: {_first_line(fx_err)}), and torch.export.export(strict=False) failed too "
+        f"({type(ex_err).__name__}: {_first_line(ex_err)}). {fix}"
+    )
+
+
+# ---- op kinds, roles and module paths ---------------------------------------------------
+
+def node_kind(node: torch.fx.Node, gm: torch.nn.Module) -> str:
+    """The op kind of an fx node: the module class for call_module, else the normalised
+    function or method name (``operator.add`` and ``aten.add_.Tensor`` -> ``"add"``)."""
+    t = node.target
+    if node.op == "call_module":
+        name = str(t)
+        try:
+            return type(gm.get_submodule(name)).__name__
+        except AttributeError:
+            return name.rsplit(".", 1)[-1].strip("_") or "module"
+    if node.op in ("placeholder", "get_attr", "output"):
+        return node.op
+    if node.op == "call_method":
+        name = str(t)
+    elif isinstance(t, torch._ops.OpOverload):
+        name = t._overloadpacket.__name__
+    elif isinstance(t, torch._ops.OpOverloadPacket):
+        name = t.__name__
+    else:
+        name = getattr(t, "__name__", None) or str(t)
+    name = name.rsplit(".", 1)[-1].strip("_") or "op"
+    return _ALIASES.get(name, name)
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    value = list(stack.values())[-1]
+    path = str(value[0] if isinstance(value, tuple) else value)
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
+    return path.strip(".")
+
+
+def _skip(node: torch.fx.Node) -> bool:
+    """Nodes propagation does not run: export's guard function and metadata assertions
+    (they check the device the model was exported on, and values are fake CPU tensors)."""
+    if node.op == "call_module":
+        return str(node.target) == "_guards_fn"
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", str(node.target))
+        return "assert_tensor_metadata" in name or "assert_scalar" in name or "sym_constrain_range" in name
+    return False
+
+
+def _role(node: torch.fx.Node, kind: str, st: NodeStats) -> str:
+    if node.op in ("placeholder", "get_attr"):
+        return "source"
+    if node.op == "output":
+        return "sink"
+    if st.held:
+        return "op"
+    if kind in VIEW_KINDS or not st.has_tensor or _skip(node):
+        return "view"
+    return "op"
+
+
+# ---- assembling the op graph ------------------------------------------------------------
+
+def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: str,
+           batch_size: int, method: str) -> tuple[OpGraph, dict[str, int]]:
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    kinds = [node_kind(n, gm) for n in nodes]
+    roles = [_role(n, k, stats[n.name]) for n, k in zip(nodes, kinds)]
+    inputs = [[index[m] for m in n.all_input_nodes] for n in nodes]
+    sizes = [float(stats[n.name].out_bytes) for n in nodes]
+
+    # A get_attr of a trainable parameter read by several ops makes no edges: those ops
+    # form a tied group instead.
+    trainable = {h.key for n in nodes for h in stats[n.name].held if h.trainable}
+    edgeless = [i for i, n in enumerate(nodes) if n.op == "get_attr"
+                and any(h.key in trainable and len(n.users) > 1 for h in stats[n.name].held)]
+    c = coarsen(roles, inputs, sizes, edgeless=edgeless)
+
+    num_ops = len(c.heads)
+    fwd = np.zeros(num_ops)
+    bwd = np.zeros(num_ops)
+    for i, n in enumerate(nodes):
+        fwd[c.op_of[i]] += stats[n.name].fwd_flops
+        bwd[c.op_of[i]] += stats[n.name].bwd_flops
+    out_bytes = np.array([sizes[h] for h in c.heads], dtype=np.float64)
+
+    # Each held tensor counts once, at the first op that holds it; trainable ones shared by
+    # several ops make a tied group.
+    param_bytes = np.zeros(num_ops)
+    seen: set[int] = set()
+    ops_of_key: dict[int, set[int]] = {}
+    for i in np.argsort(c.op_of, kind="stable"):
+        n = nodes[int(i)]
+        for h in stats[n.name].held:
+            op = c.op_of[int(i)]
+            if h.trainable:
+                ops_of_key.setdefault(h.key, set()).add(op)
+            if h.key not in seen:
+                seen.add(h.key)
+                param_bytes[op] += h.nbytes
+    for i, n in enumerate(nodes):
+        if n.op == "get_attr":
+            for h in stats[n.name].held:
+                if h.trainable:
+                    ops_of_key[h.key].update(c.op_of[index[u]] for u in n.users)
+    tied = sorted({tuple(sorted(ops)) for ops in ops_of_key.values() if len(ops) > 1})
+
+    head_nodes = [nodes[h] for h in c.heads]
+    graph = OpGraph(
+        names=tuple(n.name for n in head_nodes),
+        kinds=tuple(kinds[h] if nodes[h].op != "output" else "identity" for h in c.heads),
+        edges=c.edges,
+        edge_bytes=c.edge_bytes,
+        out_bytes=out_bytes,
+        param_bytes=param_bytes,
+        fwd_flops=fwd,
+        bwd_flops=bwd,
+        fwd_time_s=np.full(num_ops, np.nan),
+        bwd_time_s=np.full(num_ops, np.nan),
+        module_paths=tuple(_module_path(n) for n in head_nodes),
+        members=tuple(tuple(nodes[i].name for i in m) for m in c.members),
+        tied=tuple(tied),
+        batch_size=batch_size,
+        name=name,
+        meta={"traced_with": method, "fx_nodes": len(nodes)},
+    )
+    op_of_fx = {n.name: c.op_of[i] for i, n in enumerate(nodes)}
+    return graph, op_of_fx
+
+
+def _batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    for t in tree_flatten((args, dict(kwargs)))[0]:
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1:
+            return int(t.shape[0])
+    return 1
+
+
+# ---- public -----------------------------------------------------------------------------
+
+def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
+                 leaf_modules: Sequence[type | str] = (), name: str = "") -> Traced:
+    """Trace ``model`` on ``example_inputs`` into a :class:`Traced` (fx graph, op graph and
+    the map between them). See :func:`trace` for the arguments."""
+    if not isinstance(model, torch.nn.Module):
+        raise TraceError(f"trace needs an nn.Module; got {type(model).__name__}")
+    args, kwargs = _split_inputs(example_inputs)
+    leaves = _leaf_sets(model, leaf_modules)
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as bad:
+        raise TraceError(
+            f"example_inputs do not fit {type(model).__name__}.forward{inspect.signature(model.forward)}: {bad}"
+        ) from None
+    try:
+        gm, bind = _fx_trace(model, args, kwargs, leaves)
+        method = "fx"
+    except Exception as fx_err:
+        try:
+            gm, bind = _export_trace(model, args, kwargs)
+            method = "export"
+        except Exception as ex_err:
+            raise _untraceable(model, fx_err, ex_err) from ex_err
+    placeholders = bind(example_inputs)
+    view_like = {n.name for n in gm.graph.nodes if node_kind(n, gm) in VIEW_KINDS}
+    stats = propagate(gm, placeholders, skip=_skip,
+                      backward=lambda n: n.name not in view_like)
+    graph, op_of_fx = _build(gm, stats, name=name or type(model).__name__,
+                             batch_size=_batch_size(args, kwargs), method=method)
+    input_names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"
+                        and any(isinstance(t, torch.Tensor) for t in tree_flatten(placeholders[n.name])[0]))
+    return Traced(gm=gm, graph=graph, op_of_fx=op_of_fx, method=method, input_names=input_names, bind=bind)
+
+
+def trace(model: torch.nn.Module, example_inputs: ExampleInputs, *,
+          leaf_modules: Sequence[type | str] = (), name: str = "") -> OpGraph:
+    """The op graph of one training step of ``model`` on ``example_inputs``.
+
+    ``example_inputs``: a tuple of positional arguments, a dict of keyword arguments
+    (Hugging Face style, ``{"input_ids": ids}``) or a single tensor. Only their shapes and
+    dtypes matter; the model may be built on the meta device (``with torch.device("meta")``),
+    no weight is allocated either way. ``leaf_modules``: module classes or dotted module
+    paths the tracer calls whole instead of looking inside. ``name`` names the graph
+    (default: the model's class).
+
+    Per node: kind, output bytes, parameter bytes, forward and backward FLOPs (at the batch
+    of ``example_inputs``; ``batch_size`` is the first dimension of the first tensor).
+    Raises :class:`TraceError` naming the module or fx node when tracing or shape
+    propagation fails.
+    """
+    return trace_module(model, example_inputs, leaf_modules=leaf_modules, name=name).graph
