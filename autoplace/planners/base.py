@@ -1,0 +1,235 @@
+"""The planner protocol, the registry, and :func:`plan`, which runs them.
+
+A planner is any object with
+
+- ``name``: the registry key (``"m-etf"``, ``"eagle"``);
+- ``modes``: the placement modes it returns, a tuple of ``"model"`` and/or ``"pipeline"``;
+- ``kind``: ``"heuristic"`` or ``"learned"``;
+- ``place(graph, cluster, *, cost=None, budget_s=None, seed=0, module=None) -> Placement``
+  (``module`` is the user's ``nn.Module`` when there is one; only planners that read modules,
+  such as ``accelerate``, look at it). A planner with more than one mode also takes ``mode=``.
+
+``register(planner)`` adds one; every module of this package is imported on first use of the
+registry, so a planner module that calls ``register`` at import time is found without
+editing anything else. ``plan(graph, cluster, planner="best")`` runs every registered planner
+of the mode, simulates each placement and returns the fastest one that fits in memory, with
+the candidates it weighed in ``placement.meta["candidates"]``: it is never slower in the
+simulator than any heuristic it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..placement import Placement
+
+if TYPE_CHECKING:
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+
+__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "plan", "MODES", "KINDS"]
+
+MODES = ("model", "pipeline")
+KINDS = ("heuristic", "learned")
+# Modules that hold the built-in heuristics: imported strictly (an error there is a bug).
+_BUILTIN = ("heuristics", "metis", "baechi", "pipedream_dp", "gpipe")
+
+
+class NoFitError(RuntimeError):
+    """No placement of this planner fits the devices' memory; the message says what was
+    needed and what is available."""
+
+
+@runtime_checkable
+class Planner(Protocol):
+    name: str
+    modes: tuple[str, ...]
+    kind: str
+
+    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionPlanner:
+    """A planner made of a function ``fn(graph, cluster, *, cost, seed, module) -> Placement``
+    (how the heuristics are written: the algorithm is the function, this is its registry entry)."""
+
+    name: str
+    modes: tuple[str, ...]
+    fn: Callable[..., Placement]
+    kind: str = "heuristic"
+    summary: str = ""
+
+    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+        return self.fn(graph, _as_cluster(cluster), cost=cost, seed=seed, module=module)
+
+
+_REGISTRY: dict[str, Planner] = {}
+_loaded = False
+
+
+def register(planner: Planner, *, replace: bool = False) -> Planner:
+    """Add ``planner`` to the registry (``replace=True`` to swap one of the same name)."""
+    missing = [a for a in ("name", "modes", "kind", "place") if not hasattr(planner, a)]
+    if missing:
+        raise TypeError(f"{planner!r} is not a planner: it lacks {', '.join(missing)} "
+                        "(see autoplace.planners.Planner)")
+    bad_modes = [m for m in planner.modes if m not in MODES]
+    if not planner.modes or bad_modes:
+        raise ValueError(f"planner {planner.name!r} has modes {planner.modes!r}; each must be one of {MODES}")
+    if planner.kind not in KINDS:
+        raise ValueError(f"planner {planner.name!r} has kind {planner.kind!r}; it must be one of {KINDS}")
+    if planner.name == "best":
+        raise ValueError("'best' is reserved: plan(planner='best') runs every planner")
+    if planner.name in _REGISTRY and not replace and _REGISTRY[planner.name] is not planner:
+        raise ValueError(f"a planner named {planner.name!r} is already registered; "
+                         "pass replace=True to swap it")
+    _REGISTRY[planner.name] = planner
+    return planner
+
+
+def _load() -> None:
+    """Import the planner modules of this package once, so their ``register`` calls run."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    package = __name__.rsplit(".", 1)[0]
+    for name in _BUILTIN:
+        importlib.import_module(f"{package}.{name}")
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name in _BUILTIN or info.name.startswith("_") or info.name == "base":
+            continue
+        try:
+            importlib.import_module(f"{package}.{info.name}")
+        except Exception as e:  # a learned planner still being written must not break the heuristics
+            warnings.warn(f"planner module {package}.{info.name} failed to import ({type(e).__name__}: {e}); "
+                          "its planners are not registered", RuntimeWarning, stacklevel=3)
+
+
+def get_planner(name: str) -> Planner:
+    """The registered planner called ``name``."""
+    _load()
+    if name not in _REGISTRY:
+        raise KeyError(f"no planner named {name!r}; registered planners: {', '.join(sorted(_REGISTRY))} "
+                       "(or 'best' in plan())")
+    return _REGISTRY[name]
+
+
+def planners(mode: str | None = None) -> list[str]:
+    """Names of the registered planners, heuristics first, optionally only those of ``mode``."""
+    _load()
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"mode is {mode!r}; it must be one of {MODES} or None")
+    chosen = [p for p in _REGISTRY.values() if mode is None or mode in p.modes]
+    return [p.name for p in sorted(chosen, key=lambda p: (KINDS.index(p.kind), list(_REGISTRY).index(p.name)))]
+
+
+def _call(p: Planner, graph: "OpGraph", cluster: Cluster, mode: str, **kw: Any) -> Placement:
+    if len(p.modes) > 1 and "mode" in inspect.signature(p.place).parameters:
+        kw["mode"] = mode
+    out = p.place(graph, cluster, **kw)
+    if not isinstance(out, Placement):
+        raise TypeError(f"planner {p.name!r} returned {type(out).__name__}, not a Placement")
+    return out
+
+
+def _as_cluster(cluster: Cluster | str) -> Cluster:
+    return Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+
+
+def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
+         budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
+         module: Any = None) -> Placement:
+    """A placement of ``graph`` on ``cluster``.
+
+    ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
+    ``mode`` runs (heuristics first; learned planners share what is left of ``budget_s``) and
+    the fastest simulated placement that fits in memory wins. ``mode``: ``"model"``,
+    ``"pipeline"`` (stages, possibly replicated: data parallel is the one-stage case) or
+    ``"auto"`` (both). ``placement.meta`` carries ``predicted_step_time_s``,
+    ``peak_memory_bytes`` and, for ``"best"``, ``candidates``: one row per planner with its
+    simulated step time, peak memory, planning time or the reason it gave no plan.
+    """
+    from ..sim import simulator_for
+
+    cluster = _as_cluster(cluster)
+    modes = MODES if mode == "auto" else (mode,)
+    if mode != "auto" and mode not in MODES:
+        raise ValueError(f"mode is {mode!r}; it must be 'model', 'pipeline' or 'auto'")
+    sim = simulator_for(graph, cluster, cost)
+    kw: dict[str, Any] = dict(cost=cost, seed=seed, module=module)
+
+    if planner != "best":
+        p = get_planner(planner)
+        if not set(modes) & set(p.modes):
+            raise ValueError(f"planner {planner!r} makes {'/'.join(p.modes)} placements, not {mode!r}; "
+                             f"planners for {mode!r}: {', '.join(n for m in modes for n in planners(m))}")
+        t0 = time.perf_counter()
+        out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
+        row = _judge(sim, p, out, time.perf_counter() - t0)
+        if row["oom"]:
+            raise NoFitError(f"planner {planner!r} returned a placement that does not fit: "
+                             f"{row['oom_excess_bytes'] / 2**30:.2f} GiB over device memory")
+        return _stamp(out, row, [])
+
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Placement, dict[str, Any]] | None = None
+    for m in modes:
+        names = planners(m)
+        learned = [n for n in names if _REGISTRY[n].kind == "learned"]
+        for name in names:
+            p = _REGISTRY[name]
+            share = None
+            if p.kind == "learned" and budget_s is not None:
+                left = budget_s - (time.perf_counter() - start)
+                share = max(left, 0.0) / max(len(learned), 1)
+                learned = learned[1:]
+            t0 = time.perf_counter()
+            try:
+                out = _call(p, graph, cluster, m, budget_s=share if p.kind == "learned" else budget_s, **kw)
+            except NoFitError as e:
+                rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=True,
+                                 plan_time_s=time.perf_counter() - t0, error=str(e)))
+                continue
+            row = _judge(sim, p, out, time.perf_counter() - t0)
+            row["mode"] = m
+            rows.append(row)
+            if not row["oom"] and (best is None or row["step_time_s"] < best[0]):
+                best = (row["step_time_s"], out, row)
+    if best is None:
+        reasons = "\n  - ".join(f"{r['planner']}: {r.get('error') or 'out of memory'}" for r in rows)
+        raise NoFitError(f"no planner found a placement that fits on {cluster.name or 'the cluster'}:\n  - {reasons}")
+    return _stamp(best[1], best[2], rows)
+
+
+def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, Any]:
+    res = sim.run(out)
+    peak = np.asarray(res.peak_memory_bytes, dtype=float)
+    excess = float(getattr(res, "oom_excess_bytes", 0.0) or 0.0)
+    return dict(planner=p.name, kind=p.kind, mode=out.mode, step_time_s=float(res.step_time_s),
+                peak_memory_bytes=float(peak.max()) if peak.size else 0.0, oom=bool(res.oom),
+                oom_excess_bytes=excess, plan_time_s=plan_time, devices=len(out.devices_used()),
+                describe=out.describe())
+
+
+def _stamp(out: Placement, row: dict[str, Any], rows: list[dict[str, Any]]) -> Placement:
+    meta = dict(out.meta)
+    meta.update(predicted_step_time_s=row["step_time_s"], peak_memory_bytes=row["peak_memory_bytes"],
+                plan_time_s=row["plan_time_s"])
+    if rows:
+        meta["candidates"] = rows
+    return dataclasses.replace(out, meta=meta)

@@ -1,0 +1,1 @@
+"""GPipe-style uniform pipeline stages (in progress: registers nothing yet)."""

@@ -1,0 +1,202 @@
+"""The placements people pick by hand today: one device, a balanced split, accelerate's
+``device_map``, and plain data parallelism.
+
+- ``single``: the whole model on the one device that runs it fastest and holds it.
+- ``expert``: what an engineer does by hand (the "human expert" baseline of Mirhoseini et
+  al., ICML 2017, and GPipe's equal partitions, Huang et al., NeurIPS 2019): cut the
+  topological order into consecutive blocks of equal compute, one per device, in device
+  order. Tried on the first ``k`` devices for several ``k`` (and fastest devices first on
+  mixed clusters); the simulator keeps the best. "Equal" is the bottleneck-minimising
+  contiguous split of :mod:`autoplace.planners.split`, under each device's memory.
+- ``accelerate``: Hugging Face accelerate's ``infer_auto_device_map`` (accelerate docs, "Big
+  model inference"). With the user's module it runs for real on the module (meta tensors are
+  fine) with ``max_memory`` from the cluster, and its ``device_map`` becomes a placement via
+  :func:`autoplace.device_map.from_device_map`. Accelerate sizes parameters only (it is built
+  for inference), so each device's ``max_memory`` is its memory times the model's ratio of
+  parameter bytes to training bytes (parameters + gradients + optimizer state + activations);
+  where the simulator still finds a device over memory, its share shrinks and accelerate runs
+  again. On a bare op graph the same greedy rule is re-implemented: walk the ops in
+  topological order (accelerate walks modules in definition order) and fill device 0 up to its
+  memory, less the largest op (accelerate keeps room for the largest layer on its main
+  device), then device 1, and so on; here the bytes are an op's training bytes.
+- ``data-parallel`` (pipeline mode): one stage replicated on every device (PyTorch DDP), the
+  baseline most users start from; micro-batches are gradient accumulation, tried 1, 2, 4, ...
+  as the batch allows. Raises :class:`NoFitError` when a full model copy does not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..device_map import from_device_map
+from ..placement import Placement
+from .base import FunctionPlanner, register
+from .memory import MemoryEstimate, gib, no_fit
+from .select import Choice, Judge, fit
+from .split import Infeasible, contiguous_split
+
+if TYPE_CHECKING:
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+
+__all__ = ["place_single", "place_expert", "place_accelerate", "place_data_parallel", "device_orders",
+           "device_counts"]
+
+
+def device_orders(judge: Judge) -> list[list[int]]:
+    """Device orders worth trying: the cluster's, and fastest first when the devices differ."""
+    d = judge.cluster.num_devices
+    orders = [list(range(d))]
+    speed = judge.work().sum(axis=0)
+    fastest = [int(i) for i in np.argsort(speed, kind="stable")]
+    if fastest != orders[0]:
+        orders.append(fastest)
+    return orders
+
+
+def device_counts(d: int) -> list[int]:
+    """1..8 devices, then powers of two, then all of them."""
+    ks = set(range(1, min(d, 8) + 1)) | {2**i for i in range(20) if 2**i <= d} | {d}
+    return sorted(ks)
+
+
+def _distinct_devices(cluster: Cluster) -> list[int]:
+    """One device per distinct (kind, memory): all-on-one-device times do not depend on links."""
+    seen: dict[tuple[str, float, float], int] = {}
+    for i, dv in enumerate(cluster.devices):
+        seen.setdefault((dv.kind, dv.memory_bytes, dv.peak_flops), i)
+    return sorted(seen.values())
+
+
+def place_single(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
+                 module: Any = None) -> Placement:
+    judge = Judge(graph, cluster, cost)
+    for d in _distinct_devices(cluster):
+        judge.model(f"all on {cluster.device_label(d)}", np.full(graph.num_nodes, d))
+    best = judge.best()
+    if best is None:
+        mem = MemoryEstimate.of(graph, judge.cost)
+        need = min(float(np.max(c.peak_memory_bytes)) for c in judge.tried)
+        raise no_fit(graph, cluster, mem, planner="single",
+                     why=f"one device would need {gib(need)}; the largest has {gib(float(cluster.memory.max()))}")
+    return judge.placement(best, "single")
+
+
+def place_expert(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
+                 module: Any = None) -> Placement:
+    judge = Judge(graph, cluster, cost)
+    work, mem = judge.work(), MemoryEstimate.of(graph, judge.cost).total
+    for order in device_orders(judge):
+        for k in device_counts(cluster.num_devices):
+            devs = np.array(order[:k])
+
+            def build(caps: np.ndarray, devs: np.ndarray = devs) -> Choice:
+                part = contiguous_split(work[:, devs], mem, caps[devs])
+                return judge.model(f"balanced over devices {devs.tolist()}", devs[part])
+
+            fit(judge, build, cluster.memory)
+    best = judge.best()
+    if best is None:
+        raise no_fit(graph, cluster, MemoryEstimate.of(graph, judge.cost), planner="expert",
+                     why="no contiguous split over any number of devices fits")
+    return judge.placement(best, "expert")
+
+
+def _accelerate_device_map(module: Any, max_memory: dict[int, int]) -> dict[str, Any]:
+    from accelerate.utils import infer_auto_device_map
+
+    log = logging.getLogger("accelerate.utils.modeling")
+    level = log.level
+    log.setLevel(logging.ERROR)  # it warns that simulated devices are "not available"
+    try:
+        return dict(infer_auto_device_map(module, max_memory=max_memory))
+    finally:
+        log.setLevel(level)
+
+
+def greedy_by_bytes(op_bytes: np.ndarray, caps: np.ndarray, *, reserve_largest: bool = True) -> np.ndarray:
+    """accelerate's fill rule on an op sequence: device 0 up to its cap (less the largest op
+    when ``reserve_largest``), then device 1 up to its cap, ...; raises Infeasible when the
+    ops run out of devices."""
+    budget = np.asarray(caps, dtype=float).copy()
+    if reserve_largest and op_bytes.size:
+        budget[0] -= float(op_bytes.max())
+    dev = np.zeros(op_bytes.shape[0], dtype=np.int64)
+    d, used = 0, 0.0
+    for i, b in enumerate(op_bytes.tolist()):
+        while d < budget.shape[0] and used + b > budget[d]:
+            d, used = d + 1, 0.0
+        if d == budget.shape[0]:
+            raise Infeasible(f"op {i} does not fit after filling every device")
+        dev[i] = d
+        used += b
+    return dev
+
+
+def place_accelerate(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
+                     module: Any = None) -> Placement:
+    judge = Judge(graph, cluster, cost)
+    mem = MemoryEstimate.of(graph, judge.cost)
+    if module is not None:
+        params = float(graph.param_bytes.sum())
+        ratio = params / max(float(mem.total.sum()), 1.0)
+
+        def build(caps: np.ndarray) -> Choice:
+            max_memory = {i: max(int(c * ratio), 0) for i, c in enumerate(caps)}
+            dm = _accelerate_device_map(module, max_memory)
+            off = sorted({str(v) for v in dm.values() if not isinstance(v, int)})
+            if off:
+                raise Infeasible(f"accelerate offloads to {off}")
+            p = from_device_map(graph, cluster, dm, planner="accelerate", strict=False)
+            return judge.model("accelerate.infer_auto_device_map", p.device_of_node, device_map=dm)
+    else:
+        def build(caps: np.ndarray) -> Choice:
+            return judge.model("greedy by bytes (accelerate's rule)", greedy_by_bytes(mem.total, caps))
+
+    chosen = fit(judge, build, cluster.memory)
+    if chosen is None or chosen.oom:
+        raise no_fit(graph, cluster, mem, planner="accelerate",
+                     why="filling devices in order runs out of devices")
+    return judge.placement(chosen, "accelerate")
+
+
+def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
+                        module: Any = None) -> Placement:
+    judge = Judge(graph, cluster, cost)
+    mem = MemoryEstimate.of(graph, judge.cost)
+    d = cluster.num_devices
+    copy = float(mem.static.sum())
+    small = int(np.argmin(cluster.memory))
+    if copy > cluster.memory[small]:
+        raise no_fit(graph, cluster, mem, planner="data-parallel",
+                     why=f"a full model copy (parameters, gradients, optimizer state) needs {gib(copy)}; "
+                         f"device {cluster.device_label(small)} has {gib(float(cluster.memory[small]))}")
+    if graph.batch_size < d:
+        raise no_fit(graph, cluster, mem, planner="data-parallel",
+                     why=f"the batch of {graph.batch_size} cannot be split over {d} replicas")
+    stage = np.zeros(graph.num_nodes, dtype=np.int64)
+    devices = (tuple(range(d)),)
+    m = 1
+    while m * d <= graph.batch_size:
+        c = judge.pipeline(f"DDP over {d} devices, {m} accumulation steps", stage, devices, m, "1f1b")
+        if not c.oom and m > 1:
+            break  # more accumulation only adds overhead once it fits
+        m *= 2
+    best = judge.best()
+    if best is None:
+        raise no_fit(graph, cluster, mem, planner="data-parallel",
+                     why=f"activations of one replica's share of the batch do not fit even with "
+                         f"{m // 2} accumulation steps")
+    return judge.placement(best, "data-parallel")
+
+
+register(FunctionPlanner("single", ("model",), place_single, summary="the fastest one device that fits"))
+register(FunctionPlanner("expert", ("model",), place_expert, summary="contiguous split balanced by compute"))
+register(FunctionPlanner("accelerate", ("model",), place_accelerate,
+                         summary="accelerate.infer_auto_device_map (greedy fill by bytes)"))
+register(FunctionPlanner("data-parallel", ("pipeline",), place_data_parallel,
+                         summary="one stage replicated on every device (DDP)"))

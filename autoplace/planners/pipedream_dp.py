@@ -1,0 +1,1 @@
+"""PipeDream dynamic program for pipeline stages (in progress: registers nothing yet)."""
