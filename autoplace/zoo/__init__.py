@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import alexnet, bert, gnmt, gpt2, inception, nasnet, resnet, vgg, wavenet
+from . import alexnet, bert, gnmt, gpt2, inception, nasnet, resnet, transformer_xl, vgg, wavenet
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
 __all__ = ["Workload", "build", "names"]
@@ -101,8 +101,10 @@ _ENTRIES: dict[str, _Entry] = {
     "nasnet": _Entry(nasnet.build_model, _images, _classification, nasnet.NASNET_LARGE, nasnet.NASNET_SMALL),
     "resnet18": _Entry(resnet.build_model, _images, _classification, resnet.RESNET18, resnet.RESNET18_SMALL),
     "resnet50": _Entry(resnet.build_model, _images, _classification, resnet.RESNET50, resnet.RESNET50_SMALL),
-    "wavenet": _Entry(wavenet.build_model, _tokens, _classification, wavenet.WAVENET, wavenet.WAVENET_SMALL),
+    "transformer-xl": _Entry(transformer_xl.build_model, transformer_xl.xl_batch, _token_prediction,
+                             transformer_xl.TRANSFORMER_XL, transformer_xl.TRANSFORMER_XL_SMALL),
     "vgg16": _Entry(vgg.build_vgg16, _images, _classification, vgg.VGG16, vgg.VGG16_SMALL),
+    "wavenet": _Entry(wavenet.build_model, _tokens, _classification, wavenet.WAVENET, wavenet.WAVENET_SMALL),
 }
 
 
