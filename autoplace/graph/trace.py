@@ -25,9 +25,10 @@ rewrite uses to put each fx node on its op's device.
 from __future__ import annotations
 
 import inspect
+import io
 import logging
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -185,13 +186,17 @@ def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 @contextmanager
-def _quiet(*names: str) -> Iterator[None]:
+def _quiet() -> Iterator[None]:
+    """Silence torch's loggers and stderr while export runs: a failed export logs and prints
+    whole graphs, and its error is reported (shortened) in ours."""
+    names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
     try:
-        yield
+        with redirect_stderr(io.StringIO()):
+            yield
     finally:
         for lg, lv in zip(loggers, levels):
             lg.setLevel(lv)
@@ -207,7 +212,7 @@ def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
 
     a = tuple(to_meta(v) for v in args)
     k = {n: to_meta(v) for n, v in kwargs.items()}
-    with _quiet("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch.export", "torch._export"):
+    with _quiet():
         ep = torch.export.export(model, a, k, strict=False)
     gm = ep.module()
     if not isinstance(gm, torch.fx.GraphModule):  # pragma: no cover - export always returns one today
