@@ -16,8 +16,11 @@ and the repair runs again. Tried with 1, 2, ..., D parts; the simulator keeps th
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -42,6 +45,24 @@ def _scale(x: np.ndarray, top: float = 1e6) -> list[int]:
     return (np.round(x * s).astype(np.int64) + 1).tolist()
 
 
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """METIS prints complaints ("too many parts") from C to file descriptor 1: send them away."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def metis_parts(graph: "OpGraph", k: int, vweight: np.ndarray, *, tpwgts: list[float] | None = None,
                 seed: int = 0) -> np.ndarray:
     """(N,) part of each op from METIS's k-way partition of the undirected op graph."""
@@ -63,7 +84,7 @@ def metis_parts(graph: "OpGraph", k: int, vweight: np.ndarray, *, tpwgts: list[f
                               options=pymetis.Options(seed=seed))
     if tpwgts is not None:
         kw["tpwgts"] = tpwgts
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_stdout():
         warnings.simplefilter("ignore", DeprecationWarning)
         if hasattr(pymetis, "CSRAdjacency"):
             res = pymetis.part_graph(k, pymetis.CSRAdjacency(starts.tolist(), b.tolist()), **kw)
@@ -130,6 +151,8 @@ def place_metis(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     order = device_orders(judge)[-1]  # fastest first on mixed clusters
     speed = 1.0 / np.maximum(work.sum(axis=0), 1e-30)
     for k in device_counts(cluster.num_devices):
+        if k > max(1, graph.num_nodes // 2):
+            break
         devs = np.array(order[:k])
         tp = speed[devs] / speed[devs].sum()
         uniform = bool(np.allclose(tp, tp[0]))
