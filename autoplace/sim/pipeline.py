@@ -385,7 +385,7 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     for s, grp in enumerate(groups):
         compute[grp] = m_count * (fwd_rep[s] + bwd_rep[s]) + upd_rep[s]
     busy = float(m_count * (f_act + b_act).sum())
-    bubble = 1.0 - busy / (n_st * t_fb) if t_fb > 0 else 0.0
+    bubble = max(0.0, 1.0 - busy / (n_st * t_fb)) if t_fb > 0 else 0.0
     link_busy = np.zeros((n_dev, n_dev))
     comm = 0.0
     events: list[Event] = []
