@@ -36,13 +36,14 @@ def synthetic(seed: int, truth: CostModel, name: str) -> OpGraph:
 def test_recovers_known_efficiencies() -> None:
     truth = CostModel(memory_efficiency=TRUE_MEM, overhead_scale=2.0).with_efficiency(**TRUE)
     graphs = [synthetic(s, truth, f"g{s}") for s in range(3)]
-    start = CostModel(overhead_scale=2.0, optimizer="sgd-momentum", use_measured=False)
+    start = CostModel(optimizer="sgd-momentum", use_measured=False)
     fitted, report = calibrate(graphs, cost=start)
     for cls, e in TRUE.items():
         assert fitted.compute_efficiency[cls] == pytest.approx(e, rel=1e-9)
     assert fitted.memory_efficiency == pytest.approx(TRUE_MEM, rel=1e-9)
+    assert fitted.overhead_scale == pytest.approx(2.0, rel=1e-9)
     # Everything else as given; the calibration says what was fitted on what.
-    assert fitted.optimizer == "sgd-momentum" and fitted.use_measured is False and fitted.overhead_scale == 2.0
+    assert fitted.optimizer == "sgd-momentum" and fitted.use_measured is False
     assert fitted.calibration["fitted_on"] == ["g0", "g1", "g2"]
     assert set(fitted.calibration["compute_efficiency"]) == set(TRUE)
     assert set(fitted.calibration["not_fitted"]) == {"activation", "norm"}
@@ -54,6 +55,15 @@ def test_recovers_known_efficiencies() -> None:
     assert rows["conv"].fitted and not rows["norm"].fitted
     assert all(g.ratio_after == pytest.approx(1.0, rel=1e-9) and g.fitted_on for g in report.graphs)
     assert report.memory_efficiency_after == pytest.approx(TRUE_MEM)
+
+
+def test_overhead_kept_when_not_fitted() -> None:
+    truth = CostModel(memory_efficiency=TRUE_MEM, overhead_scale=2.0).with_efficiency(**TRUE)
+    graphs = [synthetic(s, truth, f"g{s}") for s in range(2)]
+    fitted, report = calibrate(graphs, cost=CostModel(overhead_scale=2.0), fit_overhead=False)
+    assert fitted.overhead_scale == 2.0 and fitted.calibration["overhead_scale"] is None
+    assert fitted.compute_efficiency["conv"] == pytest.approx(TRUE["conv"], rel=1e-9)
+    assert report.overhead_scale_before == report.overhead_scale_after == 2.0
 
 
 def _cls(kind: str) -> str:
