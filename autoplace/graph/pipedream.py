@@ -8,15 +8,22 @@ reference workloads of autoplace. How they were made, from that repository:
 
 - ``profiler/image_classification/main.py`` times every module with forward and backward hooks
   over 100 mini-batches (``NUM_STEPS_TO_PROFILE = 100``) of ImageNet at 224x224 (299x299 for
-  ``inception_v3``), fp32, on one GPU (``CUDA_VISIBLE_DEVICES=0`` in the top-level README); the
-  ``Input`` node's forward time is the data-loading time of the mini-batch.
+  ``inception_v3``), fp32, on one GPU (``CUDA_VISIBLE_DEVICES=0`` in the top-level README),
+  with ``cudnn.benchmark = True``; the ``Input`` node's forward time is the data-loading time
+  of the mini-batch.
+- ``profiler/torchmodules/torchgraph/graph_creator.py`` writes every size as ``4 * numel``
+  (activations and parameters alike), whatever the dtype: sizes count fp32 values.
 - ``profiler/translation/README.md`` runs GNMT with ``--math fp32 --batch-size 64``, 4 layers,
-  hidden size 1024. The profile itself says batch 32, not 64: the LSTMs' hidden states are
-  ``[1, 32, 1024]`` (131072 bytes) and the attention scores ``[32, 47, 48]``; the loader infers
-  32 from the file.
-- The repository does not name the GPU. The paper's clusters are V100s (and Titan X for
-  Cluster-C); the published times match V100 fp32 throughput (ResNet-50 at batch 128: 443 ms
-  forward + backward, 289 images/s), so ``profiled_on`` defaults to ``"V100-16GB"``.
+  hidden size 1024. The profile itself says batch 32: the LSTMs' hidden states hold
+  ``1 x 32 x 1024`` values (131072 bytes), the attention scores ``32 x 47 x 48``, the
+  classifier's output ``47 x 32 x 32320``; the loader infers 32 from the file. Its Classifier
+  forward runs at 17.7 TFLOP/s, above a V100's fp32 peak (15.7), so that profile was probably
+  taken with fp16 tensor cores (``train.py`` defaults to ``--math fp16``) or with times booked
+  to the wrong layer; the loader keeps the numbers as measured.
+- The repository does not name the GPU (its READMEs ask for an NVIDIA GPU with CUDA 10); the
+  SOSP paper's experiments ran on V100 clusters. The image-model times fit a V100 in fp32
+  (ResNet-50 at batch 128: 443 ms forward + backward, 7 TFLOP/s, 45% of the fp32 peak), so
+  ``profiled_on`` defaults to ``"V100-16GB"``.
 
 Format (one line per node, then one tab-indented line per edge)::
 
