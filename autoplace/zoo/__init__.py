@@ -123,9 +123,12 @@ def build(name: str, *, small: bool = False, device: str | torch.device = "cpu",
     the meta device, allocating nothing (trace a 1.5B-parameter GPT for free); any other device
     gets real weights, initialised after ``torch.manual_seed(seed)``, and random inputs drawn
     from seed ``seed + 1``. The caller's global random state is left as it was.
+
+    Raises ValueError for an unknown name or an impossible config (the message says which
+    rule), TypeError for an unknown config key or a value of the wrong type.
     """
     if name not in _ENTRIES:
-        raise KeyError(f"no zoo workload named {name!r}; the zoo has: {', '.join(names())}")
+        raise ValueError(f"no zoo workload named {name!r}; the zoo has: {', '.join(names())}")
     entry = _ENTRIES[name]
     cfg = _resolve(name, entry, small, config)
     dev = torch.device(device)

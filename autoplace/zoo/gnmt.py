@@ -134,12 +134,18 @@ class UnrolledGNMT(nn.Module):
         self.classifier = nn.Linear(h, vocab_size)
 
     @staticmethod
-    def _run(cell: nn.Module, steps: list[Tensor]) -> list[Tensor]:
+    def _step(cell: nn.Module, x: Tensor, state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """One LSTMCell call; the first step starts from the zero state (the cell's default)."""
+        out: tuple[Tensor, Tensor] = cell(x) if state is None else cell(x, state)
+        return out
+
+    @classmethod
+    def _run(cls, cell: nn.Module, steps: list[Tensor]) -> list[Tensor]:
         """The cell over a list of per-step inputs, from a zero state; the hidden output of each step."""
         outputs: list[Tensor] = []
         state: tuple[Tensor, Tensor] | None = None
         for x in steps:
-            state = cell(x) if state is None else cell(x, state)
+            state = cls._step(cell, x, state)
             outputs.append(state[0])
         return outputs
 
@@ -150,8 +156,8 @@ class UnrolledGNMT(nn.Module):
         bwd = self._run(self.encoder_backward, steps[::-1])[::-1]
         layer = [torch.cat([f, b], 1) for f, b in zip(fwd, bwd)]
         for i, cell in enumerate(self.encoder):
-            out = self._run(cell, layer)
-            layer = [o + x for o, x in zip(out, layer)] if i >= 1 else out
+            hidden = self._run(cell, layer)
+            layer = [o + x for o, x in zip(hidden, layer)] if i >= 1 else hidden
         memory = torch.stack(layer, 1)
         keys = self.attention_key(memory)
 
@@ -159,16 +165,14 @@ class UnrolledGNMT(nn.Module):
         states: list[tuple[Tensor, Tensor] | None] = [None] * (len(self.decoder) + 1)
         outputs: list[Tensor] = []
         for t in range(self.seq_len):
-            x = emb[:, t]
-            states[0] = self.attention_rnn(x) if states[0] is None else self.attention_rnn(x, states[0])
-            y = states[0][0]
+            state = self._step(self.attention_rnn, emb[:, t], states[0])
+            states[0] = state
+            y = state[0]
             context = self.attention(y.unsqueeze(1), keys, memory).squeeze(1)
             for i, cell in enumerate(self.decoder):
-                inp = torch.cat([y, context], 1)
-                state = states[i + 1]
-                states[i + 1] = cell(inp) if state is None else cell(inp, state)
-                out = states[i + 1][0]  # type: ignore[index]
-                y = y + out if i >= 1 else out
+                state = self._step(cell, torch.cat([y, context], 1), states[i + 1])
+                states[i + 1] = state
+                y = y + state[0] if i >= 1 else state[0]
             outputs.append(y)
         return self.classifier(torch.stack(outputs, 1))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +154,7 @@ class TransformerXL(nn.Module):
         for s in range(self.segments):
             m = self._memory(s)
             mask: Tensor = getattr(self, f"mask_{m}")
-            r = self.distances[-(m + self.seg_len):]
+            r = cast(Tensor, self.distances)[-(m + self.seg_len):]
             h = self.embedding(tokens[:, s * self.seg_len:(s + 1) * self.seg_len]) * self.embed_scale
             for i, layer in enumerate(self.layers):
                 mem = mems[i]

@@ -18,7 +18,7 @@ the cross-entropy against the next samples. Defaults: 3 stacks of 10 layers (rec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -75,7 +75,7 @@ class WaveNet(nn.Module):
     def forward(self, samples: Tensor) -> Tensor:
         x = self.embedding(samples).transpose(1, 2)
         skip: Tensor | None = None
-        for layer in self.layers:
+        for layer in cast(list[GatedLayer], self.layers):
             z = layer(x)
             s = layer.skip(z)
             skip = s if skip is None else skip + s
