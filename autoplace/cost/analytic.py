@@ -116,8 +116,10 @@ class CostModel:
         ovh = np.array([d.launch_overhead_s for d in cluster.devices])[None, :] * self.overhead_scale
         fwd = np.maximum(graph.fwd_flops[:, None] * f / (peak * eff), fwd_bytes / bw) + ovh
         bwd = np.maximum(graph.bwd_flops[:, None] * f / (peak * eff), bwd_bytes / bw) + ovh
-        # Ops that move nothing and compute nothing (folded inputs) cost nothing.
-        idle = ((graph.fwd_flops == 0) & (graph.out_bytes == 0) & (graph.param_bytes == 0))[:, None]
+        # Ops that move nothing and compute nothing, and graph inputs (a profile's Input nodes:
+        # data loading, not device work), cost nothing.
+        is_input = np.array([kind_class(k) == "input" for k in graph.kinds], dtype=bool)
+        idle = (((graph.fwd_flops == 0) & (graph.out_bytes == 0) & (graph.param_bytes == 0)) | is_input)[:, None]
         fwd = np.where(idle, 0.0, fwd)
         bwd = np.where(idle, 0.0, bwd)
         return fwd, bwd

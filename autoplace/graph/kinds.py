@@ -36,7 +36,7 @@ _RULES: tuple[tuple[str, str], ...] = (
     (r"lstm|gru|^rnn", "rnn"),
     (r"attention|sdpa|multiheadattention", "attention"),
     (r"embedding", "embedding"),
-    (r"linear|matmul|^mm$|^bmm$|^addmm$|baddbmm|einsum|bilinear|dense", "matmul"),
+    (r"linear|matmul|^mm$|^bmm$|^addmm$|baddbmm|einsum|bilinear|dense|classifier", "matmul"),
     (r"norm", "norm"),
     (r"pool", "pool"),
     (r"relu|gelu|silu|sigmoid|tanh|softmax|elu|swish|mish|hardtanh|softplus|activation|glu", "activation"),
