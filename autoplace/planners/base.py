@@ -203,7 +203,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                 out = _call(p, graph, cluster, m, budget_s=share if p.kind == "learned" else budget_s, **kw)
             except NoFitError as e:
                 rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=True,
-                                 plan_time_s=time.perf_counter() - t0, error=str(e)))
+                                 plan_time_s=time.perf_counter() - t0, error=str(e),
+                                 why=getattr(e, "why", "") or str(e)))
                 continue
             row = _judge(sim, p, out, time.perf_counter() - t0)
             row["mode"] = m
@@ -211,8 +212,12 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if not row["oom"] and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
     if best is None:
-        reasons = "\n  - ".join(f"{r['planner']}: {r.get('error') or 'out of memory'}" for r in rows)
-        raise NoFitError(f"no planner found a placement that fits on {cluster.name or 'the cluster'}:\n  - {reasons}")
+        from .memory import MemoryEstimate, needs
+
+        reasons = "\n  - ".join(f"{r['planner']}: {r.get('why') or 'its placement is over memory'}" for r in rows)
+        mem = MemoryEstimate.of(graph, sim.cost)
+        raise NoFitError(f"no planner found a placement that fits on {cluster.name or 'the cluster'}. "
+                         f"{needs(graph, cluster, mem)}\n  - {reasons}")
     return _stamp(best[1], best[2], rows)
 
 

@@ -63,7 +63,7 @@ def place_gpipe_uniform(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
             fit(judge, build, cluster.memory, tries=1 if k == 0 else 6)
     best = judge.best()
     if best is None:
-        raise no_fit(graph, cluster, MemoryEstimate.of(graph, judge.cost), planner="gpipe-uniform",
+        raise no_fit(graph, cluster, MemoryEstimate.of(graph, judge.cost), planner="gpipe-uniform", mode="pipeline",
                      why=f"no split into {s} one-device stages fits")
     return judge.placement(best, "gpipe-uniform")
 

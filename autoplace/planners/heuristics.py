@@ -172,11 +172,11 @@ def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
     copy = float(mem.static.sum())
     small = int(np.argmin(cluster.memory))
     if copy > cluster.memory[small]:
-        raise no_fit(graph, cluster, mem, planner="data-parallel",
+        raise no_fit(graph, cluster, mem, planner="data-parallel", mode="pipeline",
                      why=f"a full model copy (parameters, gradients, optimizer state) needs {gib(copy)}; "
                          f"device {cluster.device_label(small)} has {gib(float(cluster.memory[small]))}")
     if graph.batch_size < d:
-        raise no_fit(graph, cluster, mem, planner="data-parallel",
+        raise no_fit(graph, cluster, mem, planner="data-parallel", mode="pipeline",
                      why=f"the batch of {graph.batch_size} cannot be split over {d} replicas")
     stage = np.zeros(graph.num_nodes, dtype=np.int64)
     devices = (tuple(range(d)),)
@@ -188,7 +188,7 @@ def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
         m *= 2
     best = judge.best()
     if best is None:
-        raise no_fit(graph, cluster, mem, planner="data-parallel",
+        raise no_fit(graph, cluster, mem, planner="data-parallel", mode="pipeline",
                      why=f"activations of one replica's share of the batch do not fit even with "
                          f"{m // 2} accumulation steps")
     return judge.placement(best, "data-parallel")

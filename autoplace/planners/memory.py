@@ -74,20 +74,31 @@ class MemoryEstimate:
         return float(self.static[ops].sum() + self.act[ops].sum() * share)
 
 
-def no_fit(graph: "OpGraph", cluster: "Cluster", mem: MemoryEstimate, *, planner: str, why: str = "") -> NoFitError:
-    """A NoFitError that says what the model needs and what the devices have."""
+def needs(graph: "OpGraph", cluster: "Cluster", mem: MemoryEstimate) -> str:
+    """What one training step needs and what the cluster has, in a sentence or three."""
     caps = cluster.memory
     need_static, need_act = float(mem.static.sum()), float(mem.act.sum())
-    biggest = int(np.argmax(mem.total)) if graph.num_nodes else 0
     parts = [
-        f"{planner}: no placement fits{': ' + why if why else ''}.",
         f"The model needs {gib(need_static + need_act)} for one training step "
         f"({gib(need_static)} of parameters, gradients and optimizer state, {gib(need_act)} of activations "
-        f"at batch {graph.batch_size}).",
-        f"The cluster has {cluster.num_devices} device(s) with {gib(float(caps.sum()))} in all, "
-        f"the largest {gib(float(caps.max()))}.",
+        f"at batch {graph.batch_size}); the cluster has {cluster.num_devices} device(s) with "
+        f"{gib(float(caps.sum()))} in all, the largest {gib(float(caps.max()))}."
     ]
+    biggest = int(np.argmax(mem.total)) if graph.num_nodes else 0
     if graph.num_nodes and mem.total[biggest] > caps.max():
-        parts.append(f"Op {graph.names[biggest]!r} alone needs {gib(float(mem.total[biggest]))}, more than any device.")
-    parts.append("Fix: more or larger devices, a smaller batch, or a pipeline plan (mode='pipeline').")
-    return NoFitError(" ".join(parts))
+        parts.append(f"Op {graph.names[biggest]!r} alone needs {gib(float(mem.total[biggest]))}, more than any "
+                     "device, and no placement splits an op: use larger devices or a smaller batch.")
+    return " ".join(parts)
+
+
+def no_fit(graph: "OpGraph", cluster: "Cluster", mem: MemoryEstimate, *, planner: str, why: str = "",
+           mode: str = "model") -> NoFitError:
+    """A NoFitError that says what the model needs and what the devices have."""
+    fix = ("Fix: more or larger devices, a smaller batch" + (", or a pipeline plan (mode='pipeline')."
+                                                           if mode == "model" else "."))
+    text = f"{planner}: no placement fits{': ' + why if why else ''}. {needs(graph, cluster, mem)}"
+    if "no placement splits an op" not in text:
+        text += " " + fix
+    err = NoFitError(text)
+    err.why = why  # type: ignore[attr-defined]
+    return err

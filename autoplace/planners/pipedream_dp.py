@@ -310,7 +310,7 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
             if found:
                 break
     if not plans:
-        raise no_fit(graph, cluster, mem, planner="pipedream-dp",
+        raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
                      why="no stage split with replication keeps every replica within its device's memory")
 
     def evaluate(plan: StagePlan, ms: list[int], schedules: tuple[str, ...]) -> list[Choice]:
@@ -330,7 +330,7 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         evaluate(plan, options(plan), SCHEDULES)
     best = judge.best()
     if best is None:
-        raise no_fit(graph, cluster, mem, planner="pipedream-dp",
+        raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
                      why="every plan of the dynamic program is over some device's memory in the simulator")
     # hill climb in the simulator from the best plan, at its micro-batch count and schedule
     current, evals = best, 0
