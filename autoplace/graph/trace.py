@@ -210,8 +210,15 @@ def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
     def to_meta(v: Any) -> Any:
         return v.to("meta") if isinstance(v, torch.Tensor) and on_meta else v
 
+    # A training step keeps no KV cache: Hugging Face models return a cache object by default,
+    # which export cannot flatten, so when forward takes `use_cache` and the caller left it
+    # out, export (and every later call through `bind`) passes use_cache=False.
+    extra: dict[str, Any] = {}
+    params = inspect.signature(model.forward).parameters
+    if "use_cache" in params and "use_cache" not in kwargs and len(args) <= list(params).index("use_cache"):
+        extra["use_cache"] = False
     a = tuple(to_meta(v) for v in args)
-    k = {n: to_meta(v) for n, v in kwargs.items()}
+    k = {n: to_meta(v) for n, v in {**kwargs, **extra}.items()}
     with _quiet():
         ep = torch.export.export(model, a, k, strict=False)
     gm = ep.module()
@@ -222,6 +229,7 @@ def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
 
     def bind(example_inputs: ExampleInputs) -> dict[str, Any]:
         a2, k2 = _split_inputs(example_inputs)
+        k2 = {**extra, **k2}
         kw_spec = in_spec.children()[1] if in_spec is not None and in_spec.num_children == 2 else None
         if kw_spec is not None and isinstance(kw_spec.context, list):
             order = kw_spec.context
