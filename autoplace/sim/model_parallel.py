@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["mp_evaluate", "mp_run"]
+__all__ = ["mp_evaluate", "mp_run", "MP_ARGS"]
 
 _OP_DONE = 0
 _MSG = 1
@@ -437,6 +437,10 @@ def _evaluate(dev: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, upd: np.ndarray
               out_bytes: np.ndarray, param_bytes: np.ndarray, opt_factor: float,
               tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
               capacity: np.ndarray):  # type: ignore[no-untyped-def]
+    n_dev = lat.shape[0]
+    for i in range(dev.shape[0]):
+        if dev[i] < 0 or dev[i] >= n_dev:
+            return -1.0, np.zeros(n_dev), 0.0  # the caller names the bad device
     r = _core(dev, fwd, bwd, upd, succ_ptr, succ_eid, pred_ptr, pred_eid, esrc, edst, ebytes, lat, inv_bw,
               out_bytes, param_bytes, opt_factor, tied_of, tied_first, tied_bytes)
     peak = r[1]
@@ -447,21 +451,20 @@ def _evaluate(dev: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, upd: np.ndarray
     return r[0], peak, excess
 
 
-def mp_evaluate(arrays: dict[str, Any], dev: np.ndarray) -> tuple[float, np.ndarray, float]:
-    """(step seconds, peak bytes (D,), OOM excess bytes) of assignment ``dev``; ``arrays`` are
-    the simulator's precomputed inputs (see :class:`autoplace.sim.Simulator`)."""
-    a = arrays
-    return _evaluate(dev, a["fwd"], a["bwd"], a["upd"], a["succ_ptr"], a["succ_eid"], a["pred_ptr"],
-                     a["pred_eid"], a["esrc"], a["edst"], a["ebytes"], a["lat"], a["inv_bw"], a["out_bytes"],
-                     a["param_bytes"], a["opt_factor"], a["tied_of"], a["tied_first"], a["tied_bytes"],
-                     a["capacity"])
+MP_ARGS = ("fwd", "bwd", "upd", "succ_ptr", "succ_eid", "pred_ptr", "pred_eid", "esrc", "edst", "ebytes", "lat",
+           "inv_bw", "out_bytes", "param_bytes", "opt_factor", "tied_of", "tied_first", "tied_bytes")
+"""The simulator's precomputed inputs, in the order the kernels take them after ``dev``."""
 
 
-def mp_run(arrays: dict[str, Any], dev: np.ndarray) -> tuple[Any, ...]:
+def mp_evaluate(args: tuple[Any, ...], capacity: np.ndarray, dev: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """(step seconds, peak bytes (D,), OOM excess bytes) of assignment ``dev`` (int64, length N);
+    step is -1 when ``dev`` names a device the cluster lacks. ``args``: the arrays named in
+    :data:`MP_ARGS`."""
+    return _evaluate(dev, *args, capacity)  # type: ignore[call-arg]
+
+
+def mp_run(args: tuple[Any, ...], dev: np.ndarray) -> tuple[Any, ...]:
     """Everything the simulation computed: step, peak, compute per device, per-op forward and
     backward start/end, per-device update start/end, and the transfers
     (from, to, op, kind 0 fwd / 1 bwd / 2 tied gradient / 3 tied copy, start, end)."""
-    a = arrays
-    return _core(dev, a["fwd"], a["bwd"], a["upd"], a["succ_ptr"], a["succ_eid"], a["pred_ptr"], a["pred_eid"],
-                 a["esrc"], a["edst"], a["ebytes"], a["lat"], a["inv_bw"], a["out_bytes"], a["param_bytes"],
-                 a["opt_factor"], a["tied_of"], a["tied_first"], a["tied_bytes"])
+    return _core(dev, *args)

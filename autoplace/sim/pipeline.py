@@ -221,9 +221,176 @@ def _pipe_sim(order: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarra
     return True, f_start, b_start, xf_start, xf_end, xb_start, xb_end
 
 
+@njit(cache=True)
+def _stage_sums(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r: int, tf: np.ndarray,
+                tb: np.ndarray, upd: np.ndarray, f_rep: np.ndarray, b_rep: np.ndarray, u_rep: np.ndarray) -> None:
+    """Add each op's time on every replica of its stage (stages with ``r`` replicas only) into the
+    flat per-replica arrays (index ``stage_ptr[s] + k``)."""
+    for i in range(st.shape[0]):
+        s = st[i]
+        lo = stage_ptr[s]
+        if stage_ptr[s + 1] - lo != r:
+            continue
+        for k in range(r):
+            d = stage_dev[lo + k]
+            f_rep[lo + k] += tf[i, d]
+            b_rep[lo + k] += tb[i, d]
+            u_rep[lo + k] += upd[i, d]
+
+
+@njit(cache=True)
+def _group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat: np.ndarray,
+                inv_bw: np.ndarray) -> tuple[float, float]:
+    """(largest latency, largest inverse bandwidth) over links from stage a's devices to stage b's."""
+    lt = 0.0
+    inv = 0.0
+    for x in range(stage_ptr[a], stage_ptr[a + 1]):
+        for y in range(stage_ptr[b], stage_ptr[b + 1]):
+            i, j = stage_dev[x], stage_dev[y]
+            if i != j:
+                lt = max(lt, lat[i, j])
+                inv = max(inv, inv_bw[i, j])
+    return lt, inv
+
+
+@njit(cache=True)
+def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_rep: np.ndarray,
+               b_rep: np.ndarray, u_rep: np.ndarray, order: np.ndarray, inflight: np.ndarray,
+               succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
+               lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
+               opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
+               capacity: np.ndarray, n_mb: int):  # type: ignore[no-untyped-def]
+    n_st = stage_ptr.shape[0] - 1
+    n_dev = lat.shape[0]
+    n_groups = tied_first.shape[0]
+    reps = np.empty(n_st, np.int64)
+    f_act = np.zeros(n_st)
+    b_act = np.zeros(n_st)
+    u_stage = np.zeros(n_st)
+    for s in range(n_st):
+        reps[s] = stage_ptr[s + 1] - stage_ptr[s]
+        for x in range(stage_ptr[s], stage_ptr[s + 1]):
+            f_act[s] = max(f_act[s], f_rep[x])
+            b_act[s] = max(b_act[s], b_rep[x])
+            u_stage[s] = max(u_stage[s], u_rep[x])
+
+    # transfers between consecutive stages, per micro-batch
+    bnd = _boundary_bytes(st, succ_ptr, succ_eid, edst, ebytes, n_st)
+    nb = max(n_st - 1, 1)
+    cf = np.zeros(nb)
+    cb = np.zeros(nb)
+    for s in range(n_st - 1):
+        if bnd[s] > 0:
+            shard = bnd[s] / n_mb / max(reps[s], reps[s + 1])
+            lt, inv = _group_link(stage_ptr, stage_dev, s, s + 1, lat, inv_bw)
+            cf[s] = lt + shard * inv
+            lt, inv = _group_link(stage_ptr, stage_dev, s + 1, s, lat, inv_bw)
+            cb[s] = lt + shard * inv
+
+    ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = _pipe_sim(order, f_act, b_act, cf, cb)
+    t_fb = 0.0
+    for s in range(n_st):
+        for m in range(n_mb):
+            t_fb = max(t_fb, b_start[s, m] + b_act[s])
+
+    # gradients: all-reduce inside replicated stages, tied copies, update
+    params = np.zeros(n_st)
+    act = np.zeros(n_st)
+    for i in range(st.shape[0]):
+        params[st[i]] += param_bytes[i]
+        act[st[i]] += out_bytes[i]
+    last_b_start = np.zeros(n_st)
+    ar_time = np.zeros(n_st)
+    ready = np.zeros(n_st)
+    for s in range(n_st):
+        for q in range(order.shape[1] - 1, -1, -1):
+            if order[s, q] < 0:
+                last_b_start[s] = b_start[s, -order[s, q] - 1]
+                break
+        r = reps[s]
+        if r > 1:
+            lt, inv = _group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
+            ar_time[s] = 2.0 * (r - 1) / r * params[s] * inv + 2.0 * (r - 1) * lt
+        ready[s] = max(last_b_start[s] + b_act[s], last_b_start[s] + ar_time[s])
+    holder = np.zeros((n_groups, n_st), np.bool_)
+    for i in range(st.shape[0]):
+        g = tied_of[i]
+        if g >= 0 and st[i] != st[tied_first[g]]:
+            holder[g, st[i]] = True
+    n_moves = 0
+    for g in range(n_groups):
+        for s in range(n_st):
+            if holder[g, s]:
+                n_moves += 1
+    mv_group = np.empty(2 * n_moves, np.int64)
+    mv_from = np.empty(2 * n_moves, np.int64)
+    mv_to = np.empty(2 * n_moves, np.int64)
+    mv_start = np.empty(2 * n_moves)
+    mv_end = np.empty(2 * n_moves)
+    ready_all = ready.copy()
+    k = 0
+    for g in range(n_groups):
+        so = st[tied_first[g]]
+        b = stage_dev[stage_ptr[so]]
+        for s in range(n_st):
+            if holder[g, s]:
+                a = stage_dev[stage_ptr[s]]
+                mv_group[k], mv_from[k], mv_to[k] = g, s, so
+                mv_start[k] = ready[s]
+                mv_end[k] = ready[s] + lat[a, b] + tied_bytes[g] * inv_bw[a, b]
+                ready_all[so] = max(ready_all[so], mv_end[k])
+                k += 1
+    upd_end = ready_all + u_stage
+    step = t_fb
+    for s in range(n_st):
+        step = max(step, upd_end[s])
+    for g in range(n_groups):
+        so = st[tied_first[g]]
+        a = stage_dev[stage_ptr[so]]
+        for s in range(n_st):
+            if holder[g, s]:
+                b = stage_dev[stage_ptr[s]]
+                mv_group[k], mv_from[k], mv_to[k] = g, so, s
+                mv_start[k] = upd_end[so]
+                mv_end[k] = upd_end[so] + lat[a, b] + tied_bytes[g] * inv_bw[a, b]
+                step = max(step, mv_end[k])
+                k += 1
+
+    # memory of every replica of every stage
+    peak = np.zeros(n_dev)
+    for s in range(n_st):
+        recv = bnd[s - 1] if s > 0 else 0.0
+        mem = params[s] * (2.0 + opt_factor) + inflight[s] * (act[s] + recv) / (n_mb * reps[s])
+        for g in range(n_groups):
+            if holder[g, s]:
+                mem += 2.0 * tied_bytes[g]
+        for x in range(stage_ptr[s], stage_ptr[s + 1]):
+            peak[stage_dev[x]] = mem
+    excess = 0.0
+    for d in range(n_dev):
+        if peak[d] > capacity[d]:
+            excess += peak[d] - capacity[d]
+    if not ok:
+        step = -1.0
+    return (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
+            last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end)
+
+
 class PipelineOutcome(NamedTuple):
     evaluation: Evaluation
     result: SimResult | None
+
+
+def _groups(stage_devices: Sequence[int | Sequence[int]]) -> list[list[int]]:
+    out = []
+    for s in stage_devices:
+        if isinstance(s, (list, tuple)):
+            out.append([int(x) for x in s])
+        elif np.isscalar(s):
+            out.append([int(s)])  # type: ignore[arg-type]
+        else:
+            out.append([int(x) for x in s])  # type: ignore[union-attr]
+    return out
 
 
 def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
@@ -231,7 +398,7 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
            schedule: str) -> tuple[np.ndarray, list[list[int]]]:
     n, d = sim.num_nodes, sim.num_devices
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
-    groups = [[int(s)] if np.isscalar(s) else [int(x) for x in s] for s in stage_devices]
+    groups = _groups(stage_devices)
     problems = []
     if st.shape != (n,):
         problems.append(f"stage_of_node has shape {st.shape}; the graph has {n} ops, so it must be ({n},)")
@@ -255,8 +422,9 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         problems.append(f"microbatches is {microbatches}; it must be at least 1")
     if schedule not in SCHEDULES:
         problems.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
-    if not problems and sim.graph.num_edges:
-        back = st[sim.graph.edges[:, 0]] > st[sim.graph.edges[:, 1]]
+    if not problems and n_st > 1 and sim.graph.num_edges:
+        src, dst = sim._mp["esrc"], sim._mp["edst"]
+        back = st[src] > st[dst]
         if back.any():
             a, b = sim.graph.edges[int(np.argmax(back))]
             problems.append(f"edge {sim.graph.names[a]} (stage {st[a]}) -> {sim.graph.names[b]} (stage {st[b]}) "
@@ -266,124 +434,40 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     return st, groups
 
 
-def _group_link(sim: "Simulator", a: Sequence[int], b: Sequence[int]) -> tuple[float, float]:
-    """(largest latency, smallest bandwidth) over links from group a to group b (distinct devices)."""
-    lat = max(sim.lat[i, j] for i in a for j in b if i != j)
-    inv = max(sim.inv_bw[i, j] for i in a for j in b if i != j)
-    return float(lat), float(inv)
-
-
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                   *, result: bool, timeline: bool = True) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``)."""
     st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
-    graph = sim.graph
-    n_st = len(groups)
     m_count = int(microbatches)
-    reps = np.array([len(g) for g in groups], dtype=np.int64)
-    n_dev = sim.num_devices
-
-    # -- per-stage action times: the slowest replica at 1/(M r) of the batch ------------------
-    fwd_rep = [np.zeros(r) for r in reps]  # seconds per action, per replica
-    bwd_rep = [np.zeros(r) for r in reps]
-    upd_rep = [np.zeros(r) for r in reps]
-    rows = np.arange(sim.num_nodes)
-    for r in sorted(set(reps.tolist())):
+    n_st = len(groups)
+    stage_ptr = np.zeros(n_st + 1, dtype=np.int64)
+    stage_ptr[1:] = np.cumsum([len(g) for g in groups])
+    stage_dev = np.array([x for g in groups for x in g], dtype=np.int64)
+    n_rep = stage_dev.shape[0]
+    f_rep, b_rep, u_rep = np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep)
+    for r in sorted({len(g) for g in groups}):
         tf, tb = sim.op_times(m_count * r)
-        in_r = reps[st] == r
-        nodes = rows[in_r]
-        st_r = st[in_r]
-        for k in range(r):
-            dev_k = np.array([g[k] if len(g) == r else 0 for g in groups], dtype=np.int64)[st_r]
-            sf = np.bincount(st_r, tf[nodes, dev_k], minlength=n_st)
-            sb = np.bincount(st_r, tb[nodes, dev_k], minlength=n_st)
-            su = np.bincount(st_r, sim.upd[nodes, dev_k], minlength=n_st)
-            for s in np.nonzero(reps == r)[0]:
-                fwd_rep[s][k], bwd_rep[s][k], upd_rep[s][k] = sf[s], sb[s], su[s]
-    f_act = np.array([x.max() for x in fwd_rep])
-    b_act = np.array([x.max() for x in bwd_rep])
-    u_stage = np.array([x.max() for x in upd_rep])
-
-    # -- boundary transfers -------------------------------------------------------------------
-    mp = sim._mp
-    bnd = _boundary_bytes(st, mp["succ_ptr"], mp["succ_eid"], mp["edst"], mp["ebytes"], n_st)
-    cf = np.zeros(max(n_st - 1, 1))
-    cb = np.zeros(max(n_st - 1, 1))
-    for s in range(n_st - 1):
-        if bnd[s] > 0:
-            shard = bnd[s] / m_count / max(reps[s], reps[s + 1])
-            lat, inv = _group_link(sim, groups[s], groups[s + 1])
-            cf[s] = lat + shard * inv
-            lat, inv = _group_link(sim, groups[s + 1], groups[s])
-            cb[s] = lat + shard * inv
-
+        _stage_sums(st, stage_ptr, stage_dev, r, tf, tb, sim.upd, f_rep, b_rep, u_rep)
     order, inflight = _encoded(n_st, m_count, schedule)
-    ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = _pipe_sim(order, f_act, b_act, cf, cb)
-    if not ok:  # cannot happen for GPipe/1F1B orders; kept as a guard on the schedule code
+    mp = sim._mp
+    out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
+                     mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
+                     mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
+                     mp["capacity"], m_count)
+    (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
+     last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
+    if step < 0:  # cannot happen for GPipe/1F1B orders; a guard on the schedule code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {n_st} stages and {m_count} micro-batches")
-    b_end = b_start + b_act[:, None]
-    t_fb = float(b_end.max()) if b_end.size else 0.0
-
-    # -- gradients: all-reduce of replicated stages, tied copies, update ---------------------------
-    params = np.bincount(st, graph.param_bytes, minlength=n_st)
-    last = np.array([-(order[s][order[s] < 0][-1]) - 1 for s in range(n_st)], dtype=np.int64)
-    last_b_start = b_start[np.arange(n_st), last]
-    last_b_end = last_b_start + b_act
-    ar_time = np.zeros(n_st)
-    for s in range(n_st):
-        r = reps[s]
-        if r > 1:
-            lat, inv = _group_link(sim, groups[s], groups[s])
-            ar_time[s] = 2.0 * (r - 1) / r * params[s] * inv + 2.0 * (r - 1) * lat
-    ready = np.maximum(last_b_end, last_b_start + ar_time)
-    tied_moves: list[tuple[int, int, int, float, float]] = []  # (group, from stage, to stage, start, end)
-    holders: list[list[int]] = []
-    for g, members in enumerate(sim.tied_groups):
-        owner = int(st[members[0]])
-        others = sorted({int(st[i]) for i in members} - {owner})
-        holders.append(others)
-        for s in others:
-            a, b = groups[s][0], groups[owner][0]
-            start = float(ready[s])
-            end = start + float(sim.lat[a, b] + sim.tied_bytes[g] * sim.inv_bw[a, b])
-            tied_moves.append((g, s, owner, start, end))
-    ready_all = ready.copy()
-    for g, s, owner, start, end in tied_moves:
-        ready_all[owner] = max(ready_all[owner], end)
-    upd_end = ready_all + u_stage
-    step = float(max(upd_end.max(initial=0.0), t_fb))
-    back_moves = []
-    for g, others in enumerate(holders):
-        owner = int(st[sim.tied_groups[g][0]])
-        for s in others:
-            a, b = groups[owner][0], groups[s][0]
-            start = float(upd_end[owner])
-            end = start + float(sim.lat[a, b] + sim.tied_bytes[g] * sim.inv_bw[a, b])
-            back_moves.append((g, owner, s, start, end))
-            step = max(step, end)
-
-    # -- memory ---------------------------------------------------------------------------------
-    act = np.bincount(st, graph.out_bytes, minlength=n_st)
-    recv = np.concatenate([[0.0], bnd[: n_st - 1]])
-    per_mb = (act + recv) / (m_count * reps)
-    stage_mem = params * (2.0 + sim.cost.optimizer_state_factor) + inflight * per_mb
-    for g, others in enumerate(holders):
-        for s in others:
-            stage_mem[s] += 2.0 * sim.tied_bytes[g]
-    peak = np.zeros(n_dev)
-    for s, grp in enumerate(groups):
-        peak[grp] = stage_mem[s]
-    excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
-    evaluation = Evaluation(step, peak, excess)
+    evaluation = Evaluation(float(step), peak, float(excess))
     if not result:
         return PipelineOutcome(evaluation, None)
 
-    # -- the full result ---------------------------------------------------------------------------
+    # -- the full result, from the same numbers ----------------------------------------------------
+    n_dev = sim.num_devices
     compute = np.zeros(n_dev)
-    for s, grp in enumerate(groups):
-        compute[grp] = m_count * (fwd_rep[s] + bwd_rep[s]) + upd_rep[s]
+    compute[stage_dev] = m_count * (f_rep + b_rep) + u_rep
     busy = float(m_count * (f_act + b_act).sum())
     bubble = max(0.0, 1.0 - busy / (n_st * t_fb)) if t_fb > 0 else 0.0
     link_busy = np.zeros((n_dev, n_dev))
@@ -395,31 +479,33 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             continue
         a, b = groups[s][0], groups[s + 1][0]
         for m in range(m_count):
-            for x0, x1, i, j in ((xf_start[s, m], xf_end[s, m], a, b), (xb_start[s, m], xb_end[s, m], b, a)):
+            for x0, x1, i, j, who in ((xf_start[s, m], xf_end[s, m], a, b, s), (xb_start[s, m], xb_end[s, m], b, a, s + 1)):
                 link_busy[i, j] += x1 - x0
                 comm += x1 - x0
-                events.append(Event(f"link {i}->{j}", i, "send", s if i == a else s + 1, m, float(x0), float(x1)))
-    for g, s_from, s_to, x0, x1 in tied_moves + back_moves:
+                events.append(Event(f"link {i}->{j}", i, "send", who, m, float(x0), float(x1)))
+    for s_from, s_to, x0, x1 in zip(mv_from.tolist(), mv_to.tolist(), mv_start.tolist(), mv_end.tolist()):
         i, j = groups[s_from][0], groups[s_to][0]
         link_busy[i, j] += x1 - x0
         comm += x1 - x0
         events.append(Event(f"link {i}->{j}", i, "send", s_from, -1, x0, x1))
-    for s, grp in enumerate(groups):
-        for k, dv in enumerate(grp):
-            for m in range(m_count):
-                fs, bs = float(f_start[s, m]), float(b_start[s, m])
-                events.append(Event(lane[dv], dv, "fwd", s, m, fs, fs + float(fwd_rep[s][k])))
-                events.append(Event(lane[dv], dv, "bwd", s, m, bs, bs + float(bwd_rep[s][k])))
-            if upd_rep[s][k] > 0:
-                u0 = float(ready_all[s])
-                events.append(Event(lane[dv], dv, "update", s, -1, u0, u0 + float(upd_rep[s][k])))
-        if ar_time[s] > 0:
-            a0 = float(last_b_start[s])
-            events.append(Event(f"allreduce s{s}", grp[0], "allreduce", s, -1, a0, a0 + float(ar_time[s])))
-    events.sort(key=lambda e: (e.start, e.end, e.lane))
-    full = SimResult(mode="pipeline", step_time_s=step, peak_memory_bytes=peak,
-                       memory_capacity_bytes=sim.capacity, compute_s=compute, comm_s=comm, link_busy_s=link_busy,
-                       batch_size=graph.batch_size, device_labels=sim.labels, bubble_fraction=bubble,
-                       allreduce_s=float(ar_time.max(initial=0.0)), microbatches=m_count, schedule=schedule,
-                       timeline=tuple(events) if timeline else ())
+    if timeline:
+        for s, grp in enumerate(groups):
+            for k, dv in enumerate(grp):
+                x = int(stage_ptr[s]) + k
+                for m in range(m_count):
+                    fs, bs = float(f_start[s, m]), float(b_start[s, m])
+                    events.append(Event(lane[dv], dv, "fwd", s, m, fs, fs + float(f_rep[x])))
+                    events.append(Event(lane[dv], dv, "bwd", s, m, bs, bs + float(b_rep[x])))
+                if u_rep[x] > 0:
+                    u0 = float(ready_all[s])
+                    events.append(Event(lane[dv], dv, "update", s, -1, u0, u0 + float(u_rep[x])))
+            if ar_time[s] > 0:
+                a0 = float(last_b_start[s])
+                events.append(Event(f"allreduce s{s}", grp[0], "allreduce", s, -1, a0, a0 + float(ar_time[s])))
+        events.sort(key=lambda e: (e.start, e.end, e.lane))
+    full = SimResult(mode="pipeline", step_time_s=float(step), peak_memory_bytes=peak,
+                     memory_capacity_bytes=sim.capacity, compute_s=compute, comm_s=comm, link_busy_s=link_busy,
+                     batch_size=sim.graph.batch_size, device_labels=sim.labels, bubble_fraction=bubble,
+                     allreduce_s=float(ar_time.max(initial=0.0)), microbatches=m_count, schedule=schedule,
+                     timeline=tuple(events) if timeline else ())
     return PipelineOutcome(evaluation, full)

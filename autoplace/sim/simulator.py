@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cost.analytic import CostModel
 from ..placement import Placement, PlacementError
-from .model_parallel import mp_evaluate, mp_run
+from .model_parallel import MP_ARGS, mp_evaluate, mp_run
 from .result import Evaluation, Event, SimResult, device_labels
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class Simulator:
             "tied_of": tied_of, "tied_first": self.tied_first, "tied_bytes": self.tied_bytes,
             "capacity": self.capacity,
         }
+        self._mp_args = tuple(self._mp[k] for k in MP_ARGS)
 
     def __repr__(self) -> str:
         return f"<Simulator of {self.graph.name or 'a graph'} ({self.num_nodes} ops) on {self.cluster.describe()}>"
@@ -120,28 +121,31 @@ class Simulator:
             self._times[parts] = (np.ascontiguousarray(f, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64))
         return self._times[parts]
 
-    def _check_assignment(self, device_of_node: Sequence[int] | np.ndarray) -> np.ndarray:
+    def _as_assignment(self, device_of_node: Sequence[int] | np.ndarray) -> np.ndarray:
         dev = np.ascontiguousarray(device_of_node, dtype=np.int64)
         if dev.shape != (self.num_nodes,):
             raise PlacementError([f"device_of_node has shape {dev.shape}; the graph has {self.num_nodes} ops, "
                                   f"so it must be ({self.num_nodes},)"])
-        if self.num_nodes and (dev.min() < 0 or dev.max() >= self.num_devices):
-            bad = int(dev.min()) if dev.min() < 0 else int(dev.max())
-            raise PlacementError([f"placement names device {bad}; the cluster has {self.num_devices} "
-                                  f"(0..{self.num_devices - 1})"])
         return dev
+
+    def _bad_device(self, dev: np.ndarray) -> PlacementError:
+        bad = int(dev.min()) if dev.min() < 0 else int(dev.max())
+        return PlacementError([f"placement names device {bad}; the cluster has {self.num_devices} "
+                               f"(0..{self.num_devices - 1})"])
 
     # ---- model parallel -----------------------------------------------------------------
 
     def evaluate(self, device_of_node: Sequence[int] | np.ndarray) -> Evaluation:
         """Step time and memory of the model-parallel placement ``device_of_node`` (no timeline)."""
-        dev = self._check_assignment(device_of_node)
-        step, peak, excess = mp_evaluate(self._mp, dev)
-        return Evaluation(float(step), peak, float(excess))
+        dev = self._as_assignment(device_of_node)
+        step, peak, excess = mp_evaluate(self._mp_args, self.capacity, dev)
+        if step < 0:
+            raise self._bad_device(dev)
+        return Evaluation(step, peak, excess)
 
     def _run_model(self, dev: np.ndarray, timeline: bool) -> SimResult:
         (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
-         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self._mp, dev)
+         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self._mp_args, dev)
         n_dev = self.num_devices
         link_busy = np.zeros((n_dev, n_dev))
         np.add.at(link_busy, (tr_from, tr_to), tr_end - tr_start)
@@ -187,7 +191,10 @@ class Simulator:
                                 placement.schedule, result=True, timeline=timeline)
             assert out.result is not None
             return out.result
-        return self._run_model(self._check_assignment(placement.device_of_node), timeline)
+        dev = self._as_assignment(placement.device_of_node)
+        if self.num_nodes and (dev.min() < 0 or dev.max() >= self.num_devices):
+            raise self._bad_device(dev)
+        return self._run_model(dev, timeline)
 
     def lower_bound(self, *, mode: str = "any") -> float:
         """See :func:`autoplace.sim.bounds.lower_bound`."""
