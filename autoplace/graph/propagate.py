@@ -30,7 +30,7 @@ Errors re-raise with the fx node, its op and the shapes it was given (``TraceErr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, cast
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import torch
 import torch.fx
@@ -271,7 +271,7 @@ class _Propagator:
         faked = tree_map(refake, out)
         return faked, fwd, bwd
 
-    def backward_flops(self, node: torch.fx.Node, out: Any, inputs: Any, params: list[torch.Tensor]) -> int:
+    def backward_flops(self, node: torch.fx.Node, out: Any, inputs: Any, params: Sequence[torch.Tensor]) -> int:
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         if not outs:
             return 0
