@@ -1,0 +1,119 @@
+"""Per-op profiling: finite positive times, the disk cache, and agreement with a whole-model
+measurement on a CPU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autoplace.cost.profile as prof
+from autoplace.cost.profile import ProfileError, device_kind, profile, profile_traced
+from autoplace.graph.trace import trace_module
+
+
+class Net(nn.Module):
+    """A mid-size CPU model: convolutions with BatchNorm and a residual, then an MLP head."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.fc1 = nn.Linear(c * 16 * 16, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stem(x))
+        x = F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+        x = F.max_pool2d(x, 2).flatten(1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def _net() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Net(), (torch.randn(8, 3, 32, 32),)
+
+
+def test_times_positive_finite_and_grads_untouched(tmp_path: Path) -> None:
+    model, x = _net()
+    g = profile(model, x, warmup=1, repeats=3, cache_dir=tmp_path)
+    assert g.profiled_on == "cpu" and g.has_measured_times
+    assert np.all(np.isfinite(g.fwd_time_s)) and np.all(g.fwd_time_s > 0)
+    assert np.all(np.isfinite(g.bwd_time_s)) and np.all(g.bwd_time_s >= 0)
+    assert np.all(g.bwd_time_s[g.param_bytes > 0] > 0)  # every op with weights has a weight gradient
+    assert all(p.grad is None for p in model.parameters())  # autograd.grad, not .backward()
+    assert g.hash == trace_module(model, x).graph.hash  # measuring does not change the graph's identity
+
+
+def test_cache_hit_returns_the_same_numbers_without_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = _net()
+    first = profile(model, x, warmup=0, repeats=1, cache_dir=tmp_path)
+    files = list(tmp_path.glob("*.json"))
+    assert [f.name for f in files] == [f"{first.hash}-cpu.json"]
+    assert json.loads(files[0].read_text())["names"] == list(first.names)
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("profiled again despite a cached result")
+
+    monkeypatch.setattr(prof, "_measure", boom)
+    again = profile(model, x, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.fwd_time_s, first.fwd_time_s)
+    np.testing.assert_array_equal(again.bwd_time_s, first.bwd_time_s)
+    # the environment variable moves the default cache
+    monkeypatch.setenv("AUTOPLACE_CACHE", str(tmp_path / "elsewhere"))
+    assert prof.default_cache_dir() == tmp_path / "elsewhere" / "profiles"
+    with pytest.raises(AssertionError, match="profiled again"):
+        profile(model, x)
+
+
+def test_summed_forward_matches_a_whole_model_measurement(tmp_path: Path) -> None:
+    model, x = _net()
+    traced = trace_module(model, x)
+    g = profile_traced(traced, x, warmup=2, repeats=5, cache_dir=tmp_path)
+    runs = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        model(*x)
+        runs.append(time.perf_counter() - t0)
+    whole = statistics.median(runs[2:])
+    ratio = float(g.fwd_time_s.sum()) / whole
+    assert 0.3 < ratio < 3.0, (g.fwd_time_s.sum(), whole)
+    # the heavy ops dominate: the convolutions and fc1 take most of the forward time
+    heavy = sum(g.fwd_time_s[g.index[n]] for n in ("stem", "conv1", "conv2", "fc1"))
+    assert heavy > 0.5 * g.fwd_time_s.sum()
+
+
+def test_bad_requests(tmp_path: Path) -> None:
+    with torch.device("meta"):
+        meta = Net()
+    with pytest.raises(ProfileError, match="meta device"):
+        profile(meta, (torch.randn(8, 3, 32, 32),), cache_dir=tmp_path)
+    model, x = _net()
+    with pytest.raises(ProfileError, match="repeats"):
+        profile(model, x, repeats=0, cache_dir=tmp_path)
+    with pytest.raises(ProfileError, match="only 'cpu' and 'cuda"):
+        device_kind("meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ProfileError, match="CUDA is not available"):
+            profile(model, x, device="cuda", cache_dir=tmp_path)
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model, x = _net()
+    model = model.cuda()
+    g = profile(model, x, device="cuda", warmup=2, repeats=3, cache_dir=tmp_path)
+    assert g.profiled_on == device_kind("cuda")
+    assert np.all(g.fwd_time_s > 0) and np.all(np.isfinite(g.bwd_time_s))
