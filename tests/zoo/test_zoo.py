@@ -118,14 +118,24 @@ def test_nasnet_transformer_xl_wavenet_sizes() -> None:
     assert n_params(zoo.build("wavenet", device="meta").model) == expected
 
 
-def test_resnet50_flops() -> None:
-    """About 4.1 GMAC = 8.2 GFLOP per 224x224 image (He et al. 2016, table 1: 3.8e9 multiply-adds
-    counting convolutions only; the usual 4.1 GMAC adds the shortcut projections and classifier)."""
-    wl = zoo.build("resnet50", device="meta", batch_size=2)
+def forward_flops_per_image(name: str) -> float:
+    wl = zoo.build(name, device="meta", batch_size=2)
     with FlopCounterMode(display=False) as counter:
         wl.model(*wl.example_inputs)
-    per_image = counter.get_total_flops() / 2
-    assert abs(per_image - 8.2e9) / 8.2e9 < 0.05
+    return counter.get_total_flops() / 2
+
+
+def test_resnet50_flops() -> None:
+    """About 4.1 GMAC = 8.2 GFLOP per 224x224 image (He et al. 2016, table 1, gives 3.8e9 multiply-adds
+    counting convolutions only; the usual 4.1 GMAC adds the shortcut projections and classifier)."""
+    assert abs(forward_flops_per_image("resnet50") - 8.2e9) / 8.2e9 < 0.05
+
+
+@pytest.mark.parametrize(("name", "gmac"), [("resnet18", 1.81), ("vgg16", 15.47), ("alexnet", 0.71),
+                                            ("inception_v3", 5.71)])
+def test_cnn_flops(name: str, gmac: float) -> None:
+    """Multiply-adds per image as torchvision's model docs list them (their "GFLOPS" column counts MACs)."""
+    assert abs(forward_flops_per_image(name) / 2 - gmac * 1e9) / (gmac * 1e9) < 0.05
 
 
 def test_unrolled_gnmt_graph_size() -> None:
