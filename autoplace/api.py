@@ -1,0 +1,257 @@
+"""The one line: ``autoplace.wrap(model, devices)``.
+
+``wrap`` traces the model (now, or on its first forward call when no example inputs are
+given), plans a placement for the devices (or reuses a saved plan), checks it in the
+simulator and rewrites the model so each operation runs on its device. The result, a
+:class:`PlacedModule`, is a drop-in ``nn.Module``: same ``state_dict()`` keys, the same
+parameter objects (an optimizer made before or after wrapping trains it), outputs returned on
+the input's device.
+
+Wrapping moves the model's parameters to their planned devices, as ``model.to(device)``
+would; nothing else about the model changes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .cluster import Cluster, ClusterError
+from .cost.analytic import CostModel
+from .graph.ir import OpGraph
+from .placement import Placement, PlacementError
+
+__all__ = ["wrap", "PlacedModule", "WrapError"]
+
+MODES = ("auto", "model", "pipeline")
+
+
+class WrapError(ValueError):
+    """``wrap`` was given something it cannot place (the message says what and how to fix it)."""
+
+
+def _as_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if example_inputs is None:
+        return (), {}
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, tuple):
+        return example_inputs, {}
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def _model_devices(model: nn.Module) -> set[torch.device]:
+    return {t.device for t in list(model.parameters()) + list(model.buffers())}
+
+
+def _check_devices(devices: Sequence[Any]) -> list[str]:
+    if isinstance(devices, (str, torch.device)):
+        raise WrapError(f"devices must be a list, e.g. [{str(devices)!r}]; got the single device {str(devices)!r}")
+    names = []
+    for d in devices:
+        try:
+            names.append(str(torch.device(d)))
+        except (RuntimeError, TypeError) as e:
+            raise WrapError(f"device {d!r} is not a torch device ({e}); use names like 'cuda:0' or 'cpu'") from None
+    if not names:
+        raise WrapError("devices is empty; pass at least one, e.g. ['cuda:0', 'cuda:1'] (or ['cpu', 'cpu'] to test)")
+    return names
+
+
+def _in_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+class PlacedModule(nn.Module):
+    """A model whose operations run on their planned devices (model parallel).
+
+    Shares the user's submodules, parameters and buffers (so ``state_dict()`` keys and
+    ``parameters()`` are the original's). Attributes after the first forward (or at once when
+    example inputs were given): ``plan`` (:class:`Placement`), ``graph`` (:class:`OpGraph`),
+    ``cluster``, ``simulated`` (the simulator's prediction for the plan).
+    """
+
+    def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
+                 plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
+                 leaf_modules: Sequence[Any], progress: bool) -> None:
+        super().__init__()
+        # Share the user's registries: same keys in state_dict(), same Parameter objects.
+        self._modules = model._modules
+        self._parameters = model._parameters
+        self._buffers = model._buffers
+        self.__dict__["_wrapped"] = model
+        self.__dict__["_placed_gm"] = None
+        self.__dict__["_traced"] = None
+        self.devices = list(devices)
+        self.cluster = cluster
+        self._planner = planner
+        self._mode = mode
+        self.plan: Placement | None = plan
+        self.graph: OpGraph | None = None
+        self.simulated: Any = None
+        self.candidates: list[dict[str, Any]] = []
+        self.cost = cost or CostModel()
+        self._budget_s = budget_s
+        self._seed = seed
+        self._leaf_modules = tuple(leaf_modules)
+        self._progress = progress
+        self.timings: dict[str, float] = {}
+        self.training = model.training
+
+    # ---- building ------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.__dict__["_placed_gm"] is not None
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from .graph.trace import trace_module
+        from .planners import plan as make_plan
+        from .rewrite.placed import place_module
+        from .sim import simulate
+
+        model: nn.Module = self.__dict__["_wrapped"]
+        example: Any = kwargs if kwargs else args
+        t0 = time.perf_counter()
+        traced = trace_module(model, example, leaf_modules=self._leaf_modules)
+        self.timings["trace_s"] = time.perf_counter() - t0
+        graph = traced.graph
+        self.graph = graph
+        if self.plan is not None:
+            problems = self.plan.problems(graph, self.cluster)
+            if problems:
+                raise PlacementError(problems)
+        else:
+            t0 = time.perf_counter()
+            self.plan = make_plan(graph, self.cluster, planner=self._planner, mode="model",
+                                  budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
+            self.timings["plan_s"] = time.perf_counter() - t0
+        self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
+        target_of_fx = {name: int(self.plan.device_of_node[i]) for name, i in traced.op_of_fx.items()}
+        t0 = time.perf_counter()
+        gm = place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
+        self.timings["rewrite_s"] = time.perf_counter() - t0
+        self.__dict__["_traced"] = traced
+        self.__dict__["_placed_gm"] = gm
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.ready:
+            self._build(args, kwargs)
+        gm = self.__dict__["_placed_gm"]
+        return gm(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "PlacedModule":
+        super().train(mode)
+        self.__dict__["_wrapped"].training = mode
+        gm = self.__dict__["_placed_gm"]
+        if gm is not None:
+            gm.train(mode)
+        return self
+
+    # ---- reporting -----------------------------------------------------------------------
+
+    def save_plan(self, path: str | Path) -> Path:
+        """Write the plan as JSON (reuse it with ``wrap(model, devices, plan=path)``)."""
+        if self.plan is None:
+            raise WrapError("there is no plan yet: call the model once (or pass example_inputs to wrap) first")
+        self.plan.to_json(path)
+        return Path(path)
+
+    def report(self) -> str:
+        """Per device: ops, parameters, peak memory; predicted step time against one device;
+        the candidates weighed when the planner compared several."""
+        from .report import placement_report
+
+        if self.plan is None or self.graph is None:
+            return "PlacedModule: not placed yet (the first forward call traces and plans)"
+        return placement_report(self.graph, self.plan, self.cluster, cost=self.cost, simulated=self.simulated)
+
+    def extra_repr(self) -> str:
+        return f"devices={self.devices}, plan={self.plan.describe() if self.plan is not None else 'pending'}"
+
+
+def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None, planner: str = "best",
+         mode: str = "auto", plan: Placement | str | Path | None = None, finetune: bool | str = False,
+         cluster: Cluster | str | None = None, cost: CostModel | None = None, budget_s: float | None = None,
+         seed: int = 0, leaf_modules: Sequence[Any] = (), progress: bool = True, **kwargs: Any) -> Any:
+    """Place ``model`` on ``devices`` and return a module that runs it there.
+
+    Args:
+        model: the user's ``nn.Module`` (all on one device, usually the CPU).
+        devices: torch device names, e.g. ``["cuda:0", "cuda:1"]``. A device may repeat
+            (``["cpu", "cpu"]``): each entry is a distinct placement target.
+        example_inputs: a tuple of positional arguments or a dict of keyword arguments; when
+            None the model is traced on its first forward call.
+        planner: a name from ``autoplace.planners()`` or ``"best"``.
+        mode: ``"model"`` (model parallel in this process), ``"pipeline"`` (one stage per
+            torchrun rank) or ``"auto"`` (chosen by simulated step time and memory).
+        plan: a :class:`Placement` or the path of a saved plan to reuse.
+        cluster: the cluster to plan for (a preset name or a Cluster) when the real devices'
+            properties should be overridden; by default read from ``devices``.
+        cost: the cost model (default: roofline with default efficiencies).
+        budget_s: seconds a learned planner may spend.
+        seed: makes planning reproducible.
+    """
+    if not isinstance(model, nn.Module):
+        raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if mode not in MODES:
+        raise WrapError(f"mode {mode!r} is unknown; use one of {MODES}")
+    names = _check_devices(devices)
+    spread = _model_devices(model)
+    if len(spread) > 1:
+        raise WrapError(f"the model is already spread over devices {sorted(map(str, spread))}; "
+                        "move it to one device first (model.to('cpu')) and let wrap place it")
+    try:
+        real = Cluster.from_devices(names)
+    except ClusterError as e:
+        raise WrapError(str(e)) from None
+    if cluster is None:
+        cl = real
+    else:
+        cl = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+        if cl.num_devices != len(names):
+            raise WrapError(f"cluster {cl.name!r} has {cl.num_devices} devices but {len(names)} were given")
+        cl = Cluster(tuple(_rename(dv, n) for dv, n in zip(cl.devices, names)), cl.bandwidth_matrix,
+                     cl.latency_matrix, cl.link_names, name=cl.name)
+    placement: Placement | None
+    if plan is None or isinstance(plan, Placement):
+        placement = plan
+    else:
+        placement = Placement.from_json(plan)
+    if placement is not None:
+        used = placement.devices_used()
+        if used and max(used) >= len(names):
+            raise WrapError(f"the plan names device {max(used)} but only {len(names)} devices were given "
+                            f"({', '.join(names)}); pass at least {max(used) + 1} devices")
+        if placement.mode == "pipeline" and mode == "model":
+            raise WrapError("the plan is a pipeline plan; use mode='pipeline' (under torchrun) or mode='auto'")
+    if mode == "pipeline" or (placement is not None and placement.mode == "pipeline"):
+        from .rewrite import pipeline_api
+
+        return pipeline_api.wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
+                                          plan=placement, cost=cost, budget_s=budget_s, seed=seed,
+                                          leaf_modules=leaf_modules, **kwargs)
+    if kwargs:
+        raise WrapError(f"unexpected arguments {sorted(kwargs)} for model-parallel wrap")
+    pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,
+                      budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress)
+    if example_inputs is not None:
+        args, kw = _as_inputs(example_inputs)
+        pm._build(args, kw)
+    if finetune:
+        raise WrapError("finetune is not available yet")
+    return pm
+
+
+def _rename(dev: Any, name: str) -> Any:
+    from dataclasses import replace
+
+    return replace(dev, name=name)

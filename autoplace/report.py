@@ -1,0 +1,116 @@
+"""Plain-text reports of a placement: what runs where, the memory it needs, the step time the
+simulator predicts against one device, and the candidates a planner weighed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .cost.analytic import CostModel
+    from .graph.ir import OpGraph
+    from .placement import Placement
+    from .sim import SimResult
+
+__all__ = ["placement_report", "candidates_table", "best_single_device", "format_bytes", "format_table"]
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, markdown: bool = False) -> str:
+    """A fixed-width text table (or a markdown one) of ``rows`` under ``headers``."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    if markdown:
+        out = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(headers)]
+        out += ["| " + " | ".join(r) + " |" for r in cells[1:]]
+        return "\n".join(out)
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def best_single_device(graph: "OpGraph", cluster: "Cluster", *,
+                       cost: "CostModel | None" = None) -> tuple[int, float, bool]:
+    """(device, simulated step seconds, fits) of the fastest one-device placement, preferring
+    devices where the whole model fits."""
+    from .sim import simulator_for
+
+    sim = simulator_for(graph, cluster, cost)
+    best: tuple[bool, float, int] | None = None
+    for d in range(cluster.num_devices):
+        ev = sim.evaluate(np.full(graph.num_nodes, d, dtype=np.int64))
+        key = (bool(ev.oom), float(ev.step_time_s), d)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    return best[2], best[1], not best[0]
+
+
+def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
+    """The planners ``plan(planner="best")`` weighed, fastest first."""
+    def key(r: dict[str, Any]) -> tuple[bool, float]:
+        st = r.get("step_time_s")
+        return (st is None or bool(r.get("oom")), st if st is not None else float("inf"))
+
+    body = []
+    for r in sorted(rows, key=key):
+        st = r.get("step_time_s")
+        note = r.get("error", "") if st is None else ("OUT OF MEMORY" if r.get("oom") else "")
+        body.append([r["planner"], r.get("mode", ""), "-" if st is None else f"{st * 1e3:.3f}",
+                     format_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") else "-",
+                     f"{r.get('plan_time_s', 0.0):.2f}", note[:60]])
+    return format_table(["planner", "mode", "step ms", "peak memory", "plan s", "note"], body, markdown=markdown)
+
+
+def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
+                     cost: "CostModel | None" = None, simulated: "SimResult | None" = None) -> str:
+    """Per device: ops, parameters, peak memory; predicted step time against the best single
+    device; the candidates weighed (when the plan came from ``planner="best"``)."""
+    from .sim import simulate
+
+    sim = simulated if simulated is not None else simulate(graph, plan, cluster, cost=cost)
+    d = cluster.num_devices
+    ops = np.bincount(plan.device_of_node, minlength=d)
+    params = np.bincount(plan.device_of_node, weights=graph.param_bytes, minlength=d)
+    if plan.mode == "pipeline" and plan.stage_devices is not None and plan.stage_of_node is not None:
+        ops = np.zeros(d, dtype=np.int64)
+        params = np.zeros(d)
+        for s, devs in enumerate(plan.stage_devices):
+            mask = plan.stage_of_node == s
+            for x in devs:
+                ops[x] += int(mask.sum())
+                params[x] += float(graph.param_bytes[mask].sum())
+    rows = []
+    for i in range(d):
+        if ops[i] == 0 and sim.peak_memory_bytes[i] == 0:
+            continue
+        over = sim.peak_memory_bytes[i] > sim.memory_capacity_bytes[i]
+        rows.append([cluster.device_label(i), int(ops[i]), format_bytes(float(params[i])),
+                     f"{format_bytes(float(sim.peak_memory_bytes[i]))} / {format_bytes(float(sim.memory_capacity_bytes[i]))}"
+                     + (" OOM" if over else ""), f"{sim.compute_s[i] * 1e3:.3f}"])
+    dev, single_s, fits = best_single_device(graph, cluster, cost=cost)
+    speed = single_s / sim.step_time_s if sim.step_time_s > 0 else float("inf")
+    lines = [
+        f"{plan.describe()}",
+        f"graph: {graph.describe()}",
+        f"cluster: {cluster.describe()}",
+        "",
+        format_table(["device", "ops", "parameters", "peak memory / capacity", "compute ms"], rows),
+        "",
+        f"predicted step: {sim.step_time_s * 1e3:.3f} ms ({sim.throughput_samples_s:.1f} samples/s); "
+        f"one device ({cluster.device_label(dev)}): {single_s * 1e3:.3f} ms"
+        + ("" if fits else " but it does not fit there") + f"; speedup {speed:.2f}x",
+    ]
+    lines.extend(f"OUT OF MEMORY: {m}" for m in sim.oom_messages())
+    cands = plan.meta.get("candidates")
+    if cands:
+        lines += ["", "candidates weighed:", candidates_table(cands)]
+    return "\n".join(lines)
