@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from ..placement import Placement
 
-__all__ = ["simulate", "lower_bound", "Simulator", "SimResult", "Evaluation", "Event"]
+__all__ = ["simulate", "lower_bound", "Simulator", "simulator_for", "SimResult", "Evaluation", "Event"]
 
 _CACHE: "OrderedDict[tuple[int, str, str, str], Simulator]" = OrderedDict()
 _CACHE_SIZE = 4

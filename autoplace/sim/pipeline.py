@@ -37,7 +37,14 @@ Replicated stages (data parallel inside a stage, as in PipeDream's planner)
     it; the gradients are ready at max(last backward end, all-reduce start + all-reduce time).
     All-reduces do not contend with the pipeline's transfers (they use the links inside the
     group). Every replica holds the whole stage's parameters, gradients and optimizer state.
-    Plain data parallelism is one stage on every device.
+    Plain data parallelism is one stage on every device. In the timeline (and ``link_busy_s``)
+    a boundary's transfers are drawn on the link between the two stages' first devices.
+
+Tied parameters
+    As in model parallel: the stage of a group's first member owns the parameter; every other
+    stage holding a member keeps a copy and its gradient, sends the gradient to the owner's
+    first device once its own gradients are ready, and gets the new value back after the
+    owner's update (these copies are not queued behind the activation transfers).
 
 Update
     Each stage updates after its gradients are ready (and after tied gradients from other stages
@@ -420,6 +427,8 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             seen.add(x)
     if int(microbatches) < 1:
         problems.append(f"microbatches is {microbatches}; it must be at least 1")
+    elif int(microbatches) > sim.graph.batch_size:
+        problems.append(f"microbatches is {microbatches}, more than the batch size {sim.graph.batch_size}")
     if schedule not in SCHEDULES:
         problems.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
     if not problems and n_st > 1 and sim.graph.num_edges:

@@ -170,6 +170,8 @@ def test_invalid_pipelines_are_rejected_with_the_rule() -> None:
         sim.evaluate_pipeline([0, 1, 1], [[0, 1], [1]], 2)
     with pytest.raises(PlacementError, match="stage 1 names device 7; the cluster has 3"):
         sim.evaluate_pipeline([0, 1, 1], [0, 7], 2)
+    with pytest.raises(PlacementError, match="microbatches is 65, more than the batch size 64"):
+        sim.evaluate_pipeline([0, 1, 1], [0, 1], 65)
     bad = Placement.pipeline(g, c, [0, 1, 1], [0, 1], microbatches=2, schedule="zigzag", validate=False)
     with pytest.raises(PlacementError, match="schedule is 'zigzag'"):
         autoplace.simulate(g, bad, c)
