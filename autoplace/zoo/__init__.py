@@ -33,9 +33,11 @@ __all__ = ["Workload", "build", "names"]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Workload:
-    """A model ready to train one step: ``loss_fn(model(*example_inputs), target)``."""
+    """A model ready to train one step: ``loss_fn(model(*example_inputs), target)``.
+
+    Compared and hashed by identity (it holds a module and tensors)."""
 
     name: str
     """The zoo name it was built from."""
@@ -156,11 +158,14 @@ def _resolve(name: str, entry: _Entry, small: bool, overrides: Mapping[str, Any]
 
 
 def _check_value(name: str, key: str, value: Any, like: Any) -> None:
-    """A config value must have the type of the default it replaces; counts and sizes are >= 1."""
+    """A config value must have the type of the default it replaces (TypeError); every int knob in
+    the zoo is a count or a size, so it must be >= 1 (ValueError)."""
     if isinstance(like, bool):
         ok = isinstance(value, bool)
     elif isinstance(like, int):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and value < 1:
+            raise ValueError(f"zoo workload {name!r}: config {key}={value!r} must be >= 1 (a count or a size)")
     elif isinstance(like, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif isinstance(like, (tuple, list)):
@@ -170,8 +175,8 @@ def _check_value(name: str, key: str, value: Any, like: Any) -> None:
     else:
         ok = True
     if not ok:
-        kind = "a positive int" if isinstance(like, int) and not isinstance(like, bool) else type(like).__name__
-        raise TypeError(f"zoo workload {name!r}: config {key}={value!r} must be {kind} like its default {like!r}")
+        raise TypeError(f"zoo workload {name!r}: config {key}={value!r} must be {type(like).__name__} "
+                        f"like its default {like!r}")
 
 
 @contextmanager

@@ -27,6 +27,7 @@ VGG16: dict[str, Any] = {
 }
 VGG16_SMALL: dict[str, Any] = {**VGG16, "width": 4, "hidden": 32, "pool_size": 1, "image_size": 32,
                                "num_classes": 10, "batch_size": 2}
+
 # VGG configuration D: output channels as multiples of ``width``, "M" a 2x2 max-pool.
 _VGG16_LAYOUT: tuple[int | str, ...] = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M")
 

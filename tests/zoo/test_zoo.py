@@ -317,8 +317,10 @@ def test_errors_name_the_rule() -> None:
         zoo.build("resnet51")
     with pytest.raises(TypeError, match="no config key 'depth'; valid keys: .*layers"):
         zoo.build("resnet50", depth=50)
-    with pytest.raises(TypeError, match="batch_size=0 must be a positive int"):
+    with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
         zoo.build("resnet50", small=True, batch_size=0)
+    with pytest.raises(TypeError, match="batch_size=2.5 must be int"):
+        zoo.build("resnet50", small=True, batch_size=2.5)
     with pytest.raises(TypeError, match="aux='yes' must be bool"):
         zoo.build("inception_v3", small=True, aux="yes")
     with pytest.raises(ValueError, match="size 'huge' is not a preset; choose one of .*xl"):
