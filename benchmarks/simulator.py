@@ -102,16 +102,21 @@ def run(sizes: tuple[int, ...], min_time: float, preset: str) -> list[dict]:
     return rows
 
 
-def write(rows: list[dict], preset: str, out: Path) -> None:
-    meta = {"preset": preset, "python": platform.python_version(), "machine": platform.machine(),
-            "processor": platform.processor(), "threads": 1}
+def write(rows: list[dict], preset: str, out: Path, load: tuple[float, float]) -> None:
+    import numba
+
+    meta = {"preset": preset, "python": platform.python_version(), "numba": numba.__version__,
+            "machine": platform.machine(), "cpus": os.cpu_count(), "threads": 1,
+            "load_average_before_after": list(load)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "simulator.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [
         "# Simulator speed",
         "",
         f"Evaluations per second on one core, `{preset}`, random layered DAGs (~1.7 edges per op).",
-        "Reproduce: `python benchmarks/simulator.py`.",
+        "Reproduce: `python benchmarks/simulator.py`. Timings depend on what else the machine runs: "
+        f"this run saw a 1-minute load average of {load[0]:.1f} before and {load[1]:.1f} after, "
+        f"on {os.cpu_count()} CPUs.",
         "",
         "| ops | edges | model parallel, contiguous blocks /s | model parallel, random devices /s "
         "| pipeline 4 stages x 8 micro-batches (1F1B) /s | Simulator build ms |",
@@ -130,9 +135,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     sizes = (100, 1000, 3000) if args.quick else SIZES
+    load0 = os.getloadavg()[0]
     rows = run(sizes, 0.3 if args.quick else 2.0, args.preset)
     if not args.quick:
-        write(rows, args.preset, Path(args.out))
+        write(rows, args.preset, Path(args.out), (load0, os.getloadavg()[0]))
 
 
 if __name__ == "__main__":
