@@ -1,0 +1,243 @@
+"""The environment every learned planner trains in: the simulator as a one-step episode.
+
+    env = PlacementEnv(graph, cluster, cost, "model")       # reference = best heuristic
+    reward, ev = env.evaluate(device_of_node)                # one simulated training step
+    env.best_candidate, env.best_step_time_s, env.num_samples
+
+An episode is one action: a whole placement (a *candidate*) is sampled, simulated, and gets
+one reward. A candidate is what the simulator scores:
+
+- model mode: an int array ``device_of_node`` of shape (N,);
+- pipeline mode: a tuple ``(stage_of_node, stage_devices, microbatches, schedule)``.
+
+Reward (DESIGN.md "Planners", as in EAGLE and Mars, which reward the negative step time or
+its square root; the log makes it scale free):
+
+    r = -log(step_time / reference)                          when the placement fits
+    r = -log(step_time / reference) - oom_coef * (1 + excess / mean device memory)   otherwise
+
+where ``reference`` is the step time of the best heuristic placement (so the best heuristic
+scores 0 and every improvement is positive). The OOM penalty grows with the excess, so a
+policy learns its way back into memory rather than seeing a flat wall.
+
+The environment remembers the best candidate that fits (a seeded heuristic counts: a planner
+that returns ``env.best_candidate`` is never worse than the heuristics it was seeded with) and
+counts the simulator calls made for samples, for sample-efficiency curves. Identical
+candidates are simulated once (a digest-keyed cache); they still count as samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence, Union
+
+import numpy as np
+
+from ..placement import Placement, PlacementError
+from .base import NoFitError, get_planner, planners
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+    from ..sim import Evaluation
+
+__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "candidate_of", "ENV_MODES"]
+
+ENV_MODES = ("model", "pipeline")
+Candidate = Union[np.ndarray, tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]]
+_CACHE_LIMIT = 200_000
+
+
+@dataclass(frozen=True)
+class SeedPlacement:
+    """A heuristic's placement offered to the environment as a starting point."""
+
+    planner: str
+    candidate: Candidate
+    step_time_s: float
+    oom: bool
+
+
+def candidate_of(placement: Placement) -> Candidate:
+    """The candidate (what :meth:`PlacementEnv.evaluate` takes) of a placement."""
+    if placement.mode == "pipeline":
+        assert placement.stage_of_node is not None and placement.stage_devices is not None
+        return (np.asarray(placement.stage_of_node, dtype=np.int64), placement.stage_devices,
+                int(placement.microbatches), placement.schedule)
+    return np.asarray(placement.device_of_node, dtype=np.int64)
+
+
+def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, mode: str = "model",
+                    *, names: Sequence[str] | None = None) -> list[SeedPlacement]:
+    """Run the registered heuristics of ``mode`` (or those in ``names``) and return their
+    placements with their simulated step times, fastest first; heuristics that find nothing
+    that fits (:class:`NoFitError`) are left out."""
+    from ..sim import simulator_for
+
+    if mode not in ENV_MODES:
+        raise ValueError(f"mode is {mode!r}; it must be one of {ENV_MODES}")
+    sim = simulator_for(graph, cluster, cost)
+    chosen = list(names) if names is not None else [n for n in planners(mode) if get_planner(n).kind == "heuristic"]
+    out: list[SeedPlacement] = []
+    for name in chosen:
+        p = get_planner(name)
+        kw: dict[str, Any] = dict(cost=cost, seed=0)
+        if len(p.modes) > 1:
+            kw["mode"] = mode
+        try:
+            placement = p.place(graph, cluster, **kw)
+        except NoFitError:
+            continue
+        if placement.mode != mode:
+            continue
+        res = sim.run(placement, timeline=False)
+        out.append(SeedPlacement(name, candidate_of(placement), float(res.step_time_s), bool(res.oom)))
+    out.sort(key=lambda s: (s.oom, s.step_time_s))
+    return out
+
+
+class PlacementEnv:
+    """The simulator of (graph, cluster, cost) as a one-step environment (see module doc).
+
+    ``reference_s``: the step time that scores reward 0; by default the best step time among
+    ``seeds`` that fit (and when ``seeds`` is None the heuristics of ``mode`` are run to get
+    them: :func:`heuristic_seeds`). ``oom_coef`` scales the out-of-memory penalty.
+    """
+
+    def __init__(self, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, mode: str = "model",
+                 *, reference_s: float | None = None, seeds: Sequence[SeedPlacement] | None = None,
+                 oom_coef: float = 1.0) -> None:
+        from ..cost.analytic import CostModel
+        from ..sim import simulator_for
+
+        if mode not in ENV_MODES:
+            raise ValueError(f"mode is {mode!r}; it must be one of {ENV_MODES}")
+        if oom_coef < 0:
+            raise ValueError(f"oom_coef is {oom_coef}; it must be >= 0 (0 turns the memory penalty off)")
+        self.graph, self.cluster, self.mode = graph, cluster, mode
+        self.cost = cost if cost is not None else CostModel()
+        self.sim = simulator_for(graph, cluster, self.cost)
+        self.oom_coef = float(oom_coef)
+        self.mean_capacity = float(np.mean(self.sim.capacity))
+        self.num_samples = 0
+        """simulator calls made through :meth:`evaluate` (cache hits included)."""
+        self.num_simulations = 0
+        """distinct candidates actually simulated."""
+        self.best_candidate: Candidate | None = None
+        self.best_step_time_s = math.inf
+        self.best_evaluation: "Evaluation | None" = None
+        self.best_source = ""
+        """where the best candidate came from: a seed's planner name or ``"sample"``."""
+        self._cache: dict[bytes, "Evaluation"] = {}
+        self.seeds: list[SeedPlacement] = list(seeds) if seeds is not None else (
+            heuristic_seeds(graph, cluster, self.cost, mode) if reference_s is None else [])
+        for s in self.seeds:
+            ev = self._simulate(s.candidate)
+            self._keep(s.candidate, ev, s.planner)
+        if reference_s is None:
+            fitting = [s.step_time_s for s in self.seeds if not s.oom]
+            reference_s = min(fitting) if fitting else min((s.step_time_s for s in self.seeds), default=None)
+        if reference_s is None or not reference_s > 0:
+            raise ValueError(f"reference_s is {reference_s!r}: the environment needs a positive reference step time "
+                             "(pass reference_s=, or seeds with at least one placement)")
+        self.reference_s = float(reference_s)
+        self.start_time = time.perf_counter()
+
+    # ---- scoring ------------------------------------------------------------------------
+
+    def reward_of(self, ev: "Evaluation") -> float:
+        """The reward of an evaluation (see the module doc)."""
+        r = -math.log(max(ev.step_time_s, 1e-30) / self.reference_s)
+        if ev.oom:
+            r -= self.oom_coef * (1.0 + ev.oom_excess_bytes / self.mean_capacity)
+        return r
+
+    def evaluate(self, candidate: Candidate) -> tuple[float, "Evaluation"]:
+        """Simulate ``candidate`` (one sample), remember it if it is the best that fits, and
+        return (reward, evaluation). Raises :class:`PlacementError` for an invalid candidate."""
+        ev = self._simulate(candidate)
+        self.num_samples += 1
+        self._keep(candidate, ev, "sample")
+        return self.reward_of(ev), ev
+
+    def evaluate_many(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, list["Evaluation"]]:
+        """:meth:`evaluate` each candidate; rewards as an array."""
+        out = [self.evaluate(c) for c in candidates]
+        return np.array([r for r, _ in out], dtype=np.float64), [e for _, e in out]
+
+    def placement(self, candidate: Candidate | None = None, *, planner: str = "",
+                  meta: dict[str, Any] | None = None) -> Placement:
+        """A :class:`Placement` of ``candidate`` (default: the best one that fits). Raises
+        :class:`NoFitError` when nothing seen fits in memory."""
+        if candidate is None:
+            if self.best_candidate is None:
+                raise NoFitError(self._no_fit_message())
+            candidate = self.best_candidate
+        if self.mode == "pipeline":
+            st, sd, m, sched = candidate  # type: ignore[misc]
+            return Placement.pipeline(self.graph, self.cluster, st, sd, microbatches=m, schedule=sched,
+                                      planner=planner, meta=meta)
+        return Placement.from_assignment(self.graph, self.cluster, np.asarray(candidate), planner=planner, meta=meta)
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _key(self, candidate: Candidate) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        if self.mode == "pipeline":
+            st, sd, m, sched = candidate  # type: ignore[misc]
+            h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
+            h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
+        else:
+            h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
+        return h.digest()
+
+    def _simulate(self, candidate: Candidate) -> "Evaluation":
+        key = self._key(candidate)
+        ev = self._cache.get(key)
+        if ev is not None:
+            return ev
+        if self.mode == "pipeline":
+            st, sd, m, sched = candidate  # type: ignore[misc]
+            self._check_stages(np.asarray(st, dtype=np.int64), sd)
+            ev = self.sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
+        else:
+            ev = self.sim.evaluate(candidate)  # type: ignore[arg-type]
+        self.num_simulations += 1
+        if len(self._cache) < _CACHE_LIMIT:
+            self._cache[key] = ev
+        return ev
+
+    def _check_stages(self, st: np.ndarray, sd: Sequence[Sequence[int]]) -> None:
+        e = self.graph.edges
+        if st.shape != (self.graph.num_nodes,):
+            raise PlacementError([f"stage_of_node has shape {st.shape}; the graph has {self.graph.num_nodes} ops"])
+        if st.size and (st.min() < 0 or st.max() >= len(sd)):
+            raise PlacementError([f"stage_of_node names stage {int(st.max())}; there are {len(sd)} stages"])
+        if e.shape[0]:
+            bad = np.nonzero(st[e[:, 0]] > st[e[:, 1]])[0]
+            if bad.size:
+                a, b = (int(x) for x in e[bad[0]])
+                raise PlacementError([f"stages decrease along edge {a}->{b} ({int(st[a])} -> {int(st[b])}); "
+                                      "stages must never decrease along an edge"])
+
+    def _keep(self, candidate: Candidate, ev: "Evaluation", source: str) -> None:
+        if not ev.oom and ev.step_time_s < self.best_step_time_s:
+            self.best_step_time_s = float(ev.step_time_s)
+            self.best_evaluation = ev
+            self.best_source = source
+            if self.mode == "pipeline":
+                st, sd, m, sched = candidate  # type: ignore[misc]
+                self.best_candidate = (np.array(st, dtype=np.int64), tuple(tuple(int(x) for x in s) for s in sd),
+                                       int(m), str(sched))
+            else:
+                self.best_candidate = np.array(candidate, dtype=np.int64)
+
+    def _no_fit_message(self) -> str:
+        tried = ", ".join(s.planner for s in self.seeds) or "no heuristics"
+        return (f"no placement of {self.graph.name or 'the graph'} that fits in memory on "
+                f"{self.cluster.name or 'the cluster'} was found after {self.num_samples} samples (seeded with "
+                f"{tried}); use more devices or devices with more memory")

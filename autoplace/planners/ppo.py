@@ -1,0 +1,362 @@
+"""Proximal Policy Optimization for one-step placement episodes, shaped like CleanRL's ppo.py.
+
+Schulman, Wolski, Dhariwal, Radford, Klimov, "Proximal Policy Optimization Algorithms",
+arXiv:1707.06347, 2017; the training loop follows CleanRL (Huang et al., JMLR 2022). EAGLE
+(Lan, Chen, Li, IPDPS 2021) and Mars (ICPP 2021) train their placers with it.
+
+An episode is one action: the policy samples a whole placement, the simulator scores it
+(:class:`autoplace.planners.env.PlacementEnv`), and that one reward ends the episode. So
+there is no value network and no GAE: the advantage of sample ``k`` is
+
+    A_k = (r_k - b) / std(r)        b: moving average of past batch mean rewards
+                                     (b <- baseline_decay * b + (1 - baseline_decay) * mean(r))
+
+and each update maximises, for several epochs over shuffled minibatches of the batch,
+
+    L = E[ min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) ] + ent_coef * E[entropy]
+    ratio = exp(log pi(a) - log pi_old(a))
+
+with gradients clipped to ``max_grad_norm``. Departures from CleanRL: the advantage is scaled
+by the batch's reward spread but not re-centred (the baseline does the centring, as
+LEARNED.md specifies); an optional early stop of the epochs when the approximate KL passes
+``target_kl``.
+
+A policy is an ``nn.Module`` with
+
+    sample(n, generator, *, greedy=False) -> PolicySample(actions, log_prob (n,), entropy (n,))
+    score(actions) -> (log_prob (n,), entropy (n,))     # stored actions, current parameters
+    decode(actions) -> list[Candidate]                  # what the environment simulates
+
+``actions`` is a tensor or a tuple of tensors whose leading dimension is the sample.
+:class:`IndependentPolicy` is the smallest such policy (one categorical per op).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+    from .env import Candidate, PlacementEnv
+
+__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "take_actions",
+           "IndependentPolicy", "progress_bar"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Settings of :func:`train` (one field per knob, as in CleanRL's ``Args``)."""
+
+    lr: float = 3e-3
+    """Adam learning rate."""
+    samples_per_update: int = 32
+    """placements sampled and simulated per update (the batch)."""
+    update_epochs: int = 4
+    """passes over each batch."""
+    num_minibatches: int = 2
+    """minibatches per pass (the batch is shuffled and cut into this many)."""
+    clip_coef: float = 0.2
+    """the surrogate's clipping coefficient epsilon."""
+    ent_coef: float = 0.01
+    """weight of the entropy bonus (the mean entropy per sample, as the policy reports it)."""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip."""
+    baseline_decay: float = 0.9
+    """decay of the moving-average reward baseline (0: the batch mean alone)."""
+    norm_adv: bool = True
+    """divide advantages by the batch's reward standard deviation."""
+    target_kl: float | None = 0.05
+    """stop an update's epochs once the approximate KL exceeds this; None never stops early."""
+    seed: int = 0
+    """seed of the sampling generator and the minibatch shuffles."""
+    history_every: int = 1
+    """record a :class:`HistoryPoint` every this many updates (and always at the end)."""
+
+    def __post_init__(self) -> None:
+        checks = [("lr", self.lr > 0, "> 0"), ("samples_per_update", self.samples_per_update >= 2, ">= 2"),
+                  ("update_epochs", self.update_epochs >= 1, ">= 1"),
+                  ("num_minibatches", 1 <= self.num_minibatches <= self.samples_per_update,
+                   f"between 1 and samples_per_update ({self.samples_per_update})"),
+                  ("clip_coef", self.clip_coef > 0, "> 0"), ("ent_coef", self.ent_coef >= 0, ">= 0"),
+                  ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
+                  ("baseline_decay", 0 <= self.baseline_decay < 1, "in [0, 1)"),
+                  ("history_every", self.history_every >= 1, ">= 1")]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"PPOConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
+
+
+class PolicySample(NamedTuple):
+    """``n`` sampled placements: the actions, their log-probabilities and entropies."""
+
+    actions: Any
+    """a tensor or tuple of tensors, leading dimension n (what :meth:`Policy.score` re-scores)."""
+    log_prob: "torch.Tensor"
+    """(n,) log-probability of each sample's actions."""
+    entropy: "torch.Tensor"
+    """(n,) entropy of the distributions each sample was drawn from (summed over its decisions)."""
+
+
+class Policy(Protocol):
+    """What :func:`train` needs from a policy (an ``nn.Module``)."""
+
+    def sample(self, n: int, generator: "torch.Generator", *, greedy: bool = False) -> PolicySample: ...
+
+    def score(self, actions: Any) -> tuple["torch.Tensor", "torch.Tensor"]: ...
+
+    def decode(self, actions: Any) -> list["Candidate"]: ...
+
+    def parameters(self) -> Any: ...
+
+
+class HistoryPoint(NamedTuple):
+    """The state of training after an update (for sample-efficiency curves)."""
+
+    samples: int
+    """placements simulated so far for this training (the environment's sample count)."""
+    wall_s: float
+    """seconds since training started."""
+    best_step_time_s: float
+    """best step time of a placement that fits, seeds included (inf when none)."""
+    mean_reward: float
+    """the last batch's mean reward."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` found."""
+
+    best_candidate: "Candidate | None"
+    """the best placement that fits seen by the environment (seeds included), or None."""
+    best_step_time_s: float
+    """its simulated step time (inf when nothing fits)."""
+    best_source: str
+    """``"sample"`` when a sampled placement is the best, else the seed's planner name."""
+    samples: int
+    """placements sampled and simulated during this training."""
+    updates: int
+    """policy updates made."""
+    wall_s: float
+    """seconds the training took."""
+    history: list[HistoryPoint] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    """the last update's metrics (``losses/approx_kl``, ``charts/best_step_time``, ...)."""
+    best_sampled_step_time_s: float = math.inf
+    """best step time among this training's own samples that fit (seeds excluded)."""
+
+
+def take_actions(actions: Any, idx: "torch.Tensor") -> Any:
+    """Rows ``idx`` of ``actions`` (a tensor or a tuple of tensors with the sample first)."""
+    if isinstance(actions, tuple):
+        return tuple(take_actions(a, idx) for a in actions)
+    return actions[idx]
+
+
+class _Progress:
+    """A tqdm bar on a terminal; elsewhere (logs, CI, pytest) a log line every ~10 s."""
+
+    def __init__(self, enabled: bool, total: float | None, unit: str, desc: str) -> None:
+        self.bar: Any = None
+        self.enabled = enabled
+        self.last_log = time.perf_counter()
+        self.desc = desc
+        isatty = getattr(sys.stderr, "isatty", None)
+        if enabled and callable(isatty) and isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, desc=desc, leave=False, dynamic_ncols=True)
+
+    def update(self, n: float, **postfix: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+        elif self.enabled and time.perf_counter() - self.last_log > 10.0:
+            self.last_log = time.perf_counter()
+            log.info("%s: %s", self.desc, ", ".join(f"{k}={v}" for k, v in postfix.items()))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _Progress:
+    """The progress display :func:`train` uses: ``update(n, **postfix)``, ``close()``."""
+    return _Progress(enabled, total, unit, desc)
+
+
+def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, budget_s: float | None = None,
+          max_samples: int | None = None, progress: bool = True,
+          callback: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train ``policy`` with PPO on ``env`` until ``max_samples`` placements have been
+    simulated or ``budget_s`` seconds have passed (whichever comes first; at least one of
+    them must be given). With ``max_samples`` alone the run is reproducible from
+    ``config.seed`` (and the policy's initial parameters); a time budget stops wherever the
+    clock says. ``callback(update, metrics)`` runs after each update.
+    """
+    import torch
+
+    if budget_s is None and max_samples is None:
+        raise ValueError("train() needs budget_s (seconds) or max_samples (placements) to know when to stop")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds (or None with max_samples)")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples is {max_samples}; it must be >= 1")
+
+    gen = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-5)
+    n = config.samples_per_update
+    start = time.perf_counter()
+    samples0 = env.num_samples
+    baseline: float | None = None
+    history: list[HistoryPoint] = []
+    metrics: dict[str, float] = {}
+    best_sampled = math.inf
+    update = 0
+    total = max_samples if max_samples is not None else budget_s
+    bar = progress_bar(progress and (budget_s is None or budget_s > 3), total, "sample" if max_samples else "s",
+                       "ppo")
+
+    def done() -> bool:
+        if max_samples is not None and env.num_samples - samples0 >= max_samples:
+            return True
+        return budget_s is not None and time.perf_counter() - start >= budget_s
+
+    try:
+        while not done():
+            batch = n if max_samples is None else max(2, min(n, max_samples - (env.num_samples - samples0)))
+            # ---- rollout: sample placements, simulate them -----------------------------
+            policy.eval()
+            with torch.no_grad():
+                s = policy.sample(batch, gen)
+            candidates = policy.decode(s.actions)
+            rewards_np, evals = env.evaluate_many(candidates)
+            for ev in evals:
+                if not ev.oom:
+                    best_sampled = min(best_sampled, float(ev.step_time_s))
+            b_rewards = torch.as_tensor(rewards_np, dtype=torch.float32)
+            b_logprobs = s.log_prob.detach()
+            b_actions = s.actions
+
+            # ---- advantages: reward minus a moving-average baseline --------------------
+            mean_r = float(b_rewards.mean())
+            baseline = mean_r if baseline is None else baseline
+            b_adv = b_rewards - baseline
+            if config.norm_adv:
+                b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
+            baseline = config.baseline_decay * baseline + (1.0 - config.baseline_decay) * mean_r
+
+            # ---- optimise the clipped surrogate ----------------------------------------
+            policy.train()
+            mb_size = max(1, batch // config.num_minibatches)
+            clipfracs: list[float] = []
+            approx_kl = torch.zeros(())
+            pg_loss = ent_mean = torch.zeros(())
+            grad_norm = 0.0
+            stop = False
+            for _epoch in range(config.update_epochs):
+                b_inds = torch.randperm(batch, generator=gen)
+                for lo in range(0, batch, mb_size):
+                    mb_inds = b_inds[lo:lo + mb_size]
+                    newlogprob, entropy = policy.score(take_actions(b_actions, mb_inds))
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(float(((ratio - 1.0).abs() > config.clip_coef).float().mean()))
+                    mb_adv = b_adv[mb_inds]
+                    pg_loss1 = -mb_adv * ratio
+                    pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - config.clip_coef, 1 + config.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+                    ent_mean = entropy.mean()
+                    loss = pg_loss - config.ent_coef * ent_mean
+                    optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+                    optimizer.step()
+                    if config.target_kl is not None and float(approx_kl) > config.target_kl:
+                        stop = True
+                        break
+                if stop:
+                    break
+            update += 1
+            metrics = {
+                "losses/policy_loss": float(pg_loss.detach()), "losses/entropy": float(ent_mean.detach()),
+                "losses/approx_kl": float(approx_kl), "losses/clipfrac": float(np.mean(clipfracs)),
+                "losses/grad_norm": grad_norm, "charts/mean_reward": mean_r, "charts/baseline": float(baseline),
+                "charts/best_step_time": float(env.best_step_time_s),
+                "charts/best_sampled_step_time": best_sampled,
+                "charts/samples": float(env.num_samples - samples0),
+            }
+            if callback is not None:
+                callback(update, metrics)
+            if update % config.history_every == 0 or done():
+                history.append(HistoryPoint(env.num_samples - samples0, time.perf_counter() - start,
+                                            float(env.best_step_time_s), mean_r))
+            bar.update(batch if max_samples is not None else 0,
+                       best_ms=f"{env.best_step_time_s * 1e3:.2f}", reward=f"{mean_r:+.3f}")
+            if max_samples is None and bar.bar is not None:
+                bar.bar.n = round(min(time.perf_counter() - start, budget_s or 0.0), 1)
+    finally:
+        bar.close()
+    if not history or history[-1].samples != env.num_samples - samples0:
+        history.append(HistoryPoint(env.num_samples - samples0, time.perf_counter() - start,
+                                    float(env.best_step_time_s), float(metrics.get("charts/mean_reward", math.nan))))
+    return TrainResult(best_candidate=env.best_candidate, best_step_time_s=float(env.best_step_time_s),
+                       best_source=env.best_source, samples=env.num_samples - samples0, updates=update,
+                       wall_s=time.perf_counter() - start, history=history, metrics=metrics,
+                       best_sampled_step_time_s=best_sampled)
+
+
+@functools.lru_cache(maxsize=None)
+def _independent_policy_class() -> type:
+    import torch
+    from torch import nn
+
+    class _IndependentPolicy(nn.Module):
+        def __init__(self, num_nodes: int, num_devices: int, *, init_logits: np.ndarray | None = None) -> None:
+            super().__init__()
+            if num_nodes < 1 or num_devices < 1:
+                raise ValueError(f"IndependentPolicy needs >= 1 node and device; got {num_nodes}, {num_devices}")
+            start = torch.zeros(num_nodes, num_devices) if init_logits is None else \
+                torch.as_tensor(np.asarray(init_logits), dtype=torch.float32).reshape(num_nodes, num_devices)
+            self.logits = nn.Parameter(start.clone())
+
+        def _dist(self) -> "torch.distributions.Categorical":
+            return torch.distributions.Categorical(logits=self.logits)
+
+        def sample(self, n: int, generator: "torch.Generator", *, greedy: bool = False) -> PolicySample:
+            probs = torch.softmax(self.logits, dim=-1)
+            if greedy:
+                actions = probs.argmax(-1).expand(n, -1).clone()
+            else:
+                actions = torch.multinomial(probs, n, replacement=True, generator=generator).T.contiguous()
+            lp, ent = self.score(actions)
+            return PolicySample(actions, lp, ent)
+
+        def score(self, actions: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+            d = self._dist()
+            return d.log_prob(actions).sum(-1), d.entropy().sum().expand(actions.shape[0])
+
+        def decode(self, actions: "torch.Tensor") -> list[np.ndarray]:
+            return [row for row in actions.cpu().numpy().astype(np.int64)]
+
+    return _IndependentPolicy
+
+
+def IndependentPolicy(num_nodes: int, num_devices: int, *, init_logits: np.ndarray | None = None) -> Any:
+    """The smallest policy: op ``i`` goes to device ``d`` with probability softmax(logits[i])[d],
+    independently of the others (a table of N x D logits, zeros unless ``init_logits``). A
+    reference for the policy protocol and the brute-force test of PPO."""
+    return _independent_policy_class()(num_nodes, num_devices, init_logits=init_logits)
