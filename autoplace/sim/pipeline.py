@@ -33,8 +33,11 @@ Replicated stages (data parallel inside a stage, as in PipeDream's planner)
     The gradients are all-reduced with a ring (Patarasuk and Yuan, JPDC 2009):
     ``2 (r - 1) / r x stage parameter bytes / slowest bandwidth in the group + 2 (r - 1) x largest
     latency``. Overlap rule, like DDP's buckets (gradient accumulation syncs only on the last
-    micro-batch): the all-reduce starts when the stage's last backward starts and runs beside
-    it; the gradients are ready at max(last backward end, all-reduce start + all-reduce time).
+    micro-batch; buckets of ``DDP_BUCKET_BYTES`` = 25 MiB, DDP's ``bucket_cap_mb``): the
+    all-reduce starts when the stage's last backward starts and runs beside it, but the last
+    bucket is only ready when that backward ends, so the gradients are ready at
+    ``max(last backward start + ring(all parameters), last backward end + ring(min(parameters,
+    25 MiB)))``.
     All-reduces do not contend with the pipeline's transfers (they use the links inside the
     group). Every replica holds the whole stage's parameters, gradients and optimizer state.
     Plain data parallelism is one stage on every device. In the timeline (and ``link_busy_s``)
@@ -77,7 +80,10 @@ from .result import Evaluation, Event, SimResult
 if TYPE_CHECKING:
     from .simulator import Simulator
 
-__all__ = ["Action", "schedule_actions", "pipeline_step", "PipelineOutcome"]
+__all__ = ["Action", "schedule_actions", "pipeline_step", "PipelineOutcome", "DDP_BUCKET_BYTES"]
+
+DDP_BUCKET_BYTES = 25.0 * 2**20
+"""DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
 
 
 class Action(NamedTuple):
@@ -266,7 +272,7 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
                lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
                opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-               capacity: np.ndarray, n_mb: int):  # type: ignore[no-untyped-def]
+               capacity: np.ndarray, n_mb: int, bucket_bytes: float):  # type: ignore[no-untyped-def]
     n_st = stage_ptr.shape[0] - 1
     n_dev = lat.shape[0]
     n_groups = tied_first.shape[0]
@@ -315,10 +321,12 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                 last_b_start[s] = b_start[s, -order[s, q] - 1]
                 break
         r = reps[s]
+        ready[s] = last_b_start[s] + b_act[s]
         if r > 1:
             lt, inv = _group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
             ar_time[s] = 2.0 * (r - 1) / r * params[s] * inv + 2.0 * (r - 1) * lt
-        ready[s] = max(last_b_start[s] + b_act[s], last_b_start[s] + ar_time[s])
+            last_bucket = 2.0 * (r - 1) / r * min(params[s], bucket_bytes) * inv + 2.0 * (r - 1) * lt
+            ready[s] = max(ready[s] + last_bucket, last_b_start[s] + ar_time[s])
     holder = np.zeros((n_groups, n_st), np.bool_)
     for i in range(st.shape[0]):
         g = tied_of[i]
@@ -464,7 +472,7 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
                      mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
                      mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
-                     mp["capacity"], m_count)
+                     mp["capacity"], m_count, DDP_BUCKET_BYTES)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     if step < 0:  # cannot happen for GPipe/1F1B orders; a guard on the schedule code
@@ -508,9 +516,10 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                 if u_rep[x] > 0:
                     u0 = float(ready_all[s])
                     events.append(Event(lane[dv], dv, "update", s, -1, u0, u0 + float(u_rep[x])))
-            if ar_time[s] > 0:
+            if ar_time[s] > 0:  # drawn from its start to when the last bucket is reduced
                 a0 = float(last_b_start[s])
-                events.append(Event(f"allreduce s{s}", grp[0], "allreduce", s, -1, a0, a0 + float(ar_time[s])))
+                events.append(Event(f"allreduce s{s}", grp[0], "allreduce", s, -1, a0,
+                                    max(a0 + float(ar_time[s]), float(ready_all[s]))))
         events.sort(key=lambda e: (e.start, e.end, e.lane))
     full = SimResult(mode="pipeline", step_time_s=float(step), peak_memory_bytes=peak,
                      memory_capacity_bytes=sim.capacity, compute_s=compute, comm_s=comm, link_busy_s=link_busy,

@@ -109,8 +109,10 @@ def _dp_graph(param_bytes: float, out_bytes: float = 0.0) -> OpGraph:
     (2, 1e10, 12.02),
     # r = 4: F 0.5, B 1; ring 2(3)/4 x 10 ms + 6 x 10 us = 15.06 ms from 0.5: 15.56 + 1 = 16.56 ms.
     (4, 1e10, 16.56),
-    # r = 2 on fast links: ring 0.1 + 0.02 ms hides under the 2 ms backward: 3 + 1 = 4 ms.
-    (2, 1e12, 4.0),
+    # r = 2 on fast links: the ring (0.1 + 0.02 ms) hides under the 2 ms backward except the last
+    #        25 MiB bucket, reduced after it: 2^20 x 25 B / 1e12 B/s + 0.02 ms = 0.0462144 ms;
+    #        3 + 0.0462144 + 1 = 4.0462144 ms.
+    (2, 1e12, 4.0462144),
 ])
 def test_data_parallel_all_reduce(replicas: int, bandwidth: float, step_ms: float) -> None:
     g = _dp_graph(1e8)
@@ -122,6 +124,7 @@ def test_data_parallel_all_reduce(replicas: int, bandwidth: float, step_ms: floa
     assert r.allreduce_s == pytest.approx(ring)
     (ar,) = r.events(kind="allreduce")
     assert ar.start == pytest.approx(2 / replicas * MS)  # when the (last) backward starts
+    assert ar.end == pytest.approx(step_ms * MS - 1 * MS)  # gradients ready, then the 1 ms update
 
 
 def test_data_parallel_memory_is_a_full_copy_per_device() -> None:
