@@ -133,6 +133,8 @@ class PlacedModule(nn.Module):
             t0 = time.perf_counter()
             self.plan = make_plan(graph, self.cluster, planner=self._planner, mode="model",
                                   budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
+            if self._mode == "auto":
+                self.plan = self._weigh_multiprocess(graph, self.plan)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
         target_of_fx = {name: int(self.plan.device_of_node[i]) for name, i in traced.op_of_fx.items()}
@@ -141,6 +143,41 @@ class PlacedModule(nn.Module):
         self.timings["rewrite_s"] = time.perf_counter() - t0
         self.__dict__["_traced"] = traced
         self.__dict__["_placed_gm"] = gm
+
+    def _weigh_multiprocess(self, graph: OpGraph, chosen: Placement) -> Placement:
+        """mode="auto" in one process: also simulate data-parallel, pipeline and hybrid plans
+        (they need one process per device, under torchrun) so the report can say what they
+        would give; the plan stays the best one this process can run."""
+        from dataclasses import replace
+
+        from .planners import plan as make_plan
+        from .planners.base import NoFitError
+
+        rows = [dict(r, runs_here=True) for r in chosen.meta.get("candidates", [])]
+        n = self.cluster.num_devices
+        try:
+            pipe = make_plan(graph, self.cluster, planner="best", mode="pipeline", budget_s=self._budget_s,
+                             seed=self._seed, cost=self.cost)
+            extra = pipe.meta.get("candidates", [])
+        except NoFitError as e:
+            extra = [dict(planner="pipeline planners", mode="pipeline", step_time_s=None, error=str(e))]
+        for r in extra:
+            note = f"needs torchrun --nproc-per-node {n}"
+            rows.append(dict(r, runs_here=False, error=(r.get("error") or note)))
+        best_here = chosen.meta.get("predicted_step_time_s")
+        others = [r for r in rows if not r["runs_here"] and r.get("step_time_s") is not None and not r.get("oom")]
+        why = f"chose {chosen.planner} (model parallel in this process)"
+        if best_here is not None:
+            why += f", predicted {best_here * 1e3:.3f} ms"
+        if others:
+            top = min(others, key=lambda r: r["step_time_s"])
+            if best_here is not None and top["step_time_s"] < best_here:
+                why += (f"; {top['planner']} ({top['mode']}) would predict {top['step_time_s'] * 1e3:.3f} ms "
+                        f"but needs one process per device: launch with torchrun --nproc-per-node {n} "
+                        "and mode='auto' to use it")
+            else:
+                why += f"; the best multi-process plan ({top['planner']}) predicts {top['step_time_s'] * 1e3:.3f} ms"
+        return replace(chosen, meta=dict(chosen.meta, candidates=rows, auto_choice=why))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.ready:
@@ -233,12 +270,13 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
                             f"({', '.join(names)}); pass at least {max(used) + 1} devices")
         if placement.mode == "pipeline" and mode == "model":
             raise WrapError("the plan is a pipeline plan; use mode='pipeline' (under torchrun) or mode='auto'")
-    if mode == "pipeline" or (placement is not None and placement.mode == "pipeline"):
-        from .rewrite import pipeline_api
+    distributed = _in_torchrun() or torch.distributed.is_initialized()
+    if mode == "pipeline" or (mode == "auto" and distributed) or (placement is not None and placement.mode == "pipeline"):
+        from .distributed import wrap_pipeline
 
-        return pipeline_api.wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
-                                          plan=placement, cost=cost, budget_s=budget_s, seed=seed,
-                                          leaf_modules=leaf_modules, **kwargs)
+        return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
+                             plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
+                             **kwargs)
     if kwargs:
         raise WrapError(f"unexpected arguments {sorted(kwargs)} for model-parallel wrap")
     pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,

@@ -60,14 +60,21 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
         st = r.get("step_time_s")
         return (st is None or bool(r.get("oom")), st if st is not None else float("inf"))
 
+    where = any("runs_here" in r for r in rows)
     body = []
     for r in sorted(rows, key=key):
         st = r.get("step_time_s")
-        note = r.get("error", "") if st is None else ("OUT OF MEMORY" if r.get("oom") else "")
-        body.append([r["planner"], r.get("mode", ""), "-" if st is None else f"{st * 1e3:.3f}",
-                     format_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") else "-",
-                     f"{r.get('plan_time_s', 0.0):.2f}", note[:60]])
-    return format_table(["planner", "mode", "step ms", "peak memory", "plan s", "note"], body, markdown=markdown)
+        note = r.get("error") or "" if st is None or "runs_here" in r else ""
+        if st is not None and r.get("oom"):
+            note = "OUT OF MEMORY"
+        row = [r["planner"], r.get("mode", ""), "-" if st is None else f"{st * 1e3:.3f}",
+               format_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") else "-",
+               f"{r.get('plan_time_s', 0.0):.2f}"]
+        if where:
+            row.append("this process" if r.get("runs_here") else "torchrun")
+        body.append(row + [note[:70]])
+    head = ["planner", "mode", "step ms", "peak memory", "plan s"] + (["runs in"] if where else []) + ["note"]
+    return format_table(head, body, markdown=markdown)
 
 
 def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
@@ -110,6 +117,12 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
         + ("" if fits else " but it does not fit there") + f"; speedup {speed:.2f}x",
     ]
     lines.extend(f"OUT OF MEMORY: {m}" for m in sim.oom_messages())
+    if plan.meta.get("auto_choice"):
+        lines += ["", f"mode='auto': {plan.meta['auto_choice']}"]
+    names = [dv.name for dv in cluster.devices]
+    if len(set(names)) < len(names):
+        lines.append("note: some targets share one physical device (" + ", ".join(sorted(set(
+            n for n in names if names.count(n) > 1))) + "); the prediction treats them as separate devices")
     cands = plan.meta.get("candidates")
     if cands:
         lines += ["", "candidates weighed:", candidates_table(cands)]

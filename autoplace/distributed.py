@@ -1,0 +1,145 @@
+"""``wrap(model, devices, mode="pipeline")`` under torchrun: plan once, run this rank's stage.
+
+Every rank runs the same script. Each traces the model (the runtime needs the fx graph on
+every rank to cut its stage); rank 0 plans and broadcasts the plan, so all ranks cut the same
+stages even if planning were not deterministic; each rank then builds its
+:class:`~autoplace.rewrite.runtime.PipelineRunner` (``runner.step(*inputs, target=y)``
+returns the loss on the last stage, None elsewhere).
+
+The runtime runs plans whose stages are all replicated the same number of times r and that
+use every rank (stages x r = world size). Among the pipeline planners' plans, the fastest such
+plan in the simulator is taken; the report lists the others and why they were left out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .cluster import Cluster
+from .cost.analytic import CostModel
+from .placement import Placement
+
+__all__ = ["wrap_pipeline", "runnable_pipeline_plan", "PipelineWrapError"]
+
+
+class PipelineWrapError(ValueError):
+    """A pipeline wrap cannot go ahead (the message says why and how to fix it)."""
+
+
+def _uniform_replicas(p: Placement) -> int | None:
+    assert p.stage_devices is not None
+    sizes = {len(s) for s in p.stage_devices}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner: str = "best",
+                           cost: CostModel | None = None, budget_s: float | None = None,
+                           seed: int = 0) -> Placement:
+    """The fastest simulated pipeline plan the runtime can run on ``world`` ranks: every stage
+    replicated the same number of times, all ranks used. Candidates that do not qualify are
+    recorded in ``meta["candidates"]`` with the reason."""
+    from .planners import get_planner, planners
+    from .planners.base import NoFitError
+    from .sim import simulator_for
+
+    sim = simulator_for(graph, cluster, cost)
+    names = planners("pipeline") if planner == "best" else [planner]
+    rows: list[dict[str, Any]] = []
+    best: tuple[float, Placement] | None = None
+    for name in names:
+        p = get_planner(name)
+        t0 = time.perf_counter()
+        try:
+            kw: dict[str, Any] = dict(cost=cost, seed=seed, budget_s=budget_s if p.kind == "learned" else None)
+            if len(p.modes) > 1:
+                kw["mode"] = "pipeline"
+            out = p.place(graph, cluster, **kw)
+        except NoFitError as e:
+            rows.append(dict(planner=name, mode="pipeline", step_time_s=None, error=str(e)))
+            continue
+        dt = time.perf_counter() - t0
+        ev = sim.evaluate_pipeline(out.stage_of_node, out.stage_devices, out.microbatches, out.schedule)
+        r = _uniform_replicas(out)
+        used = len(out.devices_used())
+        why = ""
+        if ev.oom:
+            why = "out of memory"
+        elif r is None:
+            why = "stages replicated unevenly (the runtime needs the same count per stage)"
+        elif used != world:
+            why = f"uses {used} of {world} ranks"
+        rows.append(dict(planner=name, mode="pipeline", step_time_s=float(ev.step_time_s),
+                         peak_memory_bytes=float(ev.peak_memory_bytes.max()), oom=bool(ev.oom), plan_time_s=dt,
+                         error=why))
+        if not why and (best is None or ev.step_time_s < best[0]):
+            best = (float(ev.step_time_s), out)
+    if best is None:
+        reasons = "; ".join(f"{r['planner']}: {r['error']}" for r in rows)
+        raise PipelineWrapError(f"no pipeline plan runs on {world} ranks ({reasons}); "
+                                "launch with another --nproc-per-node or pass plan=")
+    meta = dict(best[1].meta, candidates=rows, predicted_step_time_s=best[0])
+    from dataclasses import replace
+
+    return replace(best[1], meta=meta)
+
+
+def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cluster, example_inputs: Any,
+                  planner: str = "best", plan: Placement | None = None, cost: CostModel | None = None,
+                  budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[Any] = (),
+                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+                  timeout_s: float = 1800.0, **unexpected: Any) -> Any:
+    """This rank's pipeline runner (see the module docstring)."""
+    from .graph.trace import trace_module
+    from .rewrite.runtime import build_pipeline_runner, init_distributed
+
+    if unexpected:
+        raise PipelineWrapError(f"unexpected arguments {sorted(unexpected)} for mode='pipeline'")
+    if not dist.is_initialized() and "RANK" not in os.environ:
+        raise PipelineWrapError("mode='pipeline' runs one stage per process: launch the script with torchrun, "
+                                f"e.g. `torchrun --nproc-per-node {len(devices)} train.py`")
+    if example_inputs is None:
+        raise PipelineWrapError("mode='pipeline' needs example_inputs (one full batch as step() will get it): "
+                                "stages are cut and their shapes fixed before the first step")
+    if loss_fn is None:
+        raise PipelineWrapError("mode='pipeline' needs loss_fn(output, target): the last stage computes the loss")
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    rank, world, _ = init_distributed(timeout_s=timeout_s)
+    if len(devices) != world:
+        raise PipelineWrapError(f"{len(devices)} devices were given but torchrun started {world} processes; "
+                                f"give one device per process (--nproc-per-node {len(devices)})")
+    traced = trace_module(model, inputs, leaf_modules=leaf_modules)
+    graph = traced.graph
+    if plan is None:
+        box: list[Any] = [None]
+        if rank == 0:
+            try:
+                box[0] = runnable_pipeline_plan(graph, cluster, world, planner=planner, cost=cost,
+                                                budget_s=budget_s, seed=seed).to_dict()
+            except Exception as e:  # every rank must learn of the failure, not wait for a plan
+                box[0] = {"error": f"{type(e).__name__}: {e}"}
+        dist.broadcast_object_list(box, src=0)
+        if "error" in box[0]:
+            raise PipelineWrapError(f"planning failed on rank 0: {box[0]['error']}")
+        plan = Placement.from_dict(box[0])
+    plan.validate(graph, cluster)
+    if plan.mode != "pipeline":
+        raise PipelineWrapError("mode='pipeline' needs a pipeline plan; this one is model parallel")
+    r = _uniform_replicas(plan)
+    assert plan.stage_devices is not None and plan.stage_of_node is not None
+    if r is None or plan.num_stages * r != world:
+        raise PipelineWrapError(f"the plan has stages replicated {[len(s) for s in plan.stage_devices]} times; "
+                                f"the runtime needs the same count per stage and stages x replicas = {world} ranks")
+    stage, replica = divmod(rank, r)
+    device = cluster.devices[plan.stage_devices[stage][replica]].name
+    stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in traced.op_of_fx.items()}
+    runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
+                                   loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
+                                   num_stages=plan.num_stages)
+    runner.plan = plan  # type: ignore[attr-defined]
+    runner.graph = graph  # type: ignore[attr-defined]
+    return runner
