@@ -152,7 +152,7 @@ def _as_cluster(cluster: Cluster | str) -> Cluster:
 
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
-         module: Any = None) -> Placement:
+         module: Any = None, kinds: tuple[str, ...] = KINDS) -> Placement:
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
@@ -162,6 +162,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``"auto"`` (both). ``placement.meta`` carries ``predicted_step_time_s``,
     ``peak_memory_bytes`` and, for ``"best"``, ``candidates``: one row per planner with its
     simulated step time, peak memory, planning time or the reason it gave no plan.
+    ``kinds``: which planners ``"best"`` runs (``("heuristic",)`` for the quick classic ones).
+    A learned planner that fails with an error other than :class:`NoFitError` is recorded
+    and skipped with a warning (a heuristic's error propagates: it is a bug).
     """
     from ..sim import simulator_for
 
@@ -189,7 +192,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     rows: list[dict[str, Any]] = []
     best: tuple[float, Placement, dict[str, Any]] | None = None
     for m in modes:
-        names = planners(m)
+        names = [n for n in planners(m) if _REGISTRY[n].kind in kinds]
         learned = [n for n in names if _REGISTRY[n].kind == "learned"]
         for name in names:
             p = _REGISTRY[name]
@@ -206,11 +209,22 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                                  plan_time_s=time.perf_counter() - t0, error=str(e),
                                  why=getattr(e, "why", "") or str(e)))
                 continue
+            except Exception as e:
+                if p.kind != "learned":
+                    raise
+                warnings.warn(f"learned planner {name!r} failed ({type(e).__name__}: {e}); "
+                              "plan('best') goes on without it", RuntimeWarning, stacklevel=2)
+                rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,
+                                 plan_time_s=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}",
+                                 why=f"failed: {type(e).__name__}"))
+                continue
             row = _judge(sim, p, out, time.perf_counter() - t0)
             row["mode"] = m
             rows.append(row)
             if not row["oom"] and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
+    if best is None and not rows:
+        raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
     if best is None:
         from .memory import MemoryEstimate, needs
 

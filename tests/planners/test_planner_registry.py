@@ -48,16 +48,20 @@ def test_register_checks_the_planner() -> None:
         register(FunctionPlanner("best", ("model",), lambda *a, **k: None))  # type: ignore[arg-type]
 
 
+def _heuristics(mode: str) -> list[str]:
+    return [n for n in autoplace.planners(mode) if get_planner(n).kind == "heuristic"]
+
+
 @pytest.mark.parametrize("mode", ["model", "pipeline"])
 @pytest.mark.parametrize("graph", [chain(10), branchy(30, seed=3)], ids=["chain", "branchy"])
 def test_best_is_never_worse_than_any_heuristic(graph: Any, mode: str) -> None:
     cluster = Cluster.preset("2xA100+2xT4")
-    best = autoplace.plan(graph, cluster, mode=mode)
+    best = autoplace.plan(graph, cluster, mode=mode, kinds=("heuristic",))
     t = best.meta["predicted_step_time_s"]
     assert autoplace.simulate(graph, best, cluster).step_time_s == pytest.approx(t)
     rows = best.meta["candidates"]
-    assert {r["planner"] for r in rows} == set(autoplace.planners(mode))
-    for name in autoplace.planners(mode):
+    assert {r["planner"] for r in rows} == set(_heuristics(mode))
+    for name in _heuristics(mode):
         other = autoplace.plan(graph, cluster, planner=name, mode=mode)
         assert t <= other.meta["predicted_step_time_s"] * (1 + 1e-12)
     assert best.planner == min((r for r in rows if not r["oom"]), key=lambda r: r["step_time_s"])["planner"]
@@ -65,14 +69,14 @@ def test_best_is_never_worse_than_any_heuristic(graph: Any, mode: str) -> None:
 
 def test_auto_mode_weighs_both() -> None:
     graph, cluster = chain(8), Cluster.preset("4xV100-pcie")
-    p = autoplace.plan(graph, cluster, mode="auto")
+    p = autoplace.plan(graph, cluster, mode="auto", kinds=("heuristic",))
     modes = {r["mode"] for r in p.meta["candidates"]}
     assert modes == {"model", "pipeline"}
 
 
 def test_best_records_planners_that_do_not_fit() -> None:
     graph = chain(8, params=0.6 * GiB, out=1e6)  # too big for one 16 GB device
-    p = autoplace.plan(graph, Cluster.preset("4xV100-pcie"))
+    p = autoplace.plan(graph, Cluster.preset("4xV100-pcie"), kinds=("heuristic",))
     rows = {r["planner"]: r for r in p.meta["candidates"]}
     assert rows["single"]["step_time_s"] is None and "GiB" in rows["single"]["error"]
     assert p.planner != "single"
@@ -82,7 +86,7 @@ def test_best_records_planners_that_do_not_fit() -> None:
 def test_best_raises_when_nothing_fits() -> None:
     graph = chain(4, params_per_op=[1e6, 4 * GiB, 1e6, 1e6])
     with pytest.raises(NoFitError) as e:
-        autoplace.plan(graph, Cluster.preset("4xV100-pcie"))
+        autoplace.plan(graph, Cluster.preset("4xV100-pcie"), kinds=("heuristic",))
     msg = str(e.value)
     assert msg.startswith("no planner found a placement that fits on 4xV100-pcie")
     assert "Op 'op1' alone needs 16.00 GiB" in msg and msg.count("alone needs") == 1
@@ -113,13 +117,41 @@ class _Sampler:
         return Placement.from_assignment(graph, cluster, best, planner=self.name)
 
 
-def test_learned_planners_join_best_with_a_share_of_the_budget() -> None:
+def test_learned_planners_join_best_with_a_share_of_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # only the heuristics and a stand-in learned planner (the real learned ones have their own tests)
+    autoplace.planners()
+    monkeypatch.setattr(base, "_REGISTRY", {k: v for k, v in base._REGISTRY.items() if v.kind == "heuristic"})
     sampler = _Sampler(seen_budget=[])
     register(sampler)
+    assert autoplace.planners("model")[-1] == "test-sampler"  # heuristics first
+    p = autoplace.plan(chain(6), Cluster.preset("4xV100-pcie"), budget_s=30.0)
+    assert "test-sampler" in {r["planner"] for r in p.meta["candidates"]}
+    assert sampler.seen_budget and 0 < sampler.seen_budget[0] <= 30.0
+
+
+def test_a_failing_learned_planner_is_skipped_with_a_warning() -> None:
+    def broken(*a: Any, **k: Any) -> Placement:
+        raise RuntimeError("weights not found")
+
+    autoplace.planners()
+    only = {k: v for k, v in base._REGISTRY.items() if v.kind == "heuristic"}
+    only["test-broken"] = FunctionPlanner("test-broken", ("model",), broken, kind="learned")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(base, "_REGISTRY", only)
+        with pytest.warns(RuntimeWarning, match="'test-broken' failed"):
+            p = autoplace.plan(chain(5), Cluster.preset("4xV100-pcie"))
+    row = next(r for r in p.meta["candidates"] if r["planner"] == "test-broken")
+    assert "weights not found" in row["error"]
+    assert p.planner != "test-broken"
+
+
+def test_a_failing_heuristic_is_a_bug_and_propagates() -> None:
+    def broken(*a: Any, **k: Any) -> Placement:
+        raise RuntimeError("bug")
+
+    register(FunctionPlanner("test-broken-h", ("model",), broken))
     try:
-        assert autoplace.planners("model")[-1] == "test-sampler"  # heuristics first
-        p = autoplace.plan(chain(6), Cluster.preset("4xV100-pcie"), budget_s=30.0)
-        assert "test-sampler" in {r["planner"] for r in p.meta["candidates"]}
-        assert sampler.seen_budget and 0 < sampler.seen_budget[0] <= 30.0
+        with pytest.raises(RuntimeError, match="bug"):
+            autoplace.plan(chain(5), Cluster.preset("4xV100-pcie"), kinds=("heuristic",))
     finally:
-        base._REGISTRY.pop("test-sampler")
+        base._REGISTRY.pop("test-broken-h")
