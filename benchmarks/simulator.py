@@ -8,7 +8,8 @@ branch edges, about 1.7 edges per op, layer-like FLOPs, activation and parameter
 the 8-device DGX-1 preset ("8xV100-nvlink"). Each row times ``Simulator.evaluate`` on random
 model-parallel placements (contiguous blocks, as planners produce, and uniformly random ones,
 the worst case for transfers) and ``Simulator.evaluate_pipeline`` on random 4-stage 1F1B
-pipelines with 8 micro-batches, on one core, after the compiled code is warm.
+pipelines with 8 micro-batches, on one core (CPU time of this single-threaded process), after
+the compiled code is warm.
 """
 
 from __future__ import annotations
@@ -61,14 +62,15 @@ def _contiguous(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _rate(fn, args: list, min_time: float) -> float:
-    """Calls per second of fn over the argument list, repeated for at least min_time seconds."""
+    """Calls per CPU second of fn over the argument list, repeated for at least min_time CPU
+    seconds (process time: what one core spends, whatever else the machine runs)."""
     fn(args[0])
-    calls, t0 = 0, time.perf_counter()
+    calls, t0 = 0, time.process_time()
     while True:
         for a in args:
             fn(a)
         calls += len(args)
-        el = time.perf_counter() - t0
+        el = time.process_time() - t0
         if el >= min_time:
             return calls / el
 
@@ -114,9 +116,10 @@ def write(rows: list[dict], preset: str, out: Path, load: tuple[float, float]) -
         "# Simulator speed",
         "",
         f"Evaluations per second on one core, `{preset}`, random layered DAGs (~1.7 edges per op).",
-        "Reproduce: `python benchmarks/simulator.py`. Timings depend on what else the machine runs: "
-        f"this run saw a 1-minute load average of {load[0]:.1f} before and {load[1]:.1f} after, "
-        f"on {os.cpu_count()} CPUs.",
+        "Rates are calls per CPU second of the process (single-threaded: one core), after the",
+        "compiled code is warm. Reproduce: `python benchmarks/simulator.py`. CPU time still suffers",
+        "from a busy machine (shared caches): this run saw a 1-minute load average of "
+        f"{load[0]:.1f} before and {load[1]:.1f} after, on {os.cpu_count()} CPUs.",
         "",
         "| ops | edges | model parallel, contiguous blocks /s | model parallel, random devices /s "
         "| pipeline 4 stages x 8 micro-batches (1F1B) /s | Simulator build ms |",
