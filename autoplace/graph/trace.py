@@ -14,8 +14,11 @@ Three steps, each its own module:
 
 Parameters and buffers belong to the op that holds them (a call-module op holds its module's
 state, a ``get_attr`` belongs to its first consumer). A tensor held by several ops (tied
-embeddings, a module called twice) is counted once, at the first of them, and when it is a
-trainable parameter the ops that share it form a ``tied`` group.
+embeddings, a module called twice) is counted once, at the first of them. When it is a
+trainable parameter the ops that share it form a ``tied`` group (their gradients meet, so a
+planner should keep them together; reads of it make no edges). A shared buffer or constant
+is read-only data instead: each later holder gets an edge from the first one carrying its
+bytes (the copy it needs), so the graph never ties, say, every layer that reads one mask.
 
 :func:`trace_module` returns a :class:`Traced`: the fx ``GraphModule`` that runs the model,
 the op graph, and ``op_of_fx``, which op every fx node was folded into. That is what the
@@ -398,12 +401,27 @@ def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: st
                     ops_of_key[h.key].update(c.op_of[index[u]] for u in n.users)
     tied = sorted({tuple(sorted(ops)) for ops in ops_of_key.values() if len(ops) > 1})
 
+    # Shared buffers and constants: an edge from the first holder to each later one.
+    pairs = {(int(a), int(b)): float(x) for (a, b), x in zip(c.edges.tolist(), c.edge_bytes.tolist())}
+    holders: dict[int, tuple[int, list[int]]] = {}
+    for i, n in enumerate(nodes):
+        for h in stats[n.name].held:
+            if not h.trainable:
+                holders.setdefault(h.key, (h.nbytes, []))[1].append(c.op_of[i])
+    for nbytes, ops in holders.values():
+        first = min(ops)
+        for op in sorted(set(ops) - {first}):
+            pairs[(first, op)] = pairs.get((first, op), 0.0) + nbytes
+    keys = sorted(pairs)
+    edges = np.array(keys, dtype=np.int64).reshape(-1, 2)
+    edge_bytes = np.array([pairs[k] for k in keys], dtype=np.float64)
+
     head_nodes = [nodes[h] for h in c.heads]
     graph = OpGraph(
         names=tuple(n.name for n in head_nodes),
         kinds=tuple(kinds[h] if nodes[h].op != "output" else "identity" for h in c.heads),
-        edges=c.edges,
-        edge_bytes=c.edge_bytes,
+        edges=edges,
+        edge_bytes=edge_bytes,
         out_bytes=out_bytes,
         param_bytes=param_bytes,
         fwd_flops=fwd,

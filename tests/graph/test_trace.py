@@ -276,6 +276,43 @@ def test_param_bytes_and_tied_embedding() -> None:
     assert g.module_paths[sdpa] == "blocks.0"
 
 
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("s", torch.full((16,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+class Reuse(nn.Module):
+    """One Linear and one buffer-only module, each called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.scale = Scale()
+        self.mid = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(self.lin(self.mid(self.scale(self.lin(x)))))
+
+
+@pytest.mark.parametrize("leaf", [False, True])
+def test_module_called_twice_ties_parameters_and_copies_buffers(leaf: bool) -> None:
+    # inlined, Scale is a get_attr of its buffer and a mul; as a leaf, a call_module holding it
+    g = autoplace.trace(Reuse(), (torch.randn(3, 16),), leaf_modules=(Scale,) if leaf else ())
+    sc = ("scale", "scale_1") if leaf else ("mul", "mul_1")
+    assert g.names == ("lin", sc[0], "mid", "lin_1", sc[1])
+    lin, scale, lin_1, scale_1 = (g.index[n] for n in ("lin", *sc[:1], "lin_1", *sc[1:]))
+    assert g.tied == ((lin, lin_1),)  # the Linear's weights are shared: keep its two calls together
+    assert g.param_bytes.tolist() == [(256 + 16) * 4, 16 * 4, (256 + 16) * 4, 0, 0]
+    edges = {(s, d): b for s, d, b in g.iter_edges()}
+    # the buffer is read-only: the second call gets a copy of it from the first (64 bytes)
+    assert edges[(scale, scale_1)] == 16 * 4
+    assert (lin, lin_1) not in edges
+
+
 def test_gm_shares_the_users_parameters_and_runs_the_model() -> None:
     model, inputs = _build("convnet")
     t = trace_module(model, inputs)
