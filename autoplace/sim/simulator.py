@@ -19,7 +19,9 @@ import numpy as np
 
 from ..cost.analytic import CostModel
 from ..placement import Placement, PlacementError
+from .bounds import lower_bound_of
 from .model_parallel import MP_ARGS, mp_evaluate, mp_run
+from .pipeline import pipeline_step
 from .result import Evaluation, Event, SimResult, device_labels
 
 if TYPE_CHECKING:
@@ -136,7 +138,8 @@ class Simulator:
     # ---- model parallel -----------------------------------------------------------------
 
     def evaluate(self, device_of_node: Sequence[int] | np.ndarray) -> Evaluation:
-        """Step time and memory of the model-parallel placement ``device_of_node`` (no timeline)."""
+        """Step time and memory of the model-parallel placement ``device_of_node`` (no timeline);
+        raises :class:`PlacementError` when it has the wrong length or names a missing device."""
         dev = self._as_assignment(device_of_node)
         step, peak, excess = mp_evaluate(self._mp_args, self.capacity, dev)
         if step < 0:
@@ -173,9 +176,8 @@ class Simulator:
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
                           schedule: str = "1f1b") -> Evaluation:
-        """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule)."""
-        from .pipeline import pipeline_step
-
+        """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule);
+        raises :class:`PlacementError` naming the problem when the pipeline is not valid."""
         return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False).evaluation
 
     # ---- full result --------------------------------------------------------------------
@@ -184,8 +186,6 @@ class Simulator:
         """Validate ``placement`` and simulate it, with its timeline unless ``timeline=False``."""
         placement.validate(self.graph, self.cluster)
         if placement.mode == "pipeline":
-            from .pipeline import pipeline_step
-
             assert placement.stage_of_node is not None and placement.stage_devices is not None
             out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
                                 placement.schedule, result=True, timeline=timeline)
@@ -197,7 +197,6 @@ class Simulator:
         return self._run_model(dev, timeline)
 
     def lower_bound(self, *, mode: str = "any") -> float:
-        """See :func:`autoplace.sim.bounds.lower_bound`."""
-        from .bounds import lower_bound_of
-
+        """Seconds no placement can beat (``mode="model"``: no model-parallel placement); see
+        :mod:`autoplace.sim.bounds`."""
         return lower_bound_of(self, mode=mode)

@@ -246,9 +246,9 @@ def test_fast_path_speed_on_1000_ops() -> None:
     sim = Simulator(g, c)
     devs = [rng.integers(0, 8, n) for _ in range(20)]
     sim.evaluate(devs[0])
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time of this single-threaded loop: one core's rate
     for _ in range(10):
         for d in devs:
             sim.evaluate(d)
-    rate = 200 / (time.perf_counter() - t0)
-    assert rate >= 1000, f"{rate:.0f} evaluations/s"
+    rate = 200 / (time.process_time() - t0)
+    assert rate >= 1000, f"{rate:.0f} evaluations per CPU second"
