@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import sys
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
     print(g.describe())
     print(f"parameters {n_params / 1e9:.3f} B; traced with {traced.method}: {row['fx_nodes']} fx nodes -> "
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             "# Tracing a 1.5B-parameter GPT on the meta device",
             "",
             "Produced by `.venv/bin/python benchmarks/trace_large.py` "
-            f"(torch {row['torch']}, Python {row['python']}, {row['machine']}).",
+            f"(torch {row['torch']}, Python {row['python']}, {row['machine']}, {row['cpus']} CPUs, "
+            f"1-minute load average {row['load_average_1min']} while it ran: times grow with other work on the machine).",
             "",
             "| model | parameters | layers | d_model | heads | seq | batch | fx nodes | ops | trace s | peak RSS MiB |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
