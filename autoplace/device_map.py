@@ -155,7 +155,7 @@ def from_device_map(graph: "OpGraph", cluster: "Cluster", device_map: Mapping[st
         raise DeviceMapError(f"device_map must be a non-empty dict of module path -> device; got {device_map!r}")
     resolved = {str(k): _resolve(cluster, str(k), v) for k, v in device_map.items()}
     keys = sorted(resolved, key=len, reverse=True)
-    known = set()
+    known: set[str] = set()
     for p in graph.module_paths:
         parts = p.split(".") if p else []
         known.update(".".join(parts[:k]) for k in range(len(parts) + 1))

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
-from autoplace.planners import NoFitError, get_planner  # noqa: E402
+from autoplace.planners import NoFitError, get_planner, planners as registered  # noqa: E402
 
 PROFILES = ROOT.parent / "shared" / "data" / "pipedream"
 PROFILE_NAMES = ["alexnet", "vgg16", "resnet18", "resnet50", "resnext50", "inception_v3", "nasnetalarge", "gnmt"]
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     workloads = args.workloads.split(",") if args.workloads else workloads
     clusters = args.clusters.split(",") if args.clusters else clusters
     wanted = set(args.planners.split(",")) if args.planners else None
-    planners = [(n, m) for m in ("model", "pipeline") for n in autoplace.planners(m)
+    planners = [(n, m) for m in ("model", "pipeline") for n in registered(m)
                 if get_planner(n).kind in kinds and (wanted is None or n in wanted)]
     if not workloads:
         sys.exit(f"no workloads: PipeDream profiles not found at {PROFILES} and no zoo")

@@ -51,9 +51,14 @@ class NoFitError(RuntimeError):
 
 @runtime_checkable
 class Planner(Protocol):
-    name: str
-    modes: tuple[str, ...]
-    kind: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def modes(self) -> tuple[str, ...]: ...
+
+    @property
+    def kind(self) -> str: ...
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
               budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement: ...

@@ -245,6 +245,10 @@ def _fits_one_stage(mem: MemoryEstimate, cluster: Cluster, devices: list[int], s
     return need <= float(cluster.memory[devices].min())
 
 
+def _plan(stages: list[list[int]], order: tuple[int, ...]) -> StagePlan:
+    return StagePlan(tuple((int(s[0]), int(s[1]), int(s[2]), int(s[3])) for s in stages), order)
+
+
 def _neighbours(plan: StagePlan, num_blocks: int) -> list[StagePlan]:
     """Plans one move away: two neighbouring stages merged, a boundary shifted by one block, or
     one device moved between neighbouring stages (groups stay runs of the order)."""
@@ -253,25 +257,25 @@ def _neighbours(plan: StagePlan, num_blocks: int) -> list[StagePlan]:
     for s in range(len(st) - 1):
         a, b = st[s], st[s + 1]
         merged = [x[:] for x in st[:s]] + [[a[0], b[1], a[2], a[3] + b[3]]] + [x[:] for x in st[s + 2:]]
-        out.append(StagePlan(tuple(tuple(x) for x in merged), plan.order))
+        out.append(_plan(merged, plan.order))
         for delta in (-1, 1):
             cut = a[1] + delta
             if a[0] < cut < b[1]:
                 new = [x[:] for x in st]
                 new[s][1] = new[s + 1][0] = cut
-                out.append(StagePlan(tuple(tuple(x) for x in new), plan.order))
+                out.append(_plan(new, plan.order))
         if a[3] > 1:  # last device of s joins s+1
             new = [x[:] for x in st]
             new[s][3] -= 1
             new[s + 1][2] -= 1
             new[s + 1][3] += 1
-            out.append(StagePlan(tuple(tuple(x) for x in new), plan.order))
+            out.append(_plan(new, plan.order))
         if b[3] > 1:  # first device of s+1 joins s
             new = [x[:] for x in st]
             new[s][3] += 1
             new[s + 1][2] += 1
             new[s + 1][3] -= 1
-            out.append(StagePlan(tuple(tuple(x) for x in new), plan.order))
+            out.append(_plan(new, plan.order))
     return out
 
 
@@ -287,8 +291,8 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
     chain = compress(graph, base.mean(axis=1), min_candidates=max(4 * d, 32), max_blocks=max_blocks)
     work_by_r = {}
     for r in range(1, d + 1):
-        f, b = judge.sim.op_times(r)
-        work_by_r[r] = f + b
+        f, bw = judge.sim.op_times(r)
+        work_by_r[r] = f + bw
 
     plans: dict[StagePlan, None] = {}
     b = chain.num_blocks
