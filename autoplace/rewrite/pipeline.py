@@ -2,8 +2,8 @@
 
 ``split_stages(gm, stage_of_fx)`` returns one GraphModule per stage. Stage ``s`` takes exactly
 the values live across the boundary between stages ``s-1`` and ``s`` (stage 0 takes the
-graph's inputs) and returns, as a tuple, the values live across ``s`` -> ``s+1``; the last stage
-returns the model's output. A value is live across boundary ``b`` when it is made at stage
+graph's inputs) and returns, as a tuple, the values live across ``s`` -> ``s+1`` (made contiguous, as sending
+them to another process needs); the last stage returns the model's output. A value is live across boundary ``b`` when it is made at stage
 ``<= b`` (a graph input counts as made before stage 0) and used at a stage ``> b``, so a value
 that skips stages is passed through them; branches need no special case. Stages must not
 decrease along an edge (GPipe's chain of partitions, Huang et al. 2019; PipeDream's stages,
@@ -304,7 +304,8 @@ def split_with_boundaries(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, in
                     node = env[v]
                     for i in path:
                         node = g.call_function(operator.getitem, (node, i))
-                    results.append(node)
+                    # Sent between processes, which needs contiguous memory (a no-op if it is).
+                    results.append(g.call_method("contiguous", (node,)))
                     outs.append(name)
             g.output(tuple(results))
         mod = torch.fx.GraphModule(gm, g, class_name=f"Stage{s}")

@@ -95,7 +95,8 @@ def _share(t: torch.Tensor, microbatches: int, replicas: int, replica: int) -> t
 
 
 def _example(v: Any, device: torch.device) -> torch.Tensor:
-    t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=device)
+    # Contiguous: stages send contiguous tensors (split_stages makes their outputs so).
+    t = torch.empty(tuple(v.shape), dtype=v.dtype, device=device)
     return t.requires_grad_(bool(v.requires_grad)) if t.is_floating_point() else t
 
 

@@ -63,6 +63,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(ctx, d)
+        nn.init.normal_(self.tok.weight, std=0.3)  # tied to the output: keep the logits moderate
         self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(d)
 

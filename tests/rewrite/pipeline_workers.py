@@ -1,0 +1,163 @@
+"""Worker processes for the pipeline tests (started with torch.multiprocessing.spawn).
+
+Each worker joins a gloo process group on 127.0.0.1 through torchrun's environment variables
+(so ``init_distributed`` is exercised), builds the same model as every other rank, runs the
+pipeline, and compares what its stage holds with the unsplit model it also builds. Results go
+to ``<out>/rank<r>.json``; the test process asserts on them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import rewrite_models as rm  # noqa: E402
+
+from autoplace.rewrite.runtime import (  # noqa: E402
+    PipelineTimeoutError, build_pipeline_runner, init_distributed)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def contiguous_stages(gm: torch.fx.GraphModule, stages: int) -> dict[str, int]:
+    """Equal runs of call nodes in graph order (so Inception's branches straddle a boundary)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    return {n.name: min(stages - 1, i * stages // len(nodes)) for i, n in enumerate(nodes)}
+
+
+def batch(name: str, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    if name.startswith("gpt"):
+        return torch.randint(0, 32, (size, 8), generator=g), torch.randint(0, 32, (size, 8), generator=g)
+    return torch.randn(size, 3, 8, 8, generator=g), torch.randint(0, 5, (size,), generator=g)
+
+
+def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max([(a[k] - b[k]).abs().max().item() for k in a] or [0.0])
+
+
+def run_case(case: dict[str, Any]) -> dict[str, Any]:
+    """One pipeline configuration: a first step compared with the reference, then optional steps."""
+    name, schedule, micro, replicas = case["model"], case["schedule"], case["microbatches"], case["replicas"]
+    stages = dist.get_world_size() // replicas
+    model, _, _ = rm.build(name, case.get("seed", 0))
+    ref = copy.deepcopy(model)
+    loss_fn = rm.loss_fn(name)
+    size = micro * replicas * 2
+    x, y = batch(name, size, 100)
+    gm = torch.fx.symbolic_trace(model)
+    t0 = time.perf_counter()
+    runner = build_pipeline_runner(gm, contiguous_stages(gm, stages), example_inputs=(x,), microbatches=micro,
+                                   loss_fn=loss_fn, schedule=schedule, replicas=replicas)
+    t_build = time.perf_counter() - t0
+    mine = dict(runner.stage_module.named_parameters())
+    opt_name = case.get("optimizer", "sgd")
+
+    def make_opt(params: Any) -> torch.optim.Optimizer:
+        if opt_name == "adam":
+            return torch.optim.Adam(params, lr=1e-3)
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+    opt, ref_opt = make_opt(runner.parameters()), make_opt(ref.parameters())
+    ref_params = dict(ref.named_parameters(remove_duplicate=False))
+    losses, ref_losses, step_s = [], [], []
+    grad_err = buf_err = None
+    for step in range(case.get("steps", 1)):
+        if step:
+            x, y = batch(name, size, 100 + step)
+        t0 = time.perf_counter()
+        loss = runner.step(x, target=y)
+        step_s.append(time.perf_counter() - t0)
+        if case.get("reference") == "microbatch_accumulation":
+            # BatchNorm: pipelining promises the unsplit model run micro-batch by micro-batch.
+            ref_loss = torch.zeros(())
+            for xm, ym in zip(x.tensor_split(micro), y.tensor_split(micro)):
+                lm = loss_fn(ref(xm), ym)
+                (lm / micro).backward()
+                ref_loss = ref_loss + lm.detach() / micro
+        else:
+            ref_loss = loss_fn(ref(x), y)
+            ref_loss.backward()
+        if step == 0:
+            grad_err = _max_err({k: p.grad for k, p in mine.items()},
+                                {k: ref_params[k].grad for k in mine})
+            ref_bufs = dict(ref.named_buffers())
+            buf_err = _max_err({k: b for k, b in runner.stage_module.named_buffers() if k in ref_bufs},
+                               {k: ref_bufs[k] for k, _ in runner.stage_module.named_buffers() if k in ref_bufs})
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        if loss is not None:
+            losses.append(loss.item())
+        ref_losses.append(float(ref_loss.detach()))
+    return {
+        **case, "rank": dist.get_rank(), "stage": runner.stage_index, "replica": runner.replica,
+        "params": sorted(mine), "grad_err": grad_err, "buffer_err": buf_err,
+        "param_err": _max_err({k: p.detach() for k, p in mine.items()}, {k: ref_params[k].detach() for k in mine}),
+        "param_errs": {k: (p.detach() - ref_params[k].detach()).abs().max().item() for k, p in mine.items()},
+        "losses": losses, "ref_losses": ref_losses, "build_s": t_build, "step_s": step_s,
+        "tied_groups": len(runner.tied),
+    }
+
+
+def worker(rank: int, world: int, port: int, out: str, cases: list[dict[str, Any]]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    results: list[dict[str, Any]] = []
+    try:
+        init_distributed(device="cpu", timeout_s=120)
+        for case in cases:
+            results.append(run_case(case))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        results.append({"error": traceback.format_exc()})
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def stuck_worker(rank: int, world: int, port: int, out: str, timeout_s: float) -> None:
+    """Rank 1 builds its runner and then never calls step(); rank 0 must time out, not hang."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    init_distributed(device="cpu", timeout_s=timeout_s)
+    model, _, _ = rm.build("inception_gn", 0)
+    x, y = batch("inception_gn", 4, 0)
+    gm = torch.fx.symbolic_trace(model)
+    runner = build_pipeline_runner(gm, contiguous_stages(gm, world), example_inputs=(x,), microbatches=2,
+                                   loss_fn=rm.loss_fn("inception_gn"), schedule="1f1b")
+    result: dict[str, Any] = {"rank": rank}
+    if rank == 0:
+        t0 = time.perf_counter()
+        try:
+            runner.step(x, target=y)
+            result["error"] = ""
+        except PipelineTimeoutError as e:
+            result["error"] = f"PipelineTimeoutError: {e}"
+        except Exception as e:  # the wrong kind of error: report it
+            result["error"] = f"{type(e).__name__}: {e}"
+        result["waited_s"] = time.perf_counter() - t0
+    else:
+        time.sleep(timeout_s + 4)  # alive but silent, past rank 0's timeout
+    Path(out, f"rank{rank}.json").write_text(json.dumps([result]))
+    os._exit(0)  # skip the process group's teardown, which would wait on the dead exchange
