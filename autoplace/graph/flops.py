@@ -18,6 +18,13 @@ kernels it has no formula for, so they would count 0:
   uncounted, as everywhere in FlopCounterMode. Backward: twice the forward (gradients of the
   inputs and of the weights), the same convention as the library's ``mm`` backward.
 
+One library formula is replaced: ``aten.convolution_backward``'s weight gradient is counted by
+the library as a dense convolution whatever ``groups`` is, so a depthwise convolution's backward
+came out ``groups`` times too large (NASNet's backward at 10x its forward). Each gradient the
+op computes (input, weight: ``output_mask``) costs what the forward costs,
+``2 * N * prod(out spatial) * C_out * (C_in / groups) * prod(kernel)``, the convention of the
+library's dense formula.
+
 :func:`flop_counter` returns a ``FlopCounterMode`` with these formulas added. Use it for any
 count that should agree with :attr:`OpGraph.fwd_flops` (for example a whole-model reference).
 """
@@ -27,7 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
 
 __all__ = ["CUSTOM_FLOP_FORMULAS", "flop_counter", "rnn_layer_flops"]
 
@@ -72,7 +79,17 @@ def _mkldnn_rnn_backward_flop(input: _Shape, weight1: _Shape, weight2: _Shape, *
     return 2 * rnn_layer_flops(input, weight1, weight2)
 
 
+def _conv_backward_flop(grad_out: _Shape, x: _Shape, w: _Shape, _bias: Any, _stride: Any, _padding: Any,
+                        _dilation: Any, transposed: bool, _output_padding: Any, _groups: Any,
+                        output_mask: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    # The forward count of this convolution (w carries C_in / groups, so grouped and depthwise
+    # convolutions come out right), once per gradient asked for (input and weight).
+    fwd = conv_flop_count(list(x), list(w), list(grad_out), transposed=bool(transposed))
+    return int(fwd * (int(bool(output_mask[0])) + int(bool(output_mask[1]))))
+
+
 CUSTOM_FLOP_FORMULAS: dict[Any, Callable[..., int]] = {
+    aten.convolution_backward: _conv_backward_flop,
     aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flop,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flop,
     aten.mkldnn_rnn_layer: _mkldnn_rnn_flop,
