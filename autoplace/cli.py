@@ -45,6 +45,18 @@ def _graph_cache_dir() -> Path:
     return Path(os.environ.get("AUTOPLACE_CACHE", Path.home() / ".cache" / "autoplace")) / "graphs"
 
 
+def _tracer_stamp() -> str:
+    """A hash of the sources that decide a traced graph (tracer and zoo): a cached graph from
+    other sources is traced again."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted([*(root / "graph").glob("*.py"), *(root / "zoo").glob("*.py")]):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def zoo_graph(name: str, *, small: bool = False, cache: bool = True, **config: Any) -> Any:
     """The OpGraph of a zoo workload traced on the meta device, cached on disk by name and
     config (the trace of a big model takes seconds; its hash guards against stale files)."""
@@ -53,16 +65,17 @@ def zoo_graph(name: str, *, small: bool = False, cache: bool = True, **config: A
 
     key = name + ("-small" if small else "") + "".join(f"-{k}={v}" for k, v in sorted(config.items()))
     path = _graph_cache_dir() / f"{key}.json"
+    stamp = _tracer_stamp()
     if cache and path.exists():
         try:
             g = OpGraph.from_json(path)
-            if g.meta.get("autoplace_version") == autoplace.__version__:
+            if g.meta.get("tracer_stamp") == stamp:
                 return g
         except (ValueError, KeyError, json.JSONDecodeError):
             pass
     wl = autoplace.zoo.build(name, small=small, device="meta", **config)
     g = autoplace.trace(wl.model, wl.example_inputs, name=name)
-    g = g.replace(meta={**g.meta, "autoplace_version": autoplace.__version__})
+    g = g.replace(meta={**g.meta, "tracer_stamp": stamp})
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         g.to_json(path)
