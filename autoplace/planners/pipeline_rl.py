@@ -1,0 +1,225 @@
+"""``pipeline-rl``: a learned pipeline planner (stages, replicas per stage, micro-batches,
+schedule) trained with PPO on the pipeline simulator's step time.
+
+The action space (:mod:`.pipeline_space`) follows the deep-RL pipeline partitioners: ops in
+topological order each *stay* in the latest stage of their predecessors or *open* the next one,
+so every sample is a valid stage DAG, branches included and with no branch compression (the
+step PipeDream's planner needs, Narayanan et al., SOSP 2019). On top of that the policy chooses
+the stage count, which devices replicate which stage (issue 7: hybrid pipeline x data parallel,
+plain data parallelism as one stage on every device, and on mixed clusters which device kind
+runs which stage), the number of micro-batches and the schedule (GPipe, Huang et al. 2019, or
+1F1B, Narayanan et al. 2021). The network is in :mod:`._pipeline_policy`; training is
+:func:`autoplace.planners.ppo.train` (Schulman et al. 2017) in
+:class:`autoplace.planners.env.PlacementEnv`, reward ``-log(step / best heuristic's step)``.
+
+What :func:`place_pipeline_rl` does, in order (each step named, so results can say which one
+found the plan):
+
+1. **Seeds**: pipedream-dp (with replication), gpipe-uniform and data-parallel run and are
+   simulated; the best that fits is the reward's reference.
+2. **Prior samples** (``prior_samples``): the untrained policy, whose open head starts from
+   "cut when the stage is full against its balanced share", samples plans of every stage count
+   and device mapping. This is the policy without any heuristic's help.
+3. **Imitation warm start** (``imitation_steps``): a few gradient steps raising the
+   log-probability of the best plan so far (a seed's or a prior sample's), encoded as actions
+   by teacher forcing through the same masks, until the policy samples it with probability
+   ``imitation_prob``. PPO then explores around the best known plan instead of from scratch.
+4. **PPO** for ``budget_s`` seconds, or ``quick_samples`` samples when ``budget_s`` is None (so
+   the same seed gives the same plan).
+5. The best plan that fits among everything simulated (seeds included): never slower than
+   pipedream-dp, gpipe-uniform or data-parallel in the simulator. ``placement.meta`` says where it
+   came from (``source``) and what the policy reached on its own (``prior_best_step_time_s``:
+   step 2 only; ``policy_best_step_time_s``: every sample of steps 2-4).
+
+There is no local search after sampling.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..placement import Placement
+from .base import register
+from .ppo import PPOConfig
+
+if TYPE_CHECKING:
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+
+__all__ = ["PipelineRLConfig", "PipelineRL", "place_pipeline_rl", "SEED_PLANNERS"]
+
+SEED_PLANNERS = ("pipedream-dp", "gpipe-uniform", "data-parallel")
+
+
+def _default_ppo() -> PPOConfig:
+    return PPOConfig(lr=2e-3, samples_per_update=32, update_epochs=4, num_minibatches=2, ent_coef=0.002,
+                     target_kl=0.05)
+
+
+@dataclass(frozen=True)
+class PipelineRLConfig:
+    """Settings of the pipeline policy and its training."""
+
+    hidden: int = 64
+    """hidden size of the op encoder and the heads."""
+    max_stages: int | None = None
+    """most stages a plan may have (None: one per device, at most one per op)."""
+    seeds: tuple[str, ...] = SEED_PLANNERS
+    """heuristics whose plans are simulated first, imitated and always in the running."""
+    prior_samples: int = 64
+    """plans sampled from the untrained policy before imitation (step 2)."""
+    imitation_steps: int = 80
+    """most gradient steps of the imitation warm start (0 skips it)."""
+    imitation_prob: float = 0.3
+    """imitation stops once the best plan so far has this probability under the policy."""
+    imitation_lr: float = 1e-2
+    """Adam learning rate of the imitation steps."""
+    quick_samples: int = 192
+    """PPO samples when ``budget_s`` is None (a fixed count: reproducible from the seed)."""
+    ppo: PPOConfig = field(default_factory=_default_ppo)
+    """PPO settings (its ``seed`` is replaced by the planner's seed)."""
+
+    def __post_init__(self) -> None:
+        checks = [("hidden", self.hidden >= 4, ">= 4"), ("prior_samples", self.prior_samples >= 0, ">= 0"),
+                  ("imitation_steps", self.imitation_steps >= 0, ">= 0"),
+                  ("imitation_prob", 0 < self.imitation_prob < 1, "in (0, 1)"),
+                  ("imitation_lr", self.imitation_lr > 0, "> 0"), ("quick_samples", self.quick_samples >= 0, ">= 0"),
+                  ("max_stages", self.max_stages is None or self.max_stages >= 1, "None or >= 1")]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"PipelineRLConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
+
+
+def _op_features(graph: "OpGraph", cluster: Cluster, cost: "CostModel") -> np.ndarray:
+    from ..graph.features import node_features
+
+    return np.asarray(node_features(graph, cluster, cost=cost), dtype=np.float32)
+
+
+def _imitate(policy: Any, target: Any, cfg: PipelineRLConfig) -> tuple[int, float]:
+    """Raise the log-probability of ``target`` (actions of one plan) until its probability is
+    ``imitation_prob`` or the steps run out. Returns (steps, final probability)."""
+    import torch
+
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.imitation_lr)
+    goal = math.log(cfg.imitation_prob)
+    lp = float("-inf")
+    steps = 0
+    policy.train()
+    for steps in range(1, cfg.imitation_steps + 1):
+        logp, _ = policy.score(target)
+        lp = float(logp[0].detach())
+        if lp >= goal:
+            steps -= 1
+            break
+        opt.zero_grad()
+        (-logp.mean()).backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+    return steps, math.exp(lp) if lp > -700 else 0.0
+
+
+def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                      budget_s: float | None = None, seed: int = 0, module: Any = None,
+                      config: PipelineRLConfig | None = None, progress: bool = False) -> Placement:
+    """The pipeline-rl plan of ``graph`` on ``cluster`` (see the module doc for the steps).
+
+    ``budget_s``: None for the quick mode (a fixed number of samples, seconds on small graphs);
+    a number of seconds to spend in all (seeds included) otherwise.
+    """
+    import dataclasses
+
+    import torch
+
+    from ..cost.analytic import CostModel
+    from ._pipeline_policy import PipelinePolicy, device_features, summary_features
+    from .env import PlacementEnv, heuristic_seeds
+    from .pipeline_space import PipelineSpace
+    from .ppo import train
+
+    cfg = config if config is not None else PipelineRLConfig()
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for the quick mode")
+    t0 = time.perf_counter()
+    cost = cost if cost is not None else CostModel()
+    seeds = heuristic_seeds(graph, cluster, cost, "pipeline", names=cfg.seeds)
+    fitting = [s.step_time_s for s in seeds if not s.oom]
+    from ..sim import simulator_for
+
+    sim = simulator_for(graph, cluster, cost)
+    space = PipelineSpace.of(graph, cluster, sim, max_stages=cfg.max_stages,
+                             extra_microbatches=[int(s.candidate[2]) for s in seeds])  # type: ignore[index]
+    reference = min(fitting) if fitting else (min(s.step_time_s for s in seeds) if seeds else float(space.work.sum()))
+    env = PlacementEnv(graph, cluster, cost, "pipeline", seeds=seeds, reference_s=reference)
+    seed_time = time.perf_counter() - t0
+
+    policy = PipelinePolicy(space, _op_features(graph, cluster, cost), device_features(space, cluster),
+                            summary_features(space, sim, cost), hidden=cfg.hidden, seed=seed)
+    gen = torch.Generator().manual_seed(int(seed))
+
+    # step 2: the untrained policy on its own
+    prior_best = math.inf
+    if cfg.prior_samples:
+        policy.eval()
+        with torch.no_grad():
+            s = policy.sample(cfg.prior_samples, gen)
+        _, evals = env.evaluate_many(policy.decode(s.actions))
+        prior_best = min((float(e.step_time_s) for e in evals if not e.oom), default=math.inf)
+
+    # step 3: imitation of the best plan so far
+    imitated, imitation_p, imitated_from = 0, 0.0, env.best_source
+    if cfg.imitation_steps and env.best_candidate is not None:
+        target = policy.actions_of(env.best_candidate)
+        imitated, imitation_p = _imitate(policy, target, cfg)
+
+    # step 4: PPO
+    ppo_cfg = dataclasses.replace(cfg.ppo, seed=int(seed))
+    result = None
+    if budget_s is None:
+        if cfg.quick_samples:
+            result = train(policy, env, ppo_cfg, max_samples=cfg.quick_samples, progress=progress)
+    else:
+        left = budget_s - (time.perf_counter() - t0)
+        if left > 0.5:
+            result = train(policy, env, ppo_cfg, budget_s=left, progress=progress)
+    policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
+    meta = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
+            "seed_step_time_s": {s.planner: (None if s.oom else s.step_time_s) for s in seeds},
+            "reference_step_time_s": reference, "prior_best_step_time_s": _finite(prior_best),
+            "policy_best_step_time_s": _finite(policy_best), "imitated": imitated_from,
+            "imitation_steps": imitated, "imitation_prob": imitation_p,
+            "ppo_updates": result.updates if result is not None else 0,
+            "seed_time_s": seed_time, "plan_time_s": time.perf_counter() - t0,
+            "history": [tuple(h) for h in result.history] if result is not None else []}
+    return env.placement(planner="pipeline-rl", meta=meta)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class PipelineRL:
+    """The registry entry of ``pipeline-rl`` (see :func:`place_pipeline_rl`)."""
+
+    config: PipelineRLConfig = field(default_factory=PipelineRLConfig)
+    name: str = "pipeline-rl"
+    modes: tuple[str, ...] = ("pipeline",)
+    kind: str = "learned"
+    summary: str = "PPO policy: stay/open stages per op, replicas per stage, micro-batches, schedule"
+
+    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+        if isinstance(cluster, str):
+            cluster = Cluster.preset(cluster)
+        return place_pipeline_rl(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, module=module,
+                                 config=self.config)
+
+
+register(PipelineRL())
