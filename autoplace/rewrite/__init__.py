@@ -1,7 +1,20 @@
-"""Apply a plan to a real model: device-placed GraphModules (model parallel) and pipeline stages."""
+"""Apply a plan to a real model.
+
+- :func:`place_module`: model parallel, one GraphModule whose nodes run on their planned
+  devices, with transfers on every cross-device edge (``placed.py``).
+- :func:`split_stages`: a chain of stage GraphModules for a pipeline (``pipeline.py``).
+- :func:`build_pipeline_runner`: this rank's stage on torch.distributed.pipelining, with GPipe or
+  1F1B, optionally each stage replicated data-parallel (``runtime.py``).
+"""
 
 from __future__ import annotations
 
+from .pipeline import StageSplitError, split_stages
 from .placed import PlacementRewriteError, place_module
+from .runtime import (PipelineError, PipelineRunner, PipelineTimeoutError, build_pipeline_runner,
+                      init_distributed)
 
-__all__ = ["place_module", "PlacementRewriteError"]
+__all__ = [
+    "place_module", "PlacementRewriteError", "split_stages", "StageSplitError", "build_pipeline_runner",
+    "PipelineRunner", "init_distributed", "PipelineError", "PipelineTimeoutError",
+]

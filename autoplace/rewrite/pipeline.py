@@ -286,7 +286,7 @@ def split_with_boundaries(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, in
 
         def lookup(u: Node) -> Node:
             if u not in env and u.op == "get_attr":
-                env[u] = g.get_attr(u.target)
+                env[u] = g.get_attr(str(u.target))
             return env[u]
 
         for n in gm.graph.nodes:

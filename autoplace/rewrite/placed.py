@@ -34,7 +34,6 @@ own generator, so they match the unplaced model only on one device type.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
