@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from .env import Candidate, PlacementEnv
 
-__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "take_actions",
+__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "merge_results", "take_actions",
            "IndependentPolicy", "progress_bar"]
 
 log = logging.getLogger(__name__)
@@ -317,6 +317,25 @@ def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, 
                        best_source=env.best_source, samples=env.num_samples - samples0, updates=update,
                        wall_s=time.perf_counter() - start, history=history, metrics=metrics,
                        best_sampled_step_time_s=best_sampled)
+
+
+def merge_results(results: Sequence[TrainResult]) -> TrainResult:
+    """One :class:`TrainResult` of consecutive trainings on the same environment (their
+    histories chained, samples, updates and time summed, the last one's best)."""
+    if not results:
+        raise ValueError("merge_results needs at least one TrainResult")
+    history: list[HistoryPoint] = []
+    samples, wall = 0, 0.0
+    for r in results:
+        history += [HistoryPoint(h.samples + samples, h.wall_s + wall, h.best_step_time_s, h.mean_reward)
+                    for h in r.history]
+        samples += r.samples
+        wall += r.wall_s
+    last = results[-1]
+    return TrainResult(best_candidate=last.best_candidate, best_step_time_s=last.best_step_time_s,
+                       best_source=last.best_source, samples=samples, updates=sum(r.updates for r in results),
+                       wall_s=wall, history=history, metrics=dict(last.metrics),
+                       best_sampled_step_time_s=min(r.best_sampled_step_time_s for r in results))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,291 @@
+"""EAGLE: a grouper and a placer trained as one with PPO, seeded with the heuristics.
+
+Lan, Chen, Li, "EAGLE: Expedited Device Placement with Automatic Grouping for Large Models",
+IPDPS 2021. The network (grouper FFN with a softmax over G groups, linking LSTM, bi-LSTM
+encoder and attention decoder over the groups) is :class:`autoplace.planners._eagle_net.EaglePolicy`;
+PPO is :mod:`autoplace.planners.ppo`; the reward is the simulator's (:mod:`autoplace.planners.env`).
+
+    autoplace.plan(graph, cluster, planner="eagle")                 # quick: warm start + a few hundred samples
+    autoplace.plan(graph, cluster, planner="eagle", budget_s=120)   # PPO for about two minutes
+
+What ``place`` does, in order:
+
+1. **Seeds**: runs the registered model-parallel heuristics (or ``EagleConfig.seed_planners``)
+   and simulates them; the fastest that fits is the reward's reference (reward 0).
+2. **Warm start** (``EagleConfig.warm_start``; a departure from the paper, which starts from
+   random weights): the best heuristic's placement is written as grouper/placer actions (its
+   ops on each device cut, in topological order, into contiguous runs, one group per run,
+   the groups spread over the devices in proportion to their ops). The grouper's per-op
+   residual logits are set so each op picks its run's group with probability 1 -
+   ``warm_op_moves`` / N, then the whole network imitates the action (Adam on its
+   log-probability, grouper and placer parts separately) until the placer puts each group
+   on its device with probability 1 - ``warm_group_moves`` / G. A sample then differs from
+   the heuristic by about one op and two groups (whole runs of ops moved to another
+   device): the policy searches around the best heuristic instead of uniformly at random.
+   On graphs of hundreds of ops a random placement is several times slower than any
+   heuristic, and PPO from there spends its whole budget climbing back.
+3. **PPO** on the simulator: ``EagleConfig.quick_samples`` samples without a budget, else
+   until the budget (less the time of steps 1 and 2) is spent or ``max_samples`` is reached.
+4. Returns the best placement that fits among the samples and the seeds: never slower than
+   the seeding heuristics in the simulator. ``placement.meta`` tells which won
+   (``source``) and the policy's own best (``policy_step_time_s``); see
+   :mod:`autoplace.planners._learned`.
+
+Reproducibility: the same seed gives the same plan when the run stops on samples (no budget,
+or ``max_samples`` reached before the budget); with a time budget the stopping point, hence
+possibly the plan, depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..placement import Placement
+from .base import register
+from .ppo import PPOConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+
+__all__ = ["EagleConfig", "EaglePlanner", "place_eagle", "warm_start_actions", "imitate"]
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Settings of the EAGLE planner."""
+
+    groups: int | None = None
+    """G, the grouper's number of groups; None: min(64, number of ops)."""
+    hidden: int = 64
+    """width of the grouper, the linking LSTM and the placer."""
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(lr=3e-3, samples_per_update=32, num_minibatches=2,
+                                                              update_epochs=4, ent_coef=0.0, target_kl=0.05))
+    """PPO settings (``ppo.seed`` is replaced by the planner's ``seed``)."""
+    warm_start: bool = True
+    """imitate the best heuristic's placement before PPO (see the module doc)."""
+    warm_op_moves: float = 1.0
+    """after the warm start, the expected number of ops a sample moves off the heuristic's
+    group (the grouper is imitated until each op's probability of its group is 1 - this / N)."""
+    warm_group_moves: float = 2.0
+    """... and the expected number of groups a sample moves off the heuristic's device (the
+    placer is imitated until each group's probability of its device is 1 - this / G)."""
+    warm_steps: int = 400
+    """most imitation steps."""
+    warm_lr: float = 0.03
+    """Adam learning rate of the imitation."""
+    recenter: bool = True
+    """self-imitation: after each segment of ``recenter_every`` updates in which a sample beat
+    the current centre, centre the policy on the new best (:func:`center`, as for the warm start)."""
+    recenter_every: int = 4
+    """PPO updates per segment between re-centrings."""
+    quick_samples: int = 256
+    """placements sampled when ``budget_s`` is None."""
+    max_samples: int | None = None
+    """stop fine-tuning after this many samples even if budget is left (reproducible runs)."""
+    seed_planners: tuple[str, ...] | None = None
+    """heuristics to seed with; None: every registered model-parallel heuristic."""
+    oom_coef: float = 1.0
+    """weight of the out-of-memory penalty in the reward."""
+    progress: bool = True
+    """show training progress (a bar on a terminal, log lines elsewhere)."""
+
+    def __post_init__(self) -> None:
+        if self.groups is not None and self.groups < 1:
+            raise ValueError(f"EagleConfig.groups is {self.groups}; it must be >= 1 or None")
+        if self.hidden < 1 or self.quick_samples < 1 or self.warm_steps < 0:
+            raise ValueError("EagleConfig.hidden and quick_samples must be >= 1 and warm_steps >= 0; got "
+                             f"{self.hidden}, {self.quick_samples}, {self.warm_steps}")
+        if not (self.warm_op_moves > 0 and self.warm_group_moves > 0):
+            raise ValueError(f"EagleConfig.warm_op_moves and warm_group_moves must be > 0; got "
+                             f"{self.warm_op_moves}, {self.warm_group_moves}")
+
+    def num_groups(self, num_nodes: int) -> int:
+        return self.groups if self.groups is not None else max(1, min(64, num_nodes))
+
+
+def warm_start_actions(device_of_node: np.ndarray, groups: int, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """A placement written as EAGLE actions: (group_of_node (N,), device_of_group (G,)).
+
+    Each device gets groups in proportion to its ops (at least one per device while groups
+    last); its ops, in topological order, are cut into that many contiguous runs, one group
+    each. Groups are numbered by their first op, so the placer decodes them in topological
+    order; groups with no op come last, on the devices they were allotted.
+    """
+    dev = np.asarray(device_of_node, dtype=np.int64)
+    n = dev.shape[0]
+    counts = np.bincount(dev, minlength=num_devices).astype(np.float64)
+    alloc = np.zeros(num_devices, dtype=np.int64)
+    order = np.argsort(-counts, kind="stable")
+    base = min(groups, num_devices)
+    alloc[order[:base]] = 1
+    left = groups - base
+    if left > 0 and n:
+        want = counts / counts.sum() * groups
+        for _ in range(left):
+            alloc[int(np.argmax(want - alloc))] += 1
+    runs: list[tuple[int, int, np.ndarray]] = []  # (first op, device, ops)
+    empty: list[int] = []
+    for d in range(num_devices):
+        ops = np.nonzero(dev == d)[0]
+        k = int(alloc[d])
+        if k == 0:
+            if ops.size:
+                raise ValueError(f"device {d} has ops but no group: {groups} groups for {num_devices} devices; "
+                                 f"use at least as many groups as devices in use")
+            continue
+        parts = [p for p in np.array_split(ops, min(k, max(ops.size, 1))) if p.size]
+        for p in parts:
+            runs.append((int(p[0]), d, p))
+        empty.extend([d] * (k - len(parts)))
+    runs.sort(key=lambda r: r[0])
+    group_of_node = np.zeros(n, dtype=np.int64)
+    device_of_group = np.zeros(groups, dtype=np.int64)
+    for g, (_, d, ops) in enumerate(runs):
+        group_of_node[ops] = g
+        device_of_group[g] = d
+    for k, d in enumerate(empty):
+        device_of_group[len(runs) + k] = d
+    return group_of_node, device_of_group
+
+
+def imitate(score_parts: Callable[[], Sequence["torch.Tensor"]], params: Any, *, decisions: Sequence[int],
+            confidence: Sequence[float], steps: int, lr: float) -> tuple[int, list[float]]:
+    """Imitation: raise the log-probability of one target action, part by part, with Adam.
+
+    ``score_parts()`` returns each part's log-probability of the target (a scalar tensor per
+    part: EAGLE's grouper and placer); part k has ``decisions[k]`` decisions and is trained
+    until its mean per-decision probability exp(log_prob / decisions) reaches
+    ``confidence[k]`` (parts that reached it stop pulling). Stops when all have, or after
+    ``steps`` steps; returns (steps taken, final per-part mean probabilities).
+    """
+    import torch
+
+    opt = torch.optim.Adam(params, lr=lr)
+    probs: list[float] = []
+    for step in range(steps + 1):
+        parts = score_parts()
+        probs = [math.exp(float(lp.detach()) / k) for lp, k in zip(parts, decisions)]
+        short = [i for i, (p, c) in enumerate(zip(probs, confidence)) if p < c]
+        if not short or step == steps:
+            return step, probs
+        loss = sum(-parts[i] / decisions[i] for i in short)
+        opt.zero_grad()
+        loss.backward()  # type: ignore[union-attr]
+        opt.step()
+    return steps, probs
+
+
+def _confidence(moves: float, decisions: int) -> float:
+    """Per-decision probability that leaves ``moves`` expected deviations among ``decisions``."""
+    return float(min(max(1.0 - moves / max(decisions, 1), 0.5), 0.999))
+
+
+def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", config: EagleConfig,
+                 seed: int) -> Any:
+    """A freshly initialised :class:`EaglePolicy` (initialisation seeded by ``seed``)."""
+    import torch
+
+    from ..graph.features import node_features
+    from ._eagle_net import EaglePolicy
+
+    x = node_features(graph, cluster, cost=cost)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return EaglePolicy(graph, x, cluster.num_devices, groups=config.num_groups(graph.num_nodes),
+                           hidden=config.hidden)
+
+
+def center(policy: Any, device_of_node: np.ndarray, config: EagleConfig) -> dict[str, Any]:
+    """Make ``policy`` sample around ``device_of_node`` (the warm start, and each re-centring):
+    write it as actions (:func:`warm_start_actions`), set the residual tables to the target
+    confidences, then imitate until both parts reach them. Returns what it did."""
+    import torch
+
+    t0 = time.perf_counter()
+    gon, dog = warm_start_actions(np.asarray(device_of_node), policy.num_groups, policy.num_devices)
+    target = (torch.from_numpy(gon)[None], torch.from_numpy(dog)[None])
+    n_ops, n_groups = policy.num_nodes, policy.num_groups
+    conf = (_confidence(config.warm_op_moves, n_ops), _confidence(config.warm_group_moves, n_groups))
+    policy.set_group_bias(gon, conf[0])
+    policy.set_device_bias(dog, conf[1])
+    steps, probs = imitate(lambda: [lp[0] for lp in policy.score_parts(target)[0]], policy.parameters(),
+                           decisions=(n_ops, n_groups), confidence=conf, steps=config.warm_steps,
+                           lr=config.warm_lr)
+    return {"steps": steps, "probs": probs, "target_probs": list(conf), "s": time.perf_counter() - t0}
+
+
+def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                budget_s: float | None = None, seed: int = 0, config: EagleConfig = EagleConfig()) -> Placement:
+    """See the module doc."""
+    import dataclasses
+
+    from ._learned import LearnedRun
+    from .ppo import TrainResult, merge_results, train
+
+    run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
+    env = run.env
+    policy = build_policy(graph, cluster, cost, config, seed)
+    centres: list[dict[str, Any]] = []
+    centre_time = math.inf
+
+    def recentre(source: str) -> None:
+        nonlocal centre_time
+        best = env.best_candidate
+        if not isinstance(best, np.ndarray) or len(np.unique(best)) > policy.num_groups:
+            return
+        info = center(policy, best, config)
+        info.update(source=source, step_time_s=env.best_step_time_s, samples=env.num_samples)
+        centres.append(info)
+        centre_time = env.best_step_time_s
+
+    if config.warm_start:
+        recentre(env.best_source)
+    results: list[TrainResult] = []
+    segment = config.recenter_every * config.ppo.samples_per_update
+    total = config.quick_samples if budget_s is None else config.max_samples
+    k = 0
+    while True:
+        left_s = run.remaining_s()
+        left_n = None if total is None else total - sum(r.samples for r in results)
+        if (left_s is not None and left_s < 0.5) or (left_n is not None and left_n < 2):
+            break
+        n = left_n if not config.recenter else min(segment, left_n) if left_n is not None else segment
+        ppo = dataclasses.replace(config.ppo, seed=seed * 1000 + k)
+        results.append(train(policy, env, ppo, budget_s=left_s, max_samples=n,
+                             progress=config.progress and budget_s is not None and budget_s > 3))
+        k += 1
+        if config.recenter and config.warm_start and env.best_step_time_s < centre_time * (1 - 1e-9):
+            recentre("sample")
+    result = merge_results(results) if results else None
+    extra = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
+             "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
+             "centres": centres}
+    return run.finish("eagle", result, extra)
+
+
+@dataclass(frozen=True)
+class EaglePlanner:
+    """The registry entry of EAGLE (``autoplace.plan(..., planner="eagle")``)."""
+
+    config: EagleConfig = EagleConfig()
+    name: str = "eagle"
+    modes: tuple[str, ...] = ("model",)
+    kind: str = "learned"
+    summary: str = "EAGLE grouper + seq2seq placer trained jointly with PPO (Lan et al., IPDPS 2021)"
+
+    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+        cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+        return place_eagle(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, config=self.config)
+
+
+register(EaglePlanner())

@@ -1,0 +1,122 @@
+"""EAGLE: warm-start encoding, valid samples, consistent log-probabilities, the warm start
+reproducing the heuristic, never worse than the heuristics, seeded, NoFitError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import autoplace  # noqa: E402
+from autoplace.cluster import Cluster  # noqa: E402
+from autoplace.graph.ir import OpGraph  # noqa: E402
+from autoplace.planners import NoFitError, get_planner  # noqa: E402
+from autoplace.planners.eagle import EagleConfig, EaglePlanner, build_policy, center, warm_start_actions  # noqa: E402
+from autoplace.sim import simulate  # noqa: E402
+
+from planner_graphs import branchy  # noqa: E402
+
+
+@pytest.mark.parametrize("groups,devices", [(8, 4), (4, 4), (16, 3), (5, 2)])
+def test_warm_start_actions_encode_the_placement(groups: int, devices: int) -> None:
+    rng = np.random.default_rng(groups * 10 + devices)
+    for _ in range(20):
+        n = int(rng.integers(devices, 60))
+        dev = rng.integers(0, devices, n)
+        gon, dog = warm_start_actions(dev, groups, devices)
+        assert gon.shape == (n,) and dog.shape == (groups,)
+        assert gon.min() >= 0 and gon.max() < groups and dog.min() >= 0 and dog.max() < devices
+        assert np.array_equal(dog[gon], dev)  # the actions decode to the placement
+        used = np.unique(gon)
+        firsts = [int(np.nonzero(gon == g)[0][0]) for g in used]
+        assert firsts == sorted(firsts) and np.array_equal(used, np.arange(used.size))  # numbered by first op
+        for g in used:  # a group is one contiguous run of its device's ops
+            ops = np.nonzero(gon == g)[0]
+            same_dev = np.nonzero(dev == dev[ops[0]])[0]
+            pos = np.searchsorted(same_dev, ops)
+            assert np.array_equal(pos, np.arange(pos[0], pos[0] + ops.size))
+
+
+def test_too_few_groups_is_named() -> None:
+    with pytest.raises(ValueError, match="groups"):
+        warm_start_actions(np.array([0, 1, 2, 3]), 2, 4)
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[OpGraph, Cluster]:
+    return branchy(40, seed=2), Cluster.preset("4xV100-pcie")
+
+
+def test_samples_are_valid_and_log_probs_agree(small: tuple[OpGraph, Cluster]) -> None:
+    graph, cluster = small
+    policy = build_policy(graph, cluster, None, EagleConfig(groups=12, hidden=16), seed=0)
+    s = policy.sample(48, torch.Generator().manual_seed(0))
+    groups, devices = s.actions
+    assert groups.shape == (48, 40) and devices.shape == (48, 12)
+    for cand in policy.decode(s.actions):
+        assert cand.shape == (40,) and cand.dtype == np.int64
+        assert cand.min() >= 0 and cand.max() < cluster.num_devices
+        autoplace.Placement.from_assignment(graph, cluster, cand)  # validates
+    logp, ent = policy.score(s.actions)  # teacher-forced re-scoring = the sampling loop's numbers
+    assert torch.allclose(logp, s.log_prob, atol=1e-3)
+    assert torch.allclose(ent, s.entropy, atol=1e-4)
+    # independently: the grouper part is the sum of the chosen groups' log-softmax
+    glogp, _ = policy.grouper_forward()
+    expect = torch.stack([glogp[torch.arange(40), groups[k]].sum() for k in range(3)])
+    assert torch.allclose(policy.score_parts(s.actions)[0][0][:3], expect, atol=1e-4)
+
+
+def test_centre_makes_the_policy_sample_around_a_placement(small: tuple[OpGraph, Cluster]) -> None:
+    graph, cluster = small
+    config = EagleConfig(groups=12, hidden=16)
+    policy = build_policy(graph, cluster, None, config, seed=1)
+    target = np.random.default_rng(0).integers(0, 4, graph.num_nodes)
+    info = center(policy, target, config)
+    assert info["probs"][0] >= info["target_probs"][0] - 1e-6 and info["probs"][1] >= info["target_probs"][1] - 1e-6
+    greedy = policy.decode(policy.sample(1, torch.Generator(), greedy=True).actions)[0]
+    assert np.array_equal(greedy, target)
+    s = policy.sample(200, torch.Generator().manual_seed(1))
+    moved = np.array([(c != target).sum() for c in policy.decode(s.actions)])
+    # about warm_op_moves op and warm_group_moves groups (a few ops each) per sample: a local search
+    assert 0.5 < moved.mean() < 15 and (moved == 0).mean() > 0.02
+
+
+def _heuristic_best(graph: OpGraph, cluster: Cluster) -> float:
+    times = []
+    for name in autoplace.planners("model"):
+        if get_planner(name).kind != "heuristic":
+            continue
+        try:
+            times.append(autoplace.plan(graph, cluster, planner=name).meta["predicted_step_time_s"])
+        except NoFitError:
+            pass
+    return min(times)
+
+
+def test_planner_is_registered_valid_seeded_and_never_worse(small: tuple[OpGraph, Cluster]) -> None:
+    graph, cluster = small
+    assert "eagle" in autoplace.planners("model") and get_planner("eagle").kind == "learned"
+    planner = EaglePlanner(EagleConfig(groups=12, hidden=16, quick_samples=64, progress=False))
+    a = planner.place(graph, cluster, seed=5)
+    b = planner.place(graph, cluster, seed=5)
+    a.validate(graph, cluster)
+    res = simulate(graph, a, cluster)
+    assert not res.oom
+    assert res.step_time_s <= _heuristic_best(graph, cluster) * (1 + 1e-9)
+    assert np.array_equal(a.device_of_node, b.device_of_node)
+    assert a.meta["history"] == b.meta["history"] or [h[2:] for h in a.meta["history"]] == \
+        [h[2:] for h in b.meta["history"]]
+    assert a.meta["samples"] == 64 and a.meta["warm_start"]
+    assert res.step_time_s == pytest.approx(min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]))
+
+
+def test_nothing_fits_raises_no_fit_error() -> None:
+    n = 6
+    f = np.full(n, 1e11)
+    graph = OpGraph.build([f"x{i}" for i in range(n)], ["Linear"] * n, [(i, i + 1) for i in range(n - 1)],
+                          out_bytes=np.full(n, 1e6), param_bytes=np.full(n, 8e9), fwd_flops=f, bwd_flops=2 * f)
+    cluster = Cluster.preset("2xV100-pcie")  # 6 x 8 GB of parameters x 4 (grads, Adam) >> 2 x 16 GB
+    planner = EaglePlanner(EagleConfig(groups=4, hidden=8, quick_samples=16, progress=False))
+    with pytest.raises(NoFitError):
+        planner.place(graph, cluster)
