@@ -1,0 +1,366 @@
+"""Mars: a pre-trained graph encoder and a segment-level sequence-to-sequence placer.
+
+Lan, Chen, Li, "Accelerated Device Placement Optimization with Contrastive Learning", ICPP
+2021. Mars embeds every op with a GraphSAGE-style GNN pre-trained by Deep Graph Infomax
+(:mod:`autoplace.planners.encoders`, :mod:`autoplace.planners.pretrain`), then places the
+ops in topological order, cut into segments, with a sequence-to-sequence network, trained
+with PPO (:mod:`autoplace.planners.ppo`). What this module computes, for ``N`` ops in
+segments of ``S`` (``K = ceil(N / S)`` segments), ``D`` devices, width ``H``:
+
+    z        = GNN(x, edges)                                   (N, H)  op embeddings
+    E_k      = BiLSTM(z[kS : (k+1)S])                          (S, H)  segment k's encoder
+    u_d      = MLP(device_features_d)                          (D, H)  device embeddings
+    h_i, c_i = LSTM([z_i ; u_{a_{i-1}}], (h_{i-1}, c_{i-1}))           decoder, one op a step;
+                                                                       its state runs on from
+                                                                       one segment to the next
+    ctx_i    = sum_t softmax_t(h_i . W_a E_k[t] / sqrt H) E_k[t]       attention within op i's
+                                                                       segment k
+    q_i      = tanh(W_q [h_i ; ctx_i] + b_q)
+    logit_id = q_i . W_k u_d / sqrt H + (W_c q_i + b_c) . f_id         a pointer over devices
+    a_i      ~ softmax_d(logit_i)
+
+``f_id`` are the placement-state features of op ``i`` on device ``d`` given the devices
+chosen for ops ``0..i-1`` (:mod:`autoplace.planners.mars_state`: earliest finish time, input
+transfer time, memory after placing, load, ...). ``u_{a_{-1}}`` is a learned start vector.
+
+Departures from the paper, and why:
+
+- Devices are not output classes. Mars has one softmax output per device, so a network is
+  tied to one device count. Here a device is chosen by scoring each device from its own
+  features (a pointer network, Vinyals et al., NeurIPS 2015): static ones (speed, memory,
+  link bandwidth) and the state features above, so one set of weights places on any cluster,
+  and identical devices are told apart by what the partial placement has put on them.
+- The attention context does not feed back into the decoder's input ("input feeding"): the
+  decoder reads only the op embeddings and the previous choice, so a stored placement is
+  re-scored by one ``nn.LSTM`` call over the whole sequence instead of ``N`` steps.
+- The pointer starts from a prior, not from zero: the weights of the state features begin at
+  :data:`PRIOR` (earlier estimated finish, less transfer, no memory overflow, where the inputs
+  are), the other pointer weights near zero. An untrained network then decodes greedily
+  about as m-ETF does instead of uniformly at random (whose placements are several times
+  slower than any heuristic), and PPO starts from there.
+- The GNN is fine-tuned with the placer by PPO (its gradients flow from the placer's loss), as
+  in the paper; pretraining also runs PPO across many (graph, cluster) pairs of the corpus so
+  the shipped weights place graphs zero-shot (:mod:`autoplace.planners.pretrain`).
+
+The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
+(``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples;
+with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about N
+seconds. Either way it returns the best placement that fits among its samples and the
+heuristic placements it was seeded with (:class:`autoplace.planners.env.PlacementEnv`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .base import register
+from .encoders import SAGEEncoder
+from .mars_state import DEVICE_FEATURES, STATE_FEATURES, StateTracker, device_features
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+    from ..placement import Placement
+    from .ppo import PolicySample
+
+__all__ = ["MarsNet", "MarsPolicy", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
+           "PRIOR"]
+
+WEIGHTS_PATH = Path(__file__).resolve().parents[1] / "weights" / "mars.pt"
+"""The shipped pretrained weights (made by ``python -m autoplace.planners.pretrain``)."""
+
+PRIOR: dict[str, float] = {"log_rel_finish": -4.0, "log_comm": -1.0, "over_memory": -4.0, "input_bytes_here": 1.0}
+"""Initial weights of the state features in the device logits (the rest start at 0)."""
+
+
+class MarsNet(nn.Module):
+    """The parameters of Mars: GNN encoder, segment encoder, device encoder, decoder, pointer.
+
+    ``node_in`` / ``edge_in``: widths of :func:`autoplace.graph.features.to_pyg`'s ``x`` and
+    ``edge_attr``; ``hidden``: H; ``gnn_layers``: GraphSAGE layers; ``segment``: S, ops per
+    segment.
+    """
+
+    def __init__(self, node_in: int, edge_in: int, *, hidden: int = 64, gnn_layers: int = 3,
+                 segment: int = 64) -> None:
+        super().__init__()
+        if hidden % 2 or hidden < 2:
+            raise ValueError(f"MarsNet hidden is {hidden}; it must be an even number >= 2 (the segment "
+                             "encoder is a bidirectional LSTM of hidden/2 per direction)")
+        if segment < 1:
+            raise ValueError(f"MarsNet segment is {segment}; it must be >= 1 op")
+        self.node_in, self.edge_in, self.hidden, self.gnn_layers, self.segment = (
+            node_in, edge_in, hidden, gnn_layers, segment)
+        self.encoder = SAGEEncoder(node_in, hidden, edge_channels=edge_in, num_layers=gnn_layers)
+        self.segment_encoder = nn.LSTM(hidden, hidden // 2, batch_first=True, bidirectional=True)
+        self.device_encoder = nn.Sequential(nn.Linear(len(DEVICE_FEATURES), hidden), nn.ReLU(),
+                                            nn.Linear(hidden, hidden))
+        self.decoder = nn.LSTM(2 * hidden, hidden, batch_first=True)
+        self.start = nn.Parameter(torch.zeros(hidden))
+        self.attn = nn.Linear(hidden, hidden, bias=False)
+        self.mix = nn.Linear(2 * hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.coef = nn.Linear(hidden, len(STATE_FEATURES))
+        with torch.no_grad():  # start near earliest-finish-time list scheduling (see the module doc)
+            self.coef.weight.mul_(0.1)
+            self.key.weight.mul_(0.1)
+            self.coef.bias.copy_(torch.tensor([PRIOR.get(f, 0.0) for f in STATE_FEATURES]))
+
+    def config(self) -> dict[str, int]:
+        """Constructor arguments (saved with the weights)."""
+        return {"node_in": self.node_in, "edge_in": self.edge_in, "hidden": self.hidden,
+                "gnn_layers": self.gnn_layers, "segment": self.segment}
+
+
+@dataclass
+class _Context:
+    """Everything of one forward pass that does not depend on the actions."""
+
+    z: Tensor  # (N, H) op embeddings
+    enc: Tensor  # (K, S, H) segment encoder outputs (zero padded)
+    enc_keys: Tensor  # (K, S, H) W_a E
+    mask: Tensor  # (K, S) True where a position is padding
+    dev: Tensor  # (D, H) device embeddings u
+    dev_keys: Tensor  # (D, H) W_k u / sqrt(H)
+    seg: int  # S
+
+
+class MarsPolicy(nn.Module):
+    """A :class:`MarsNet` bound to one (graph, cluster, cost): the PPO policy protocol of
+    :mod:`autoplace.planners.ppo` (``sample``, ``score``, ``decode``). Actions are an
+    ``(n, N)`` long tensor of device indices, one row per sampled placement."""
+
+    def __init__(self, net: MarsNet, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None) -> None:
+        super().__init__()
+        from ..cost.analytic import CostModel
+        from ..graph.features import to_pyg
+
+        if graph.num_nodes < 1:
+            raise ValueError("Mars needs a graph with at least one op; this one is empty")
+        self.net = net
+        self.graph, self.cluster = graph, cluster
+        self.cost = cost if cost is not None else CostModel()
+        data = to_pyg(graph, cluster, cost=self.cost)
+        if data.x.shape[1] != net.node_in or data.edge_attr.shape[1] != net.edge_in:
+            raise ValueError(f"the network was built for {net.node_in} node and {net.edge_in} edge features; "
+                             f"to_pyg gives {data.x.shape[1]} and {data.edge_attr.shape[1]}: the features changed "
+                             "since the weights were made; retrain them (python -m autoplace.planners.pretrain)")
+        self.x, self.edge_index, self.edge_attr = data.x, data.edge_index, data.edge_attr
+        self.dev_x = torch.from_numpy(device_features(graph, cluster, self.cost))
+        self.tracker = StateTracker(graph, cluster, self.cost)
+        self.num_ops, self.num_devices = graph.num_nodes, cluster.num_devices
+
+    # ---- shared pieces ------------------------------------------------------------------
+
+    def _context(self) -> _Context:
+        net, n, h = self.net, self.num_ops, self.net.hidden
+        z = net.encoder(self.x, self.edge_index, self.edge_attr)
+        seg = min(net.segment, n)
+        k = -(-n // seg)
+        padded = torch.cat([z, z.new_zeros(k * seg - n, h)]) if k * seg > n else z
+        enc, _ = net.segment_encoder(padded.view(k, seg, h))
+        mask = (torch.arange(k * seg) >= n).view(k, seg)
+        dev = net.device_encoder(self.dev_x)
+        return _Context(z, enc, net.attn(enc), mask, dev, net.key(dev) / math.sqrt(h), seg)
+
+    def _logits(self, ctx: _Context, q: Tensor, feats: Tensor) -> Tensor:
+        """Device logits from queries ``q`` (..., H) and state features ``feats`` (..., D, F)."""
+        pointer = q @ ctx.dev_keys.T
+        return pointer + (self.net.coef(q).unsqueeze(-2) * feats).sum(-1)
+
+    # ---- the protocol -------------------------------------------------------------------
+
+    def sample(self, n: int, generator: torch.Generator, *, greedy: bool = False) -> "PolicySample":
+        """Draw ``n`` placements op by op (``greedy``: the most likely device at every op), in
+        the compiled loop :func:`autoplace.planners.mars_state.decode`."""
+        from .mars_state import decode
+        from .ppo import PolicySample
+
+        if n < 1:
+            raise ValueError(f"sample(n={n}): n must be >= 1")
+        net, h = self.net, self.net.hidden
+
+        def arr(t: Tensor) -> np.ndarray:
+            return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
+
+        with torch.no_grad():
+            ctx = self._context()
+            w_ih = net.decoder.weight_ih_l0
+            op_gates = ctx.z @ w_ih[:, :h].T + net.decoder.bias_ih_l0 + net.decoder.bias_hh_l0  # (N, 4H)
+            prev_gates = torch.cat([net.start.unsqueeze(0), ctx.dev]) @ w_ih[:, h:].T  # (D + 1, 4H)
+            valid = (~ctx.mask).sum(1)
+        shape = (n, self.num_ops, self.num_devices)
+        uniforms = np.full(shape, 0.5) if greedy else \
+            torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12).numpy()
+        actions = np.zeros((n, self.num_ops), dtype=np.int64)
+        log_prob, entropy = np.zeros(n), np.zeros(n)
+        decode(arr(op_gates), arr(prev_gates), arr(net.decoder.weight_hh_l0), arr(ctx.enc), arr(ctx.enc_keys),
+               valid.numpy().astype(np.int64), ctx.seg, arr(net.mix.weight[:, :h]), arr(net.mix.weight[:, h:]),
+               arr(net.mix.bias), arr(ctx.dev_keys), arr(net.coef.weight), arr(net.coef.bias), uniforms, greedy,
+               *self.tracker.tables(), actions, log_prob, entropy)
+        return PolicySample(torch.from_numpy(actions), torch.from_numpy(log_prob).float(),
+                            torch.from_numpy(entropy).float())
+
+    def score(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probability (m,) and entropy (m,) of stored placements ``actions`` (m, N) under
+        the current parameters (teacher forcing: one LSTM call over the whole sequence)."""
+        logp = self.step_log_probs(actions)
+        chosen = logp.gather(2, actions.unsqueeze(2)).squeeze(2).sum(1)
+        entropy = -(logp.exp() * logp).sum(2).sum(1)
+        return chosen, entropy
+
+    def step_log_probs(self, actions: Tensor) -> Tensor:
+        """(m, N, D) log-probabilities of every device at every op, given the devices
+        ``actions`` (m, N) chose for the ops before it."""
+        net, h = self.net, self.net.hidden
+        m, n = actions.shape
+        if n != self.num_ops:
+            raise ValueError(f"actions have {n} ops per placement; this graph has {self.num_ops}")
+        ctx = self._context()
+        feats = torch.from_numpy(self.tracker.replay(actions.numpy())).float()  # (m, N, D, F)
+        prev = torch.cat([net.start.expand(m, 1, h), ctx.dev[actions[:, :-1]]], dim=1)  # (m, N, H)
+        hs, _ = net.decoder(torch.cat([ctx.z.expand(m, n, h), prev], dim=2))
+        k, seg = ctx.enc.shape[0], ctx.seg
+        hp = torch.cat([hs, hs.new_zeros(m, k * seg - n, h)], dim=1).view(m, k, seg, h)
+        scores = torch.einsum("mksh,kth->mkst", hp, ctx.enc_keys) / math.sqrt(h)
+        scores = scores.masked_fill(ctx.mask.view(1, k, 1, seg), -math.inf)
+        att = torch.einsum("mkst,kth->mksh", torch.softmax(scores, dim=3), ctx.enc).reshape(m, k * seg, h)[:, :n]
+        q = torch.tanh(net.mix(torch.cat([hs, att], dim=2)))
+        return torch.log_softmax(self._logits(ctx, q, feats), dim=2)
+
+    def decode(self, actions: Tensor) -> list[np.ndarray]:
+        """One ``device_of_node`` array per sampled placement."""
+        return [row for row in actions.numpy().astype(np.int64)]
+
+
+# ---- weights -------------------------------------------------------------------------------
+
+def new_net(**overrides: Any) -> MarsNet:
+    """A freshly initialised network sized for the current feature definitions."""
+    from ..graph.features import EDGE_FEATURE_NAMES, FEATURE_NAMES
+
+    return MarsNet(len(FEATURE_NAMES), len(EDGE_FEATURE_NAMES), **overrides)
+
+
+def save_net(net: MarsNet, path: str | Path, **extra: Any) -> None:
+    """Save ``net``'s config and parameters to ``path`` (a small ``.pt`` file)."""
+    torch.save({"format": "autoplace.MarsNet/1", "config": net.config(),
+                "state_dict": {k: v.detach().clone() for k, v in net.state_dict().items()}, **extra}, path)
+
+
+def load_net(path: str | Path) -> MarsNet:
+    """A :class:`MarsNet` from a file written by :func:`save_net`."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(blob, dict) or blob.get("format") != "autoplace.MarsNet/1":
+        raise ValueError(f"{path} is not a Mars weights file (expected format 'autoplace.MarsNet/1'); "
+                         "make one with python -m autoplace.planners.pretrain --out DIR")
+    net = MarsNet(**blob["config"])
+    net.load_state_dict(blob["state_dict"])
+    return net
+
+
+@lru_cache(maxsize=4)
+def _cached(path: str, mtime: float) -> MarsNet:
+    return load_net(path)
+
+
+def load_pretrained(path: str | Path | None = None) -> MarsNet:
+    """The shipped weights (``autoplace/weights/mars.pt``) or those at ``path``, as a fresh copy
+    (fine-tuning it leaves the cached one untouched). Raises FileNotFoundError when absent."""
+    p = Path(path) if path is not None else WEIGHTS_PATH
+    if not p.exists():
+        raise FileNotFoundError(f"Mars weights not found at {p}; make them with "
+                                f"python -m autoplace.planners.pretrain --out {p.parent}")
+    return copy.deepcopy(_cached(str(p.resolve()), p.stat().st_mtime))
+
+
+# ---- the planner ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MarsPlanner:
+    """The registry entry ``"mars"`` (see the module docstring)."""
+
+    name: str = "mars"
+    modes: tuple[str, ...] = ("model",)
+    kind: str = "learned"
+    zero_shot_samples: int = 16
+    """samples drawn after the greedy decode when there is no budget."""
+    summary: str = "Mars: DGI-pretrained GraphSAGE + segment seq2seq placer, PPO"
+
+    def place(self, graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel | None" = None,
+              budget_s: float | None = None, seed: int = 0, module: Any = None, weights: str | Path | None = None,
+              max_samples: int | None = None, ppo: Any = None, progress: bool = False) -> "Placement":
+        """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement.
+        ``max_samples`` bounds fine-tuning by simulated samples instead of seconds (then the
+        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.ppo.PPOConfig`."""
+        import time
+
+        from ..cost.analytic import CostModel
+        from .ppo import PPOConfig, train
+
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for zero-shot placement")
+        t0 = time.perf_counter()
+        cost = cost if cost is not None else CostModel()
+        source = str(weights) if weights is not None else "shipped"
+        try:
+            net = load_pretrained(weights)
+        except FileNotFoundError:
+            if weights is not None:
+                raise
+            warnings.warn(f"Mars has no pretrained weights at {WEIGHTS_PATH}; placing with an untrained network "
+                          "(run python -m autoplace.planners.pretrain)", RuntimeWarning, stacklevel=2)
+            torch.manual_seed(seed)
+            net, source = new_net(), "none (untrained)"
+        env = _environment(graph, cluster, cost)
+        policy = MarsPolicy(net, graph, cluster, cost)
+        gen = torch.Generator().manual_seed(seed)
+        policy.eval()
+        greedy = policy.sample(1, gen, greedy=True)
+        _, greedy_ev = env.evaluate_many(policy.decode(greedy.actions))
+        meta: dict[str, Any] = {"weights": source, "greedy_step_time_s": float(greedy_ev[0].step_time_s),
+                                "greedy_oom": bool(greedy_ev[0].oom),
+                                "reference_s": env.reference_s, "seeds": [s.planner for s in env.seeds]}
+        if budget_s is None and max_samples is None:
+            s = policy.sample(self.zero_shot_samples, gen)
+            _, evs = env.evaluate_many(policy.decode(s.actions))
+            fits = [e.step_time_s for e in evs if not e.oom]
+            meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
+        else:
+            config = ppo if ppo is not None else PPOConfig(seed=seed, lr=1e-3, samples_per_update=16,
+                                                           num_minibatches=2)
+            left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+            result = train(policy, env, config, budget_s=left, max_samples=max_samples, progress=progress)
+            meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
+                        history=[tuple(p) for p in result.history])
+        meta["samples"] = env.num_samples
+        meta["source"] = env.best_source
+        return env.placement(planner=self.name, meta=meta)
+
+
+def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any:
+    """The PlacementEnv seeded with the heuristics; when none of them gives a placement at all,
+    one with no seeds whose reward is scaled by the simulator's lower bound (then only a
+    sample that fits can be returned, else NoFitError)."""
+    from ..sim import simulator_for
+    from .env import PlacementEnv, heuristic_seeds
+
+    seeds = heuristic_seeds(graph, cluster, cost, "model")
+    if seeds:
+        return PlacementEnv(graph, cluster, cost, "model", seeds=seeds)
+    bound = simulator_for(graph, cluster, cost).lower_bound(mode="model")
+    return PlacementEnv(graph, cluster, cost, "model", reference_s=max(bound, 1e-9), seeds=[])
+
+
+register(MarsPlanner())
