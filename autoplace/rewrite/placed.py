@@ -331,9 +331,24 @@ def _share_state(placed: torch.fx.GraphModule, gm: torch.fx.GraphModule) -> None
     placed.train(gm.training)
 
 
+def _match_persistence(placed: torch.nn.Module, original: torch.nn.Module) -> None:
+    """Keep out of placed.state_dict() the buffers ``original`` keeps out of its own.
+
+    torch.fx's GraphModule registers every buffer it copies as persistent, so a traced model
+    may list buffers (position ids, masks) that the user's model does not save.
+    """
+    saved = set(original.state_dict())
+    buffers = dict(original.named_buffers(remove_duplicate=False))
+    for name, _ in list(placed.named_buffers(remove_duplicate=False)):
+        if name in buffers and name not in saved:
+            owner_path, _, leaf = name.rpartition(".")
+            owner = placed.get_submodule(owner_path) if owner_path else placed
+            owner._non_persistent_buffers_set.add(leaf)
+
+
 def place_module(gm: torch.fx.GraphModule, target_of_fx: Mapping[str, int],
                  devices: Sequence[DeviceLike], *, output_device: DeviceLike | None = None,
-                 always_copy: bool = False) -> torch.fx.GraphModule:
+                 always_copy: bool = False, original: torch.nn.Module | None = None) -> torch.fx.GraphModule:
     """A GraphModule running each node of ``gm`` on ``devices[target_of_fx[node.name]]``.
 
     Args:
@@ -347,6 +362,10 @@ def place_module(gm: torch.fx.GraphModule, target_of_fx: Mapping[str, int],
         output_device: where the output goes; by default the device of the first tensor input.
         always_copy: make every transfer a real copy, even between targets on the same device
             (tests use it to exercise the cross-device path on one CPU).
+        original: the model ``gm`` was traced from, if at hand: buffers it keeps out of its
+            ``state_dict`` (non-persistent) stay out of the placed module's too, which a
+            GraphModule otherwise lists. (It marks them on the module owning them, which may
+            be one of ``gm``'s own intermediate modules.)
 
     Returns:
         A new GraphModule sharing ``gm``'s submodules, parameters and buffers. This MOVES the
@@ -364,6 +383,8 @@ def place_module(gm: torch.fx.GraphModule, target_of_fx: Mapping[str, int],
     graph = _rewrite_graph(gm, target, homes, devs, out_dev, always_copy)
     placed = torch.fx.GraphModule(gm, graph, class_name=f"Placed{type(gm).__name__}")
     _share_state(placed, gm)
+    if original is not None:
+        _match_persistence(placed, original)
     with torch.no_grad():
         for t, home in homes.values():
             if t.device != devs[home]:
