@@ -22,6 +22,8 @@ segments of ``S`` (``K = ceil(N / S)`` segments), ``D`` devices, width ``H``:
 ``f_id`` are the placement-state features of op ``i`` on device ``d`` given the devices
 chosen for ops ``0..i-1`` (:mod:`autoplace.planners.mars_state`: earliest finish time, input
 transfer time, memory after placing, load, ...). ``u_{a_{-1}}`` is a learned start vector.
+Devices the op would overflow (by the simulator's memory sum) get ``MASK`` added to their
+logit while another device has room, so samples fit by construction.
 
 Departures from the paper, and why:
 
@@ -65,7 +67,7 @@ from torch import Tensor, nn
 
 from .base import register
 from .encoders import SAGEEncoder
-from .mars_state import DEVICE_FEATURES, STATE_FEATURES, StateTracker, device_features
+from .mars_state import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = ["MarsNet", "MarsPolicy", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
            "PRIOR"]
 
+_OVER = STATE_FEATURES.index("over_memory")
 WEIGHTS_PATH = Path(__file__).resolve().parents[1] / "weights" / "mars.pt"
 """The shipped pretrained weights (made by ``python -m autoplace.planners.pretrain``)."""
 
@@ -175,9 +178,13 @@ class MarsPolicy(nn.Module):
         return _Context(z, enc, net.attn(enc), mask, dev, net.key(dev) / math.sqrt(h), seg)
 
     def _logits(self, ctx: _Context, q: Tensor, feats: Tensor) -> Tensor:
-        """Device logits from queries ``q`` (..., H) and state features ``feats`` (..., D, F)."""
+        """Device logits from queries ``q`` (..., H) and state features ``feats`` (..., D, F),
+        with the memory mask of :mod:`autoplace.planners.mars_state`."""
         pointer = q @ ctx.dev_keys.T
-        return pointer + (self.net.coef(q).unsqueeze(-2) * feats).sum(-1)
+        logits = pointer + (self.net.coef(q).unsqueeze(-2) * feats).sum(-1)
+        over = feats[..., _OVER] != 0
+        room = (~over).any(-1, keepdim=True)
+        return logits + (over & room).to(logits.dtype) * MASK
 
     # ---- the protocol -------------------------------------------------------------------
 

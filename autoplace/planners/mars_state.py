@@ -18,15 +18,21 @@ bandwidth`` from their producers' devices), as in the earliest-finish-time rule 
 scheduling (Baechi's m-ETF, Jeon et al., SoCC 2020), and a running memory estimate:
 
     arrive_d = max_{(j,i)} finish_j + [a_j != d] (lat[a_j, d] + bytes_ji / bw[a_j, d])
+               (a tensor already sent to d for an earlier consumer is not sent again)
     eft_d    = max(ready_d, arrive_d) + w[i, d]
     f = ( log1p((eft_d - min_d' eft_d') / w_i),  log1p(comm_d / w_i),  log(w[i, d] / w_i),
-          (mem_d + m_i) / cap_d,  [mem_d + m_i > cap_d],  load_d / fair,
+          (mem_d + m_i + r_id) / cap_d,  [mem_d + m_i + r_id > cap_d],  load_d / fair,
           [d == a_{i-1}],  bytes of i's inputs already on d / all its input bytes )
 
 with ``w_i = max(min_d w[i, d], 1e-7 s)``, ``m_i`` the op's parameters (with gradients and
-optimizer state) plus its output, ``fair`` the graph's total work over the device count. Choosing
-``a_i = d`` then sets ``finish_i = eft_d``, ``ready_d = eft_d`` and adds ``m_i`` and
-``w[i, d]`` to device ``d``'s memory and load. The features are a function of the actions
+optimizer state) plus its output, ``r_id`` the bytes of its inputs that ``d`` would newly
+receive, ``fair`` the graph's total work over the device count. Choosing ``a_i = d`` then sets
+``finish_i = eft_d``, ``ready_d = eft_d`` and adds ``m_i + r_id`` and ``w[i, d]`` to device
+``d``'s memory and load. The memory sum is the simulator's own memory model
+(:mod:`autoplace.sim.model_parallel`: parameters, gradients, optimizer state, saved
+activations, received tensors once per producer and device), tied parameters aside; so when
+the decoder masks (logit + :data:`MASK`) the devices an op would overflow while some device has
+room, every placement it samples fits unless it runs out of room on all devices at once. The features are a function of the actions
 alone (no parameters), computed by the same compiled code one op at a time while sampling
 (:func:`decode`) and for a whole stored placement while re-scoring
 (:meth:`StateTracker.replay`), so both see identical numbers. They are estimates for the
@@ -57,7 +63,7 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["DEVICE_FEATURES", "STATE_FEATURES", "device_features", "StateTracker", "features_at", "commit", "decode"]
+__all__ = ["DEVICE_FEATURES", "STATE_FEATURES", "device_features", "StateTracker", "features_at", "commit", "decode", "MASK"]
 
 DEVICE_FEATURES: tuple[str, ...] = (
     "log_peak_flops", "log_mem_bandwidth", "log_memory", "rel_peak_flops", "rel_memory", "log_mean_link_bw",
@@ -68,6 +74,8 @@ STATE_FEATURES: tuple[str, ...] = (
     "input_bytes_here",
 )
 _F = len(STATE_FEATURES)
+MASK = -1e4
+"""Added to the logit of a device the op would overflow, while some device has room."""
 
 
 def _work_and_memory(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> tuple[np.ndarray, np.ndarray]:
@@ -103,10 +111,12 @@ def device_features(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> 
 
 @numba.njit(cache=True)
 def features_at(i: int, acts: np.ndarray, finish: np.ndarray, ready: np.ndarray, mem: np.ndarray,
-                load: np.ndarray, work: np.ndarray, wref: np.ndarray, need: np.ndarray, cap: np.ndarray,
-                fair: float, pred_ptr: np.ndarray, pred_src: np.ndarray, pred_bytes: np.ndarray,
-                lat: np.ndarray, inv_bw: np.ndarray, eft: np.ndarray, out: np.ndarray) -> None:
-    """Features of op ``i`` on every device into ``out`` (D, F); its finish times into ``eft``."""
+                load: np.ndarray, recv_bytes: np.ndarray, recv_time: np.ndarray, work: np.ndarray,
+                wref: np.ndarray, need: np.ndarray, cap: np.ndarray, fair: float, pred_ptr: np.ndarray,
+                pred_src: np.ndarray, pred_bytes: np.ndarray, lat: np.ndarray, inv_bw: np.ndarray,
+                eft: np.ndarray, extra: np.ndarray, out: np.ndarray) -> None:
+    """Features of op ``i`` on every device into ``out`` (D, F); its finish time on each device
+    into ``eft`` and the received bytes it would add there into ``extra``."""
     d_count = ready.shape[0]
     w = wref[i]
     best = np.inf
@@ -117,22 +127,29 @@ def features_at(i: int, acts: np.ndarray, finish: np.ndarray, ready: np.ndarray,
         arrive = 0.0
         comm = 0.0
         here = 0.0
+        added = 0.0
         for e in range(pred_ptr[i], pred_ptr[i + 1]):
             j = pred_src[e]
             a = acts[j]
-            t = 0.0
-            if a != d:
-                t = lat[a, d] + pred_bytes[e] * inv_bw[a, d]
+            b = pred_bytes[e]
+            if a == d:
+                here += b
+                t_avail = finish[j]
+            elif recv_bytes[j, d] >= b:  # the tensor already went to d for an earlier consumer
+                t_avail = recv_time[j, d]
             else:
-                here += pred_bytes[e]
-            if finish[j] + t > arrive:
-                arrive = finish[j] + t
-            comm += t
+                t = lat[a, d] + b * inv_bw[a, d]
+                comm += t
+                added += b - recv_bytes[j, d]
+                t_avail = finish[j] + t
+            if t_avail > arrive:
+                arrive = t_avail
         start = ready[d] if ready[d] > arrive else arrive
         eft[d] = start + work[i, d]
+        extra[d] = added
         if eft[d] < best:
             best = eft[d]
-        after = (mem[d] + need[i]) / cap[d]
+        after = (mem[d] + need[i] + added) / cap[d]
         out[d, 1] = np.log1p(comm / w)
         out[d, 2] = np.log(work[i, d] / w) if work[i, d] > w else 0.0
         out[d, 3] = after if after < 4.0 else 4.0
@@ -147,13 +164,32 @@ def features_at(i: int, acts: np.ndarray, finish: np.ndarray, ready: np.ndarray,
 
 @numba.njit(cache=True)
 def commit(i: int, d: int, acts: np.ndarray, finish: np.ndarray, ready: np.ndarray, mem: np.ndarray,
-           load: np.ndarray, work: np.ndarray, need: np.ndarray, eft: np.ndarray) -> None:
-    """Place op ``i`` on device ``d``: its finish time, the device's ready time, memory and load."""
+           load: np.ndarray, recv_bytes: np.ndarray, recv_time: np.ndarray, work: np.ndarray, need: np.ndarray,
+           pred_ptr: np.ndarray, pred_src: np.ndarray, pred_bytes: np.ndarray, lat: np.ndarray,
+           inv_bw: np.ndarray, eft: np.ndarray, extra: np.ndarray) -> None:
+    """Place op ``i`` on device ``d``: its finish time, the device's ready time, memory, load,
+    and the tensors it received (kept on ``d`` for backward, and reused by later consumers)."""
     acts[i] = d
     finish[i] = eft[d]
     ready[d] = eft[d]
-    mem[d] += need[i]
+    mem[d] += need[i] + extra[d]
     load[d] += work[i, d]
+    for e in range(pred_ptr[i], pred_ptr[i + 1]):
+        j = pred_src[e]
+        a = acts[j]
+        b = pred_bytes[e]
+        if a != d and recv_bytes[j, d] < b:
+            recv_bytes[j, d] = b
+            recv_time[j, d] = finish[j] + lat[a, d] + b * inv_bw[a, d]
+
+
+@numba.njit(cache=True)
+def masked(out: np.ndarray) -> bool:
+    """True when some device has room for the op (then the over-memory devices are masked)."""
+    for d in range(out.shape[0]):
+        if out[d, 4] == 0.0:
+            return True
+    return False
 
 
 @numba.njit(cache=True)
@@ -168,11 +204,15 @@ def _replay(actions: np.ndarray, work: np.ndarray, wref: np.ndarray, need: np.nd
         ready = np.zeros(d_count)
         mem = np.zeros(d_count)
         load = np.zeros(d_count)
+        recv_bytes = np.zeros((num_ops, d_count))
+        recv_time = np.zeros((num_ops, d_count))
         eft = np.zeros(d_count)
+        extra = np.zeros(d_count)
         for i in range(num_ops):
-            features_at(i, acts, finish, ready, mem, load, work, wref, need, cap, fair, pred_ptr, pred_src,
-                        pred_bytes, lat, inv_bw, eft, out[k, i])
-            commit(i, actions[k, i], acts, finish, ready, mem, load, work, need, eft)
+            features_at(i, acts, finish, ready, mem, load, recv_bytes, recv_time, work, wref, need, cap, fair,
+                        pred_ptr, pred_src, pred_bytes, lat, inv_bw, eft, extra, out[k, i])
+            commit(i, actions[k, i], acts, finish, ready, mem, load, recv_bytes, recv_time, work, need, pred_ptr,
+                   pred_src, pred_bytes, lat, inv_bw, eft, extra)
 
 
 class StateTracker:
@@ -254,15 +294,19 @@ def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: 
         ready = np.zeros(d_count)
         mem = np.zeros(d_count)
         load = np.zeros(d_count)
+        recv_bytes = np.zeros((num_ops, d_count))
+        recv_time = np.zeros((num_ops, d_count))
         eft = np.zeros(d_count)
+        extra = np.zeros(d_count)
         hx = np.zeros(h)
         cx = np.zeros(h)
         prev = 0
         lp = 0.0
         ent = 0.0
         for i in range(num_ops):
-            features_at(i, acts, finish, ready, mem, load, work, wref, need, cap, fair, pred_ptr, pred_src,
-                        pred_bytes, lat, inv_bw, eft, feats)
+            features_at(i, acts, finish, ready, mem, load, recv_bytes, recv_time, work, wref, need, cap, fair,
+                        pred_ptr, pred_src, pred_bytes, lat, inv_bw, eft, extra, feats)
+            mask = masked(feats)
             # decoder LSTM step
             for r in range(4 * h):
                 s = op_gates[i, r] + prev_gates[prev, r]
@@ -310,6 +354,8 @@ def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: 
                     s += q[c] * dev_keys[d, c]
                 for f in range(f_count):
                     s += coef[f] * feats[d, f]
+                if mask and feats[d, 4] != 0.0:
+                    s += MASK
                 logits[d] = s
                 if s > top:
                     top = s
@@ -327,7 +373,8 @@ def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: 
                     best = key
                     choice = d
             lp += logits[choice] - log_z
-            commit(i, choice, acts, finish, ready, mem, load, work, need, eft)
+            commit(i, choice, acts, finish, ready, mem, load, recv_bytes, recv_time, work, need, pred_ptr,
+                   pred_src, pred_bytes, lat, inv_bw, eft, extra)
             prev = choice + 1
         log_prob[k] = lp
         entropy[k] = ent

@@ -113,13 +113,38 @@ def test_state_features_match_a_hand_computed_list_schedule() -> None:
     np.testing.assert_allclose(f[1, :, col["is_previous"]], [1.0, 0.0])
     np.testing.assert_allclose(f[1, :, col["input_bytes_here"]], [1.0, 0.0])
     np.testing.assert_allclose(f[1, :, col["load_share"]], [0.5, 0.0], rtol=1e-6)  # load 1 / fair 2
-    # b on device 1 finishes at 3.5. op c reads a (50 bytes, on 0, done at 1) and b (200, on 1, done 3.5):
-    #   on 0: a local, b arrives 3.5 + 0.5 + 2 = 6 -> eft 8; on 1: a arrives 1 + 0.5 + 0.5 = 2,
-    #   b local 3.5, ready 3.5 -> eft 5.5. wref_c = 2: rel finish (2.5 / 2, 0)
+    np.testing.assert_allclose(f[1, :, col["memory_after"]], [180 / 1000, 110 / 100], rtol=1e-6)  # + received 100
+    # b on device 1 finishes at 3.5 and device 1 holds a's tensor (received at 2.5). op c reads
+    # a (50 bytes, on 0, done at 1) and b (200 bytes, on 1, done at 3.5):
+    #   on 0: a local, b arrives 3.5 + 0.5 + 2 = 6 -> eft 8, receives 200 bytes
+    #   on 1: a is already there (sent for b: not sent again), b local, ready 3.5 -> eft 5.5
+    #   wref_c = 2: rel finish (2.5 / 2, 0); comm (2.5 / 2, 0)
     np.testing.assert_allclose(f[2, :, col["log_rel_finish"]], [math.log1p(1.25), 0.0], rtol=1e-6)
-    np.testing.assert_allclose(f[2, :, col["log_comm"]], [math.log1p(2.5 / 2), math.log1p(1.0 / 2)], rtol=1e-6)
+    np.testing.assert_allclose(f[2, :, col["log_comm"]], [math.log1p(2.5 / 2), 0.0], rtol=1e-6)
     np.testing.assert_allclose(f[2, :, col["input_bytes_here"]], [50 / 250, 200 / 250], rtol=1e-6)
     np.testing.assert_allclose(f[2, :, col["is_previous"]], [0.0, 1.0])
+    np.testing.assert_allclose(f[2, :, col["memory_after"]], [380 / 1000, 120 / 100], rtol=1e-6)
+
+
+def test_memory_sum_is_the_simulators_and_samples_fit() -> None:
+    # 12 ops of 1 GiB parameters (4 GiB with gradients and Adam) on four 16 GB devices: at most
+    # 3 ops a device, so no single device holds the model; an unmasked random policy overflows.
+    graph = chain(12, params=2**30, out=2**20)
+    cluster = Cluster.homogeneous("V100-16GB", 4, "pcie3")
+    torch.manual_seed(0)
+    policy = MarsPolicy(new_net(), graph, cluster)
+    s = policy.sample(24, torch.Generator().manual_seed(0))
+    sim = simulator_for(graph, cluster)
+    for dev in policy.decode(s.actions):
+        ev = sim.evaluate(dev)
+        assert not ev.oom
+        # the tracker's running memory is the simulator's peak memory, device by device
+        feats = policy.tracker.replay(dev[None, :])[0]
+        col = STATE_FEATURES.index("memory_after")
+        cap = cluster.memory
+        last_on = {int(d): i for i, d in enumerate(dev)}
+        for d, i in last_on.items():
+            np.testing.assert_allclose(feats[i, d, col] * cap[d], ev.peak_memory_bytes[d], rtol=1e-5)
 
 
 def test_same_seed_gives_the_same_plan() -> None:
