@@ -167,10 +167,11 @@ class PipelineRunner:
         tgt = _share(target, self.microbatches, self.replicas, self.replica) if self.is_last and target is not None else None
         losses: list[torch.Tensor] = []
         try:
+            # return_outputs=False: the last stage keeps no merged output, only the losses.
             if self.is_last:
-                self.schedule.step(*args, target=tgt, losses=losses)
+                self.schedule.step(*args, target=tgt, losses=losses, return_outputs=False)
             else:
-                self.schedule.step(*args)
+                self.schedule.step(*args, return_outputs=False)
             self._finish_grads()
             loss = self._batch_loss(losses) if self.is_last else None
         except Exception as e:
