@@ -142,6 +142,33 @@ def best_row(rows: list[dict[str, Any]], mode: str | None = None) -> dict[str, A
     return min(ok, key=lambda r: r["step_time_s"]) if ok else None
 
 
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    """A few computed lines per cluster: the best plan's speedup, where data parallelism wins."""
+    out = ["## Summary", "", "| cluster | cases | geo-mean speedup of the best plan | best is data-parallel "
+           "(or ties it) | best over data-parallel, max | data-parallel does not fit, another plan does |",
+           "|---|---|---|---|---|---|"]
+    for cl in dict.fromkeys(r["cluster"] for r in results):
+        rs = [r for r in results if r["cluster"] == cl]
+        sp, dp_wins, over, rescued = [], 0, [], 0
+        for r in rs:
+            b = best_row(r["rows"])
+            if b is None:
+                continue
+            sp.append(b["speedup"])
+            dp = next((x for x in r["rows"] if x["planner"] == "data-parallel"), None)
+            if dp is None:
+                continue
+            if "step_time_s" in dp and not dp["oom"]:
+                dp_wins += dp["step_time_s"] <= b["step_time_s"] * (1 + 1e-9)
+                over.append((dp["step_time_s"] / b["step_time_s"], r["workload"]))
+            else:
+                rescued += 1
+        gm = float(np.exp(np.mean(np.log(sp)))) if sp else float("nan")
+        mx = max(over) if over else (float("nan"), "-")
+        out.append(f"| {cl} | {len(rs)} | {gm:.2f}x | {dp_wins} | {mx[0]:.2f}x ({mx[1]}) | {rescued} |")
+    return out + [""]
+
+
 def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], command: str, elapsed: float) -> str:
     names = [n for n, _ in planners]
     out = ["# Placement benchmark: every planner, simulated", "",
@@ -152,6 +179,11 @@ def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], com
            "planner says no plan of its kind fits; **bold**: the fastest plan that fits. `bound` is the "
            "gap of the best plan to the lower bound (step / bound; 1.00 would be perfect). Model-parallel "
            "planners first, then pipeline ones (data-parallel is one stage replicated on every device).", ""]
+    skipped = [n for n in registered() if n not in names and get_planner(n).kind == "learned"]
+    if skipped:
+        out += [f"Learned planners registered but not run in this table: {', '.join(skipped)} "
+                "(run without `--kinds heuristic` to add them as columns).", ""]
+    out += summary(results)
     kinds = {n: get_planner(n).kind for n in names}
     header = "| workload | ops | 1 device ms | " + " | ".join(
         f"{n}{' (learned)' if kinds[n] == 'learned' else ''}" for n in names) + " | best | bound |"
@@ -257,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"command": command.strip(), "elapsed_s": elapsed,
-                                                    "planners": planners, "results": results}, indent=1))
+                                                    "planners": planners, "results": results}))
     out.with_suffix(".md").write_text(md + "\n")
     print(md)
 

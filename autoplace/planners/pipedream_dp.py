@@ -41,9 +41,12 @@ How this code applies it, and where it departs:
 - **Synchronous schedules**: PipeDream's objective is the steady-state throughput of its
   asynchronous pipeline. autoplace trains with flushes (GPipe or 1F1B), where a pipeline of S
   stages also pays a bubble. So the DP's best plan for each device count (PipeDream's "use
-  fewer machines") is simulated with several micro-batch counts and both schedules, the
-  fastest is refined by a short hill climb in the simulator (move one boundary by a block, move
-  one device between neighbouring stages), and the best plan that fits wins.
+  fewer machines"), solved twice (all-reduce added to compute, as PipeDream does, and hidden
+  behind it, as DDP does), and the one-stage plan over the same devices, are simulated under
+  1F1B with 1, S, 2S, 4S and 8S micro-batches (the three best also under GPipe); the fastest is
+  refined by a short hill climb in the simulator (merge two neighbouring stages, move one
+  boundary by a block, move one device between neighbouring stages), and the best plan that
+  fits wins.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numba import njit
 
 from ..cluster import Cluster
-from ..placement import SCHEDULES, Placement
+from ..placement import Placement
 from .base import FunctionPlanner, register
 from .heuristics import device_orders
 from .memory import MemoryEstimate, no_fit
@@ -195,38 +199,55 @@ def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, st
         return np.concatenate([[0.0], np.cumsum(x)])[bounds]
 
     homogeneous = all(np.allclose(w[:, o], w[:, o[:1]]) for w in work_by_r.values())
-    wc = {r: (cum(w[:, o[0]])[:, None] if homogeneous else
-              np.vstack([np.zeros((1, d)), np.cumsum(w[:, o], axis=0)])[bounds]) for r, w in work_by_r.items()}
-    pc, sc, ac = cum(params), cum(static), cum(act)
-    cut = chain.cut_bytes
+    cols = 1 if homogeneous else d
+    wc = np.zeros((d + 1, b + 1, cols))  # wc[r, j, c]: work of blocks < j for one of r replicas on column c
+    for r, w in work_by_r.items():
+        cw = w[:, o[:cols]]
+        wc[r] = np.vstack([np.zeros((1, cols)), np.cumsum(cw, axis=0)])[bounds]
     g = _Groups(cluster, order)
+    return _dp(wc, cum(params), cum(static), cum(act), chain.cut_bytes.astype(np.float64), g.bw_min, g.lat_max,
+               g.mem_min, g.in_bw, g.in_lat, float(act_share), bool(overlap_allreduce), homogeneous)
+
+
+@njit(cache=True)
+def _dp(wc: np.ndarray, pc: np.ndarray, sc: np.ndarray, ac: np.ndarray, cut: np.ndarray, bw_min: np.ndarray,
+        lat_max: np.ndarray, mem_min: np.ndarray, in_bw: np.ndarray, in_lat: np.ndarray, act_share: float,
+        overlap: bool, homogeneous: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The DP's loops, compiled: for every prefix j and device count m, every last stage (k..j]
+    on r replicas. Ties keep the first found: the fewest stages (r == m first), then the
+    earliest cut."""
+    d = wc.shape[0] - 1
+    b = wc.shape[1] - 1
     A = np.full((b + 1, d + 1), np.inf)
     back_k = np.full((b + 1, d + 1), -1, dtype=np.int64)
     back_r = np.zeros((b + 1, d + 1), dtype=np.int64)
-    first = np.zeros(1, dtype=np.int64)
     for j in range(1, b + 1):
-        ks_all = np.arange(1, j)
         for m in range(1, d + 1):
             best, bk, br = np.inf, -1, 0
-            for r in range(m, 0, -1):  # r == m (one stage over all m devices) first: ties keep it
+            for r in range(m, 0, -1):
                 g0 = m - r
-                ks = first if g0 == 0 else ks_all
-                if ks.size == 0:
-                    continue
-                w = wc[r]
-                cols = slice(0, 1) if homogeneous else slice(g0, m)
-                t = (w[j, cols][None, :] - w[ks, cols]).max(axis=1)
-                if r > 1:
-                    ar = 2.0 * (r - 1) / r * (pc[j] - pc[ks]) / g.bw_min[g0, m] + 2.0 * (r - 1) * g.lat_max[g0, m]
-                    t = np.maximum(t, ar) if overlap_allreduce else t + ar
-                need = (sc[j] - sc[ks]) + act_share * ((ac[j] - ac[ks]) + cut[ks]) / r
-                t = np.where(need <= g.mem_min[g0, m], t, np.inf)
-                if g0 > 0:
-                    comm = 2.0 * cut[ks] / (r * g.in_bw[g0]) + 2.0 * g.in_lat[g0]
-                    t = np.maximum(np.maximum(t, comm), A[ks, g0])
-                i = int(np.argmin(t))
-                if t[i] < best * (1.0 - 1e-12):
-                    best, bk, br = float(t[i]), int(ks[i]), r
+                k_lo, k_hi = (0, 1) if g0 == 0 else (1, j)
+                rbest, rk = np.inf, -1
+                for k in range(k_lo, k_hi):
+                    t = 0.0
+                    if homogeneous:
+                        t = wc[r, j, 0] - wc[r, k, 0]
+                    else:
+                        for c in range(g0, m):
+                            t = max(t, wc[r, j, c] - wc[r, k, c])
+                    if r > 1:
+                        ar = 2.0 * (r - 1) / r * (pc[j] - pc[k]) / bw_min[g0, m] + 2.0 * (r - 1) * lat_max[g0, m]
+                        t = max(t, ar) if overlap else t + ar
+                    need = (sc[j] - sc[k]) + act_share * ((ac[j] - ac[k]) + cut[k]) / r
+                    if need > mem_min[g0, m]:
+                        continue
+                    if g0 > 0:
+                        comm = 2.0 * cut[k] / (r * in_bw[g0]) + 2.0 * in_lat[g0]
+                        t = max(t, comm, A[k, g0])
+                    if t < rbest:
+                        rbest, rk = t, k
+                if rbest < best * (1.0 - 1e-12):
+                    best, bk, br = rbest, rk, r
             A[j, m], back_k[j, m], back_r[j, m] = best, bk, br
     return A, back_k, back_r
 
@@ -294,29 +315,6 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         f, bw = judge.sim.op_times(r)
         work_by_r[r] = f + bw
 
-    plans: dict[StagePlan, None] = {}
-    b = chain.num_blocks
-    for order in device_orders(judge):
-        for share in (1.0, 0.5, 0.25, 0.125):
-            found = False
-            for overlap in (False, True):
-                A, bk, br = solve(chain, work_by_r, graph.param_bytes, mem.static, mem.act, cluster, order,
-                                  act_share=share, overlap_allreduce=overlap)
-                for m in range(1, d + 1):
-                    if np.isfinite(A[b, m]):
-                        found = True
-                        plans[reconstruct(bk, br, b, m, order)] = None
-                        # and the one-stage plan over the same devices (data parallel), when it fits
-                        if bk[b, m] != 0:
-                            one = StagePlan(((0, b, 0, m),), tuple(order))
-                            if _fits_one_stage(mem, cluster, order[:m], share):
-                                plans[one] = None
-            if found:
-                break
-    if not plans:
-        raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
-                     why="no stage split with replication keeps every replica within its device's memory")
-
     def evaluate(plan: StagePlan, ms: list[int], schedules: tuple[str, ...]) -> list[Choice]:
         stage, devices = plan.assignment(chain, n)
         out = []
@@ -330,22 +328,44 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         widest = max(s[3] for s in plan.stages)
         return [m for m in judge.microbatch_options(len(plan.stages)) if m * widest <= graph.batch_size] or [1]
 
-    for plan in plans:
-        evaluate(plan, options(plan), SCHEDULES)
+    nb = chain.num_blocks
+    plans: dict[StagePlan, None] = {}
+    for share in (1.0, 0.5, 0.25, 0.125):  # activations kept per replica, as a share of the full batch
+        new: dict[StagePlan, None] = {}
+        for order in device_orders(judge):
+            for overlap in (False, True):
+                A, bk, br = solve(chain, work_by_r, graph.param_bytes, mem.static, mem.act, cluster, order,
+                                  act_share=share, overlap_allreduce=overlap)
+                for m in range(1, d + 1):
+                    if not np.isfinite(A[nb, m]):
+                        continue
+                    new[reconstruct(bk, br, nb, m, order)] = None
+                    # and the one-stage plan over the same devices (data parallel), when it fits
+                    if bk[nb, m] != 0 and _fits_one_stage(mem, cluster, order[:m], share):
+                        new[StagePlan(((0, nb, 0, m),), tuple(order))] = None
+        fresh = [p for p in new if p not in plans]
+        plans.update(new)
+        # every plan with each micro-batch count under 1F1B; the three best also under GPipe
+        scored = [(min(c.step_time_s if not c.oom else np.inf for c in evaluate(p, options(p), ("1f1b",))), k)
+                  for k, p in enumerate(fresh)]
+        for _, k in sorted(scored)[:3]:
+            evaluate(fresh[k], options(fresh[k]), ("gpipe",))
+        if judge.best() is not None:
+            break
     best = judge.best()
     if best is None:
         raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
-                     why="every plan of the dynamic program is over some device's memory in the simulator")
+                     why="no stage split with replication keeps every replica within its device's memory")
     # hill climb in the simulator from the best plan, at its micro-batch count and schedule
     current, evals = best, 0
     improved = True
     while improved and evals < climb_evals:
         improved = False
-        for nb in _neighbours(current.extra["plan"], chain.num_blocks):
-            widest = max(s[3] for s in nb.stages)
+        for near in _neighbours(current.extra["plan"], nb):
+            widest = max(s[3] for s in near.stages)
             if current.microbatches * widest > graph.batch_size:
                 continue
-            c = evaluate(nb, [current.microbatches], (current.schedule,))[0]
+            c = evaluate(near, [current.microbatches], (current.schedule,))[0]
             evals += 1
             if not c.oom and c.step_time_s < current.step_time_s * (1 - 1e-9):
                 current, improved = c, True

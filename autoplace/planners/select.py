@@ -10,7 +10,7 @@ that device's cap by the excess and builds it again, a few times at most.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -82,11 +82,12 @@ class Judge:
         return min(fits, key=lambda c: c.step_time_s) if fits else None
 
     def meta(self, chosen: Choice) -> dict[str, Any]:
-        """What a placement records about how it was chosen."""
+        """What a placement records about how it was chosen (the ten fastest variants)."""
+        fastest = sorted(self.tried, key=lambda c: (c.oom, c.step_time_s))[:10]
         return {"predicted_step_time_s": chosen.step_time_s,
                 "peak_memory_bytes": float(np.max(chosen.peak_memory_bytes)),
                 "variant": chosen.label, **chosen.extra,
-                "variants": [c.summary() for c in self.tried]}
+                "variants_tried": len(self.tried), "variants": [c.summary() for c in fastest]}
 
     def placement(self, chosen: Choice, planner: str) -> "Placement":
         """The chosen variant as a :class:`Placement`, with how it was chosen in ``meta``."""
@@ -134,8 +135,3 @@ def fit(judge: Judge, build: Callable[[np.ndarray], Choice], caps: np.ndarray, *
         if np.any(caps <= 0):
             return last
     return last
-
-
-def first_fit(choices: Iterable[Choice | None]) -> Choice | None:
-    fits = [c for c in choices if c is not None and not c.oom]
-    return min(fits, key=lambda c: c.step_time_s) if fits else None
