@@ -109,10 +109,10 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
     package = __name__.rsplit(".", 1)[0]
     for name in _BUILTIN:
         importlib.import_module(f"{package}.{name}")
+    _loaded = True  # set after the built-ins, so a failure there shows again on the next call
     pkg = importlib.import_module(package)
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name in _BUILTIN or info.name.startswith("_") or info.name == "base":
