@@ -261,12 +261,17 @@ class _Builder:
         return i
 
     def graph(self, name: str) -> OpGraph:
-        n = len(self.kinds)
-        f = np.array(self.flops)
-        bwd = np.where(np.array(self.params) > 0, 2.0, 1.0) * f
-        return OpGraph.build([f"{k.lower()}_{i}" for i, k in enumerate(self.kinds)], self.kinds, sorted(self.edges),
-                             out_bytes=np.array(self.out), param_bytes=np.array(self.params), fwd_flops=f,
-                             bwd_flops=bwd, batch_size=self.batch, name=name)
+        """The graph, scaled to model sizes: activations log-uniform in 1..40 GB in all (FLOPs
+        scaled with them, keeping each op's intensity), parameters in 0.05..4 GB (x 4 with
+        gradients and Adam): from fitting one 16 GB device to needing several."""
+        f, out, params = np.array(self.flops), np.array(self.out), np.array(self.params)
+        k_act = float(np.exp(self.rng.uniform(np.log(1e9), np.log(40e9)))) / float(out.sum())
+        k_par = float(np.exp(self.rng.uniform(np.log(5e7), np.log(4e9)))) / max(float(params.sum()), 1.0)
+        f, out, params = f * k_act, out * k_act, params * k_par
+        bwd = np.where(params > 0, 2.0, 1.0) * f
+        return OpGraph.build([f"{kd.lower()}_{i}" for i, kd in enumerate(self.kinds)], self.kinds,
+                             sorted(self.edges), out_bytes=out, param_bytes=params, fwd_flops=f, bwd_flops=bwd,
+                             batch_size=self.batch, name=name)
 
 
 def _batch_and_width(rng: np.random.Generator) -> tuple[int, float]:

@@ -330,7 +330,9 @@ class MarsPlanner:
                           "(run python -m autoplace.planners.pretrain)", RuntimeWarning, stacklevel=2)
             torch.manual_seed(seed)
             net, source = new_net(), "none (untrained)"
+        t_seed = time.perf_counter()
         env = _environment(graph, cluster, cost)
+        t_policy = time.perf_counter()
         policy = MarsPolicy(net, graph, cluster, cost)
         gen = torch.Generator().manual_seed(seed)
         policy.eval()
@@ -344,15 +346,18 @@ class MarsPlanner:
             _, evs = env.evaluate_many(policy.decode(s.actions))
             fits = [e.step_time_s for e in evs if not e.oom]
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
+            meta["policy_s"] = time.perf_counter() - t_policy
         else:
             config = ppo if ppo is not None else PPOConfig(seed=seed, lr=1e-3, samples_per_update=16,
-                                                           num_minibatches=2)
+                                                           num_minibatches=1, ent_coef=0.001)
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             result = train(policy, env, config, budget_s=left, max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
                         history=[tuple(p) for p in result.history])
         meta["samples"] = env.num_samples
         meta["source"] = env.best_source
+        meta["seed_s"] = t_policy - t_seed
+        meta["total_s"] = time.perf_counter() - t0
         return env.placement(planner=self.name, meta=meta)
 
 
