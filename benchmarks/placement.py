@@ -172,7 +172,8 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
 def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], command: str, elapsed: float) -> str:
     names = [n for n, _ in planners]
     out = ["# Placement benchmark: every planner, simulated", "",
-           f"Reproduce: `{command}` ({elapsed / 60:.1f} min on this machine, one thread). "
+           f"Reproduce: `{command}` ({elapsed / 60:.1f} min on this machine, one thread, zoo traces cached in "
+           ".cache/bench-graphs; the first run traces them, a few minutes more). "
            "Each cell is the speedup of the planner's simulated training step over the fastest single "
            "device (`*` after the one-device time: the model does not fit one device, so that time assumes "
            "enough memory); `OOM`: the plan is over some device's memory in the simulator; `no fit`: the "
