@@ -114,6 +114,8 @@ class PipelinePolicy(nn.Module):
         if x.ndim != 2 or x.shape[0] != space.num_nodes:
             raise ValueError(f"op_features has shape {x.shape}; it must be ({space.num_nodes}, F): one row per op")
         self.space = space
+        self.temperature = 1.0
+        """every logit is divided by this (the planner raises it to keep exploring, see pipeline_rl)."""
         h = int(hidden)
         self.register_buffer("x", torch.from_numpy(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)))
         self.register_buffer("dev", torch.from_numpy(np.asarray(dev_features, dtype=np.float32)))
@@ -183,7 +185,8 @@ class PipelinePolicy(nn.Module):
         st = self.dev_head(pair).squeeze(-1) + self.dist_w * self.dist  # (S, D, s)
         st = torch.where(self.stage_ok[:, None, :], st, torch.full_like(st, _NEG))
         dev_logits = torch.cat([unused[None, :, None].expand(s_max, d, 1), st], dim=-1) + _BIAS_SCALE * self.dev_bias
-        return u, v, z, dev_logits, self.count_head(z)
+        t = self.temperature
+        return u / t, v / t, z, dev_logits / t, self.count_head(z) / t
 
     def _tail_logits(self, z: torch.Tensor, used: torch.Tensor, widest: torch.Tensor,
                      micro_ok: torch.Tensor) -> torch.Tensor:
@@ -192,7 +195,7 @@ class PipelinePolicy(nn.Module):
         feats = torch.stack([used.float() / s_max, widest.float() / d], dim=-1)  # (n, 2)
         inp = torch.cat([z.expand(n, o, -1), feats[:, None, :].expand(n, o, 2),
                          self.opt_log[None, :, None].expand(n, o, 1)], dim=-1)
-        logits = self.micro_head(inp).squeeze(-1) + _BIAS_SCALE * self.micro_bias
+        logits = (self.micro_head(inp).squeeze(-1) + _BIAS_SCALE * self.micro_bias) / self.temperature
         return torch.where(micro_ok, logits, torch.full_like(logits, _NEG))
 
     def _sched_logits(self, z: torch.Tensor, used: torch.Tensor, widest: torch.Tensor,
@@ -200,7 +203,7 @@ class PipelinePolicy(nn.Module):
         n = used.shape[0]
         s_max, d = self.space.max_stages, self.space.num_devices
         feats = torch.stack([used.float() / s_max, widest.float() / d, self.opt_log[micro]], dim=-1)
-        return self.sched_head(torch.cat([z.expand(n, -1), feats], dim=-1))
+        return self.sched_head(torch.cat([z.expand(n, -1), feats], dim=-1)) / self.temperature
 
     # ---- the policy protocol --------------------------------------------------------------------
 

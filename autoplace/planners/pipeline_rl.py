@@ -84,13 +84,24 @@ class PipelineRLConfig:
     """PPO samples when ``budget_s`` is None (a fixed count: reproducible from the seed)."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
     """PPO settings (its ``seed`` is replaced by the planner's seed)."""
+    target_entropy: float = 5.0
+    """entropy floor, nats per sample: after each PPO update whose samples' entropy fell below
+    this, the sampling temperature rises by ``temperature_step`` (and falls back towards 1 when
+    above), so a converged policy keeps proposing neighbours of its plan (0 turns it off)."""
+    temperature_step: float = 1.15
+    """factor of one temperature change."""
+    max_temperature: float = 30.0
+    """highest sampling temperature."""
 
     def __post_init__(self) -> None:
         checks = [("hidden", self.hidden >= 4, ">= 4"), ("prior_samples", self.prior_samples >= 0, ">= 0"),
                   ("imitation_steps", self.imitation_steps >= 0, ">= 0"),
                   ("imitation_prob", 0 < self.imitation_prob < 1, "in (0, 1)"),
                   ("imitation_lr", self.imitation_lr > 0, "> 0"), ("quick_samples", self.quick_samples >= 0, ">= 0"),
-                  ("max_stages", self.max_stages is None or self.max_stages >= 1, "None or >= 1")]
+                  ("max_stages", self.max_stages is None or self.max_stages >= 1, "None or >= 1"),
+                  ("target_entropy", self.target_entropy >= 0, ">= 0"),
+                  ("temperature_step", self.temperature_step > 1, "> 1"),
+                  ("max_temperature", self.max_temperature >= 1, ">= 1")]
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"PipelineRLConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
@@ -180,14 +191,24 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
 
     # step 4: PPO
     ppo_cfg = dataclasses.replace(cfg.ppo, seed=int(seed))
+    temps: list[float] = []
+
+    def entropy_floor(update: int, metrics: dict[str, float]) -> None:
+        if cfg.target_entropy > 0:
+            t = policy.temperature
+            t = t * cfg.temperature_step if metrics["losses/entropy"] < cfg.target_entropy else t / cfg.temperature_step
+            policy.temperature = float(min(max(t, 1.0), cfg.max_temperature))
+        temps.append(policy.temperature)
+
     result = None
     if budget_s is None:
         if cfg.quick_samples:
-            result = train(policy, env, ppo_cfg, max_samples=cfg.quick_samples, progress=progress)
+            result = train(policy, env, ppo_cfg, max_samples=cfg.quick_samples, progress=progress,
+                           callback=entropy_floor)
     else:
         left = budget_s - (time.perf_counter() - t0)
         if left > 0.5:
-            result = train(policy, env, ppo_cfg, budget_s=left, progress=progress)
+            result = train(policy, env, ppo_cfg, budget_s=left, progress=progress, callback=entropy_floor)
     policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
     meta = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
             "seed_step_time_s": {s.planner: (None if s.oom else s.step_time_s) for s in seeds},
@@ -195,6 +216,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             "policy_best_step_time_s": _finite(policy_best), "imitated": imitated_from,
             "imitation_steps": imitated, "imitation_prob": imitation_p,
             "ppo_updates": result.updates if result is not None else 0,
+            "temperature_max": max(temps, default=1.0),
             "seed_time_s": seed_time, "plan_time_s": time.perf_counter() - t0,
             "history": [tuple(h) for h in result.history] if result is not None else []}
     return env.placement(planner="pipeline-rl", meta=meta)

@@ -1,0 +1,296 @@
+"""Pipeline planners in the simulator: pipeline-rl against pipedream-dp (with replication),
+gpipe-uniform and plain data parallelism.
+
+    python benchmarks/pipeline.py                    # every workload x 5 clusters, pipeline-rl --budget 45 s each
+    python benchmarks/pipeline.py --quick            # 3 profiles x 2 clusters, pipeline-rl in its quick mode
+    python benchmarks/pipeline.py --workloads pd:gnmt,zoo:nasnet --clusters 2x4xV100-25gbe --budget 120
+    python benchmarks/pipeline.py --resume           # keep the rows already in the JSON, run the rest
+
+Workloads: PipeDream's eight measured profiles (``pd:<name>``, ../shared/data/pipedream) and zoo
+models traced on the meta device (``zoo:<name>``; traced graphs are cached as OpGraph JSON by
+``autoplace.cli.zoo_graph`` under ~/.cache/autoplace/graphs), GPT-2 XL among them (a full copy
+with Adam does not fit a 16 GB device, so data parallelism has no plan there). Clusters: one
+PCIe host, a DGX-1, two hosts over 25 Gb/s Ethernet, the mixed A100 + T4 host and two DGX H100.
+
+Per (workload, cluster) and planner: simulated throughput (samples/s = batch / step time), the
+step time, peak memory of every device (the fullest in the table, all in the JSON), planning
+time, ``no fit`` when the planner finds nothing that fits and ``OOM`` if what it returns does not.
+pipeline-rl's row also gives what its policy reached on its own: ``prior`` (the untrained
+policy's samples, before any heuristic plan is imitated) and ``samples`` (every sample it drew,
+after the imitation warm start included); its returned plan is the best of those and of its
+seeds (pipedream-dp, gpipe-uniform, data-parallel), and ``source`` says which won.
+
+Speedups are throughput ratios. The summary gives geometric means of pipeline-rl over
+pipedream-dp on the chains (AlexNet, VGG-16: where PipeDream's dynamic program is optimal),
+the branchy graphs (Inception-V3, NASNet), two hosts over 25 Gb/s and the mixed cluster,
+against issue 5's goals (never below pipedream-dp, 1.3x where branches, communication or the
+device mix decide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import autoplace  # noqa: E402
+from autoplace import Cluster, OpGraph  # noqa: E402
+from autoplace.planners import NoFitError  # noqa: E402
+from autoplace.sim import simulator_for  # noqa: E402
+
+PROFILES = ROOT.parent / "shared" / "data" / "pipedream"
+RESULTS = ROOT / "benchmarks" / "results"
+PD_NAMES = ["alexnet", "vgg16", "resnet18", "resnet50", "resnext50", "inception_v3", "nasnetalarge", "gnmt"]
+ZOO: dict[str, tuple[str, dict[str, Any]]] = {
+    "nasnet": ("nasnet", {}), "inception_v3": ("inception_v3", {}), "gnmt4-unrolled": ("gnmt4-unrolled", {}),
+    "bert-base": ("bert-base", {}), "gpt2": ("gpt2", {}), "gpt2-xl": ("gpt2", {"size": "xl"}),
+}
+WORKLOADS = [f"pd:{n}" for n in PD_NAMES] + [f"zoo:{n}" for n in ZOO]
+CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2x4xV100-25gbe", "2xA100+2xT4", "2x8xH100-ib"]
+QUICK_WORKLOADS = ["pd:alexnet", "pd:gnmt", "pd:inception_v3"]
+QUICK_CLUSTERS = ["2x4xV100-25gbe", "2xA100+2xT4"]
+BASELINES = ["pipedream-dp", "gpipe-uniform", "data-parallel"]
+LEARNED = "pipeline-rl"
+CHAINS = {"pd:alexnet", "pd:vgg16"}
+BRANCHY = {"pd:inception_v3", "pd:nasnetalarge", "zoo:nasnet", "zoo:inception_v3"}
+GiB = float(2**30)
+
+
+def load(workload: str) -> OpGraph:
+    kind, name = workload.split(":", 1)
+    if kind == "pd":
+        path = PROFILES / f"{name}.txt"
+        if not path.exists():
+            raise FileNotFoundError(f"PipeDream profile {path} not found")
+        return autoplace.load_pipedream(path)
+    if kind == "zoo":
+        from autoplace.cli import zoo_graph
+
+        zname, config = ZOO.get(name, (name, {}))
+        return zoo_graph(zname, **config)
+    raise ValueError(f"workload {workload!r}: use pd:<profile> or zoo:<model>")
+
+
+def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float | None, seed: int) -> dict[str, Any]:
+    sim = simulator_for(graph, cluster)
+    t0 = time.perf_counter()
+    try:
+        p = autoplace.plan(graph, cluster, planner=name, mode="pipeline", budget_s=budget_s, seed=seed)
+    except NoFitError as e:
+        return {"planner": name, "fits": False, "error": str(e).splitlines()[0][:300],
+                "plan_time_s": time.perf_counter() - t0}
+    plan_time = time.perf_counter() - t0
+    res = sim.run(p, timeline=False)
+    peak = np.asarray(res.peak_memory_bytes, dtype=float)
+    row: dict[str, Any] = {
+        "planner": name, "fits": True, "oom": bool(res.oom), "step_time_s": float(res.step_time_s),
+        "throughput": graph.batch_size / float(res.step_time_s), "peak_memory_gib": float(peak.max()) / GiB,
+        "memory_per_device_gib": [round(float(x) / GiB, 3) for x in peak], "plan_time_s": plan_time,
+        "stages": p.num_stages, "replicas": [len(s) for s in (p.stage_devices or ())],
+        "stage_devices": [list(s) for s in (p.stage_devices or ())], "microbatches": p.microbatches,
+        "schedule": p.schedule,
+    }
+    if name == LEARNED:
+        m = p.meta
+        for k in ("source", "samples", "simulations", "imitated", "imitation_steps", "ppo_updates",
+                  "temperature_max", "seed_time_s"):
+            row[k] = m.get(k)
+        for k in ("prior_best_step_time_s", "policy_best_step_time_s"):
+            v = m.get(k)
+            row[k.replace("_step_time_s", "_throughput")] = graph.batch_size / v if v else None
+        row["history"] = m.get("history", [])
+    return row
+
+
+def speedup(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "throughput") -> float | None:
+    if not a or not b or not a.get("fits") or not b.get("fits") or a.get("oom") or b.get("oom"):
+        return None
+    x, y = a.get(key), b.get("throughput")
+    return float(x) / float(y) if x and y else None
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x]
+    return float(math.exp(np.mean(np.log(xs)))) if xs else None
+
+
+def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    def ratios(pred: Any, key: str = "throughput") -> list[float]:
+        out = []
+        for c in cases:
+            if pred(c):
+                r = speedup(c["rows"].get(LEARNED), c["rows"].get("pipedream-dp"), key)
+                if r:
+                    out.append(r)
+        return out
+
+    groups = {
+        "all": lambda c: True,
+        "chains (AlexNet, VGG-16)": lambda c: c["workload"] in CHAINS,
+        "branchy (Inception-V3, NASNet)": lambda c: c["workload"] in BRANCHY,
+        "2x4xV100-25gbe": lambda c: c["cluster"] == "2x4xV100-25gbe",
+        "2xA100+2xT4": lambda c: c["cluster"] == "2xA100+2xT4",
+    }
+    out: dict[str, Any] = {}
+    for label, pred in groups.items():
+        r = ratios(pred)
+        prior = ratios(pred, "prior_best_throughput")
+        pol = ratios(pred, "policy_best_throughput")
+        out[label] = {"cases": len(r), "geomean_vs_pipedream": geomean(r), "min_vs_pipedream": min(r, default=None),
+                      "max_vs_pipedream": max(r, default=None), "at_least_1.3x": sum(x >= 1.3 for x in r),
+                      "policy_samples_geomean_vs_pipedream": geomean(pol),
+                      "prior_geomean_vs_pipedream": geomean(prior)}
+    return out
+
+
+def fmt(x: float | None, spec: str = ".2f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    if not row.get("fits"):
+        return "no fit"
+    return f"{row['throughput']:.1f}" + (" OOM" if row.get("oom") else "")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s = report["settings"]
+    lines = [
+        "# Pipeline planners in the simulator",
+        "",
+        f"Command: `{s['command']}`  ",
+        f"pipeline-rl budget: {str(s['budget_s']) + ' s' if s['budget_s'] is not None else 'quick mode (fixed samples)'} per case, "
+        f"seed {s['seed']}; {s['cpus']} CPUs, load average {s['load_avg']} at the start; {s['wall_s']:.0f} s in all.",
+        "",
+        "Throughput in samples/s (batch / simulated step time). `rl/pd`: pipeline-rl over pipedream-dp "
+        "(with replication); `prior/pd`: the best plan the *untrained* policy sampled (no heuristic "
+        "imitated) over pipedream-dp; `samples/pd`: the best of all its samples (after imitating the best "
+        "seed); pipeline-rl's answer is the best of its samples and its seeds (`src`). Memory: the fullest "
+        "device, GiB. `no fit`: the planner found nothing that fits.",
+        "",
+        "## Summary (pipeline-rl over pipedream-dp, geometric means)",
+        "",
+        "| cases | n | rl/pd | min | max | >= 1.3x | samples/pd | prior/pd |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, v in report["summary"].items():
+        lines.append(f"| {label} | {v['cases']} | {fmt(v['geomean_vs_pipedream'], '.3f')} | "
+                     f"{fmt(v['min_vs_pipedream'], '.3f')} | {fmt(v['max_vs_pipedream'], '.3f')} | "
+                     f"{v['at_least_1.3x']} | {fmt(v['policy_samples_geomean_vs_pipedream'], '.3f')} | "
+                     f"{fmt(v['prior_geomean_vs_pipedream'], '.3f')} |")
+    lines += ["", "## Every case", "",
+              "| workload | cluster | pipeline-rl | pipedream-dp | gpipe-uniform | data-parallel | rl/pd | rl/gpipe | "
+              "rl/dp | samples/pd | prior/pd | rl plan (stages x replicas, M, schedule; src) | mem rl / pd / dp | "
+              "plan s rl / pd |",
+              "|" + "---|" * 14]
+    for c in report["cases"]:
+        r = c["rows"]
+        rl, pd, gp, dp = (r.get(k) for k in (LEARNED, "pipedream-dp", "gpipe-uniform", "data-parallel"))
+        if c.get("error"):
+            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 11)
+            continue
+        plan = (f"{rl['replicas']}, M={rl['microbatches']}, {rl['schedule']}; {rl.get('source')}"
+                if rl and rl.get("fits") else "-")
+        mem = " / ".join(fmt(x.get("peak_memory_gib") if x and x.get("fits") else None, ".1f") for x in (rl, pd, dp))
+        times = " / ".join(fmt(x.get("plan_time_s") if x else None, ".1f") for x in (rl, pd))
+        lines.append(f"| {c['workload']} | {c['cluster']} | {cell(rl)} | {cell(pd)} | {cell(gp)} | {cell(dp)} | "
+                     f"{fmt(speedup(rl, pd), '.3f')} | {fmt(speedup(rl, gp), '.2f')} | {fmt(speedup(rl, dp), '.2f')} | "
+                     f"{fmt(speedup(rl, pd, 'policy_best_throughput'), '.3f')} | "
+                     f"{fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')} | {plan} | {mem} | {times} |")
+    return "\n".join(lines) + "\n"
+
+
+def _warm_up() -> None:
+    """Imports and compiled kernels once, so the first case's planning times are not theirs."""
+    g = OpGraph.build([f"op{i}" for i in range(6)], ["Linear"] * 6, [(i, i + 1) for i in range(5)],
+                      out_bytes=np.full(6, 1e6), param_bytes=np.full(6, 1e6), fwd_flops=np.full(6, 1e9),
+                      bwd_flops=np.full(6, 2e9), batch_size=8)
+    c = Cluster.preset("2xV100-pcie")
+    for name in BASELINES + [LEARNED]:
+        autoplace.plan(g, c, planner=name, mode="pipeline", budget_s=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3 profiles x 2 clusters, pipeline-rl in its quick mode")
+    ap.add_argument("--workloads", default=None, help="comma-separated pd:<profile> / zoo:<model>")
+    ap.add_argument("--clusters", default=None, help="comma-separated cluster presets")
+    ap.add_argument("--budget", type=float, default=45.0, help="pipeline-rl seconds per case (0: quick mode)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(RESULTS / "pipeline"), help="output path without extension")
+    ap.add_argument("--resume", action="store_true", help="keep cases already in the output JSON")
+    args = ap.parse_args(argv)
+
+    workloads = args.workloads.split(",") if args.workloads else (QUICK_WORKLOADS if args.quick else WORKLOADS)
+    clusters = args.clusters.split(",") if args.clusters else (QUICK_CLUSTERS if args.quick else CLUSTERS)
+    budget = None if args.quick or args.budget <= 0 else args.budget
+    out = Path(args.out)
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    if args.resume and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        if old["settings"].get("budget_s") == budget and old["settings"].get("seed") == args.seed:
+            done = {(c["workload"], c["cluster"]): c for c in old["cases"] if not c.get("error")}
+    settings = {"command": "python benchmarks/pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "budget_s": budget, "seed": args.seed, "cpus": os.cpu_count(),
+                "load_avg": round(os.getloadavg()[0], 1), "python": platform.python_version(), "wall_s": 0.0}
+    _warm_up()
+    t_all = time.perf_counter()
+    cases: list[dict[str, Any]] = []
+    for w in workloads:
+        try:
+            graph = load(w)
+        except Exception as e:  # a missing profile or a zoo model that does not trace: say so, go on
+            print(f"{w}: skipped ({type(e).__name__}: {e})", flush=True)
+            continue
+        for cname in clusters:
+            if (w, cname) in done:
+                cases.append(done[(w, cname)])
+                continue
+            cluster = Cluster.preset(cname)
+            case: dict[str, Any] = {"workload": w, "cluster": cname, "ops": graph.num_nodes,
+                                    "batch": graph.batch_size, "rows": {}}
+            try:
+                for name in BASELINES + [LEARNED]:
+                    row = run_planner(graph, cluster, name, budget_s=budget if name == LEARNED else None,
+                                      seed=args.seed)
+                    case["rows"][name] = row
+            except Exception as e:
+                case["error"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+            cases.append(case)
+            rl, pd = case["rows"].get(LEARNED), case["rows"].get("pipedream-dp")
+            print(f"{w:22s} {cname:15s} rl {cell(rl):>10s}  pd {cell(pd):>10s}  rl/pd {fmt(speedup(rl, pd), '.3f')}  "
+                  f"prior/pd {fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')}  "
+                  f"({rl.get('plan_time_s', 0) if rl else 0:.0f} s; {rl.get('source') if rl else ''})", flush=True)
+            settings["wall_s"] = time.perf_counter() - t_all
+            report = {"settings": settings, "summary": summarise(cases), "cases": cases}
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+            out.with_suffix(".md").write_text(markdown(report))
+    settings["wall_s"] = time.perf_counter() - t_all
+    report = {"settings": settings, "summary": summarise(cases), "cases": cases}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report).split("## Every case")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
