@@ -107,6 +107,18 @@ def _cat_terms(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor
 class PipelinePolicy(nn.Module):
     """The policy of :mod:`.pipeline_rl` for one graph on one cluster (see the module doc)."""
 
+    x: torch.Tensor
+    dev: torch.Tensor
+    summ: torch.Tensor
+    e_src: torch.Tensor
+    e_dst: torch.Tensor
+    inv_in: torch.Tensor
+    inv_out: torch.Tensor
+    opt_log: torch.Tensor
+    stage_feat: torch.Tensor
+    dist: torch.Tensor
+    stage_ok: torch.Tensor
+
     def __init__(self, space: PipelineSpace, op_features: np.ndarray, dev_features: np.ndarray,
                  summary: np.ndarray, *, hidden: int = 64, layers: int = 3, seed: int = 0) -> None:
         super().__init__()
@@ -163,7 +175,9 @@ class PipelinePolicy(nn.Module):
                 self.v.bias.zero_()
                 self.v.bias[1] = 8.0
                 self.count_head.bias.zero_()
-                self.unused_head[-1].bias.fill_(-2.0)
+                last = self.unused_head[-1]
+                assert isinstance(last, nn.Linear)
+                last.bias.fill_(-2.0)
 
     # ---- the shared forward pass ----------------------------------------------------------------
 

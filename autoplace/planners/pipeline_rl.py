@@ -151,7 +151,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     from ..cost.analytic import CostModel
     from ._pipeline_policy import PipelinePolicy, device_features, summary_features
     from .env import PlacementEnv, heuristic_seeds
-    from .pipeline_space import PipelineSpace
+    from .pipeline_space import Candidate, PipelineSpace
     from .ppo import train
 
     cfg = config if config is not None else PipelineRLConfig()
@@ -186,7 +186,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     # step 3: imitation of the best plan so far
     imitated, imitation_p, imitated_from = 0, 0.0, env.best_source
     if cfg.imitation_steps and env.best_candidate is not None:
-        target = policy.actions_of(env.best_candidate)
+        target = policy.actions_of(Candidate(*env.best_candidate))  # type: ignore[misc]
         imitated, imitation_p = _imitate(policy, target, cfg)
 
     # step 4: PPO

@@ -74,7 +74,7 @@ class Candidate(NamedTuple):
 class PipelineActions(NamedTuple):
     """A batch of ``n`` samples (numpy int64 arrays, leading dimension ``n``)."""
 
-    count: np.ndarray
+    stage_count: np.ndarray
     """(n,) stage count minus one (0 .. max_stages - 1)."""
     devices: np.ndarray
     """(n, D) per device: 0 unused, ``s + 1`` stage ``s``."""
@@ -280,9 +280,9 @@ class PipelineSpace:
 
     def stages(self, actions: PipelineActions) -> np.ndarray:
         """(n, N) stage of every op, replaying the stay/open bits."""
-        share = self.shares(actions.devices, actions.count)
+        share = self.shares(actions.devices, actions.stage_count)
         _, stage, _, _ = walk(MODE_REPLAY, np.ascontiguousarray(actions.opens, dtype=np.int64), _Z1, _Z2, _Z2,
-                              _Z2I, actions.count + 1, share, self.work, self.pred_ptr, self.pred_idx, False)
+                              _Z2I, actions.stage_count + 1, share, self.work, self.pred_ptr, self.pred_idx, False)
         return stage
 
     def decode(self, actions: PipelineActions) -> list[Candidate]:

@@ -112,9 +112,9 @@ def test_probabilities_of_all_action_sequences_sum_to_one() -> None:
     # keep the canonical ones: masked decisions hold 0 (replay the walk to know which are masked)
     from autoplace.planners.pipeline_space import MODE_REPLAY, walk
 
-    share = sp.shares(acts.devices, acts.count)
+    share = sp.shares(acts.devices, acts.stage_count)
     _, _, can, _ = walk(MODE_REPLAY, acts.opens, np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)),
-                        np.zeros((0, 0), np.int64), acts.count + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, False)
+                        np.zeros((0, 0), np.int64), acts.stage_count + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, False)
     keep = np.all((acts.opens == 0) | can, axis=1)
     kept = tuple(torch.from_numpy(a[keep]) for a in acts)
     with torch.no_grad():
