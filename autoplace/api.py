@@ -9,6 +9,11 @@ the input's device.
 
 Wrapping moves the model's parameters to their planned devices, as ``model.to(device)``
 would; nothing else about the model changes.
+
+``wrap(..., finetune="online", optimizer=opt)`` keeps improving the placement while the model
+trains, from the step times it measures (:mod:`autoplace.online`); ``placed.apply_plan(plan,
+optimizer=opt)`` re-places between two steps by hand, moving gradients and optimizer state
+with the parameters.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ class PlacedModule(nn.Module):
 
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
                  plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
-                 leaf_modules: Sequence[Any], progress: bool) -> None:
+                 leaf_modules: Sequence[Any], progress: bool, online: Any = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         super().__init__()
         # Share the user's registries: same keys in state_dict(), same Parameter objects.
         self._modules = model._modules
@@ -105,6 +111,10 @@ class PlacedModule(nn.Module):
         self._progress = progress
         self.timings: dict[str, float] = {}
         self.training = model.training
+        # Online fine-tuning (kept out of the module registries: state_dict() stays the model's).
+        self.__dict__["_online_config"] = online
+        self.__dict__["_tuner"] = None
+        self.__dict__["_optimizer"] = optimizer
 
     # ---- building ------------------------------------------------------------------------
 
@@ -143,6 +153,13 @@ class PlacedModule(nn.Module):
         self.timings["rewrite_s"] = time.perf_counter() - t0
         self.__dict__["_traced"] = traced
         self.__dict__["_placed_gm"] = gm
+        if self.__dict__["_online_config"] is not None:
+            from .online import OnlineTuner
+
+            tuner = OnlineTuner(self, self.__dict__["_online_config"])
+            self.__dict__["_tuner"] = tuner
+            if self.__dict__["_optimizer"] is not None:
+                tuner.attach_optimizer(self.__dict__["_optimizer"])
 
     def _weigh_multiprocess(self, graph: OpGraph, chosen: Placement) -> Placement:
         """mode="auto" in one process: also simulate data-parallel, pipeline and hybrid plans
@@ -182,8 +199,85 @@ class PlacedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.ready:
             self._build(args, kwargs)
+        tuner = self.__dict__["_tuner"]
+        if tuner is not None:
+            return tuner.forward(args, kwargs)
         gm = self.__dict__["_placed_gm"]
         return gm(*args, **kwargs)
+
+    @property
+    def _placed_gm(self) -> Any:
+        return self.__dict__["_placed_gm"]
+
+    # ---- re-placement and online fine-tuning ---------------------------------------------------
+
+    def apply_plan(self, plan: Placement | str | Path, *, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Re-place the model by ``plan`` between two training steps.
+
+        Parameters move in place (the same ``Parameter`` objects), and their gradients, the
+        buffers and ``optimizer``'s state (Adam's moments, momentum buffers; step counts stay
+        where PyTorch keeps them) follow, so training continues as if nothing moved. A model
+        spread over several devices is first gathered on the one holding most of its bytes
+        (the rewrite places a model that sits on one device). Raises :class:`PlacementError`
+        naming the problem, before anything moves, when the plan does not fit this model.
+        """
+        from .online_state import follow_parameters, stage_on
+        from .rewrite.placed import place_module
+        from .sim import simulate
+
+        if not self.ready:
+            raise WrapError("the model is not placed yet: call it once (or pass example_inputs to wrap) first")
+        new = plan if isinstance(plan, Placement) else Placement.from_json(plan)
+        assert self.graph is not None
+        problems = new.problems(self.graph, self.cluster)
+        if new.mode != "model":
+            problems.append("a PlacedModule runs model-parallel plans; this one is a pipeline plan")
+        if problems:
+            raise PlacementError(problems)
+        traced = self.__dict__["_traced"]
+        state = [*traced.gm.parameters(), *traced.gm.buffers()]
+        nbytes: dict[torch.device, int] = {}
+        for t in state:
+            nbytes[t.device] = nbytes.get(t.device, 0) + t.numel() * t.element_size()
+        moved = 0
+        if len(nbytes) > 1:
+            moved += stage_on(state, max(nbytes, key=lambda d: nbytes[d]))
+        target_of_fx = {name: int(new.device_of_node[i]) for name, i in traced.op_of_fx.items()}
+        gm = place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
+        gm.train(self.training)
+        moved += follow_parameters(list(self.__dict__["_wrapped"].parameters()),
+                                   optimizer if optimizer is not None else self.__dict__["_optimizer"])
+        self.__dict__["_placed_gm"] = gm
+        self.plan = new
+        self.simulated = simulate(self.graph, new, self.cluster, cost=self.cost)
+        self.timings["last_replacement_bytes"] = float(moved)
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Give online fine-tuning the optimizer: its steps end the timed training steps, and
+        its state moves with every re-placement (also when passed as ``wrap(optimizer=)``)."""
+        from .online import check_optimizer
+
+        check_optimizer(self.__dict__["_wrapped"], optimizer)
+        self.__dict__["_optimizer"] = optimizer
+        tuner = self.__dict__["_tuner"]
+        if tuner is not None:
+            tuner.attach_optimizer(optimizer)
+
+    @property
+    def tuner(self) -> Any:
+        """The :class:`autoplace.online.OnlineTuner` (None without ``finetune="online"`` or
+        before the first forward)."""
+        return self.__dict__["_tuner"]
+
+    def tuning_report(self) -> str:
+        """Each online trial: placement, predicted step time (uncalibrated and calibrated) and
+        measured step time, best so far; the calibration's factors and fit."""
+        tuner = self.__dict__["_tuner"]
+        if tuner is None:
+            if self.__dict__["_online_config"] is None:
+                return "online fine-tuning is off (wrap(..., finetune='online') turns it on)"
+            return "online fine-tuning starts after the first forward call"
+        return str(tuner.report())
 
     def train(self, mode: bool = True) -> "PlacedModule":
         super().train(mode)
@@ -218,7 +312,8 @@ class PlacedModule(nn.Module):
 def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None, planner: str = "best",
          mode: str = "auto", plan: Placement | str | Path | None = None, finetune: bool | str = False,
          cluster: Cluster | str | None = None, cost: CostModel | None = None, budget_s: float | None = None,
-         seed: int = 0, leaf_modules: Sequence[Any] = (), progress: bool = True, **kwargs: Any) -> Any:
+         seed: int = 0, leaf_modules: Sequence[Any] = (), progress: bool = True,
+         optimizer: torch.optim.Optimizer | None = None, online: Any = None, **kwargs: Any) -> Any:
     """Place ``model`` on ``devices`` and return a module that runs it there.
 
     Args:
@@ -236,6 +331,14 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         cost: the cost model (default: roofline with default efficiencies).
         budget_s: seconds a learned planner may spend.
         seed: makes planning reproducible.
+        finetune: ``"online"`` (or True) keeps improving the placement during training from
+            measured step times (:mod:`autoplace.online`); False (default) keeps the plan.
+        optimizer: the training optimizer, for online fine-tuning: its ``step()`` ends a timed
+            step and its state moves with re-placements (or call ``placed.attach_optimizer``).
+        online: an :class:`autoplace.online.OnlineConfig` (default settings when None).
+
+    Errors (:class:`WrapError`, :class:`PlacementError`) are raised before anything about the
+    model changes.
     """
     if not isinstance(model, nn.Module):
         raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
@@ -270,23 +373,51 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
                             f"({', '.join(names)}); pass at least {max(used) + 1} devices")
         if placement.mode == "pipeline" and mode == "model":
             raise WrapError("the plan is a pipeline plan; use mode='pipeline' (under torchrun) or mode='auto'")
+    online_cfg = _online_config(finetune, online)
+    if optimizer is not None and online_cfg is None:
+        raise WrapError("optimizer= is for online fine-tuning; add finetune='online' (or leave optimizer out)")
+    if optimizer is not None:
+        from .online import OnlineError, check_optimizer
+
+        try:
+            check_optimizer(model, optimizer)
+        except OnlineError as e:
+            raise WrapError(str(e)) from None
     distributed = _in_torchrun() or torch.distributed.is_initialized()
     if mode == "pipeline" or (mode == "auto" and distributed) or (placement is not None and placement.mode == "pipeline"):
         from .distributed import wrap_pipeline
 
+        extra = dict(online=online_cfg, optimizer=optimizer) if online_cfg is not None else {}
         return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
                              plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
-                             **kwargs)
+                             **extra, **kwargs)
     if kwargs:
         raise WrapError(f"unexpected arguments {sorted(kwargs)} for model-parallel wrap")
     pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,
-                      budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress)
+                      budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress, online=online_cfg,
+                      optimizer=optimizer)
     if example_inputs is not None:
         args, kw = _as_inputs(example_inputs)
         pm._build(args, kw)
-    if finetune:
-        raise WrapError("finetune is not available yet")
     return pm
+
+
+def _online_config(finetune: bool | str, online: Any) -> Any:
+    """The OnlineConfig of ``finetune``/``online`` (None when fine-tuning is off)."""
+    if finetune is False or finetune is None:
+        if online is not None:
+            raise WrapError("online= settings were given but finetune is off; pass finetune='online'")
+        return None
+    if finetune is not True and finetune != "online":
+        raise WrapError(f"finetune is {finetune!r}; use 'online' (or True) to fine-tune from measured steps, "
+                        "or False")
+    from .online import OnlineConfig
+
+    if online is None:
+        return OnlineConfig()
+    if not isinstance(online, OnlineConfig):
+        raise WrapError(f"online must be an autoplace.online.OnlineConfig; got {type(online).__name__}")
+    return online
 
 
 def _rename(dev: Any, name: str) -> Any:

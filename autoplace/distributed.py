@@ -9,6 +9,12 @@ returns the loss on the last stage, None elsewhere).
 The runtime runs plans whose stages are all replicated the same number of times r and that
 use every rank (stages x r = world size). Among the pipeline planners' plans, the fastest such
 plan in the simulator is taken; the report lists the others and why they were left out.
+
+With ``finetune="online"`` (``online=`` an :class:`autoplace.online.OnlineConfig`) and
+``optimizer=`` (over all of the model's parameters, on every rank), the result is an
+:class:`autoplace.online_pipeline.OnlinePipeline` instead: one stage per rank, whose cuts keep
+improving from measured step times, parameters and optimizer state moving between ranks with
+every re-split.
 """
 
 from __future__ import annotations
@@ -92,8 +98,9 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                   planner: str = "best", plan: Placement | None = None, cost: CostModel | None = None,
                   budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[Any] = (),
                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-                  timeout_s: float = 1800.0, **unexpected: Any) -> Any:
-    """This rank's pipeline runner (see the module docstring)."""
+                  timeout_s: float = 1800.0, online: Any = None, optimizer: torch.optim.Optimizer | None = None,
+                  **unexpected: Any) -> Any:
+    """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring)."""
     from .graph.trace import trace_module
     from .rewrite.runtime import build_pipeline_runner, init_distributed
 
@@ -107,6 +114,9 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                                 "stages are cut and their shapes fixed before the first step")
     if loss_fn is None:
         raise PipelineWrapError("mode='pipeline' needs loss_fn(output, target): the last stage computes the loss")
+    if online is not None and optimizer is None:
+        raise PipelineWrapError("finetune='online' in a pipeline needs optimizer= (built on model.parameters() on "
+                                "every rank): re-splits move its state between ranks")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     rank, world, _ = init_distributed(timeout_s=timeout_s)
     if len(devices) != world:
@@ -136,6 +146,16 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                                 f"the runtime needs the same count per stage and stages x replicas = {world} ranks")
     stage, replica = divmod(rank, r)
     device = cluster.devices[plan.stage_devices[stage][replica]].name
+    if online is not None:
+        from .online_pipeline import OnlinePipeline
+
+        if r != 1:
+            raise PipelineWrapError(f"online pipeline tuning runs one stage per rank; the plan replicates stages {r} "
+                                    "times: pass a plan without replicas (plan=)")
+        pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
+                              optimizer=optimizer, config=online, cost=cost, device=device)
+        pipe.graph = graph
+        return pipe
     stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in traced.op_of_fx.items()}
     runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,

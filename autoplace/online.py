@@ -1,0 +1,335 @@
+"""Online fine-tuning: the placement keeps improving while the user's training runs.
+
+    opt = torch.optim.Adam(model.parameters())
+    model = autoplace.wrap(model, ["cuda:0", "cuda:1"], finetune="online", optimizer=opt,
+                           online=autoplace.online.OnlineConfig(trials=8, save_path="plan.json"))
+    for x, y in data:                       # the user's loop, unchanged
+        loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+    print(model.tuning_report())
+
+**Timing.** A training step runs from the first forward call after the previous step to the
+end of ``optimizer.step()`` (a ``register_step_post_hook``); with no optimizer attached, from
+one training forward to the next. Where a placement uses CUDA devices, the end of a step
+records a CUDA event on each of them and waits for it, so the time covers the GPU work, not
+just its launch. After every re-placement the first ``warmup_steps`` steps are dropped
+(allocator warm-up, cold caches), and a trial's time is the median of its next
+``steps_per_trial`` steps. Forward calls in eval mode or under ``no_grad`` are not steps.
+
+**Schedule** (counted in steps, the same on every run with the same config): measure the
+starting placement; then, every ``every_n_steps`` steps on the best placement so far, run a
+trial: switch to a candidate (:mod:`autoplace.online_search` picks it: sampled from the policy,
+screened in the calibrated simulator), measure it, feed the measurement to PPO and to the
+calibration, and switch back unless it beat the best by ``min_gain``. Steps on the best
+placement between trials are timed too and keep its estimate current (so a candidate is
+compared with the best under today's load, not the load at the start). After ``trials``
+trials the best measured placement stays and its plan is saved to ``save_path``.
+
+**Re-placement** happens at the start of a forward call, between two steps, through
+:meth:`autoplace.api.PlacedModule.apply_plan`: parameters (in place: same ``Parameter``
+objects), gradients, buffers and optimizer state move with it
+(:mod:`autoplace.online_state`), so training continues exactly as if nothing moved.
+
+**Failures.** Any exception while a trial's placement is applied or runs its forward (a CUDA
+out-of-memory error, or anything else) puts the last good placement back, restores the
+buffers and random generators the failed attempt may have touched, records the trial as
+failed (its reward: ``-failure_penalty``; it is never tried again), and runs the forward again
+on the good placement: the caller gets that result, and the step is not lost. A failure in
+``backward()`` cannot be caught from inside the module: it reaches the caller as usual.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .online_policy import model_policy
+from .online_search import TuningSearch, candidate_key
+from .online_state import snapshot
+from .placement import Placement
+from .planners.ppo import PPOConfig
+
+if TYPE_CHECKING:
+    from .api import PlacedModule
+
+__all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError"]
+
+
+class OnlineError(ValueError):
+    """Online fine-tuning was set up wrongly (the message says what and how to fix it)."""
+
+
+def _default_ppo() -> PPOConfig:
+    return PPOConfig(lr=3e-3, samples_per_update=16, num_minibatches=2, update_epochs=4, ent_coef=0.0)
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Settings of online fine-tuning (``wrap(..., finetune="online", online=OnlineConfig(...))``)."""
+
+    trials: int = 8
+    """live trials of candidate placements: the budget (the starting placement is not one)."""
+    steps_per_trial: int = 5
+    """measured steps per trial; the trial's time is their median."""
+    warmup_steps: int = 2
+    """steps dropped after every re-placement before measuring."""
+    every_n_steps: int = 10
+    """steps on the best placement between two trials (0: trials back to back)."""
+    screen_samples: int = 32
+    """placements sampled from the policy per round and simulated (the PPO batch)."""
+    screen_top_k: int = 2
+    """fastest screened placements per round that get a live trial."""
+    policy: str = "auto"
+    """"auto" (EAGLE centred on the plan, else the independent per-op policy), "eagle" or
+    "independent" (model parallel; pipelines always use the cut policy)."""
+    perturb_ops: float = 2.0
+    """how far samples stray from the centre: about this many ops moved (EAGLE: half of it in
+    ops, this many groups)."""
+    ppo: PPOConfig = field(default_factory=_default_ppo)
+    """PPO settings of the updates on live rewards (lr, clip_coef, update_epochs, ...)."""
+    prior_updates: int = 1
+    """PPO updates on the calibrated simulator alone before the first live round."""
+    failure_penalty: float = 2.0
+    """the reward (negated) of a candidate that failed, does not fit or is not valid."""
+    min_gain: float = 0.02
+    """a candidate replaces the best only when measured faster by at least this fraction (noise guard)."""
+    calibrate: bool = True
+    """refit the simulator's per-device and link factors after every measurement."""
+    calibration_ridge: float = 0.1
+    """pull of the calibration factors towards one common scale (see online_calibrate)."""
+    save_path: str | None = None
+    """where the best plan is written (JSON) when the trials are done; None: not saved."""
+    seed: int = 0
+    """seed of the policy's sampling and PPO's shuffles."""
+
+    def __post_init__(self) -> None:
+        checks = [("trials", self.trials >= 1, ">= 1"), ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
+                  ("warmup_steps", self.warmup_steps >= 0, ">= 0"), ("every_n_steps", self.every_n_steps >= 0, ">= 0"),
+                  ("screen_samples", self.screen_samples >= 2, ">= 2"),
+                  ("screen_top_k", 1 <= self.screen_top_k <= self.screen_samples, "in 1..screen_samples"),
+                  ("perturb_ops", self.perturb_ops > 0, "> 0"), ("prior_updates", self.prior_updates >= 0, ">= 0"),
+                  ("failure_penalty", self.failure_penalty >= 0, ">= 0"), ("min_gain", 0 <= self.min_gain < 1, "in [0, 1)"),
+                  ("calibration_ridge", self.calibration_ridge >= 0, ">= 0")]
+        for name, ok, rule in checks:
+            if not ok:
+                raise OnlineError(f"OnlineConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
+        if self.policy not in ("auto", "eagle", "independent"):
+            raise OnlineError(f"OnlineConfig.policy is {self.policy!r}; use 'auto', 'eagle' or 'independent'")
+
+
+class StepTimer:
+    """Wall time of one step; where ``devices`` include CUDA ones, the end waits for a CUDA
+    event recorded on each, so queued GPU work is counted."""
+
+    def __init__(self, devices: list[torch.device]) -> None:
+        self.cuda = sorted({d.index if d.index is not None else 0 for d in devices if d.type == "cuda"})
+        self.t0: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.t0 is not None
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        """Seconds since :meth:`start` (after the GPUs caught up)."""
+        for idx in self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(idx))
+            ev.synchronize()
+        assert self.t0 is not None
+        dt = time.perf_counter() - self.t0
+        self.t0 = None
+        return dt
+
+
+class OnlineTuner:
+    """The step loop of online fine-tuning for a :class:`~autoplace.api.PlacedModule` (see the
+    module doc); built by ``wrap(..., finetune="online")``, reached as ``placed.tuner``."""
+
+    def __init__(self, placed: "PlacedModule", config: OnlineConfig) -> None:
+        if placed.plan is None or placed.graph is None:
+            raise OnlineError("the module is not placed yet; the tuner starts after the first forward call")
+        self.placed, self.config = placed, config
+        graph, cluster = placed.graph, placed.cluster
+        start = np.asarray(placed.plan.device_of_node, dtype=np.int64)
+        policy, name, note = model_policy(config.policy, graph, cluster, placed.cost, start, seed=config.seed,
+                                          perturb_ops=config.perturb_ops)
+
+        def summarize(c: Any) -> str:
+            return "/".join(str(int(x)) for x in np.bincount(np.asarray(c), minlength=cluster.num_devices))
+
+        def to_placement(c: Any) -> Placement:
+            return Placement.from_assignment(graph, cluster, np.asarray(c), planner="online",
+                                             meta={"start_planner": placed.plan.planner if placed.plan else ""})
+
+        self.search = TuningSearch(graph, cluster, placed.cost, start, policy=policy, policy_name=name,
+                                   policy_note=note, config=config, to_placement=to_placement, summarize=summarize)
+        self.timer = StepTimer([torch.device(d.name) for d in cluster.devices])
+        self.phase = "start"
+        """"start" (measuring the starting placement), "trial", "between" or "done"."""
+        self.current: Any = start
+        self.current_key = candidate_key(start)
+        self._pending: Any = None
+        self._times: list[float] = []
+        self._since_switch = 0
+        self._between = 0
+        self.steps = 0
+        """training steps seen."""
+        self.replacements = 0
+        """re-placements made (trials, returns to the best, reverts)."""
+        self.failures: list[str] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._hook: Any = None
+        self._warned = False
+
+    # ---- wiring ----------------------------------------------------------------------------
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Time steps to the end of ``optimizer.step()`` and move its state with re-placements."""
+        if self._hook is not None:
+            self._hook.remove()
+        self.optimizer = optimizer
+        self._hook = optimizer.register_step_post_hook(lambda *_: self._step_end())
+        self.timer.t0 = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def in_trial(self) -> bool:
+        """True while a candidate placement is being tried (or is about to be, at the next forward)."""
+        return self.phase == "trial"
+
+    # ---- the forward --------------------------------------------------------------------
+
+    def forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one forward of the placed module, with the step bookkeeping around it."""
+        counting = self.placed.training and torch.is_grad_enabled() and not self.done
+        if counting and self.optimizer is None and self.timer.running:
+            self._step_end()
+        trial = self.phase == "trial" and counting
+        snap = snapshot(self.placed, [torch.device(d.name) for d in self.placed.cluster.devices]) if trial else None
+        try:
+            if self._pending is not None:
+                self._switch(self._pending)
+            if counting and not self.timer.running:
+                self.timer.start()
+            return self.placed._placed_gm(*args, **kwargs)
+        except Exception as e:
+            if not trial:
+                raise
+            assert snap is not None
+            self._revert(e, snap)
+            return self.placed._placed_gm(*args, **kwargs)
+
+    # ---- the step loop ---------------------------------------------------------------------
+
+    def _step_end(self) -> None:
+        if not self.timer.running:
+            return
+        dt = self.timer.stop()
+        self.steps += 1
+        self._since_switch += 1
+        measuring = self._since_switch > self.config.warmup_steps
+        if self.phase in ("start", "trial"):
+            if measuring:
+                self._times.append(dt)
+            if len(self._times) >= self.config.steps_per_trial:
+                self.search.record(self.current, self._times)
+                self._times = []
+                self._after_trial()
+        elif self.phase == "between":
+            self._between += 1
+            if measuring and self.current_key == self.search.best_key:
+                self.search.observe_best(dt)
+            if self._between >= self.config.every_n_steps:
+                self._next_trial()
+
+    def _after_trial(self) -> None:
+        if self.search.trials_done >= self.config.trials:
+            self._finish()
+        elif self.config.every_n_steps == 0:
+            self._next_trial()
+        else:
+            self.phase, self._between = "between", 0
+            self._go(self.search.best)
+
+    def _next_trial(self) -> None:
+        cand = self.search.next_candidate()
+        if cand is None:
+            self._finish()
+            return
+        self.phase, self._times = "trial", []
+        self._go(cand)
+
+    def _finish(self) -> None:
+        self.phase = "done"
+        self._go(self.search.best)
+        if self.config.save_path:
+            self.search.to_placement(self.search.best).to_json(Path(self.config.save_path))
+
+    def _go(self, cand: Any) -> None:
+        """Ask for ``cand`` at the start of the next forward (nothing when it is already there)."""
+        self._pending = None if candidate_key(cand) == self.current_key else cand
+
+    def _switch(self, cand: Any) -> None:
+        plan = self.search.to_placement(cand)
+        before = {id(p): p.device for p in self.placed.parameters()}
+        self.placed.apply_plan(plan, optimizer=self.optimizer)
+        self._pending = None
+        self.current, self.current_key = cand, candidate_key(cand)
+        self.replacements += 1
+        self._since_switch = 0
+        if self.optimizer is None and not self._warned and any(
+                before[id(p)] != p.device for p in self.placed.parameters()):
+            self._warned = True
+            warnings.warn("online fine-tuning moved parameters between devices with no optimizer attached: an "
+                          "optimizer's state would not follow them. Pass optimizer= to wrap() or call "
+                          "placed.attach_optimizer(opt).", stacklevel=4)
+
+    def _revert(self, error: BaseException, snap: Any) -> None:
+        msg = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}"
+        self.failures.append(msg)
+        failed = self._pending if self._pending is not None else self.current
+        self._pending = None
+        self.timer.t0 = None
+        self.search.record(failed, None, error=msg)
+        if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.placed.apply_plan(self.search.to_placement(self.search.best), optimizer=self.optimizer)
+        self.current, self.current_key = self.search.best, self.search.best_key
+        self.replacements += 1
+        self._since_switch = 0
+        snap.restore()
+        if self.search.trials_done >= self.config.trials:
+            self._finish()
+        else:
+            self.phase, self._between, self._times = "between", 0, []
+        self.timer.start()
+
+    # ---- reporting -----------------------------------------------------------------------
+
+    def report(self) -> str:
+        head = (f"{self.steps} steps timed, {self.replacements} re-placements, {len(self.failures)} failed trials; "
+                f"phase: {self.phase}")
+        return head + "\n" + self.search.report()
+
+
+def check_optimizer(model: torch.nn.Module, optimizer: Any) -> None:
+    """Raise :class:`OnlineError` unless ``optimizer`` is a torch optimizer over some of
+    ``model``'s parameters."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise OnlineError(f"optimizer must be a torch.optim.Optimizer; got {type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters()}
+    theirs = [p for g in optimizer.param_groups for p in g["params"]]
+    if theirs and not any(id(p) in mine for p in theirs):
+        raise OnlineError("the optimizer holds none of the model's parameters; build it on model.parameters() "
+                          "(before or after wrap: the parameters are the same objects)")

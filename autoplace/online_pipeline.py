@@ -1,0 +1,339 @@
+"""Online fine-tuning of a pipeline's cuts under torchrun, and re-splitting without losing state.
+
+    opt = torch.optim.Adam(model.parameters())             # every rank: the whole model
+    pipe = autoplace.wrap(model, ["cpu", "cpu"], mode="pipeline", example_inputs=(x,),
+                          loss_fn=loss_fn, finetune="online", optimizer=opt)
+    for x, y in data:
+        pipe.step(x, target=y); opt.step(); opt.zero_grad()
+
+Every rank builds the whole model and gives the optimizer all of its parameters; only the
+parameters of the rank's current stage get gradients, and PyTorch's optimizers skip
+parameters whose gradient is None (so ``zero_grad(set_to_none=True)``, the default, is
+required). The copy of a parameter on the rank that owns it is the live one.
+
+**Re-splitting** (:meth:`OnlinePipeline.apply_plan`, a collective: every rank calls it with the
+same plan, between two steps): each rank builds its new stage runner
+(:func:`autoplace.rewrite.runtime.build_pipeline_runner`); the ranks exchange which parameters
+and buffers each stage now holds (``all_gather_object``); for every tensor that gains a holder,
+its old holder (the lowest old rank) sends the live values to each new one, point to point
+(``batch_isend_irecv``: the parameter, then each optimizer-state tensor); the state's layout and
+its scalars (Adam's ``step``) travel first as a small object (``all_gather_object``). A rank
+that no longer holds a parameter drops its optimizer state and moves it back to the CPU.
+Failures while building are agreed on (``all_reduce`` of a flag) and every rank goes back to
+the previous split; a failure inside a pipeline step is not caught (the peers would wait in
+the schedule: the runtime's timeout turns that into an error).
+
+**Tuning** runs the schedule of :mod:`autoplace.online` on every rank (the same step counts,
+so every rank reaches each decision together): rank 0 owns the search (the cut policy,
+screening in the calibrated simulator, PPO, calibration); the step time of a step is the
+maximum over ranks of the rank's wall time from ``step()`` to the end of ``optimizer.step()``
+(an ``all_reduce(MAX)`` once per measurement, not per step); rank 0 broadcasts each decision.
+Stages stay one per rank; devices, micro-batches and schedule stay the plan's: only the cuts move.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .cluster import Cluster
+from .cost.analytic import CostModel
+from .online import OnlineConfig, OnlineError, StepTimer
+from .online_policy import CutPolicy
+from .online_search import TuningSearch, candidate_key
+from .placement import Placement
+
+__all__ = ["OnlinePipeline"]
+
+
+def _stays_on_cpu(key: str, group: dict) -> bool:
+    return key == "step" and not (group.get("capturable", False) or group.get("fused", False))
+
+
+class OnlinePipeline:
+    """This rank's stage of a pipeline that can be re-split between steps, and optionally
+    tunes its cuts online (``config``); see the module doc."""
+
+    def __init__(self, model: torch.nn.Module, traced: Any, cluster: Cluster, plan: Placement, *,
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], example_inputs: tuple[torch.Tensor, ...],
+                 optimizer: torch.optim.Optimizer, config: OnlineConfig | None = None,
+                 cost: CostModel | None = None, device: str | torch.device | None = None) -> None:
+        if not dist.is_initialized():
+            raise OnlineError("OnlinePipeline runs under torch.distributed: launch with torchrun "
+                              "(autoplace.wrap(..., mode='pipeline') initialises the process group)")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.model, self.traced, self.graph, self.cluster = model, traced, traced.graph, cluster
+        self.loss_fn, self.example_inputs, self.optimizer = loss_fn, tuple(example_inputs), optimizer
+        self.cost = cost if cost is not None else CostModel()
+        self._check_plan(plan)
+        mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [n for n, p in model.named_parameters() if id(p) not in mine]
+        if missing:
+            raise OnlineError(f"the optimizer lacks {len(missing)} of the model's parameters ({', '.join(missing[:3])}"
+                              f"{', ...' if len(missing) > 3 else ''}); a re-split moves parameters between ranks, so "
+                              "every rank's optimizer must hold all of them: build it on model.parameters()")
+        self.device = torch.device(device) if device is not None else (
+            torch.device(cluster.devices[plan.stage_devices[self.rank][0]].name) if plan.stage_devices else
+            torch.device("cpu"))
+        self._names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+        self._tensors = dict([*model.named_parameters(), *model.named_buffers()])
+        self.plan = plan
+        self.runner: Any = None
+        self._holders: dict[str, list[int]] = {}
+        self.runner = self._build(plan)
+        self._holders = self._gather_holders()
+        self.moves = 0
+        """tensors sent or received by this rank in re-splits."""
+        self.resplits = 0
+        self.timer = StepTimer([self.device])
+        self._hook = optimizer.register_step_post_hook(lambda *_: self._step_end())
+        self.config = config
+        self.search: TuningSearch | None = None
+        self.phase = "done" if config is None else "start"
+        self._pending: Placement | None = None
+        self._times: list[float] = []
+        self._between_times: list[float] = []
+        self._since_switch = 0
+        self._between = 0
+        self.steps = 0
+        if config is not None and self.rank == 0:
+            st = np.asarray(plan.stage_of_node)
+            policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
+                               rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
+            self.search = TuningSearch(self.graph, cluster, self.cost, self._candidate(plan), policy=policy,
+                                       policy_name="cut", policy_note="cut positions in topological order",
+                                       config=config, to_placement=self._placement, summarize=self._summary)
+
+    # ---- plans and candidates --------------------------------------------------------------
+
+    def _check_plan(self, plan: Placement) -> None:
+        if plan.mode != "pipeline" or plan.stage_devices is None or plan.stage_of_node is None:
+            raise OnlineError("OnlinePipeline needs a pipeline plan")
+        if plan.num_stages != self.world or any(len(s) != 1 for s in plan.stage_devices):
+            raise OnlineError(f"online pipeline tuning runs one stage per rank without replicas; the plan has "
+                              f"{[len(s) for s in plan.stage_devices]} device(s) per stage on {self.world} ranks")
+        problems = plan.problems(self.graph, self.cluster)
+        if problems:
+            from .placement import PlacementError
+
+            raise PlacementError(problems)
+
+    def _candidate(self, plan: Placement) -> tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]:
+        assert plan.stage_of_node is not None and plan.stage_devices is not None
+        return (np.asarray(plan.stage_of_node, dtype=np.int64), plan.stage_devices, int(plan.microbatches),
+                plan.schedule)
+
+    def _placement(self, cand: Any) -> Placement:
+        st, sd, m, sched = cand
+        return Placement.pipeline(self.graph, self.cluster, st, sd, microbatches=m, schedule=sched, planner="online")
+
+    def _summary(self, cand: Any) -> str:
+        st = np.asarray(cand[0])
+        return "/".join(str(int(x)) for x in np.bincount(st, minlength=len(cand[1]))) + " ops"
+
+    # ---- building and moving -----------------------------------------------------------------
+
+    def _build(self, plan: Placement) -> Any:
+        from .rewrite.runtime import build_pipeline_runner
+
+        assert plan.stage_of_node is not None
+        stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in self.traced.op_of_fx.items()}
+        return build_pipeline_runner(self.traced.gm, stage_of_fx, example_inputs=self.example_inputs,
+                                     microbatches=plan.microbatches, loss_fn=self.loss_fn, schedule=plan.schedule,
+                                     device=self.device, num_stages=plan.num_stages)
+
+    def _gather_holders(self) -> dict[str, list[int]]:
+        mod = self.runner.stage_module
+        names = sorted({self._names[id(t)] for t in [*mod.parameters(), *mod.buffers()] if id(t) in self._names})
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, names)
+        out: dict[str, list[int]] = {}
+        for r, ns in enumerate(everyone):
+            for n in ns:
+                out.setdefault(n, []).append(r)
+        return out
+
+    def _state_schema(self, t: torch.Tensor) -> dict[str, Any]:
+        if not isinstance(t, torch.nn.Parameter) or t not in self.optimizer.state:
+            return {}
+        out: dict[str, Any] = {}
+        for k, v in self.optimizer.state[t].items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                out[k] = ("tensor", tuple(v.shape), v.dtype)
+            elif isinstance(v, torch.Tensor):
+                out[k] = ("scalar", v.item(), v.dtype)
+            else:
+                out[k] = ("value", v, None)
+        return out
+
+    def _move(self, old: dict[str, list[int]], new: dict[str, list[int]]) -> None:
+        """Send every tensor that gains a holder from its old holder (see the module doc)."""
+        moves = [(n, min(old[n]), sorted(set(new.get(n, [])) - set(old[n]))) for n in self._tensors if n in old]
+        moves = [(n, src, dsts) for n, src, dsts in moves if dsts]
+        schema = {n: self._state_schema(self._tensors[n]) for n, src, _ in moves if src == self.rank}
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, schema)
+        groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        ops: list[dist.P2POp] = []
+        for n, src, dsts in moves:
+            t = self._tensors[n]
+            layout = everyone[src][n]
+            if src == self.rank:
+                st = self.optimizer.state.get(t, {}) if isinstance(t, torch.nn.Parameter) else {}
+                for d in dsts:
+                    ops.append(dist.P2POp(dist.isend, t.data.contiguous(), d))
+                    ops += [dist.P2POp(dist.isend, st[k].contiguous(), d)
+                            for k, (kind, _, _) in layout.items() if kind == "tensor"]
+                    self.moves += 1
+            elif self.rank in dsts:
+                ops.append(dist.P2POp(dist.irecv, t.data, src))
+                if layout:
+                    state: dict[str, Any] = {}
+                    group = groups.get(id(t), {})
+                    for k, (kind, a, dtype) in layout.items():
+                        if kind == "tensor":
+                            state[k] = torch.empty(a, dtype=dtype, device=t.device)
+                            ops.append(dist.P2POp(dist.irecv, state[k], src))
+                        elif kind == "scalar":
+                            dev = torch.device("cpu") if _stays_on_cpu(k, group) else t.device
+                            state[k] = torch.tensor(a, dtype=dtype, device=dev)
+                        else:
+                            state[k] = a
+                    self.optimizer.state[t] = state
+                self.moves += 1
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+    def _release(self, new: dict[str, list[int]]) -> None:
+        """Tensors this rank no longer holds: drop their optimizer state and gradient, back to the CPU."""
+        for n, t in self._tensors.items():
+            if self.rank in new.get(n, []):
+                continue
+            if isinstance(t, torch.nn.Parameter):
+                self.optimizer.state.pop(t, None)
+                t.grad = None
+            if t.device.type != "cpu":
+                t.data = t.data.to("cpu")
+
+    def apply_plan(self, plan: Placement) -> None:
+        """Re-split to ``plan`` between two steps (a collective: every rank, the same plan)."""
+        self._check_plan(plan)
+        old_runner, old = self.runner, self._holders
+        ok = torch.ones(1)
+        error = ""
+        try:
+            runner = self._build(plan)
+        except Exception as e:  # agreed on below: every rank keeps the old split
+            ok.zero_()
+            error = f"{type(e).__name__}: {str(e)[:200]}"
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if ok.item() < 1:
+            self.runner = old_runner
+            raise OnlineError(f"re-splitting failed on some rank{f' (here: {error})' if error else ''}; "
+                              "the previous split stays")
+        self.runner = runner
+        new = self._gather_holders()
+        self._move(old, new)
+        self._release(new)
+        self._holders, self.plan = new, plan
+        self.resplits += 1
+
+    # ---- the training step -----------------------------------------------------------------
+
+    def parameters(self) -> Any:
+        """This rank's current stage's parameters."""
+        return self.runner.parameters()
+
+    @property
+    def stage_module(self) -> torch.fx.GraphModule:
+        return self.runner.stage_module
+
+    def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One pipeline step (the loss on the last stage, else None); re-splits first when the
+        tuner decided to at the previous step's end."""
+        if self._pending is not None:
+            plan, self._pending = self._pending, None
+            self.apply_plan(plan)
+            self._since_switch = 0
+        if not self.timer.running:
+            self.timer.start()
+        return self.runner.step(*inputs, target=target)
+
+    def _step_end(self) -> None:
+        if not self.timer.running:
+            return
+        dt = self.timer.stop()
+        if self.phase == "done":
+            return
+        self.steps += 1
+        self._since_switch += 1
+        measuring = self._since_switch > (self.config.warmup_steps if self.config else 0)
+        assert self.config is not None
+        if self.phase in ("start", "trial"):
+            if measuring:
+                self._times.append(dt)
+            if len(self._times) >= self.config.steps_per_trial:
+                self._decide("measured", self._times)
+                self._times = []
+        elif self.phase == "between":
+            self._between += 1
+            if measuring:
+                self._between_times.append(dt)
+            if self._between >= self.config.every_n_steps:
+                self._decide("between", self._between_times)
+                self._between_times = []
+
+    def _max_over_ranks(self, times: Sequence[float]) -> list[float]:
+        t = torch.tensor(list(times), dtype=torch.float64)
+        if t.numel():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _decide(self, event: str, times: Sequence[float]) -> None:
+        """At a boundary of the schedule: every rank contributes its times; rank 0 decides."""
+        assert self.config is not None
+        steps = self._max_over_ranks(times)
+        box: list[Any] = [None]
+        if self.rank == 0:
+            s = self.search
+            assert s is not None
+            if event == "measured":
+                s.record(self._candidate(self.plan), steps)
+            else:
+                for t in steps:
+                    s.observe_best(t)
+            nxt = None
+            if s.trials_done < self.config.trials and (event == "between" or self.config.every_n_steps == 0):
+                nxt = s.next_candidate()
+            if nxt is not None:
+                box[0] = ("trial", self._placement(nxt).to_dict())
+            elif s.trials_done >= self.config.trials or s.exhausted or event == "between":
+                box[0] = ("done", self._placement(s.best).to_dict())
+            else:
+                box[0] = ("between", self._placement(s.best).to_dict())
+        dist.broadcast_object_list(box, src=0)
+        phase, plan_dict = box[0]
+        plan = Placement.from_dict(plan_dict)
+        self.phase, self._between = phase, 0
+        if candidate_key(self._candidate(plan)) != candidate_key(self._candidate(self.plan)):
+            self._pending = plan
+        if phase == "done" and self.rank == 0 and self.config.save_path:
+            plan.to_json(Path(self.config.save_path))
+
+    # ---- reporting -----------------------------------------------------------------------
+
+    def tuning_report(self) -> str:
+        """Rank 0: every trial, predicted and measured; other ranks: a pointer to rank 0."""
+        if self.search is None:
+            return "online tuning is off" if self.config is None else "the tuning report is on rank 0"
+        return (f"{self.steps} steps timed, {self.resplits} re-splits, {self.moves} tensors moved by rank 0; "
+                f"phase: {self.phase}\n" + self.search.report())
+
+    def close(self) -> None:
+        """Stop timing (removes the optimizer hook)."""
+        self._hook.remove()

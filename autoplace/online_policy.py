@@ -1,0 +1,213 @@
+"""The policies online fine-tuning samples from, and the PPO update on live rewards.
+
+Model parallel (:func:`model_policy`): in order of preference,
+
+1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.eagle`; Lan, Chen, Li, IPDPS 2021)
+   centred on the current placement by the planner's own warm start (its samples differ from
+   the placement by about one op and two groups, whole runs of ops moved to another device);
+2. ``"independent"``: :func:`autoplace.planners.ppo.IndependentPolicy`, one categorical per op
+   whose logits put probability ``1 - perturb_ops / N`` on the op's current device: a sample is
+   the placement with about ``perturb_ops`` ops moved. This is the documented fallback when
+   the EAGLE policy cannot be built (the reason is recorded).
+
+``"auto"`` tries them in that order. After a new best placement is measured, the policy is
+centred on it again (EAGLE's self-imitation re-centring).
+
+Pipeline (:class:`CutPolicy`): ``S - 1`` categoricals over the cut positions in topological
+order; the sorted cuts give every op its stage (``stage = number of cuts at or before it``),
+so stages never decrease along an edge. Two equal cuts would leave a stage empty; such a
+sample decodes to ``None`` and is never tried.
+
+:func:`ppo_update` is PPO's clipped surrogate (Schulman et al., arXiv:1707.06347, 2017) on one
+batch whose rewards arrived later, from live steps, rather than from
+:func:`autoplace.planners.ppo.train`'s simulator loop; it reads :class:`PPOConfig` the same way
+(advantage = reward - moving-average baseline, divided by the batch's reward spread; several
+epochs over shuffled minibatches; entropy bonus; gradient clipping; early stop on KL).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .planners.ppo import PolicySample, PPOConfig, take_actions
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .cost.analytic import CostModel
+    from .graph.ir import OpGraph
+
+__all__ = ["model_policy", "recentre", "centred_logits", "CutPolicy", "ppo_update", "POLICIES"]
+
+POLICIES = ("auto", "eagle", "independent")
+
+
+def centred_logits(device_of_node: np.ndarray, num_devices: int, moves: float) -> np.ndarray:
+    """(N, D) logits giving each op's current device probability ``1 - moves / N`` and the
+    other devices the rest, equally."""
+    n = len(device_of_node)
+    out = np.zeros((n, num_devices), dtype=np.float32)
+    if num_devices == 1:
+        return out
+    stay = min(max(1.0 - moves / max(n, 1), 0.5), 0.999)
+    out[:] = math.log((1.0 - stay) / (num_devices - 1))
+    out[np.arange(n), np.asarray(device_of_node, dtype=np.int64)] = math.log(stay)
+    return out
+
+
+def _check_protocol(policy: Any, n: int, d: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        s = policy.sample(2, gen)
+    cands = policy.decode(s.actions)
+    if len(cands) != 2 or any(np.asarray(c).shape != (n,) for c in cands):
+        raise ValueError("the policy's decode() does not give one device per op")
+    if any(np.asarray(c).min() < 0 or np.asarray(c).max() >= d for c in cands):
+        raise ValueError("the policy samples device indices out of range")
+
+
+def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None",
+                 device_of_node: np.ndarray, *, seed: int, perturb_ops: float) -> tuple[Any, str, str]:
+    """(policy, its name, a note on why it was chosen) for model-parallel fine-tuning."""
+    if kind not in POLICIES:
+        raise ValueError(f"policy is {kind!r}; use one of {POLICIES}")
+    note = ""
+    if kind in ("auto", "eagle"):
+        try:
+            from .planners.eagle import EagleConfig, build_policy, center
+
+            cfg = EagleConfig(warm_op_moves=max(perturb_ops / 2, 0.5), warm_group_moves=max(perturb_ops, 1.0))
+            pol = build_policy(graph, cluster, cost, cfg, seed)
+            center(pol, np.asarray(device_of_node), cfg)
+            _check_protocol(pol, graph.num_nodes, cluster.num_devices)
+            pol.__dict__["_online_eagle_config"] = cfg
+            return pol, "eagle", "EAGLE network centred on the plan (warm start)"
+        except Exception as e:  # the learned planner is optional here: fall back, say why
+            if kind == "eagle":
+                raise
+            note = f"EAGLE policy not usable ({type(e).__name__}: {str(e)[:120]}); "
+    from .planners.ppo import IndependentPolicy
+
+    pol = IndependentPolicy(graph.num_nodes, cluster.num_devices,
+                            init_logits=centred_logits(device_of_node, cluster.num_devices, perturb_ops))
+    return pol, "independent", note + f"independent per-op policy centred on the plan (~{perturb_ops:g} ops moved)"
+
+
+def recentre(policy: Any, name: str, device_of_node: np.ndarray, *, perturb_ops: float) -> None:
+    """Centre ``policy`` on ``device_of_node`` again (after a new best was measured)."""
+    if name == "eagle":
+        from .planners.eagle import center
+
+        center(policy, np.asarray(device_of_node), policy.__dict__["_online_eagle_config"])
+    elif name == "independent":
+        with torch.no_grad():
+            policy.logits.copy_(torch.from_numpy(centred_logits(device_of_node, policy.logits.shape[1], perturb_ops)))
+    elif isinstance(policy, CutPolicy):
+        policy.centre(device_of_node)
+
+
+class CutPolicy(nn.Module):
+    """Where to cut a chain of ``num_ops`` ops (topological order) into ``num_stages`` stages.
+
+    Actions: an ``(n, S-1)`` long tensor, one cut position in ``1..N-1`` per categorical (cut
+    ``c`` starts a new stage at op ``c``). Candidates: ``(stage_of_node, *rest)`` with ``rest``
+    the fixed part (stage devices, micro-batches, schedule), or None when two cuts coincide
+    (an empty stage).
+    """
+
+    def __init__(self, num_ops: int, num_stages: int, *, rest: tuple[Any, ...] = (), start: np.ndarray | None = None,
+                 spread: float = 3.0) -> None:
+        super().__init__()
+        if num_stages < 2 or num_ops < num_stages:
+            raise ValueError(f"CutPolicy needs 2 <= stages <= ops; got {num_stages} stages of {num_ops} ops")
+        self.num_ops, self.num_stages, self.spread = num_ops, num_stages, float(spread)
+        self.rest = tuple(rest)
+        self.logits = nn.Parameter(torch.zeros(num_stages - 1, num_ops - 1))
+        if start is not None:
+            self.centre(start)
+
+    def cuts_of(self, stage_of_node: np.ndarray) -> list[int]:
+        """The cut positions of a stage assignment (first op of each stage after the first)."""
+        st = np.asarray(stage_of_node)
+        return [int(np.argmax(st >= s)) for s in range(1, self.num_stages)]
+
+    def centre(self, stage_of_node: np.ndarray) -> None:
+        """Logits peaked at the cuts of ``stage_of_node``, falling off over ``spread`` ops."""
+        pos = torch.arange(1, self.num_ops, dtype=torch.float32)
+        with torch.no_grad():
+            for j, c in enumerate(self.cuts_of(stage_of_node)):
+                self.logits[j] = -((pos - c).abs() / self.spread)
+
+    def sample(self, n: int, generator: torch.Generator, *, greedy: bool = False) -> PolicySample:
+        probs = torch.softmax(self.logits, dim=-1)
+        if greedy:
+            idx = probs.argmax(-1).expand(n, -1).clone()
+        else:
+            idx = torch.multinomial(probs, n, replacement=True, generator=generator).T.contiguous()
+        actions = idx + 1
+        lp, ent = self.score(actions)
+        return PolicySample(actions, lp, ent)
+
+    def score(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = torch.distributions.Categorical(logits=self.logits)
+        return d.log_prob(actions - 1).sum(-1), d.entropy().sum().expand(actions.shape[0])
+
+    def decode(self, actions: torch.Tensor) -> list[tuple[Any, ...] | None]:
+        out: list[tuple[Any, ...] | None] = []
+        for row in actions.cpu().numpy():
+            cuts = sorted(int(c) for c in row)
+            if len(set(cuts)) < len(cuts):
+                out.append(None)
+                continue
+            st = np.searchsorted(np.array(cuts), np.arange(self.num_ops), side="right").astype(np.int64)
+            out.append((st, *self.rest))
+        return out
+
+
+def ppo_update(policy: Any, optimizer: torch.optim.Optimizer, actions: Any, old_log_prob: torch.Tensor,
+               rewards: Sequence[float], baseline: float | None, config: PPOConfig,
+               generator: torch.Generator) -> tuple[float, dict[str, float]]:
+    """One PPO update on a batch whose rewards are known; returns (new baseline, metrics)."""
+    b_rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64), dtype=torch.float32)
+    batch = int(b_rewards.numel())
+    mean_r = float(b_rewards.mean())
+    base = mean_r if baseline is None else baseline
+    b_adv = b_rewards - base
+    if config.norm_adv:
+        b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
+    new_base = config.baseline_decay * base + (1.0 - config.baseline_decay) * mean_r
+    policy.train()
+    mb_size = max(1, batch // config.num_minibatches)
+    approx_kl = torch.zeros(())
+    pg_loss = ent_mean = torch.zeros(())
+    stop = False
+    for _epoch in range(config.update_epochs):
+        b_inds = torch.randperm(batch, generator=generator)
+        for lo in range(0, batch, mb_size):
+            mb_inds = b_inds[lo:lo + mb_size]
+            newlogprob, entropy = policy.score(take_actions(actions, mb_inds))
+            logratio = newlogprob - old_log_prob[mb_inds]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+            mb_adv = b_adv[mb_inds]
+            pg_loss = torch.max(-mb_adv * ratio,
+                                -mb_adv * torch.clamp(ratio, 1 - config.clip_coef, 1 + config.clip_coef)).mean()
+            ent_mean = entropy.mean()
+            loss = pg_loss - config.ent_coef * ent_mean
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            optimizer.step()
+            if config.target_kl is not None and float(approx_kl) > config.target_kl:
+                stop = True
+                break
+        if stop:
+            break
+    policy.eval()
+    return new_base, {"losses/policy_loss": float(pg_loss.detach()), "losses/entropy": float(ent_mean.detach()),
+                      "losses/approx_kl": float(approx_kl), "charts/mean_reward": mean_r}

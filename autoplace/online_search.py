@@ -1,0 +1,285 @@
+"""The decisions of online fine-tuning: which placement to try next and what a measurement means.
+
+One *round*: sample ``screen_samples`` placements from the policy, simulate each on the
+calibrated cluster, and queue the ``screen_top_k`` fastest ones that fit in memory and were not
+tried before for live trials. When the round's trials are done, PPO updates the policy on the
+whole batch: a sample that was measured live gets the measured reward
+
+    r = -log(measured / reference)      reference: the starting placement's measured step
+
+and every other sample the calibrated simulator's reward ``-log(predicted / reference)``
+(the prior); a sample that failed live, does not fit in memory, or is not a valid placement
+gets ``-failure_penalty``. Every measurement refits the calibration
+(:mod:`autoplace.online_calibrate`), so later rounds screen with a simulator closer to this
+machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
+before the first round.
+
+A candidate is what :class:`autoplace.planners.env.PlacementEnv` scores: a ``device_of_node``
+array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from .online_calibrate import StepCalibration, fit_step_calibration
+from .online_policy import ppo_update, recentre
+from .report import format_table
+from .sim import Simulator
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .cost.analytic import CostModel
+    from .graph.ir import OpGraph
+    from .online import OnlineConfig
+    from .placement import Placement
+
+__all__ = ["TuningSearch", "TrialRecord", "candidate_key"]
+
+
+def candidate_key(candidate: Any) -> bytes:
+    """A digest identifying a candidate (placements equal iff keys equal)."""
+    h = hashlib.blake2b(digest_size=16)
+    if isinstance(candidate, tuple):
+        st, sd, m, sched = candidate
+        h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
+        h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
+    else:
+        h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+@dataclass
+class TrialRecord:
+    """One live measurement (the starting placement, a trial, or a failure)."""
+
+    index: int
+    """0 for the starting placement, then 1, 2, ... for trials."""
+    summary: str
+    """where the ops are (ops per device, or stage sizes)."""
+    moved: int
+    """ops placed differently from the starting placement."""
+    predicted_s: float
+    """the uncalibrated simulator's step time."""
+    predicted_at_trial_s: float
+    """the calibrated simulator's step time when the trial was chosen."""
+    measured_s: float | None = None
+    """median of the measured steps (None when the trial failed)."""
+    step_times_s: list[float] = field(default_factory=list)
+    error: str = ""
+    """why the trial failed (empty when it did not)."""
+    best_so_far_s: float = math.inf
+    """best measured step time after this trial."""
+    became_best: bool = False
+    key: bytes = b""
+    candidate: Any = None
+
+
+class TuningSearch:
+    """Policy, screening, PPO, calibration and the record of every trial (see the module doc)."""
+
+    def __init__(self, graph: "OpGraph", cluster: "Cluster", cost: "CostModel", start: Any, *, policy: Any,
+                 policy_name: str, policy_note: str, config: "OnlineConfig",
+                 to_placement: Callable[[Any], "Placement"], summarize: Callable[[Any], str]) -> None:
+        self.graph, self.cluster, self.cost, self.config = graph, cluster, cost, config
+        self.policy, self.policy_name, self.policy_note = policy, policy_name, policy_note
+        self.to_placement, self.summarize = to_placement, summarize
+        self.start = start
+        self.base_sim = Simulator(graph, cluster, cost)
+        self.calibration = StepCalibration()
+        self._sim = self.base_sim
+        self.records: list[TrialRecord] = []
+        self.measured: dict[bytes, float] = {}
+        self.failed: dict[bytes, str] = {}
+        self.best: Any = start
+        self.best_key = candidate_key(start)
+        self.best_s = math.inf
+        self._best_times: list[float] = []
+        self.reference_s: float | None = None
+        self.trials_done = 0
+        self._queue: list[Any] = []
+        self._batch: tuple[Any, torch.Tensor, list[Any]] | None = None
+        self._centred_on = self.best_key
+        self._gen = torch.Generator().manual_seed(config.seed)
+        self._opt = torch.optim.Adam(policy.parameters(), lr=config.ppo.lr, eps=1e-5)
+        self._baseline: float | None = None
+        self.metrics: dict[str, float] = {}
+        self._prior_done = False
+        self.exhausted = False
+
+    # ---- simulation -----------------------------------------------------------------------
+
+    def _evaluate(self, sim: Simulator, cand: Any) -> tuple[float, bool]:
+        if cand is None:
+            return math.inf, True
+        if isinstance(cand, tuple):
+            st, sd, m, sched = cand
+            ev = sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
+        else:
+            ev = sim.evaluate(cand)
+        return float(ev.step_time_s), bool(ev.oom)
+
+    def predict(self, cand: Any, *, calibrated: bool = True) -> float:
+        """Simulated step seconds of ``cand`` (calibrated unless told otherwise)."""
+        return self._evaluate(self._sim if calibrated else self.base_sim, cand)[0]
+
+    def _refit(self) -> None:
+        recs = [r for r in self.records if r.measured_s is not None]
+        if not self.config.calibrate or not recs:
+            return
+        cands = [r.candidate for r in recs]
+
+        def predict(cl: "Cluster") -> list[float]:
+            sim = Simulator(self.graph, cl, self.cost)
+            return [self._evaluate(sim, c)[0] for c in cands]
+
+        self.calibration = fit_step_calibration(predict, self.cluster, [r.measured_s for r in recs],
+                                                ridge=self.config.calibration_ridge)
+        self._sim = Simulator(self.graph, self.calibration.apply(self.cluster), self.cost)
+
+    # ---- measurements ---------------------------------------------------------------------
+
+    def _moved(self, cand: Any) -> int:
+        a = cand[0] if isinstance(cand, tuple) else cand
+        b = self.start[0] if isinstance(self.start, tuple) else self.start
+        return int(np.sum(np.asarray(a) != np.asarray(b)))
+
+    def record(self, cand: Any, times: list[float] | None, error: str = "") -> TrialRecord:
+        """Record a live trial of ``cand`` (``times``: its measured steps; or ``error``)."""
+        key = candidate_key(cand)
+        rec = TrialRecord(index=len(self.records), summary=self.summarize(cand), moved=self._moved(cand),
+                          predicted_s=self.predict(cand, calibrated=False), predicted_at_trial_s=self.predict(cand),
+                          key=key, candidate=cand)
+        if times:
+            rec.step_times_s = list(times)
+            rec.measured_s = float(np.median(times))
+            self.measured[key] = rec.measured_s
+            if self.reference_s is None:
+                self.reference_s = rec.measured_s
+            if key == self.best_key:
+                self._best_times = list(times)
+                self.best_s = rec.measured_s
+            elif rec.measured_s < self.best_s * (1.0 - self.config.min_gain):
+                self.best, self.best_key, self.best_s = cand, key, rec.measured_s
+                self._best_times = list(times)
+                rec.became_best = True
+        else:
+            rec.error = error or "failed"
+            self.failed[key] = rec.error
+        if rec.index > 0:
+            self.trials_done += 1
+        rec.best_so_far_s = self.best_s
+        self.records.append(rec)
+        self._refit()
+        return rec
+
+    def observe_best(self, seconds: float) -> None:
+        """A step measured on the best placement between trials: keeps its estimate current."""
+        self._best_times = (self._best_times + [seconds])[-3 * self.config.steps_per_trial:]
+        self.best_s = float(np.median(self._best_times))
+        self.measured[self.best_key] = self.best_s
+
+    # ---- choosing ------------------------------------------------------------------------
+
+    def _reward(self, cand: Any, pred: float, oom: bool) -> float:
+        key = candidate_key(cand) if cand is not None else b""
+        ref = self.reference_s or 1.0
+        if cand is None or oom or key in self.failed:
+            return -self.config.failure_penalty
+        t = self.measured.get(key, pred)
+        return -math.log(max(t, 1e-12) / ref)
+
+    def _update_policy(self) -> None:
+        if self._batch is None:
+            return
+        actions, logp, cands = self._batch
+        rewards = []
+        for c in cands:
+            pred, oom = self._evaluate(self._sim, c)
+            rewards.append(self._reward(c, pred, oom))
+        self._baseline, self.metrics = ppo_update(self.policy, self._opt, actions, logp, rewards, self._baseline,
+                                                  self.config.ppo, self._gen)
+        self._batch = None
+
+    def _prior(self) -> None:
+        """PPO on the calibrated simulator alone, before the first live round."""
+        for _ in range(self.config.prior_updates):
+            self.policy.eval()
+            with torch.no_grad():
+                s = self.policy.sample(self.config.screen_samples, self._gen)
+            cands = self.policy.decode(s.actions)
+            rewards = [self._reward(c, *self._evaluate(self._sim, c)) for c in cands]
+            self._baseline, self.metrics = ppo_update(self.policy, self._opt, s.actions, s.log_prob, rewards,
+                                                      self._baseline, self.config.ppo, self._gen)
+
+    def _new_round(self) -> None:
+        self._update_policy()
+        if self.best_key != self._centred_on:
+            recentre(self.policy, self.policy_name, self.best if not isinstance(self.best, tuple) else self.best[0],
+                     perturb_ops=self.config.perturb_ops)
+            self._centred_on = self.best_key
+        if not self._prior_done:
+            self._prior()
+            self._prior_done = True
+        for _attempt in range(3):
+            self.policy.eval()
+            with torch.no_grad():
+                s = self.policy.sample(self.config.screen_samples, self._gen)
+            cands = self.policy.decode(s.actions)
+            self._batch = (s.actions, s.log_prob.detach(), cands)
+            scored: dict[bytes, tuple[float, Any]] = {}
+            for c in cands:
+                if c is None:
+                    continue
+                key = candidate_key(c)
+                if key in scored or key in self.measured or key in self.failed:
+                    continue
+                pred, oom = self._evaluate(self._sim, c)
+                if not oom and math.isfinite(pred):
+                    scored[key] = (pred, c)
+            ranked = sorted(scored.values(), key=lambda x: x[0])
+            self._queue = [c for _, c in ranked[: self.config.screen_top_k]]
+            if self._queue:
+                return
+        self.exhausted = True
+
+    def next_candidate(self) -> Any | None:
+        """The next placement to try live, or None when the budget is spent (or nothing new
+        can be sampled)."""
+        if self.trials_done >= self.config.trials or self.exhausted:
+            return None
+        if not self._queue:
+            self._new_round()
+        return self._queue.pop(0) if self._queue else None
+
+    # ---- reporting -----------------------------------------------------------------------
+
+    def report(self) -> str:
+        """Every trial: placement, predicted (uncalibrated, calibrated at the time, calibrated
+        now) and measured step time, best so far; then the calibration and the policy."""
+        rows = []
+        for r in self.records:
+            now = self.predict(r.candidate)
+            status = r.error[:60] if r.error else ("new best" if r.became_best else "")
+            rows.append(["start" if r.index == 0 else str(r.index), r.summary, str(r.moved),
+                         f"{r.predicted_s * 1e3:.3f}", f"{r.predicted_at_trial_s * 1e3:.3f}", f"{now * 1e3:.3f}",
+                         "-" if r.measured_s is None else f"{r.measured_s * 1e3:.3f}",
+                         f"{r.best_so_far_s * 1e3:.3f}", status or ("FAILED" if r.measured_s is None else "")])
+        head = ["trial", "placement", "moved ops", "sim ms", "calibrated ms (then)", "calibrated ms (now)",
+                "measured ms", "best ms", "note"]
+        best = self.to_placement(self.best)
+        lines = [f"online fine-tuning: {self.trials_done}/{self.config.trials} trials; policy: {self.policy_name} "
+                 f"({self.policy_note})", format_table(head, rows), "",
+                 self.calibration.describe() if self.calibration.samples else "calibration: no measurement yet",
+                 f"best: {self.summarize(self.best)} at {self.best_s * 1e3:.3f} ms"
+                 + (f" ({self.reference_s / self.best_s:.2f}x the start)" if self.reference_s and self.best_s < math.inf
+                    else ""), f"plan: {best.describe()}"]
+        if self.metrics:
+            lines.append("last PPO update: " + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()))
+        return "\n".join(lines)
