@@ -23,7 +23,7 @@ import torch.fx
 from autoplace import zoo
 from autoplace.rewrite.pipeline import split_stages
 from autoplace.rewrite.placed import place_module
-from test_rewrite_pipeline import random_monotone
+from test_rewrite_split import random_monotone
 
 TOL = 1e-5
 HEAVY = {"inception_v3", "nasnet", "resnet50", "gnmt8-unrolled"}
