@@ -59,7 +59,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -196,28 +196,40 @@ class MarsPolicy(nn.Module):
 
         if n < 1:
             raise ValueError(f"sample(n={n}): n must be >= 1")
-        net, h = self.net, self.net.hidden
-
-        def arr(t: Tensor) -> np.ndarray:
-            return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
-
-        with torch.no_grad():
-            ctx = self._context()
-            w_ih = net.decoder.weight_ih_l0
-            op_gates = ctx.z @ w_ih[:, :h].T + net.decoder.bias_ih_l0 + net.decoder.bias_hh_l0  # (N, 4H)
-            prev_gates = torch.cat([net.start.unsqueeze(0), ctx.dev]) @ w_ih[:, h:].T  # (D + 1, 4H)
-            valid = (~ctx.mask).sum(1)
         shape = (n, self.num_ops, self.num_devices)
         uniforms = np.full(shape, 0.5) if greedy else \
             torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12).numpy()
         actions = np.zeros((n, self.num_ops), dtype=np.int64)
         log_prob, entropy = np.zeros(n), np.zeros(n)
-        decode(arr(op_gates), arr(prev_gates), arr(net.decoder.weight_hh_l0), arr(ctx.enc), arr(ctx.enc_keys),
-               valid.numpy().astype(np.int64), ctx.seg, arr(net.mix.weight[:, :h]), arr(net.mix.weight[:, h:]),
-               arr(net.mix.bias), arr(ctx.dev_keys), arr(net.coef.weight), arr(net.coef.bias), uniforms, greedy,
-               *self.tracker.tables(), actions, log_prob, entropy)
+        kernel: Any = decode  # a numba dispatcher
+        kernel(*self._decoder_arrays(), uniforms, greedy, *self.tracker.tables(), actions, log_prob, entropy)
         return PolicySample(torch.from_numpy(actions), torch.from_numpy(log_prob).float(),
                             torch.from_numpy(entropy).float())
+
+    def _decoder_arrays(self) -> tuple:
+        """What :func:`~autoplace.planners.mars_state.decode` reads, as float64 arrays; kept
+        until a parameter changes (consecutive samplings share one GNN pass)."""
+        net, h = self.net, self.net.hidden
+        versions = tuple(p._version for p in net.parameters())
+        cached = getattr(self, "_arrays", None)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+
+        def arr(t: Tensor) -> np.ndarray:
+            return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
+
+        w_ih, w_hh, b_ih, b_hh = (cast(Tensor, getattr(net.decoder, f"{k}_l0"))
+                                  for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        with torch.no_grad():
+            ctx = self._context()
+            op_gates = ctx.z @ w_ih[:, :h].T + b_ih + b_hh  # (N, 4H)
+            prev_gates = torch.cat([net.start.unsqueeze(0), ctx.dev]) @ w_ih[:, h:].T  # (D + 1, 4H)
+            valid = (~ctx.mask).sum(1).numpy().astype(np.int64)
+            out = (arr(op_gates), arr(prev_gates), arr(w_hh), arr(ctx.enc), arr(ctx.enc_keys),
+                   valid, ctx.seg, arr(net.mix.weight[:, :h]), arr(net.mix.weight[:, h:]), arr(net.mix.bias),
+                   arr(ctx.dev_keys), arr(net.coef.weight), arr(net.coef.bias))
+        self._arrays = (versions, out)
+        return out
 
     def score(self, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability (m,) and entropy (m,) of stored placements ``actions`` (m, N) under

@@ -394,17 +394,17 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
             last = time.perf_counter()
             window: list[dict[str, Any]] = []
             while run.step < config.ppo_updates and not out_of_time():
-                rec = run.ppo_step()
+                update = run.ppo_step()
                 now = time.perf_counter()
                 run.elapsed["ppo"] += now - last
                 last = now
-                if rec is None:
+                if update is None:
                     continue
                 run.step += 1
                 steps_done += 1
-                log_file.write(json.dumps(rec) + "\n")
-                window.append(rec)
-                bar.update(1, reward=f"{rec['charts/mean_reward']:+.3f}")
+                log_file.write(json.dumps(update) + "\n")
+                window.append(update)
+                bar.update(1, reward=f"{update['charts/mean_reward']:+.3f}")
                 if run.step % config.checkpoint_every == 0 or run.step == config.ppo_updates:
                     run.history.append(_summary(window, run.step))
                     window = []
