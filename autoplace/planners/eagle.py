@@ -26,8 +26,17 @@ What ``place`` does, in order:
    heuristic, and PPO from there spends its whole budget climbing back.
 3. **PPO** on the simulator: ``EagleConfig.quick_samples`` samples without a budget, else
    until the budget (less the time of steps 1 and 2) is spent or ``max_samples`` is reached.
-4. Returns the best placement that fits among the samples and the seeds: never slower than
-   the seeding heuristics in the simulator. ``placement.meta`` tells which won
+   Training runs in segments of ``recenter_every`` updates; after a segment whose samples
+   beat the current centre, the policy is centred again on the new best as in step 2
+   (self-imitation: Oh, Guo, Singh, Lee, "Self-Imitation Learning", ICML 2018, imitate
+   one's own best past actions).
+4. **Refine** (``EagleConfig.refine``, a named post-processing step:
+   :mod:`autoplace.planners.refine`, single-op local search on the simulator): on the best
+   heuristic before the warm start, on every new best before the policy is re-centred on
+   it (so the policy searches around local optima, a memetic scheme), and on the final best.
+   ``refine=False`` gives the policy alone; benchmarks report both.
+5. Returns the best placement that fits among the samples, the refined placements and the
+   seeds: never slower than the seeding heuristics in the simulator. ``placement.meta`` tells which won
    (``source``) and the policy's own best (``policy_step_time_s``); see
    :mod:`autoplace.planners._learned`.
 
@@ -87,6 +96,14 @@ class EagleConfig:
     the current centre, centre the policy on the new best (:func:`center`, as for the warm start)."""
     recenter_every: int = 4
     """PPO updates per segment between re-centrings."""
+    refine: bool = True
+    """the named local-search step (:func:`autoplace.planners.refine.refine`): on the best
+    heuristic before the warm start, on each new best before re-centring on it, and on the
+    final best. False: the policy alone (with its self-imitation re-centring)."""
+    refine_share: float = 0.15
+    """with a budget, the most of it one refine call may take."""
+    quick_refine_evaluations: int = 2000
+    """without a budget, the simulator calls of the final refine (a count, so quick plans stay reproducible)."""
     quick_samples: int = 256
     """placements sampled when ``budget_s`` is None."""
     max_samples: int | None = None
@@ -230,15 +247,35 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
 
     from ._learned import LearnedRun
     from .ppo import TrainResult, merge_results, train
+    from .refine import refine
 
     run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
     env = run.env
     policy = build_policy(graph, cluster, cost, config, seed)
     centres: list[dict[str, Any]] = []
+    refines: list[dict[str, Any]] = []
     centre_time = math.inf
+
+    def polish(final: bool) -> None:
+        best = env.best_candidate
+        if not config.refine or not isinstance(best, np.ndarray):
+            return
+        if budget_s is None:
+            if not final:
+                return
+            r = refine(env, best, seed=seed + len(refines), max_evaluations=config.quick_refine_evaluations)
+        else:
+            left = run.remaining_s() or 0.0
+            cap = left if final else min(left, config.refine_share * budget_s)
+            if cap < 0.2:
+                return
+            r = refine(env, best, seed=seed + len(refines), budget_s=cap)
+        refines.append({"from_s": r.start_step_time_s, "to_s": r.step_time_s, "moves": r.moves,
+                        "evaluations": r.evaluations, "wall_s": r.wall_s, "final": final})
 
     def recentre(source: str) -> None:
         nonlocal centre_time
+        polish(final=False)
         best = env.best_candidate
         if not isinstance(best, np.ndarray) or len(np.unique(best)) > policy.num_groups:
             return
@@ -265,10 +302,11 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
         k += 1
         if config.recenter and config.warm_start and env.best_step_time_s < centre_time * (1 - 1e-9):
             recentre("sample")
+    polish(final=True)
     result = merge_results(results) if results else None
     extra = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
              "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
-             "centres": centres}
+             "centres": centres, "refines": refines}
     return run.finish("eagle", result, extra)
 
 

@@ -131,7 +131,8 @@ class PlacementEnv:
         self.best_step_time_s = math.inf
         self.best_evaluation: "Evaluation | None" = None
         self.best_source = ""
-        """where the best candidate came from: a seed's planner name or ``"sample"``."""
+        """where the best candidate came from: a seed's planner name, ``"sample"`` or another
+        source given to :meth:`evaluate` (``"refine"``)."""
         self._cache: dict[bytes, "Evaluation"] = {}
         self.seeds: list[SeedPlacement] = list(seeds) if seeds is not None else (
             heuristic_seeds(graph, cluster, self.cost, mode) if reference_s is None else [])
@@ -156,12 +157,13 @@ class PlacementEnv:
             r -= self.oom_coef * (1.0 + ev.oom_excess_bytes / self.mean_capacity)
         return r
 
-    def evaluate(self, candidate: Candidate) -> tuple[float, "Evaluation"]:
-        """Simulate ``candidate`` (one sample), remember it if it is the best that fits, and
-        return (reward, evaluation). Raises :class:`PlacementError` for an invalid candidate."""
+    def evaluate(self, candidate: Candidate, *, source: str = "sample") -> tuple[float, "Evaluation"]:
+        """Simulate ``candidate`` (one sample), remember it if it is the best that fits (with
+        ``source`` as where it came from), and return (reward, evaluation). Raises
+        :class:`PlacementError` for an invalid candidate."""
         ev = self._simulate(candidate)
         self.num_samples += 1
-        self._keep(candidate, ev, "sample")
+        self._keep(candidate, ev, source)
         return self.reward_of(ev), ev
 
     def evaluate_many(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, list["Evaluation"]]:
