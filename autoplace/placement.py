@@ -71,8 +71,7 @@ class Placement:
             st.setflags(write=False)
             set_(self, "stage_of_node", st)
         if self.stage_devices is not None:
-            set_(self, "stage_devices", tuple(
-                (int(s),) if np.isscalar(s) else tuple(int(x) for x in s) for s in self.stage_devices))
+            set_(self, "stage_devices", tuple(_device_tuple(s) for s in self.stage_devices))
         set_(self, "microbatches", int(self.microbatches))
         set_(self, "meta", dict(self.meta))
 
@@ -96,7 +95,7 @@ class Placement:
                  validate: bool = True) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
         over several (a sequence of ints)."""
-        sd = tuple((int(s),) if np.isscalar(s) else tuple(int(x) for x in s) for s in stage_devices)
+        sd = tuple(_device_tuple(s) for s in stage_devices)
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
         dev = first[np.clip(st, 0, max(len(sd) - 1, 0))] if len(sd) else np.full(st.shape, -1)
@@ -289,6 +288,13 @@ class Placement:
         from .device_map import from_device_map
 
         return from_device_map(graph, cluster, device_map, planner=planner)
+
+
+def _device_tuple(s: Any) -> tuple[int, ...]:
+    """A stage's devices: an int (one device) or a sequence of ints (replicas)."""
+    if isinstance(s, (int, np.integer)):
+        return (int(s),)
+    return tuple(int(x) for x in s)
 
 
 def _device_range(cluster: "Cluster") -> str:

@@ -85,8 +85,8 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
 
     sim = simulated if simulated is not None else simulate(graph, plan, cluster, cost=cost)
     d = cluster.num_devices
-    ops = np.bincount(plan.device_of_node, minlength=d)
-    params = np.bincount(plan.device_of_node, weights=graph.param_bytes, minlength=d)
+    ops: np.ndarray = np.bincount(plan.device_of_node, minlength=d)
+    params: np.ndarray = np.bincount(plan.device_of_node, weights=graph.param_bytes, minlength=d)
     if plan.mode == "pipeline" and plan.stage_devices is not None and plan.stage_of_node is not None:
         ops = np.zeros(d, dtype=np.int64)
         params = np.zeros(d)

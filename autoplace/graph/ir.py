@@ -142,17 +142,16 @@ class OpGraph:
                     f"edge {self.names[s]!r} -> {self.names[d]!r} ({s} -> {d}) does not go "
                     "forward: nodes must be in topological order with no self loops"
                 )
-            keys = self.edges[:, 0] * n + self.edges[:, 1]
+            keys = self.edges[:, 0] * np.int64(n) + self.edges[:, 1]
             if np.unique(keys).size != keys.size:
                 raise GraphError("OpGraph has a repeated edge; merge parallel edges by summing bytes")
         for f in _FLOAT_FIELDS:
             arr = getattr(self, f)
             measured = f.endswith("time_s")
-            bad = np.nonzero(~np.isnan(arr) & ((arr < 0) | ~np.isfinite(arr)))[0] if measured else (
-                np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
-            )
-            if bad.size:
-                i = int(bad[0])
+            broken = ~np.isfinite(arr) | (arr < 0)
+            wrong = np.nonzero(broken & ~np.isnan(arr) if measured else broken)[0]
+            if wrong.size:
+                i = int(wrong[0])
                 where = f"edge {i}" if f == "edge_bytes" else f"node {self.names[i]!r}"
                 allowed = "a finite value >= 0 or NaN (not measured)" if measured else "finite and >= 0"
                 raise GraphError(f"OpGraph.{f} of {where} is {arr[i]}; it must be {allowed}")
@@ -373,6 +372,10 @@ class OpGraph:
         n = len(names)
         e = np.array(edges, dtype=np.int64).reshape(-1, 2)
         zeros = np.zeros(n)
+
+        def arr(x: Sequence[float] | np.ndarray | None, fill: np.ndarray) -> np.ndarray:
+            return fill if x is None else np.asarray(x, dtype=np.float64)
+
         ob = zeros if out_bytes is None else np.asarray(out_bytes, dtype=np.float64)
         if edge_bytes is None:
             eb = ob[e[:, 0]] if len(ob) == n and e.size else np.zeros(e.shape[0])
@@ -385,10 +388,10 @@ class OpGraph:
             edges=e,
             edge_bytes=eb,
             out_bytes=ob,
-            param_bytes=zeros if param_bytes is None else param_bytes,
-            fwd_flops=zeros if fwd_flops is None else fwd_flops,
-            bwd_flops=zeros if bwd_flops is None else bwd_flops,
-            fwd_time_s=nan if fwd_time_s is None else fwd_time_s,
-            bwd_time_s=nan if bwd_time_s is None else bwd_time_s,
+            param_bytes=arr(param_bytes, zeros),
+            fwd_flops=arr(fwd_flops, zeros),
+            bwd_flops=arr(bwd_flops, zeros),
+            fwd_time_s=arr(fwd_time_s, nan),
+            bwd_time_s=arr(bwd_time_s, nan),
             **kw,
         )
