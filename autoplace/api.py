@@ -93,6 +93,11 @@ class PlacedModule(nn.Module):
         self._modules = model._modules
         self._parameters = model._parameters
         self._buffers = model._buffers
+        self._non_persistent_buffers_set = model._non_persistent_buffers_set
+        for hooks in ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                      "_load_state_dict_post_hooks"):
+            if hasattr(model, hooks):
+                setattr(self, hooks, getattr(model, hooks))
         self.__dict__["_wrapped"] = model
         self.__dict__["_placed_gm"] = None
         self.__dict__["_traced"] = None

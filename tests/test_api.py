@@ -1,0 +1,146 @@
+"""autoplace.wrap(): transparency on zoo models over targets mapped to the CPU, state_dict keys,
+plan save and reuse, and the errors for bad inputs (each leaving the user's model untouched)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import autoplace
+from autoplace.api import WrapError
+from autoplace.placement import PlacementError
+
+CPU3 = ["cpu", "cpu", "cpu"]
+ZOO = ["gpt2", "resnet18", "gnmt4-unrolled"]
+
+
+def state_of(model: nn.Module) -> dict[str, Any]:
+    """What 'untouched' means: the same tensor objects, on the same devices, with the same values."""
+    return {n: (id(t), t.device, t.detach().clone()) for n, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def assert_untouched(model: nn.Module, before: dict[str, Any]) -> None:
+    after = state_of(model)
+    assert after.keys() == before.keys()
+    for n, (i, dev, val) in before.items():
+        j, dev2, val2 = after[n]
+        assert i == j and dev == dev2 and (dev.type == "meta" or torch.equal(val, val2)), n
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_wrapped_zoo_model_trains_like_the_original(name: str) -> None:
+    wl = autoplace.zoo.build(name, small=True)
+    ref = copy.deepcopy(wl.model)
+    placed = autoplace.wrap(wl.model, CPU3, example_inputs=wl.example_inputs, planner="expert", mode="model",
+                            progress=False)
+    assert len(placed.plan.devices_used()) >= 2, "the plan should spread the model (transfers exercised)"
+    assert list(placed.state_dict().keys()) == list(ref.state_dict().keys())
+    assert [id(p) for p in placed.parameters()] == [id(p) for p in wl.model.parameters()]
+    out, ref_out = placed(*wl.example_inputs), ref(*wl.example_inputs)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-6)
+    wl.loss_fn(out, wl.target).backward()
+    wl.loss_fn(ref_out, wl.target).backward()
+    for (n, p), (_, q) in zip(wl.model.named_parameters(), ref.named_parameters()):
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-6, msg=n)
+    for (n, b), (_, c) in zip(placed.state_dict().items(), ref.state_dict().items()):
+        torch.testing.assert_close(b, c, rtol=0, atol=1e-6, msg=n)  # BatchNorm statistics too
+
+
+def test_a_saved_plan_is_reused_and_refused_for_another_graph(tmp_path: Path) -> None:
+    wl = autoplace.zoo.build("gpt2", small=True)
+    twin = copy.deepcopy(wl.model)
+    placed = autoplace.wrap(wl.model, CPU3, example_inputs=wl.example_inputs, planner="expert", mode="model",
+                            progress=False)
+    path = placed.save_plan(tmp_path / "plan.json")
+    again = autoplace.wrap(twin, CPU3, example_inputs=wl.example_inputs, plan=path, mode="model", progress=False)
+    assert np.array_equal(again.plan.device_of_node, placed.plan.device_of_node)
+    torch.testing.assert_close(again(*wl.example_inputs), placed(*wl.example_inputs), rtol=0, atol=0)
+
+    other = autoplace.zoo.build("resnet18", small=True)
+    before = state_of(other.model)
+    with pytest.raises(PlacementError) as err:
+        autoplace.wrap(other.model, CPU3, example_inputs=other.example_inputs, plan=path, mode="model")
+    msg = str(err.value)
+    n_other = autoplace.trace(other.model, other.example_inputs).num_nodes
+    assert f"made for graph {placed.graph.hash}" in msg
+    assert f"device_of_node has {placed.graph.num_nodes} entries; the graph has {n_other} ops" in msg
+    assert_untouched(other.model, before)
+
+
+def small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize("devices, match", [
+    ([], "devices is empty"),
+    ("cpu", "devices must be a list"),
+    (["cpu", "tpu:9"], "not a torch device"),
+])
+def test_bad_device_lists_are_clear_errors(devices: Any, match: str) -> None:
+    model = small_model()
+    before = state_of(model)
+    with pytest.raises(WrapError, match=match):
+        autoplace.wrap(model, devices, example_inputs=(torch.randn(2, 4),))
+    assert_untouched(model, before)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_a_clear_error() -> None:
+    model = small_model()
+    before = state_of(model)
+    with pytest.raises(WrapError, match="'cuda:0' is not on this machine"):
+        autoplace.wrap(model, ["cpu", "cuda:0"], example_inputs=(torch.randn(2, 4),))
+    assert_untouched(model, before)
+
+
+def test_a_model_already_spread_is_refused() -> None:
+    model = small_model()
+    model[2].to("meta")
+    before = state_of(model)
+    with pytest.raises(WrapError, match=r"already spread over devices \['cpu', 'meta'\].*model.to\('cpu'\)"):
+        autoplace.wrap(model, CPU3, example_inputs=(torch.randn(2, 4),))
+    assert_untouched(model, before)
+
+
+def test_a_plan_naming_more_devices_than_given_is_refused() -> None:
+    model = small_model()
+    x = torch.randn(2, 4)
+    graph = autoplace.trace(model, (x,))
+    plan = autoplace.Placement.from_assignment(graph, autoplace.Cluster.from_devices(CPU3),
+                                               np.arange(graph.num_nodes) % 3)
+    before = state_of(model)
+    with pytest.raises(WrapError, match=r"names device 2 but only 2 devices were given \(cpu, cpu\)"):
+        autoplace.wrap(model, ["cpu", "cpu"], example_inputs=(x,), plan=plan)
+    assert_untouched(model, before)
+
+
+def test_other_bad_arguments() -> None:
+    model = small_model()
+    before = state_of(model)
+    with pytest.raises(WrapError, match="mode 'fast' is unknown"):
+        autoplace.wrap(model, CPU3, mode="fast")
+    with pytest.raises(WrapError, match="must be a torch.nn.Module"):
+        autoplace.wrap(lambda x: x, CPU3)  # type: ignore[arg-type]
+    with pytest.raises(WrapError, match="unexpected arguments"):
+        autoplace.wrap(model, CPU3, mode="model", microbatches=4)
+    assert_untouched(model, before)
+
+
+def test_tracing_on_the_first_call_and_a_report() -> None:
+    model = small_model()
+    ref = copy.deepcopy(model)
+    placed = autoplace.wrap(model, ["cpu", "cpu"], planner="expert", mode="model", progress=False)
+    assert not placed.ready and "not placed yet" in placed.report()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(placed(x), ref(x), rtol=0, atol=0)
+    assert placed.ready and "predicted step" in placed.report()
+    assert "finetune='online'" in placed.tuning_report()
