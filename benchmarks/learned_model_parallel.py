@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
 from autoplace.planners import NoFitError, get_planner  # noqa: E402
+from autoplace.planners import planners as planner_names  # noqa: E402
 
 PIPEDREAM = ROOT.parent / "shared" / "data" / "pipedream"
 WORKLOADS: dict[str, tuple[str, str]] = {
@@ -95,7 +96,7 @@ def load_graph(name: str) -> OpGraph:
 
 def run_heuristics(graph: OpGraph, cluster: Cluster) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for name in autoplace.planners("model"):
+    for name in planner_names("model"):
         if get_planner(name).kind != "heuristic":
             continue
         t0 = time.perf_counter()
@@ -117,8 +118,9 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
         from autoplace.planners.refine import refine
 
         env = PlacementEnv(graph, cluster)
-        assert env.best_candidate is not None
-        r = refine(env, env.best_candidate, budget_s=max(budget - (time.perf_counter() - t0), 0.1), seed=seed)
+        start = env.best_candidate
+        assert isinstance(start, np.ndarray)
+        r = refine(env, start, budget_s=max(budget - (time.perf_counter() - t0), 0.1), seed=seed)
         return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
                 "samples": env.num_samples, "wall_s": time.perf_counter() - t0, "moves": r.moves,
                 "passes": r.passes}
@@ -229,7 +231,7 @@ def main() -> None:
     if args.report:
         write_report(json.loads(out.read_text()), out)
         return
-    heuristics = [n for n in autoplace.planners("model") if get_planner(n).kind == "heuristic"]
+    heuristics = [n for n in planner_names("model") if get_planner(n).kind == "heuristic"]
     data: dict[str, Any] = {"meta": {}, "rows": []}
     if args.resume and out.exists():
         data = json.loads(out.read_text())

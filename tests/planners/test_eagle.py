@@ -94,21 +94,27 @@ def _heuristic_best(graph: OpGraph, cluster: Cluster) -> float:
     return min(times)
 
 
-def test_planner_is_registered_valid_seeded_and_never_worse(small: tuple[OpGraph, Cluster]) -> None:
+@pytest.mark.parametrize("with_refine", [True, False])
+def test_planner_is_registered_valid_seeded_and_never_worse(small: tuple[OpGraph, Cluster], with_refine: bool) -> None:
     graph, cluster = small
     assert "eagle" in autoplace.planners("model") and get_planner("eagle").kind == "learned"
-    planner = EaglePlanner(EagleConfig(groups=12, hidden=16, quick_samples=64, progress=False))
+    planner = EaglePlanner(EagleConfig(groups=12, hidden=16, quick_samples=64, refine=with_refine,
+                                       quick_refine_evaluations=300, progress=False))
     a = planner.place(graph, cluster, seed=5)
     b = planner.place(graph, cluster, seed=5)
     a.validate(graph, cluster)
     res = simulate(graph, a, cluster)
     assert not res.oom
     assert res.step_time_s <= _heuristic_best(graph, cluster) * (1 + 1e-9)
-    assert np.array_equal(a.device_of_node, b.device_of_node)
-    assert a.meta["history"] == b.meta["history"] or [h[2:] for h in a.meta["history"]] == \
-        [h[2:] for h in b.meta["history"]]
-    assert a.meta["samples"] == 64 and a.meta["warm_start"]
-    assert res.step_time_s == pytest.approx(min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]))
+    assert np.array_equal(a.device_of_node, b.device_of_node)  # same seed, same plan
+    assert [(h[0], h[2], h[3]) for h in a.meta["history"]] == [(h[0], h[2], h[3]) for h in b.meta["history"]]
+    assert a.meta["history"][-1][0] == 64 and a.meta["warm_start"]  # PPO drew 64 samples
+    if with_refine:
+        assert a.meta["samples"] > 64 and a.meta["refines"]  # refine's evaluations count as samples
+        assert res.step_time_s <= min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]) * (1 + 1e-9)
+    else:
+        assert a.meta["samples"] == 64 and not a.meta["refines"]
+        assert res.step_time_s == pytest.approx(min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]))
 
 
 def test_nothing_fits_raises_no_fit_error() -> None:
