@@ -26,8 +26,14 @@ heuristic seeding included) and seed:
 - ``eagle-policy``: EAGLE with ``refine=False``: the policy alone;
 - ``reinforce``: the REINFORCE seq2seq baseline from random weights (its own samples'
   best is reported, next to the final best-of-samples-and-heuristics);
-- ``refine-only``: the control: ``refine`` on the best heuristic for the whole budget, no
-  learning. What EAGLE gains over it is what the learning adds.
+- ``refine-only``: a control: ``refine`` on the best heuristic until it is a local optimum
+  (usually a second or two: it stops there, whatever the budget), no learning;
+- ``ils``: the stronger control, iterated local search (Lourenco, Martin, Stuetzle, "Iterated
+  Local Search", Handbook of Metaheuristics, 2003) for the whole budget: refine the best
+  heuristic, then repeatedly move a random run of 2-16 consecutive ops (topological order)
+  to a random device, refine the moved ops and their neighbours, keep the result if faster.
+  It is EAGLE's memetic loop with uniform random perturbations instead of a learned policy's:
+  what EAGLE gains over it is what the learning adds.
 
 Improvement = 1 - step time / best heuristic's step time; the summary is the geometric mean
 of the speedups (best heuristic / planner) over the four workloads and three clusters.
@@ -71,7 +77,7 @@ WORKLOADS: dict[str, tuple[str, str]] = {
 }
 GOAL = ("inception_v3", "nasnet", "gnmt", "bert")
 CLUSTERS = ("4xV100-pcie", "8xV100-nvlink", "2xA100+2xT4")
-LEARNED = ("eagle", "eagle-policy", "reinforce", "refine-only")
+LEARNED = ("eagle", "eagle-policy", "reinforce", "refine-only", "ils")
 
 
 def load_graph(name: str) -> OpGraph:
@@ -113,6 +119,8 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
     from autoplace.planners.reinforce import ReinforceConfig, place_reinforce
 
     t0 = time.perf_counter()
+    if kind == "ils":
+        return iterated_local_search(graph, cluster, budget, seed)
     if kind == "refine-only":
         from autoplace.planners.env import PlacementEnv
         from autoplace.planners.refine import refine
@@ -139,6 +147,35 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
     if "refines" in m:
         row["refines"] = [{k: v for k, v in r.items()} for r in m["refines"]]
     return row
+
+
+def iterated_local_search(graph: OpGraph, cluster: Cluster, budget: float, seed: int) -> dict[str, Any]:
+    """The ``ils`` control (see the module doc)."""
+    from autoplace.planners.env import PlacementEnv
+    from autoplace.planners.refine import neighbourhood, refine
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    env = PlacementEnv(graph, cluster)
+    start = env.best_candidate
+    assert isinstance(start, np.ndarray)
+    best = refine(env, start, seed=seed, budget_s=budget).device_of_node
+    best_t = env.sim.evaluate(best).step_time_s
+    n, d = graph.num_nodes, cluster.num_devices
+    kicks = 0
+    while time.perf_counter() - t0 < budget:
+        length = int(rng.integers(2, 17))
+        lo = int(rng.integers(0, max(n - length, 1)))
+        run = np.arange(lo, min(lo + length, n))
+        trial = best.copy()
+        trial[run] = int(rng.integers(d))
+        r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
+                   budget_s=max(budget - (time.perf_counter() - t0), 0.01))
+        kicks += 1
+        if r.step_time_s < best_t * (1 - 1e-12):
+            best, best_t = r.device_of_node, r.step_time_s
+    return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
+            "samples": env.num_samples, "wall_s": time.perf_counter() - t0, "kicks": kicks}
 
 
 def _finite(x: Any) -> float | None:
@@ -171,11 +208,12 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         "- **eagle**: EAGLE as shipped (warm start, PPO, self-imitation re-centring, memetic `refine`).",
         "- **eagle-policy**: EAGLE with `refine=False` (the policy and its re-centring alone).",
         "- **reinforce**: REINFORCE seq2seq baseline from random weights; `policy` is its own samples' best.",
-        "- **refine-only**: control, local search on the best heuristic for the whole budget, no learning.",
+        "- **refine-only**: control, local search on the best heuristic to a local optimum (stops there).",
+        "- **ils**: control, iterated local search for the whole budget (random run moves + refine), no learning.",
         "",
         "| workload | cluster | ops | lower bound | best heuristic | eagle | eagle-policy | reinforce (policy) "
-        "| refine-only | eagle samples |",
-        "|---|---|---:|---:|---|---|---|---|---|---:|",
+        "| refine-only | ils | eagle samples |",
+        "|---|---|---:|---:|---|---|---|---|---|---|---:|",
     ]
 
     def cell(r: dict[str, Any], key: str, policy: bool = False) -> str:
@@ -193,6 +231,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
             f"| {r['workload']} | {r['cluster']} | {r['ops']} | {r['lower_bound_s'] * 1e3:.1f} | "
             f"{r['best_heuristic']} {r['best_heuristic_s'] * 1e3:.1f} | {cell(r, 'eagle')} | "
             f"{cell(r, 'eagle-policy')} | {cell(r, 'reinforce', policy=True)} | {cell(r, 'refine-only')} | "
+            f"{cell(r, 'ils')} | "
             f"{e.get('samples', '-')} |")
     lines += ["", "Geometric-mean improvement over the best heuristic (goal: >= 10% on "
               f"{', '.join(GOAL)}, each on {', '.join(CLUSTERS)}):", ""]
@@ -224,7 +263,8 @@ def main() -> None:
     ap.add_argument("--planners", nargs="*", default=list(LEARNED), choices=list(LEARNED))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learned_model_parallel.json"))
-    ap.add_argument("--resume", action="store_true", help="keep the cases already in the JSON")
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in the JSON, add missing planners")
+    ap.add_argument("--replace", action="store_true", help="with --resume: run --planners again even where present")
     ap.add_argument("--report", action="store_true", help="only rewrite the .md from the JSON")
     args = ap.parse_args()
     out = Path(args.out)
@@ -239,11 +279,17 @@ def main() -> None:
                     "budget_s": args.budget, "seed": args.seed, "cpus": os.cpu_count(),
                     "python": platform.python_version(), "heuristics": heuristics,
                     "load_before": os.getloadavg()[0]}
-    done = {(r["workload"], r["cluster"]) for r in data["rows"]}
+    done = {(r["workload"], r["cluster"]): r for r in data["rows"]}
     for w in args.workloads:
         graph = load_graph(w)
         for c in args.clusters:
-            if (w, c) in done:
+            if (w, c) in done:  # --resume: add the planners this case lacks
+                old = done[(w, c)]
+                for kind in args.planners:
+                    if kind not in old["learned"] or args.replace:
+                        old["learned"][kind] = run_learned(kind, graph, Cluster.preset(c), args.budget, args.seed)
+                        _print(w, c, kind, old["learned"][kind], old["best_heuristic"], old["best_heuristic_s"])
+                        _save(data, out)
                 continue
             cluster = Cluster.preset(c)
             heur = run_heuristics(graph, cluster)
@@ -255,15 +301,22 @@ def main() -> None:
                                    "learned": {}}
             for kind in args.planners:
                 row["learned"][kind] = run_learned(kind, graph, cluster, args.budget, args.seed)
-                r = row["learned"][kind]
-                print(f"{w:>14} {c:>14} {kind:>13}: {r['step_time_s'] * 1e3:9.2f} ms "
-                      f"({100 * (1 - r['step_time_s'] / fitting[best]):+6.2f}% vs {best} "
-                      f"{fitting[best] * 1e3:.2f}), samples {r.get('samples', '-')}, {r['wall_s']:.0f} s", flush=True)
+                _print(w, c, kind, row["learned"][kind], best, fitting[best])
             data["rows"].append(row)
-            data["meta"]["load_after"] = os.getloadavg()[0]
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data, indent=1))
-            write_report(data, out)
+            _save(data, out)
+
+
+def _print(w: str, c: str, kind: str, r: dict[str, Any], best: str, best_s: float) -> None:
+    print(f"{w:>14} {c:>14} {kind:>13}: {r['step_time_s'] * 1e3:9.2f} ms "
+          f"({100 * (1 - r['step_time_s'] / best_s):+6.2f}% vs {best} {best_s * 1e3:.2f}), "
+          f"samples {r.get('samples', '-')}, {r['wall_s']:.0f} s", flush=True)
+
+
+def _save(data: dict[str, Any], out: Path) -> None:
+    data["meta"]["load_after"] = os.getloadavg()[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    write_report(data, out)
 
 
 if __name__ == "__main__":

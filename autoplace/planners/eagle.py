@@ -13,13 +13,14 @@ What ``place`` does, in order:
 1. **Seeds**: runs the registered model-parallel heuristics (or ``EagleConfig.seed_planners``)
    and simulates them; the fastest that fits is the reward's reference (reward 0).
 2. **Warm start** (``EagleConfig.warm_start``; a departure from the paper, which starts from
-   random weights): the best heuristic's placement is written as grouper/placer actions (its
-   ops on each device cut, in topological order, into contiguous runs, one group per run,
-   the groups spread over the devices in proportion to their ops). The grouper's per-op
-   residual logits are set so each op picks its run's group with probability 1 -
-   ``warm_op_moves`` / N, then the whole network imitates the action (Adam on its
-   log-probability, grouper and placer parts separately) until the placer puts each group
-   on its device with probability 1 - ``warm_group_moves`` / G. A sample then differs from
+   random weights): the best heuristic's placement (refined first when ``refine`` is on) is
+   written as grouper/placer actions (its ops on each device cut, in topological order, into
+   contiguous runs, one group per run, the groups spread over the devices in proportion to
+   their ops). The residual logit tables of the grouper and the placer are set so that each
+   op picks its run's group with probability 1 - ``warm_op_moves`` / N and each group its
+   device with probability 1 - ``warm_group_moves`` / G; then the whole network imitates
+   the action (Adam on its log-probability, grouper and placer parts separately) until both
+   probabilities are reached with the networks' own logits added. A sample then differs from
    the heuristic by about one op and two groups (whole runs of ops moved to another
    device): the policy searches around the best heuristic instead of uniformly at random.
    On graphs of hundreds of ops a random placement is several times slower than any
@@ -33,8 +34,10 @@ What ``place`` does, in order:
 4. **Refine** (``EagleConfig.refine``, a named post-processing step:
    :mod:`autoplace.planners.refine`, single-op local search on the simulator): on the best
    heuristic before the warm start, on every new best before the policy is re-centred on
-   it (so the policy searches around local optima, a memetic scheme), and on the final best.
-   ``refine=False`` gives the policy alone; benchmarks report both.
+   it (so the policy searches around local optima, a memetic scheme), on the few best
+   samples of each batch, restricted to the ops they moved (``polish_top``; they are
+   rewarded for the polished result), and on the final best. ``refine=False`` gives the
+   policy alone; benchmarks report both.
 5. Returns the best placement that fits among the samples, the refined placements and the
    seeds: never slower than the seeding heuristics in the simulator. ``placement.meta`` tells which won
    (``source``) and the policy's own best (``policy_step_time_s``); see
@@ -50,7 +53,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
 
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
+    from .env import PlacementEnv
 
 __all__ = ["EagleConfig", "EaglePlanner", "place_eagle", "warm_start_actions", "imitate"]
 
@@ -100,6 +104,11 @@ class EagleConfig:
     """the named local-search step (:func:`autoplace.planners.refine.refine`): on the best
     heuristic before the warm start, on each new best before re-centring on it, and on the
     final best. False: the policy alone (with its self-imitation re-centring)."""
+    polish_top: int = 4
+    """with ``refine`` on: the best this many samples of each batch are polished by
+    ``refine`` restricted to the ops they moved off the centre and those ops' neighbours (two
+    passes), and rewarded for the polished step time, so the policy learns perturbations that
+    pay off after local search (Baldwinian learning); 0 turns it off."""
     refine_share: float = 0.15
     """with a budget, the most of it one refine call may take."""
     quick_refine_evaluations: int = 2000
@@ -240,6 +249,38 @@ def center(policy: Any, device_of_node: np.ndarray, config: EagleConfig) -> dict
     return {"steps": steps, "probs": probs, "target_probs": list(conf), "s": time.perf_counter() - t0}
 
 
+class _Polished:
+    """The environment as PPO sees it with ``EagleConfig.polish_top``: ``evaluate_many``
+    polishes the batch's best samples (see the field's doc); everything else is the
+    environment's (samples, best placement)."""
+
+    def __init__(self, env: "PlacementEnv", top: int, seed: int) -> None:
+        self.env, self.top, self.seed = env, top, seed
+        self.centre: np.ndarray | None = None
+        self.polished = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def evaluate_many(self, candidates: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
+        from .refine import neighbourhood, refine
+
+        rewards, evals = self.env.evaluate_many(candidates)
+        if self.centre is None or self.top <= 0:
+            return rewards, evals
+        for k in np.argsort(-rewards, kind="stable")[:self.top]:
+            cand = np.asarray(candidates[int(k)])
+            moved = np.nonzero(cand != self.centre)[0]
+            if moved.size == 0:
+                continue
+            r = refine(self.env, cand, ops=neighbourhood(self.env.graph, moved), max_passes=2,
+                       seed=self.seed + self.polished)
+            self.polished += 1
+            if math.isfinite(r.step_time_s):
+                rewards[k] = max(float(rewards[k]), -math.log(r.step_time_s / self.env.reference_s))
+        return rewards, evals
+
+
 def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
                 budget_s: float | None = None, seed: int = 0, config: EagleConfig = EagleConfig()) -> Placement:
     """See the module doc."""
@@ -251,6 +292,7 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
 
     run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
     env = run.env
+    view = _Polished(env, config.polish_top if config.refine else 0, seed)
     policy = build_policy(graph, cluster, cost, config, seed)
     centres: list[dict[str, Any]] = []
     refines: list[dict[str, Any]] = []
@@ -282,6 +324,7 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
         info = center(policy, best, config)
         info.update(source=source, step_time_s=env.best_step_time_s, samples=env.num_samples)
         centres.append(info)
+        view.centre = best.copy()
         centre_time = env.best_step_time_s
 
     if config.warm_start:
@@ -297,7 +340,7 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
             break
         n = left_n if not config.recenter else min(segment, left_n) if left_n is not None else segment
         ppo = dataclasses.replace(config.ppo, seed=seed * 1000 + k)
-        results.append(train(policy, env, ppo, budget_s=left_s, max_samples=n,
+        results.append(train(policy, cast("PlacementEnv", view), ppo, budget_s=left_s, max_samples=n,
                              progress=config.progress and budget_s is not None and budget_s > 3))
         k += 1
         if config.recenter and config.warm_start and env.best_step_time_s < centre_time * (1 - 1e-9):
@@ -306,7 +349,7 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     result = merge_results(results) if results else None
     extra = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
              "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
-             "centres": centres, "refines": refines}
+             "centres": centres, "refines": refines, "polished": view.polished}
     return run.finish("eagle", result, extra)
 
 

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..graph.ir import OpGraph
     from .env import PlacementEnv
 
-__all__ = ["RefineResult", "refine"]
+__all__ = ["RefineResult", "refine", "neighbourhood"]
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,22 @@ def _neighbours(env: "PlacementEnv") -> list[np.ndarray]:
     return [other[ptr[i]:ptr[i + 1]] for i in range(g.num_nodes)]
 
 
+def neighbourhood(graph: "OpGraph", ops: np.ndarray) -> np.ndarray:
+    """``ops`` and their predecessors and successors, sorted and unique."""
+    ops = np.asarray(ops, dtype=np.int64)
+    inside = np.zeros(graph.num_nodes, dtype=bool)
+    inside[ops] = True
+    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    return np.unique(np.concatenate([ops, dst[inside[src]], src[inside[dst]]]))
+
+
 def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float | None = None, seed: int = 0,
            explore: float = 0.1, all_devices_up_to: int = 8, max_passes: int = 50,
-           max_evaluations: int | None = None) -> RefineResult:
+           max_evaluations: int | None = None, ops: np.ndarray | None = None) -> RefineResult:
     """Improve ``device_of_node`` by single-op moves (see the module doc) until a local
     optimum, ``max_passes`` passes, ``max_evaluations`` simulator calls or ``budget_s``
-    seconds (only the time limit makes the result depend on the machine's speed)."""
+    seconds (only the time limit makes the result depend on the machine's speed). ``ops``:
+    the only ops that may move (default: all)."""
     if env.mode != "model":
         raise ValueError(f"refine() moves ops between devices: it needs a model-mode environment, not {env.mode!r}")
     if not 0.0 <= explore <= 1.0:
@@ -82,6 +93,7 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
     first = float(ev.step_time_s)
     evaluations, moves, passes = 1, 0, 0
     nbrs = _neighbours(env)
+    movable = np.arange(env.graph.num_nodes) if ops is None else np.unique(np.asarray(ops, dtype=np.int64))
 
     def out_of_time() -> bool:
         if max_evaluations is not None and evaluations >= max_evaluations:
@@ -91,7 +103,7 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
     while passes < max_passes and not out_of_time():
         passes += 1
         improved = False
-        for i in rng.permutation(env.graph.num_nodes):
+        for i in rng.permutation(movable):
             own = int(dev[i])
             if n_dev <= all_devices_up_to:
                 options = set(range(n_dev))

@@ -108,12 +108,13 @@ def test_planner_is_registered_valid_seeded_and_never_worse(small: tuple[OpGraph
     assert res.step_time_s <= _heuristic_best(graph, cluster) * (1 + 1e-9)
     assert np.array_equal(a.device_of_node, b.device_of_node)  # same seed, same plan
     assert [(h[0], h[2], h[3]) for h in a.meta["history"]] == [(h[0], h[2], h[3]) for h in b.meta["history"]]
-    assert a.meta["history"][-1][0] == 64 and a.meta["warm_start"]  # PPO drew 64 samples
-    if with_refine:
+    assert a.meta["warm_start"]
+    if with_refine:  # polishing the best samples of each batch spends some of the 64 simulator calls
+        assert a.meta["history"][-1][0] >= 64 and a.meta["polished"] > 0
         assert a.meta["samples"] > 64 and a.meta["refines"]  # refine's evaluations count as samples
         assert res.step_time_s <= min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]) * (1 + 1e-9)
     else:
-        assert a.meta["samples"] == 64 and not a.meta["refines"]
+        assert a.meta["history"][-1][0] == 64 and a.meta["samples"] == 64 and not a.meta["refines"]
         assert res.step_time_s == pytest.approx(min(a.meta["policy_step_time_s"], a.meta["seed_step_time_s"]))
 
 
