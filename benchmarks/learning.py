@@ -60,14 +60,15 @@ WEIGHTS = WEIGHTS_PATH
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[tuple[float, bool]]]:
-    """Every (step time, oom) that PlacementEnv.evaluate scores inside the block, in order."""
-    trace: list[tuple[float, bool]] = []
+def recording() -> Iterator[list[tuple[float, bool, str]]]:
+    """Every (step time, oom, source) that PlacementEnv.evaluate scores inside the block, in
+    order (source: "sample" for the policy's samples, else a named post-processing step)."""
+    trace: list[tuple[float, bool, str]] = []
     original = PlacementEnv.evaluate
 
-    def evaluate(self: PlacementEnv, candidate: Any) -> Any:
-        reward, ev = original(self, candidate)
-        trace.append((float(ev.step_time_s), bool(ev.oom)))
+    def evaluate(self: PlacementEnv, candidate: Any, **kw: Any) -> Any:
+        reward, ev = original(self, candidate, **kw)
+        trace.append((float(ev.step_time_s), bool(ev.oom), str(kw.get("source", "sample"))))
         return reward, ev
 
     PlacementEnv.evaluate = evaluate  # type: ignore[method-assign]
@@ -100,10 +101,14 @@ def runner(name: str, samples: int, untrained: Path) -> Callable[[Any, Cluster, 
     raise ValueError(f"unknown planner {name!r}; choose among {PLANNERS}")
 
 
-def curve(trace: list[tuple[float, bool]], reference: float) -> list[float | None]:
-    """Best fitting step time so far / reference after each sample (None until one fits)."""
+def curve(trace: list[tuple[float, bool, str]], reference: float, *, policy_only: bool) -> list[float | None]:
+    """Best fitting step time so far / reference after each simulated sample (None until one
+    fits). ``policy_only``: the policy's own samples alone, indexed by their count; else every
+    sample (post-processing included), indexed by the count of all simulator calls."""
     best, out = math.inf, []
-    for step, oom in trace:
+    for step, oom, source in trace:
+        if policy_only and source != "sample":
+            continue
         if not oom:
             best = min(best, step)
         out.append(best / reference if math.isfinite(best) else None)
@@ -139,16 +144,19 @@ def run(workloads: list[str], clusters: list[str], planners: list[str], samples:
                     with recording() as trace:
                         placement = runner(p, samples, untrained)(graph, cluster, seed)
                     wall = time.perf_counter() - t0
-                    c = curve(trace, reference)
+                    c = curve(trace, reference, policy_only=True)
+                    c_all = curve(trace, reference, policy_only=False)
                     from autoplace.sim import simulator_for
 
                     returned = simulator_for(graph, cluster).evaluate(placement.device_of_node).step_time_s
                     row = {"workload": w, "graph": graph.name, "ops": graph.num_nodes, "cluster": cname,
-                           "planner": p, "best_heuristic": best_h, "reference_s": reference, "samples": len(trace),
+                           "planner": p, "best_heuristic": best_h, "reference_s": reference, "samples": len(c),
                            "wall_s": wall, "curve": c, "returned": returned / reference,
-                           "oom_share": float(np.mean([o for _, o in trace])) if trace else None}
+                           "post_samples": sum(1 for _, _, src in trace if src != "sample"),
+                           "curve_with_post": c_all if c_all != c else None,
+                           "oom_share": float(np.mean([o for _, o, _ in trace])) if trace else None}
                     rows.append(row)
-                    print(f"{w:9s} {cname:12s} {p:15s} {len(trace):5d} samples {wall:7.1f}s  "
+                    print(f"{w:9s} {cname:12s} {p:15s} {len(c):5d}+{len(trace) - len(c)} samples {wall:7.1f}s  "
                           f"first {fmt(at(c, 1))} @16 {fmt(at(c, 16))} @128 {fmt(at(c, 128))} "
                           f"end {fmt(at(c, len(c)))}  returned {returned / reference:.3f}", flush=True)
     return {"rows": rows, "samples": samples, "seed": seed}
@@ -180,6 +188,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ys = np.array([np.nan if v is None else v for v in r["curve"]])
                 color, ls = styles.get(r["planner"], ("k", "-"))
                 ax.plot(np.arange(1, len(ys) + 1), ys, color=color, linestyle=ls, label=r["planner"])
+                if r["curve_with_post"]:
+                    yp = np.array([np.nan if v is None else v for v in r["curve_with_post"]])
+                    ax.plot(np.arange(1, len(yp) + 1), yp, color=color, linestyle=(0, (1, 3)), lw=0.9,
+                            label=f"{r['planner']} + refine (all simulator calls)")
                 graph, ops, best_h = r["graph"], r["ops"], r["best_heuristic"]
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log")
@@ -204,16 +216,20 @@ def report(result: dict[str, Any]) -> str:
              f"machine, one thread, seed {result['seed']}). Plot: `learning.png`. Each cell: the best step "
              "time among the policy's own samples that fit, after k samples, over the best heuristic's step "
              "time (below 1: better than every heuristic; `-`: nothing fit yet). `returned`: what the planner "
-             "returns (its samples and the heuristic seeds). `to 1.0`: samples until the policy matched the "
-             "best heuristic.", ""]
+             "returns (its samples, the heuristic seeds and any named post-processing). `post`: simulator "
+             "calls spent in post-processing (EAGLE's `refine` local search), not in the policy's curve; "
+             "`end+post`: the best over every simulated placement, after all of them. `to 1.0`: policy "
+             "samples until the policy matched the best heuristic.", ""]
     lines += ["| workload | cluster | planner | " + " | ".join(f"@{k}" for k in marks) +
-              " | end | returned | to 1.0 | OOM share | wall s |",
-              "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|---|"]
+              " | end | post | end+post | returned | to 1.0 | OOM share | wall s |",
+              "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["curve"]
         lines.append(f"| {r['graph']} ({r['ops']}) | {r['cluster']} | {r['planner']} | "
                      + " | ".join(fmt(at(c, k)) for k in marks)
-                     + f" | {fmt(at(c, len(c)))} | {r['returned']:.3f} | {first_below(c, 1.0) or '-'} | "
+                     + f" | {fmt(at(c, len(c)))} | {r['post_samples']} | "
+                     f"{fmt(at(r['curve_with_post'] or c, len(r['curve_with_post'] or c)))} | {r['returned']:.3f} | "
+                     f"{first_below(c, 1.0) or '-'} | "
                      f"{r['oom_share']:.2f} | {r['wall_s']:.0f} |")
     planners = list(dict.fromkeys(r["planner"] for r in rows))
     lines += ["", "Geometric mean over (workload, cluster) of the curve (pairs where the planner had no fitting "

@@ -46,9 +46,13 @@ Departures from the paper, and why:
 
 The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
 (``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples;
-with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about N
-seconds. Either way it returns the best placement that fits among its samples and the
-heuristic placements it was seeded with (:class:`autoplace.planners.env.PlacementEnv`).
+with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
+``(1 - refine_share) N`` seconds, then polishes the best placement with the named
+post-processing step ``refine`` (local search on the simulator,
+:mod:`autoplace.planners.refine`) for the rest. Either way it returns the best placement that
+fits among its samples, the refined one and the heuristic placements it was seeded with
+(:class:`autoplace.planners.env.PlacementEnv`); ``placement.meta["policy_step_time_s"]`` is
+the policy's own best, before any post-processing.
 """
 
 from __future__ import annotations
@@ -315,6 +319,11 @@ class MarsPlanner:
     kind: str = "learned"
     zero_shot_samples: int = 16
     """samples drawn after the greedy decode when there is no budget."""
+    refine_share: float = 0.25
+    """share of a fine-tuning run (of ``budget_s``; and up to ``max_samples`` more simulator
+    calls) given to the named post-processing step ``refine`` (single-op moves on the
+    simulator, :mod:`autoplace.planners.refine`) on the best placement found; 0 turns it off.
+    Zero-shot plans are never refined."""
     summary: str = "Mars: DGI-pretrained GraphSAGE + segment seq2seq placer, PPO"
 
     def place(self, graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel | None" = None,
@@ -322,7 +331,12 @@ class MarsPlanner:
               max_samples: int | None = None, ppo: Any = None, progress: bool = False) -> "Placement":
         """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement.
         ``max_samples`` bounds fine-tuning by simulated samples instead of seconds (then the
-        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.ppo.PPOConfig`."""
+        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.ppo.PPOConfig`.
+
+        ``placement.meta``: ``policy_step_time_s`` (the best of the policy's own samples that
+        fit, greedy decode included), ``greedy_step_time_s``, ``reference_s`` (the best
+        heuristic's), ``source`` (``"sample"``, ``"refine"`` or the heuristic that won),
+        ``samples``, and for fine-tuning ``updates``, ``history`` and ``refine``."""
         import time
 
         from ..cost.analytic import CostModel
@@ -353,6 +367,7 @@ class MarsPlanner:
         meta: dict[str, Any] = {"weights": source, "greedy_step_time_s": float(greedy_ev[0].step_time_s),
                                 "greedy_oom": bool(greedy_ev[0].oom),
                                 "reference_s": env.reference_s, "seeds": [s.planner for s in env.seeds]}
+        greedy_fit = math.inf if greedy_ev[0].oom else float(greedy_ev[0].step_time_s)
         if budget_s is None and max_samples is None:
             s = policy.sample(self.zero_shot_samples, gen)
             _, evs = env.evaluate_many(policy.decode(s.actions))
@@ -360,12 +375,24 @@ class MarsPlanner:
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
             meta["policy_s"] = time.perf_counter() - t_policy
         else:
-            config = ppo if ppo is not None else PPOConfig(seed=seed, lr=1e-3, samples_per_update=16,
+            from .refine import refine
+
+            config = ppo if ppo is not None else PPOConfig(seed=seed, lr=3e-3, samples_per_update=16,
                                                            num_minibatches=1, ent_coef=0.001)
+            share = self.refine_share if 0 < self.refine_share < 1 else (1.0 if self.refine_share >= 1 else 0.0)
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
-            result = train(policy, env, config, budget_s=left, max_samples=max_samples, progress=progress)
+            result = train(policy, env, config, budget_s=None if left is None else left * (1 - share),
+                           max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
                         history=[tuple(p) for p in result.history])
+            policy_best = min(greedy_fit, result.best_sampled_step_time_s)
+            if share > 0 and isinstance(env.best_candidate, np.ndarray):
+                left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+                r = refine(env, env.best_candidate, budget_s=left, seed=seed, max_evaluations=max_samples)
+                meta["refine"] = {"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s,
+                                  "moves": r.moves, "evaluations": r.evaluations, "wall_s": r.wall_s}
+            meta["policy_step_time_s"] = policy_best
+        meta.setdefault("policy_step_time_s", min(greedy_fit, meta["best_sample_step_time_s"]))
         meta["samples"] = env.num_samples
         meta["source"] = env.best_source
         meta["seed_s"] = t_policy - t_seed

@@ -160,6 +160,20 @@ def test_same_seed_gives_the_same_plan() -> None:
     assert c.meta["samples"] == d.meta["samples"] >= 32
 
 
+def test_fine_tuning_reports_the_policy_apart_from_refine() -> None:
+    graph, cluster = branchy(60, seed=12), Cluster.preset("2xA100+2xT4")
+    p = MarsPlanner().place(graph, cluster, seed=1, max_samples=48)
+    sim = simulator_for(graph, cluster)
+    returned = sim.evaluate(p.device_of_node).step_time_s
+    m = p.meta
+    assert m["policy_step_time_s"] <= m["greedy_step_time_s"] + 1e-15
+    assert m["refine"]["evaluations"] <= 48 + cluster.num_devices and m["refine"]["step_time_s"] <= m["refine"]["start_step_time_s"]
+    assert returned <= min(m["policy_step_time_s"], m["reference_s"], m["refine"]["step_time_s"]) * (1 + 1e-12)
+    assert m["source"] in {"sample", "refine", *m["seeds"]}
+    off = MarsPlanner(refine_share=0.0).place(graph, cluster, seed=1, max_samples=48).meta
+    assert "refine" not in off and off["policy_step_time_s"] == m["policy_step_time_s"]
+
+
 def test_never_worse_than_the_heuristics_it_was_seeded_with() -> None:
     graph, cluster = branchy(80, seed=2), Cluster.preset("2xA100+2xT4")
     placement = MarsPlanner().place(graph, cluster, seed=0)
