@@ -255,17 +255,27 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--weights", type=Path, default=WEIGHTS_PATH, help="mars.pt (mars_dgi.pt beside it)")
+    ap.add_argument("--merge", action="store_true", help="add to the rows of an earlier learning.json")
     args = ap.parse_args()
     global WEIGHTS
     WEIGHTS = args.weights
     torch.set_num_threads(1)
-    if not WEIGHTS.exists():
+    if not WEIGHTS.exists() and any(p.startswith("mars") for p in args.planners.split(",")):
         sys.exit(f"no weights at {WEIGHTS}; run python -m autoplace.planners.pretrain first")
     start = time.perf_counter()
     result = run(args.workloads.split(","), args.clusters.split(","), args.planners.split(","), args.samples,
                  args.seed)
     result["wall_min"] = (time.perf_counter() - start) / 60
     args.out.mkdir(parents=True, exist_ok=True)
+    previous = args.out / "learning.json"
+    if args.merge and previous.exists():  # keep other planners' rows from an earlier run
+        old = json.loads(previous.read_text())
+        if old.get("samples") != args.samples or old.get("seed") != args.seed:
+            sys.exit(f"--merge: {previous} was made with samples={old.get('samples')}, seed={old.get('seed')}")
+        mine = {(r["workload"], r["cluster"], r["planner"]) for r in result["rows"]}
+        result["rows"] = [r for r in old["rows"] if (r["workload"], r["cluster"], r["planner"]) not in mine] \
+            + result["rows"]
+        result["wall_min"] += old.get("wall_min", 0.0)
     (args.out / "learning.json").write_text(json.dumps(result) + "\n")
     (args.out / "learning.md").write_text(report(result))
     plot(result, args.out / "learning.png")

@@ -422,6 +422,7 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
     record = _record(run)
     if run.phase == "done":
         save_net(run.net, out / "mars.pt", made_by="autoplace.planners.pretrain", seed=config.seed)
+        torch.manual_seed(config.seed + 4)  # the untrained placer of the DGI-only variant
         dgi_net = new_net(hidden=config.hidden, gnn_layers=config.gnn_layers, segment=config.segment)
         if run.dgi_state is not None:
             dgi_net.encoder.load_state_dict(run.dgi_state)
