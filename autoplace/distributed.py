@@ -69,6 +69,7 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
             rows.append(dict(planner=name, mode="pipeline", step_time_s=None, error=str(e)))
             continue
         dt = time.perf_counter() - t0
+        assert out.stage_of_node is not None and out.stage_devices is not None
         ev = sim.evaluate_pipeline(out.stage_of_node, out.stage_devices, out.microbatches, out.schedule)
         r = _uniform_replicas(out)
         used = len(out.devices_used())
@@ -149,12 +150,11 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     if online is not None:
         from .online_pipeline import OnlinePipeline
 
-        if r != 1:
+        if r != 1 or optimizer is None:
             raise PipelineWrapError(f"online pipeline tuning runs one stage per rank; the plan replicates stages {r} "
                                     "times: pass a plan without replicas (plan=)")
         pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
                               optimizer=optimizer, config=online, cost=cost, device=device)
-        pipe.graph = graph
         return pipe
     stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in traced.op_of_fx.items()}
     runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,

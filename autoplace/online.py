@@ -12,8 +12,8 @@ end of ``optimizer.step()`` (a ``register_step_post_hook``); with no optimizer a
 one training forward to the next. Where a placement uses CUDA devices, the end of a step
 records a CUDA event on each of them and waits for it, so the time covers the GPU work, not
 just its launch. After every re-placement the first ``warmup_steps`` steps are dropped
-(allocator warm-up, cold caches), and a trial's time is the median of its next
-``steps_per_trial`` steps. Forward calls in eval mode or under ``no_grad`` are not steps.
+(allocator warm-up, cold caches), and a trial's time is the median (``step_quantile``) of its
+next ``steps_per_trial`` steps. Forward calls in eval mode or under ``no_grad`` are not steps.
 
 **Schedule** (counted in steps, the same on every run with the same config): measure the
 starting placement; then, every ``every_n_steps`` steps on the best placement so far, run a
@@ -78,6 +78,9 @@ class OnlineConfig:
     """measured steps per trial; the trial's time is their median."""
     warmup_steps: int = 2
     """steps dropped after every re-placement before measuring."""
+    step_quantile: float = 0.5
+    """which quantile of a trial's measured steps is its time: 0.5, the median; a lower one
+    (0.25) resists interference from other processes on shared machines, which only ever adds time."""
     every_n_steps: int = 10
     """steps on the best placement between two trials (0: trials back to back)."""
     screen_samples: int = 32
@@ -110,6 +113,7 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
                   ("warmup_steps", self.warmup_steps >= 0, ">= 0"), ("every_n_steps", self.every_n_steps >= 0, ">= 0"),
+                  ("step_quantile", 0 <= self.step_quantile <= 1, "in [0, 1]"),
                   ("screen_samples", self.screen_samples >= 2, ">= 2"),
                   ("screen_top_k", 1 <= self.screen_top_k <= self.screen_samples, "in 1..screen_samples"),
                   ("perturb_ops", self.perturb_ops > 0, "> 0"), ("prior_updates", self.prior_updates >= 0, ">= 0"),
@@ -273,6 +277,8 @@ class OnlineTuner:
     def _finish(self) -> None:
         self.phase = "done"
         self._go(self.search.best)
+        if self._pending is not None:  # the best ran before: back to it now, so placed.plan is final
+            self._switch(self._pending)
         if self.config.save_path:
             self.search.to_placement(self.search.best).to_json(Path(self.config.save_path))
 

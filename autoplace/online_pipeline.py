@@ -94,7 +94,6 @@ class OnlinePipeline:
         self.config = config
         self.search: TuningSearch | None = None
         self.phase = "done" if config is None else "start"
-        self._pending: Placement | None = None
         self._times: list[float] = []
         self._between_times: list[float] = []
         self._since_switch = 0
@@ -254,12 +253,8 @@ class OnlinePipeline:
         return self.runner.stage_module
 
     def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
-        """One pipeline step (the loss on the last stage, else None); re-splits first when the
-        tuner decided to at the previous step's end."""
-        if self._pending is not None:
-            plan, self._pending = self._pending, None
-            self.apply_plan(plan)
-            self._since_switch = 0
+        """One pipeline step (the loss on the last stage, else None). The tuner re-splits at
+        the end of ``optimizer.step()``, when every rank has finished the step."""
         if not self.timer.running:
             self.timer.start()
         return self.runner.step(*inputs, target=target)
@@ -321,7 +316,9 @@ class OnlinePipeline:
         plan = Placement.from_dict(plan_dict)
         self.phase, self._between = phase, 0
         if candidate_key(self._candidate(plan)) != candidate_key(self._candidate(self.plan)):
-            self._pending = plan
+            # Between two steps (this runs after optimizer.step()), on every rank at once.
+            self.apply_plan(plan)
+            self._since_switch = 0
         if phase == "done" and self.rank == 0 and self.config.save_path:
             plan.to_json(Path(self.config.save_path))
 

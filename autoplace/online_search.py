@@ -70,7 +70,7 @@ class TrialRecord:
     predicted_at_trial_s: float
     """the calibrated simulator's step time when the trial was chosen."""
     measured_s: float | None = None
-    """median of the measured steps (None when the trial failed)."""
+    """the median (``OnlineConfig.step_quantile``) of the measured steps (None when the trial failed)."""
     step_times_s: list[float] = field(default_factory=list)
     error: str = ""
     """why the trial failed (empty when it did not)."""
@@ -139,7 +139,7 @@ class TuningSearch:
             sim = Simulator(self.graph, cl, self.cost)
             return [self._evaluate(sim, c)[0] for c in cands]
 
-        self.calibration = fit_step_calibration(predict, self.cluster, [r.measured_s for r in recs],
+        self.calibration = fit_step_calibration(predict, self.cluster, [float(r.measured_s or 0.0) for r in recs],
                                                 ridge=self.config.calibration_ridge)
         self._sim = Simulator(self.graph, self.calibration.apply(self.cluster), self.cost)
 
@@ -158,7 +158,7 @@ class TuningSearch:
                           key=key, candidate=cand)
         if times:
             rec.step_times_s = list(times)
-            rec.measured_s = float(np.median(times))
+            rec.measured_s = float(np.quantile(times, self.config.step_quantile))
             self.measured[key] = rec.measured_s
             if self.reference_s is None:
                 self.reference_s = rec.measured_s
@@ -182,7 +182,7 @@ class TuningSearch:
     def observe_best(self, seconds: float) -> None:
         """A step measured on the best placement between trials: keeps its estimate current."""
         self._best_times = (self._best_times + [seconds])[-3 * self.config.steps_per_trial:]
-        self.best_s = float(np.median(self._best_times))
+        self.best_s = float(np.quantile(self._best_times, self.config.step_quantile))
         self.measured[self.best_key] = self.best_s
 
     # ---- choosing ------------------------------------------------------------------------

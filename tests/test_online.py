@@ -323,3 +323,25 @@ def test_without_an_optimizer_steps_run_forward_to_forward() -> None:
     assert tuner.done and tuner.steps >= 2 + 2 * 3
     assert all(math.isfinite(r.measured_s) for r in tuner.search.records if r.measured_s is not None)
     assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())) <= 1e-6
+
+
+def test_attaching_the_optimizer_after_wrap() -> None:
+    model, ref = Net(), Net()
+    data = batches(24)
+    placed = autoplace.wrap(model, CPU3, planner="expert", mode="model", finetune="online", online=quick(trials=2),
+                            leaf_modules=(Bomb,), progress=False)
+    opt, ref_opt = make_opt("adam", model.parameters()), make_opt("adam", ref.parameters())
+    placed.attach_optimizer(opt)  # before the first call: the tuner starts with it
+    assert placed.tuner is None and "starts after the first forward" in placed.tuning_report()
+    for x, y in data:
+        ((placed(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ((ref(x) - y) ** 2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert placed.tuner.optimizer is opt and placed.tuner.done
+    assert misplaced_state(model.parameters(), opt) == []
+    assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())) <= 1e-6
+    with pytest.raises(OnlineError, match="none of the model's parameters"):
+        placed.attach_optimizer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
