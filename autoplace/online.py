@@ -169,9 +169,11 @@ class OnlineTuner:
         def summarize(c: Any) -> str:
             return "/".join(str(int(x)) for x in np.bincount(np.asarray(c), minlength=cluster.num_devices))
 
+        first = placed.plan.planner
+
         def to_placement(c: Any) -> Placement:
             return Placement.from_assignment(graph, cluster, np.asarray(c), planner="online",
-                                             meta={"start_planner": placed.plan.planner if placed.plan else ""})
+                                             meta={"start_planner": first})
 
         self.search = TuningSearch(graph, cluster, placed.cost, start, policy=policy, policy_name=name,
                                    policy_note=note, config=config, to_placement=to_placement, summarize=summarize)

@@ -118,10 +118,7 @@ class StepSnapshot:
         the copy goes to wherever the buffer is now)."""
         with torch.no_grad():
             for live, saved in self.buffers:
-                if live.device == saved.device:
-                    live.copy_(saved)
-                else:
-                    live.data = saved.to(live.device)
+                live.copy_(saved)  # across devices too
         torch.set_rng_state(self.cpu_rng)
         for idx, state in self.cuda_rng:
             torch.cuda.set_rng_state(state, idx)
