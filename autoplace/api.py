@@ -129,7 +129,6 @@ class PlacedModule(nn.Module):
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from .graph.trace import trace_module
         from .planners import plan as make_plan
-        from .rewrite.placed import place_module
         from .sim import simulate
 
         model: nn.Module = self.__dict__["_wrapped"]
@@ -145,15 +144,16 @@ class PlacedModule(nn.Module):
                 raise PlacementError(problems)
         else:
             t0 = time.perf_counter()
-            self.plan = make_plan(graph, self.cluster, planner=self._planner, mode="model",
+            # One target leaves one way to place it: no search.
+            planner = "single" if self.cluster.num_devices == 1 and self._planner == "best" else self._planner
+            self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
                                   budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
-            if self._mode == "auto":
+            if self._mode == "auto" and self.cluster.num_devices > 1:
                 self.plan = self._weigh_multiprocess(graph, self.plan)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
-        target_of_fx = {name: int(self.plan.device_of_node[i]) for name, i in traced.op_of_fx.items()}
         t0 = time.perf_counter()
-        gm = place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
+        gm = self._realise(traced, self.plan)
         self.timings["rewrite_s"] = time.perf_counter() - t0
         self.__dict__["_traced"] = traced
         self.__dict__["_placed_gm"] = gm
@@ -164,6 +164,17 @@ class PlacedModule(nn.Module):
             self.__dict__["_tuner"] = tuner
             if self.__dict__["_optimizer"] is not None:
                 tuner.attach_optimizer(self.__dict__["_optimizer"])
+
+    def _realise(self, traced: Any, plan: Placement) -> nn.Module:
+        """The module that runs ``plan``: the user's own module when every op is on one device
+        (nothing to rewrite), else the placed GraphModule."""
+        from .rewrite.placed import OneDevice, place_module
+
+        used = plan.devices_used()
+        if len(used) == 1:
+            return OneDevice(self.__dict__["_wrapped"], self.cluster.devices[used[0]].name)
+        target_of_fx = {name: int(plan.device_of_node[i]) for name, i in traced.op_of_fx.items()}
+        return place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
 
     def _weigh_multiprocess(self, graph: OpGraph, chosen: Placement) -> Placement:
         """mode="auto" in one process: also simulate data-parallel, pipeline and hybrid plans
@@ -226,7 +237,6 @@ class PlacedModule(nn.Module):
         naming the problem, before anything moves, when the plan does not fit this model.
         """
         from .online_state import follow_parameters, stage_on
-        from .rewrite.placed import place_module
         from .sim import simulate
 
         if not self.ready:
@@ -246,8 +256,7 @@ class PlacedModule(nn.Module):
         moved = 0
         if len(nbytes) > 1:
             moved += stage_on(state, max(nbytes, key=lambda d: nbytes[d]))
-        target_of_fx = {name: int(new.device_of_node[i]) for name, i in traced.op_of_fx.items()}
-        gm = place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
+        gm = self._realise(traced, new)
         gm.train(self.training)
         moved += follow_parameters(list(self.__dict__["_wrapped"].parameters()),
                                    optimizer if optimizer is not None else self.__dict__["_optimizer"])

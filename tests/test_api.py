@@ -144,3 +144,20 @@ def test_tracing_on_the_first_call_and_a_report() -> None:
     torch.testing.assert_close(placed(x), ref(x), rtol=0, atol=0)
     assert placed.ready and "predicted step" in placed.report()
     assert "finetune='online'" in placed.tuning_report()
+
+
+def test_one_device_plan_runs_the_users_module_without_a_graph() -> None:
+    wl = autoplace.zoo.build("resnet18", small=True)
+    ref = copy.deepcopy(wl.model)
+    placed = autoplace.wrap(wl.model, ["cpu"], example_inputs=wl.example_inputs)
+    assert placed.plan is not None and placed.plan.planner == "single"
+    from autoplace.rewrite.placed import OneDevice
+
+    runner = placed._placed_gm
+    assert isinstance(runner, OneDevice) and runner.module is wl.model
+    out, expect = placed(*wl.example_inputs), ref(*wl.example_inputs)
+    assert torch.equal(out, expect)
+    wl.loss_fn(out, wl.target).backward()
+    wl.loss_fn(expect, wl.target).backward()
+    for (name, p), q in zip(wl.model.named_parameters(), ref.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad), name

@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 from .pipeline import StageSplitError, split_stages
-from .placed import PlacementRewriteError, place_module
+from .placed import OneDevice, PlacementRewriteError, place_module
 from .runtime import (PipelineError, PipelineRunner, PipelineTimeoutError, build_pipeline_runner,
                       init_distributed)
 
 __all__ = [
-    "place_module", "PlacementRewriteError", "split_stages", "StageSplitError", "build_pipeline_runner",
+    "place_module", "OneDevice", "PlacementRewriteError", "split_stages", "StageSplitError", "build_pipeline_runner",
     "PipelineRunner", "init_distributed", "PipelineError", "PipelineTimeoutError",
 ]

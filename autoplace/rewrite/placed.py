@@ -42,7 +42,7 @@ import torch.fx
 from torch.fx.node import Argument, Node, map_arg
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = ["place_module", "transfer", "check_devices", "PlacementRewriteError"]
+__all__ = ["place_module", "OneDevice", "transfer", "check_devices", "PlacementRewriteError"]
 
 DeviceLike = torch.device | str
 
@@ -390,3 +390,28 @@ def place_module(gm: torch.fx.GraphModule, target_of_fx: Mapping[str, int],
             if t.device != devs[home]:
                 t.data = t.data.to(devs[home])
     return placed
+
+
+class OneDevice(torch.nn.Module):
+    """A plan that keeps every op on one device needs no graph: the user's module runs as it
+    is, with its state moved to ``device`` (in place, as ``model.to()`` does), the inputs moved
+    there and the output moved back to the first tensor input's device. This avoids the fx
+    graph's per-call cost on the plans where there is nothing to rewrite.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: DeviceLike) -> None:
+        super().__init__()
+        dev = check_devices([device])[0]
+        _check_single_device(module)
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                if t.device != dev:
+                    t.data = t.data.to(dev)
+        self.module = module
+        self.device = dev
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = (args, kwargs)
+        moved_args, moved_kwargs = transfer(inputs, self.device)
+        out = self.module(*moved_args, **moved_kwargs)
+        return _to_first_input_device(out, inputs)
