@@ -167,6 +167,8 @@ class MarsPolicy(nn.Module):
         self.dev_x = torch.from_numpy(device_features(graph, cluster, self.cost))
         self.tracker = StateTracker(graph, cluster, self.cost)
         self.num_ops, self.num_devices = graph.num_nodes, cluster.num_devices
+        self.temperature = 1.0
+        """logits are divided by it (above 1: more diverse samples; sampling and scoring agree)."""
 
     # ---- shared pieces ------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class MarsPolicy(nn.Module):
         logits = pointer + (self.net.coef(q).unsqueeze(-2) * feats).sum(-1)
         over = feats[..., _OVER] != 0
         room = (~over).any(-1, keepdim=True)
-        return logits + (over & room).to(logits.dtype) * MASK
+        return (logits + (over & room).to(logits.dtype) * MASK) / self.temperature
 
     # ---- the protocol -------------------------------------------------------------------
 
@@ -206,7 +208,8 @@ class MarsPolicy(nn.Module):
         actions = np.zeros((n, self.num_ops), dtype=np.int64)
         log_prob, entropy = np.zeros(n), np.zeros(n)
         kernel: Any = decode  # a numba dispatcher
-        kernel(*self._decoder_arrays(), uniforms, greedy, *self.tracker.tables(), actions, log_prob, entropy)
+        kernel(*self._decoder_arrays(), 1.0 / self.temperature, uniforms, greedy, *self.tracker.tables(), actions,
+               log_prob, entropy)
         return PolicySample(torch.from_numpy(actions), torch.from_numpy(log_prob).float(),
                             torch.from_numpy(entropy).float())
 

@@ -265,8 +265,8 @@ def _sigmoid(x: float) -> float:
 @numba.njit(cache=True, fastmath={"reassoc", "contract", "arcp", "nsz"})
 def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: np.ndarray, enc_keys: np.ndarray,
            seg_valid: np.ndarray, seg: int, w_mix_h: np.ndarray, w_mix_c: np.ndarray, b_mix: np.ndarray,
-           dev_keys: np.ndarray, w_coef: np.ndarray, b_coef: np.ndarray, uniforms: np.ndarray, greedy: bool,
-           work: np.ndarray, wref: np.ndarray, need: np.ndarray, cap: np.ndarray, fair: float,
+           dev_keys: np.ndarray, w_coef: np.ndarray, b_coef: np.ndarray, inv_temp: float, uniforms: np.ndarray,
+           greedy: bool, work: np.ndarray, wref: np.ndarray, need: np.ndarray, cap: np.ndarray, fair: float,
            pred_ptr: np.ndarray, pred_src: np.ndarray, pred_bytes: np.ndarray, lat: np.ndarray,
            inv_bw: np.ndarray, actions: np.ndarray, log_prob: np.ndarray, entropy: np.ndarray) -> None:
     """Fill ``actions`` (n, N), ``log_prob`` (n,) and ``entropy`` (n,).
@@ -274,7 +274,8 @@ def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: 
     ``op_gates`` (N, 4H): ``W_ih[:, :H] z_i + b_ih + b_hh``; ``prev_gates`` (D + 1, 4H):
     ``W_ih[:, H:]`` times the start vector (row 0) and each device embedding (row d + 1);
     ``enc``/``enc_keys`` (K, S, H) with ``seg_valid[k]`` real positions; ``dev_keys`` (D, H)
-    already divided by sqrt(H); ``uniforms`` (n, N, D) in (0, 1).
+    already divided by sqrt(H); logits are multiplied by ``inv_temp`` (1 / temperature);
+    ``uniforms`` (n, N, D) in (0, 1).
     """
     n, num_ops = actions.shape
     d_count = dev_keys.shape[0]
@@ -356,6 +357,7 @@ def decode(op_gates: np.ndarray, prev_gates: np.ndarray, w_hh: np.ndarray, enc: 
                     s += coef[f] * feats[d, f]
                 if mask and feats[d, 4] != 0.0:
                     s += MASK
+                s *= inv_temp
                 logits[d] = s
                 if s > top:
                     top = s
