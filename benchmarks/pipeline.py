@@ -2,7 +2,7 @@
 gpipe-uniform and plain data parallelism.
 
     python benchmarks/pipeline.py                    # every workload x 5 clusters, pipeline-rl --budget 45 s each
-    python benchmarks/pipeline.py --quick            # 3 profiles x 2 clusters, pipeline-rl in its quick mode
+    python benchmarks/pipeline.py --quick            # 3 profiles x 2 clusters, quick mode (results/pipeline-quick.*)
     python benchmarks/pipeline.py --workloads pd:gnmt,zoo:nasnet --clusters 2x4xV100-25gbe --budget 120
     python benchmarks/pipeline.py --resume           # keep the rows already in the JSON, run the rest
 
@@ -116,6 +116,69 @@ def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float 
     return row
 
 
+def hill_climb(graph: OpGraph, cluster: Cluster, evals: int, *, seed: int) -> dict[str, Any]:
+    """A reference for the search, not a planner: stochastic first-improvement hill climbing in
+    the simulator from the best of pipeline-rl's seeds, with as many simulator calls as pipeline-rl
+    made. Moves, one per call: an op to the neighbouring stage (when its edges allow and its stage
+    keeps an op), a device between stages or in/out of use (no stage left empty), another
+    micro-batch count from pipeline-rl's options (``M x replicas <= batch``), the other schedule."""
+    from autoplace.placement import SCHEDULES
+    from autoplace.planners.env import heuristic_seeds
+    from autoplace.planners.pipeline_rl import SEED_PLANNERS
+
+    t0 = time.perf_counter()
+    sim = simulator_for(graph, cluster)
+    seeds = [x for x in heuristic_seeds(graph, cluster, None, "pipeline", names=SEED_PLANNERS) if not x.oom]
+    if not seeds or evals < 1:
+        return {"planner": "hill-climb", "fits": False, "error": "no seed fits", "plan_time_s": 0.0}
+    st0, sd0, m0, sch0 = seeds[0].candidate  # type: ignore[misc]
+    st, groups, m, sch = np.array(st0), [list(g) for g in sd0], int(m0), str(sch0)
+    best = seeds[0].step_time_s
+    b = graph.batch_size
+    options = sorted({x for x in range(1, min(b, 32) + 1) if b % x == 0} | {int(x.candidate[2]) for x in seeds})  # type: ignore[index]
+    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    rng = np.random.default_rng(seed)
+    d = cluster.num_devices
+    for _ in range(evals):
+        st2, g2, m2, sch2 = st.copy(), [list(x) for x in groups], m, sch
+        move = int(rng.integers(4))
+        if move == 0:
+            i, step = int(rng.integers(graph.num_nodes)), int(rng.choice([-1, 1]))
+            to = int(st2[i]) + step
+            ins, outs = dst == i, src == i
+            if not (0 <= to < len(g2)) or (st2[src[ins]] > to).any() or (st2[dst[outs]] < to).any() \
+                    or (st2 == st2[i]).sum() < 2:
+                continue
+            st2[i] = to
+        elif move == 1:
+            used = {x for grp in g2 for x in grp}
+            frm = int(rng.integers(-1, len(g2)))
+            if frm < 0:
+                free = [x for x in range(d) if x not in used]
+                if not free:
+                    continue
+                dev = int(rng.choice(free))
+            elif len(g2[frm]) < 2:
+                continue
+            else:
+                dev = g2[frm].pop(int(rng.integers(len(g2[frm]))))
+            to = int(rng.integers(-1, len(g2)))
+            if to >= 0:
+                g2[to].append(dev)
+        elif move == 2:
+            m2 = int(rng.choice(options))
+        else:
+            sch2 = SCHEDULES[1 - SCHEDULES.index(sch)]
+        if m2 * max(len(x) for x in g2) > b:
+            continue
+        ev = sim.evaluate_pipeline(st2, [tuple(x) for x in g2], m2, sch2)
+        if not ev.oom and ev.step_time_s <= best:
+            st, groups, m, sch, best = st2, g2, m2, sch2, float(ev.step_time_s)
+    return {"planner": "hill-climb", "fits": True, "oom": False, "step_time_s": best,
+            "throughput": graph.batch_size / best, "plan_time_s": time.perf_counter() - t0, "evals": evals,
+            "replicas": [len(x) for x in groups], "microbatches": m, "schedule": sch}
+
+
 def speedup(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "throughput") -> float | None:
     if not a or not b or not a.get("fits") or not b.get("fits") or a.get("oom") or b.get("oom"):
         return None
@@ -150,7 +213,10 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
         r = ratios(pred)
         prior = ratios(pred, "prior_best_throughput")
         pol = ratios(pred, "policy_best_throughput")
+        hc = [x for c in cases if pred(c)
+              for x in [speedup(c["rows"].get("hill-climb"), c["rows"].get("pipedream-dp"))] if x]
         out[label] = {"cases": len(r), "geomean_vs_pipedream": geomean(r), "min_vs_pipedream": min(r, default=None),
+                      "hill_climb_geomean_vs_pipedream": geomean(hc),
                       "max_vs_pipedream": max(r, default=None), "at_least_1.3x": sum(x >= 1.3 for x in r),
                       "policy_samples_geomean_vs_pipedream": geomean(pol),
                       "prior_geomean_vs_pipedream": geomean(prior)}
@@ -174,7 +240,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Pipeline planners in the simulator",
         "",
-        f"Command: `{s['command']}`  ",
+        f"Command: `{s['command']}`" + (f", then `{s['resumed_with']}`" if s.get("resumed_with") else "") + "  ",
         f"pipeline-rl budget: {str(s['budget_s']) + ' s' if s['budget_s'] is not None else 'quick mode (fixed samples)'} per case, "
         f"seed {s['seed']}; {s['cpus']} CPUs, load average {s['load_avg']} at the start; {s['wall_s']:.0f} s in all.",
         "",
@@ -186,24 +252,25 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Summary (pipeline-rl over pipedream-dp, geometric means)",
         "",
-        "| cases | n | rl/pd | min | max | >= 1.3x | samples/pd | prior/pd |",
-        "|---|---|---|---|---|---|---|---|",
+        "| cases | n | rl/pd | min | max | >= 1.3x | samples/pd | prior/pd | hill climb/pd |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, v in report["summary"].items():
         lines.append(f"| {label} | {v['cases']} | {fmt(v['geomean_vs_pipedream'], '.3f')} | "
                      f"{fmt(v['min_vs_pipedream'], '.3f')} | {fmt(v['max_vs_pipedream'], '.3f')} | "
                      f"{v['at_least_1.3x']} | {fmt(v['policy_samples_geomean_vs_pipedream'], '.3f')} | "
-                     f"{fmt(v['prior_geomean_vs_pipedream'], '.3f')} |")
+                     f"{fmt(v['prior_geomean_vs_pipedream'], '.3f')} | "
+                     f"{fmt(v.get('hill_climb_geomean_vs_pipedream'), '.3f')} |")
     lines += ["", "## Every case", "",
               "| workload | cluster | pipeline-rl | pipedream-dp | gpipe-uniform | data-parallel | rl/pd | rl/gpipe | "
-              "rl/dp | samples/pd | prior/pd | rl plan (stages x replicas, M, schedule; src) | mem rl / pd / dp | "
-              "plan s rl / pd |",
-              "|" + "---|" * 14]
+              "rl/dp | samples/pd | prior/pd | hill climb/pd | rl plan (stages x replicas, M, schedule; src) | "
+              "mem rl / pd / dp | plan s rl / pd |",
+              "|" + "---|" * 15]
     for c in report["cases"]:
         r = c["rows"]
         rl, pd, gp, dp = (r.get(k) for k in (LEARNED, "pipedream-dp", "gpipe-uniform", "data-parallel"))
         if c.get("error"):
-            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 11)
+            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 12)
             continue
         plan = (f"{rl['replicas']}, M={rl['microbatches']}, {rl['schedule']}; {rl.get('source')}"
                 if rl and rl.get("fits") else "-")
@@ -212,7 +279,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {c['workload']} | {c['cluster']} | {cell(rl)} | {cell(pd)} | {cell(gp)} | {cell(dp)} | "
                      f"{fmt(speedup(rl, pd), '.3f')} | {fmt(speedup(rl, gp), '.2f')} | {fmt(speedup(rl, dp), '.2f')} | "
                      f"{fmt(speedup(rl, pd, 'policy_best_throughput'), '.3f')} | "
-                     f"{fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')} | {plan} | {mem} | {times} |")
+                     f"{fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')} | "
+                     f"{fmt(speedup(r.get('hill-climb'), pd), '.3f')} | {plan} | {mem} | {times} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,22 +301,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clusters", default=None, help="comma-separated cluster presets")
     ap.add_argument("--budget", type=float, default=45.0, help="pipeline-rl seconds per case (0: quick mode)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(RESULTS / "pipeline"), help="output path without extension")
-    ap.add_argument("--resume", action="store_true", help="keep cases already in the output JSON")
+    ap.add_argument("--out", default=None, help="output path without extension (default "
+                    "benchmarks/results/pipeline, or pipeline-quick with --quick)")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in the output JSON")
+    ap.add_argument("--no-hill-climb", dest="hill_climb", action="store_false",
+                    help="skip the hill-climbing reference (same number of simulator calls as pipeline-rl)")
     args = ap.parse_args(argv)
 
     workloads = args.workloads.split(",") if args.workloads else (QUICK_WORKLOADS if args.quick else WORKLOADS)
     clusters = args.clusters.split(",") if args.clusters else (QUICK_CLUSTERS if args.quick else CLUSTERS)
     budget = None if args.quick or args.budget <= 0 else args.budget
-    out = Path(args.out)
+    out = Path(args.out) if args.out else RESULTS / ("pipeline-quick" if args.quick else "pipeline")
     done: dict[tuple[str, str], dict[str, Any]] = {}
     if args.resume and out.with_suffix(".json").exists():
         old = json.loads(out.with_suffix(".json").read_text())
         if old["settings"].get("budget_s") == budget and old["settings"].get("seed") == args.seed:
             done = {(c["workload"], c["cluster"]): c for c in old["cases"] if not c.get("error")}
-    settings = {"command": "python benchmarks/pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "budget_s": budget, "seed": args.seed, "cpus": os.cpu_count(),
+    command = "python benchmarks/pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    settings = {"command": command.strip(), "budget_s": budget, "seed": args.seed, "cpus": os.cpu_count(),
                 "load_avg": round(os.getloadavg()[0], 1), "python": platform.python_version(), "wall_s": 0.0}
+    wall0 = 0.0
+    if done:
+        settings = {**old["settings"], "resumed_with": command.strip()}
+        wall0 = float(old["settings"].get("wall_s", 0.0))
     _warm_up()
     t_all = time.perf_counter()
     cases: list[dict[str, Any]] = []
@@ -259,17 +334,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{w}: skipped ({type(e).__name__}: {e})", flush=True)
             continue
         for cname in clusters:
-            if (w, cname) in done:
-                cases.append(done[(w, cname)])
-                continue
             cluster = Cluster.preset(cname)
-            case: dict[str, Any] = {"workload": w, "cluster": cname, "ops": graph.num_nodes,
-                                    "batch": graph.batch_size, "rows": {}}
+            case: dict[str, Any] = done.get((w, cname)) or {"workload": w, "cluster": cname, "ops": graph.num_nodes,
+                                                            "batch": graph.batch_size, "rows": {}}
             try:
                 for name in BASELINES + [LEARNED]:
-                    row = run_planner(graph, cluster, name, budget_s=budget if name == LEARNED else None,
-                                      seed=args.seed)
-                    case["rows"][name] = row
+                    if name not in case["rows"]:
+                        case["rows"][name] = run_planner(graph, cluster, name, seed=args.seed,
+                                                         budget_s=budget if name == LEARNED else None)
+                rl_row = case["rows"][LEARNED]
+                if args.hill_climb and "hill-climb" not in case["rows"] and rl_row.get("fits"):
+                    case["rows"]["hill-climb"] = hill_climb(graph, cluster, int(rl_row["samples"]), seed=args.seed)
             except Exception as e:
                 case["error"] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
@@ -278,12 +353,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{w:22s} {cname:15s} rl {cell(rl):>10s}  pd {cell(pd):>10s}  rl/pd {fmt(speedup(rl, pd), '.3f')}  "
                   f"prior/pd {fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')}  "
                   f"({rl.get('plan_time_s', 0) if rl else 0:.0f} s; {rl.get('source') if rl else ''})", flush=True)
-            settings["wall_s"] = time.perf_counter() - t_all
+            settings["wall_s"] = wall0 + time.perf_counter() - t_all
             report = {"settings": settings, "summary": summarise(cases), "cases": cases}
             out.parent.mkdir(parents=True, exist_ok=True)
             out.with_suffix(".json").write_text(json.dumps(report, indent=1))
             out.with_suffix(".md").write_text(markdown(report))
-    settings["wall_s"] = time.perf_counter() - t_all
+    settings["wall_s"] = wall0 + time.perf_counter() - t_all
     report = {"settings": settings, "summary": summarise(cases), "cases": cases}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
