@@ -44,6 +44,7 @@ import dataclasses
 import json
 import math
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -355,7 +356,8 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
         raise FileExistsError(f"{work / 'checkpoint.pt'} exists; pass --resume to continue it or use a new --work")
     start = time.perf_counter()
     steps_done = 0
-    sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "phase": run.phase, "step": run.step}
+    sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "phase": run.phase, "step": run.step,
+               "command": "python -m autoplace.planners.pretrain " + " ".join(sys.argv[1:])}
     run.sittings.append(sitting)
 
     def out_of_time() -> bool:
@@ -461,7 +463,7 @@ def _record(run: _Run) -> dict[str, Any]:
         "config": asdict(run.config), "phase": run.phase, "step": run.step,
         "corpus": split["corpus"], "held_out": split["held_out"], "held_out_families": split["held_out_families"],
         "clusters": [c.name for c in run.clusters], "skipped_pairs": len(run.skipped),
-        "seconds": {k: round(v, 1) for k, v in run.elapsed.items()}, "sittings": run.sittings,
+        "seconds": {k: round(v, 3) for k, v in run.elapsed.items()}, "sittings": run.sittings,
         "history": run.history, "parameters": sum(p.numel() for p in run.net.parameters()),
         "torch": torch.__version__, "python": platform.python_version(), "git_commit": _git_commit(),
     }
@@ -481,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})
     torch.set_num_threads(1)
+
+    def stop(signum: int, frame: Any) -> None:  # `kill` ends the sitting like Ctrl-C: checkpoint saved
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     record = pretrain(config, out=args.out, work=args.work, resume=args.resume, time_limit_s=args.time_limit_s,
                       sitting_steps=args.sitting_steps, progress=not args.no_progress)
     print(json.dumps({k: record[k] for k in ("phase", "step", "seconds")}))
