@@ -44,7 +44,8 @@ from ..cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
 from ..graph.ir import OpGraph
 
 __all__ = ["CorpusGraph", "HELD_OUT", "corpus", "training_graphs", "held_out_graphs", "random_dag",
-           "layered_network", "random_cluster", "training_clusters", "cache_dir", "describe_split", "PIPEDREAM_DIR", "SOURCES"]
+           "layered_network", "random_cluster", "training_clusters", "cache_dir", "describe_split", "PIPEDREAM_DIR",
+           "SOURCES"]
 
 PIPEDREAM_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "pipedream"
 """Where the PipeDream profiles live (beside the repository); absent folders are skipped."""

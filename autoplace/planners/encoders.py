@@ -49,7 +49,8 @@ class SAGEEncoder(nn.Module):
                                  ("edge_channels", edge_channels, 0), ("num_layers", num_layers, 1)):
             if value < low:
                 raise ValueError(f"SAGEEncoder {name} is {value}; it must be >= {low}")
-        self.in_channels, self.edge_channels, self.hidden, self.num_layers = in_channels, edge_channels, hidden, num_layers
+        self.in_channels, self.edge_channels = in_channels, edge_channels
+        self.hidden, self.num_layers = hidden, num_layers
         self.inp = nn.Linear(in_channels + 2 * edge_channels, hidden)
         self.pred = nn.ModuleList(SAGEConv(hidden, hidden, aggr="mean", root_weight=True) for _ in range(num_layers))
         self.succ = nn.ModuleList(SAGEConv(hidden, hidden, aggr="mean", root_weight=False) for _ in range(num_layers))

@@ -32,11 +32,12 @@ receive, ``fair`` the graph's total work over the device count. Choosing ``a_i =
 (:mod:`autoplace.sim.model_parallel`: parameters, gradients, optimizer state, saved
 activations, received tensors once per producer and device), tied parameters aside; so when
 the decoder masks (logit + :data:`MASK`) the devices an op would overflow while some device has
-room, every placement it samples fits unless it runs out of room on all devices at once. The features are a function of the actions
-alone (no parameters), computed by the same compiled code one op at a time while sampling
-(:func:`decode`) and for a whole stored placement while re-scoring
-(:meth:`StateTracker.replay`), so both see identical numbers. They are estimates for the
-policy to read; the simulator stays the judge.
+room, every placement it samples fits unless it runs out of room on all devices at once.
+
+The features are a function of the actions alone (no parameters), computed by the same
+compiled code one op at a time while sampling (:func:`decode`) and for a whole stored
+placement while re-scoring (:meth:`StateTracker.replay`), so both see identical numbers. They
+are estimates for the policy to read; the simulator stays the judge.
 
 Sampling (:func:`decode`) runs the whole op-by-op loop of the Mars decoder in one compiled
 function on the network's weights (copied out as float64 arrays): as a Python loop of torch
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["DEVICE_FEATURES", "STATE_FEATURES", "device_features", "StateTracker", "features_at", "commit", "decode", "MASK"]
+__all__ = ["DEVICE_FEATURES", "STATE_FEATURES", "device_features", "StateTracker", "features_at", "commit", "decode",
+           "MASK"]
 
 DEVICE_FEATURES: tuple[str, ...] = (
     "log_peak_flops", "log_mem_bandwidth", "log_memory", "rel_peak_flops", "rel_memory", "log_mean_link_bw",
