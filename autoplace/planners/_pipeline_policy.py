@@ -11,10 +11,10 @@ Network (hidden size ``H``, 64 by default):
   1,251 ops took 1.8-3.1 s against 0.1-0.2 s for three message-passing rounds (hidden 64), and
   PPO runs it for every minibatch. The decoding context below carries the global position (how
   full the op's stage is), so the encoder only needs the neighbourhood.
-- **Open head**: ``logit_i = u(h_i) + v(h_i) . ctx_i`` (ctx: the 5 numbers of the decoding
-  context, above all how full the op's stage is against its balanced share). ``u`` starts at
-  -4 and ``v`` at +25 on "fill after this op - 1", so the untrained policy already cuts near
-  balanced loads and training moves the cuts.
+- **Open head**: ``logit_i = u(h_i) + b_i + v(h_i) . ctx_i`` (ctx: the 5 numbers of the
+  decoding context, above all how full the op's stage is against its balanced share). ``u``
+  starts at -3 and ``v`` at +8 on "fill after this op - 1", so the untrained policy already
+  cuts near balanced loads and training moves the cuts.
 - **Summary** ``z = MLP([mean_i h_i, max_i h_i, cluster/graph summary])`` (H).
 - **Count head**: Linear(z) -> ``max_stages`` logits.
 - **Device head**: ``logit(d, s | S) = MLP([z, device_d, stage_s|S]) + w * |pos_d - pos_s| S`` for
@@ -23,6 +23,15 @@ Network (hidden size ``H``, 64 by default):
   contiguous device runs per stage (host-aligned) are the prior.
 - **Micro-batch head**: ``MLP([z, stages used, widest replicas, log2 M])`` per allowed option.
 - **Schedule head**: ``MLP([z, stages used, widest replicas, log2 M])`` -> 2 logits.
+- **Per-graph tables** added to the logits: ``b_i`` per op, one per (S, device, choice), one per
+  micro-batch option. The policy is trained for one graph on one cluster, so these let
+  imitation and PPO move a single decision without going through the network; they enter
+  times ``table_scale`` (10 during the imitation warm start, then folded to 1).
+
+Exploration: all logits are divided by ``temperature`` (raised by the planner when a sample's
+entropy falls under its floor), and each group of decisions mixes ``explore`` of uniform
+probability over its allowed choices into the policy's (per device ``explore / D``, per op
+``explore / N``); log-probabilities and entropies are those of the mixture.
 
 ``sample`` runs the encoder once for all ``n`` samples; the stay/open walk is compiled
 (:func:`~.pipeline_space.walk`); ``score`` replays the stored bits to rebuild every decision's
@@ -45,7 +54,7 @@ from .ppo import PolicySample
 __all__ = ["PipelinePolicy", "device_features", "summary_features"]
 
 _NEG = -1e9
-_BIAS_SCALE = 10.0  # per-op bias parameters move this many times faster than the network's
+_BIAS_SCALE = 10.0  # per-graph tables start this many times faster than the network (see table_scale)
 
 
 def device_features(space: PipelineSpace, cluster: Any) -> np.ndarray:
@@ -89,16 +98,28 @@ def _mlp(i: int, h: int, o: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(i, h), nn.ReLU(), nn.Linear(h, o))
 
 
-def _cat_sample(logits: torch.Tensor, gen: torch.Generator, greedy: bool) -> torch.Tensor:
+def _mixed_logp(logits: torch.Tensor, eps: float) -> torch.Tensor:
+    """log of ``(1 - eps) softmax(logits) + eps x uniform over the allowed entries`` (masked entries
+    hold ``_NEG`` and keep probability 0)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    if eps <= 0:
+        return logp
+    allowed = logits > _NEG / 2
+    k = allowed.sum(-1, keepdim=True).clamp(min=1).to(logp.dtype)
+    floor = torch.where(allowed, math.log(eps) - torch.log(k), torch.full_like(logp, -math.inf))
+    return torch.logaddexp(math.log1p(-eps) + logp, floor)
+
+
+def _cat_sample(logits: torch.Tensor, gen: torch.Generator, greedy: bool, eps: float) -> torch.Tensor:
     if greedy:
         return logits.argmax(-1)
-    probs = torch.softmax(logits, dim=-1)
+    probs = torch.exp(_mixed_logp(logits, eps))
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def _cat_terms(logits: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log-prob of ``chosen`` and entropy of masked logits (masked entries hold ``_NEG``)."""
-    logp = torch.log_softmax(logits, dim=-1)
+def _cat_terms(logits: torch.Tensor, chosen: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log-probability of ``chosen`` and entropy of the (floored) masked distribution."""
+    logp = _mixed_logp(logits, eps)
     p = logp.exp()
     ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
     return logp.gather(-1, chosen[..., None]).squeeze(-1), ent
@@ -120,7 +141,8 @@ class PipelinePolicy(nn.Module):
     stage_ok: torch.Tensor
 
     def __init__(self, space: PipelineSpace, op_features: np.ndarray, dev_features: np.ndarray,
-                 summary: np.ndarray, *, hidden: int = 64, layers: int = 3, seed: int = 0) -> None:
+                 summary: np.ndarray, *, hidden: int = 64, layers: int = 3, explore: float = 0.1,
+                 seed: int = 0) -> None:
         super().__init__()
         x = np.asarray(op_features, dtype=np.float32)
         if x.ndim != 2 or x.shape[0] != space.num_nodes:
@@ -128,6 +150,15 @@ class PipelinePolicy(nn.Module):
         self.space = space
         self.temperature = 1.0
         """every logit is divided by this (the planner raises it to keep exploring, see pipeline_rl)."""
+        if not 0 <= explore < 1:
+            raise ValueError(f"explore is {explore}; it must be in [0, 1)")
+        self.explore = float(explore)
+        """exploration floor: each group of decisions (stage count, devices, stay/open bits,
+        micro-batches, schedule) mixes about this much probability, spread uniformly over the
+        allowed choices (per device ``explore / D``, per op ``explore / N``), into the policy's."""
+        self.table_scale = _BIAS_SCALE
+        """the per-graph tables enter the logits times this: they move that much faster than the
+        network under Adam (for imitation); :meth:`fold_tables` sets it to 1."""
         h = int(hidden)
         self.register_buffer("x", torch.from_numpy(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)))
         self.register_buffer("dev", torch.from_numpy(np.asarray(dev_features, dtype=np.float32)))
@@ -188,7 +219,7 @@ class PipelinePolicy(nn.Module):
             from_pred = torch.zeros_like(hseq).index_add_(0, self.e_dst, hseq[self.e_src]) * self.inv_in
             from_succ = torch.zeros_like(hseq).index_add_(0, self.e_src, hseq[self.e_dst]) * self.inv_out
             hseq = hseq + torch.relu(layer(torch.cat([hseq, from_pred, from_succ], dim=-1)))
-        u = self.u(hseq).squeeze(-1) + _BIAS_SCALE * self.op_bias
+        u = self.u(hseq).squeeze(-1) + self.table_scale * self.op_bias
         v = self.v(hseq)
         z = self.z(torch.cat([hseq.mean(0), hseq.max(0).values, self.summ]))
         s_max, d = self.space.max_stages, self.space.num_devices
@@ -198,7 +229,7 @@ class PipelinePolicy(nn.Module):
                           self.stage_feat[:, None, :, :].expand(s_max, d, s_max, -1)], dim=-1)
         st = self.dev_head(pair).squeeze(-1) + self.dist_w * self.dist  # (S, D, s)
         st = torch.where(self.stage_ok[:, None, :], st, torch.full_like(st, _NEG))
-        dev_logits = torch.cat([unused[None, :, None].expand(s_max, d, 1), st], dim=-1) + _BIAS_SCALE * self.dev_bias
+        dev_logits = torch.cat([unused[None, :, None].expand(s_max, d, 1), st], dim=-1) + self.table_scale * self.dev_bias
         t = self.temperature
         return u / t, v / t, z, dev_logits / t, self.count_head(z) / t
 
@@ -209,7 +240,7 @@ class PipelinePolicy(nn.Module):
         feats = torch.stack([used.float() / s_max, widest.float() / d], dim=-1)  # (n, 2)
         inp = torch.cat([z.expand(n, o, -1), feats[:, None, :].expand(n, o, 2),
                          self.opt_log[None, :, None].expand(n, o, 1)], dim=-1)
-        logits = (self.micro_head(inp).squeeze(-1) + _BIAS_SCALE * self.micro_bias) / self.temperature
+        logits = (self.micro_head(inp).squeeze(-1) + self.table_scale * self.micro_bias) / self.temperature
         return torch.where(micro_ok, logits, torch.full_like(logits, _NEG))
 
     def _sched_logits(self, z: torch.Tensor, used: torch.Tensor, widest: torch.Tensor,
@@ -224,14 +255,15 @@ class PipelinePolicy(nn.Module):
     def sample(self, n: int, generator: torch.Generator, *, greedy: bool = False) -> PolicySample:
         sp = self.space
         u, v, z, dev_logits, count_logits = self._encode()
-        count = _cat_sample(count_logits.expand(n, -1), generator, greedy)
+        e, e_dev, e_op = self._floors()
+        count = _cat_sample(count_logits.expand(n, -1), generator, greedy, e)
         per = dev_logits[count]  # (n, D, S_max + 1)
         devices = torch.zeros(n, sp.num_devices, dtype=torch.int64)
         counts = np.zeros((n, sp.max_stages), dtype=np.int64)
         cnt_np = count.numpy()
         for k in range(sp.num_devices):
             ok = torch.from_numpy(device_mask(counts, cnt_np + 1, sp.num_devices - k, sp.batch_size))
-            c = _cat_sample(torch.where(ok, per[:, k], torch.full_like(per[:, k], _NEG)), generator, greedy)
+            c = _cat_sample(torch.where(ok, per[:, k], torch.full_like(per[:, k], _NEG)), generator, greedy, e_dev)
             devices[:, k] = c
             cn = c.numpy()
             rows = np.nonzero(cn > 0)[0]
@@ -241,14 +273,14 @@ class PipelinePolicy(nn.Module):
         uniforms = (np.full((n, sp.num_nodes), 0.5) if greedy else
                     torch.rand(n, sp.num_nodes, generator=generator, dtype=torch.float64).numpy())
         opens, stage, _, _ = walk(MODE_SAMPLE, _Z2I, u.detach().double().numpy(), v.detach().double().numpy(),
-                                  uniforms, _Z2I, cnt_np + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, False)
+                                  uniforms, _Z2I, cnt_np + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, False, e_op)
         used = stage.max(axis=1) + 1
         widest = sp.widest(dev_np, used)
         micro_ok = torch.from_numpy(sp.micro_mask(widest))
         micro = _cat_sample(self._tail_logits(z, torch.from_numpy(used), torch.from_numpy(widest), micro_ok),
-                            generator, greedy)
+                            generator, greedy, e)
         sched = _cat_sample(self._sched_logits(z, torch.from_numpy(used), torch.from_numpy(widest), micro),
-                            generator, greedy)
+                            generator, greedy, e)
         actions = (count, devices, torch.from_numpy(opens), micro, sched)
         lp, ent = self.score(actions, _encoded=(u, v, z, dev_logits, count_logits))
         return PolicySample(actions, lp, ent)
@@ -258,7 +290,8 @@ class PipelinePolicy(nn.Module):
         count, devices, opens, micro, sched = (torch.as_tensor(a) for a in actions)
         u, v, z, dev_logits, count_logits = self._encode() if _encoded is None else _encoded
         n = count.shape[0]
-        lp, ent = _cat_terms(count_logits.expand(n, -1), count)
+        e, e_dev, e_op = self._floors()
+        lp, ent = _cat_terms(count_logits.expand(n, -1), count, e)
         per = dev_logits[count]  # (n, D, S_max + 1)
         cnt_np, dev_np = count.numpy(), devices.numpy()
         counts = np.zeros((n, sp.max_stages), dtype=np.int64)
@@ -269,17 +302,20 @@ class PipelinePolicy(nn.Module):
             rows = np.nonzero(cn > 0)[0]
             counts[rows, cn[rows] - 1] += 1
         ok = torch.from_numpy(np.stack(masks, axis=1))  # (n, D, S_max + 1)
-        a, b = _cat_terms(torch.where(ok, per, torch.full_like(per, _NEG)), devices)
+        a, b = _cat_terms(torch.where(ok, per, torch.full_like(per, _NEG)), devices, e_dev)
         lp, ent = lp + a.sum(-1), ent + b.sum(-1)
         share = sp.shares(dev_np, cnt_np)
         _, stage, can, ctx = walk(MODE_REPLAY, np.ascontiguousarray(opens.numpy(), dtype=np.int64), _Z1, _Z2, _Z2,
-                                  _Z2I, cnt_np + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, True)
+                                  _Z2I, cnt_np + 1, share, sp.work, sp.pred_ptr, sp.pred_idx, True, e_op)
         logit = u[None, :] + (v[None, :, :] * torch.from_numpy(ctx).float()).sum(-1)  # (n, N)
         canm = torch.from_numpy(can)
-        bits = opens.float()
-        lp_op = -nn.functional.binary_cross_entropy_with_logits(logit, bits, reduction="none")
-        p = torch.sigmoid(logit)
-        ent_op = -(p * nn.functional.logsigmoid(logit) + (1 - p) * nn.functional.logsigmoid(-logit))
+        lp1, lp0 = nn.functional.logsigmoid(logit), nn.functional.logsigmoid(-logit)
+        if e_op > 0:
+            half = math.log(e_op / 2)
+            lp1 = torch.logaddexp(math.log1p(-e_op) + lp1, torch.full_like(lp1, half))
+            lp0 = torch.logaddexp(math.log1p(-e_op) + lp0, torch.full_like(lp0, half))
+        lp_op = torch.where(opens.bool(), lp1, lp0)
+        ent_op = -(lp1.exp() * lp1 + lp0.exp() * lp0)
         zero = torch.zeros_like(logit)
         lp = lp + torch.where(canm, lp_op, zero).sum(-1)
         ent = ent + torch.where(canm, ent_op, zero).sum(-1)
@@ -287,13 +323,24 @@ class PipelinePolicy(nn.Module):
         widest_np = sp.widest(dev_np, used.numpy())
         widest = torch.from_numpy(widest_np)
         micro_ok = torch.from_numpy(sp.micro_mask(widest_np))
-        a, b = _cat_terms(self._tail_logits(z, used, widest, micro_ok), micro)
+        a, b = _cat_terms(self._tail_logits(z, used, widest, micro_ok), micro, e)
         lp, ent = lp + a, ent + b
-        a, b = _cat_terms(self._sched_logits(z, used, widest, micro), sched)
+        a, b = _cat_terms(self._sched_logits(z, used, widest, micro), sched, e)
         return lp + a, ent + b
 
     def decode(self, actions: Any) -> list[Candidate]:
         return self.space.decode(as_numpy(actions))
+
+    def _floors(self) -> tuple[float, float, float]:
+        """Exploration floors: per whole-plan choice, per device, per op."""
+        return self.explore, self.explore / self.space.num_devices, self.explore / self.space.num_nodes
+
+    def fold_tables(self) -> None:
+        """Keep the logits, but let the per-graph tables learn at the network's pace from now on."""
+        with torch.no_grad():
+            for t in (self.op_bias, self.dev_bias, self.micro_bias):
+                t.mul_(self.table_scale)
+        self.table_scale = 1.0
 
     def actions_of(self, plan: Candidate) -> tuple[torch.Tensor, ...]:
         """The actions closest to ``plan`` (:meth:`PipelineSpace.encode`), as tensors."""

@@ -25,7 +25,10 @@ found the plan):
    by teacher forcing through the same masks, until the policy samples it with probability
    ``imitation_prob``. PPO then explores around the best known plan instead of from scratch.
 4. **PPO** for ``budget_s`` seconds, or ``quick_samples`` samples when ``budget_s`` is None (so
-   the same seed gives the same plan).
+   the same seed gives the same plan). PPO on one-step episodes converges fast onto one plan;
+   two floors keep it proposing neighbours: ``explore`` (uniform probability mixed into every
+   decision) and ``target_entropy`` (the sampling temperature rises while a sample's entropy is
+   below it).
 5. The best plan that fits among everything simulated (seeds included): never slower than
    pipedream-dp, gpipe-uniform or data-parallel in the simulator. ``placement.meta`` says where it
    came from (``source``) and what the policy reached on its own (``prior_best_step_time_s``:
@@ -80,6 +83,13 @@ class PipelineRLConfig:
     """imitation stops once the best plan so far has this probability under the policy."""
     imitation_lr: float = 1e-2
     """Adam learning rate of the imitation steps."""
+    explore: float = 0.1
+    """exploration floor of the policy: each group of decisions (stage count, devices, stay/open
+    bits, micro-batches, schedule) mixes this much uniform probability into its own, so every
+    one-decision neighbour of the plan PPO converges to keeps being sampled."""
+    fold_tables: bool = True
+    """after imitation, let the per-graph logit tables learn at the network's pace (they move 10x
+    faster during imitation); False keeps them fast during PPO too."""
     quick_samples: int = 192
     """PPO samples when ``budget_s`` is None (a fixed count: reproducible from the seed)."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
@@ -97,7 +107,8 @@ class PipelineRLConfig:
         checks = [("hidden", self.hidden >= 4, ">= 4"), ("prior_samples", self.prior_samples >= 0, ">= 0"),
                   ("imitation_steps", self.imitation_steps >= 0, ">= 0"),
                   ("imitation_prob", 0 < self.imitation_prob < 1, "in (0, 1)"),
-                  ("imitation_lr", self.imitation_lr > 0, "> 0"), ("quick_samples", self.quick_samples >= 0, ">= 0"),
+                  ("imitation_lr", self.imitation_lr > 0, "> 0"), ("explore", 0 <= self.explore < 1, "in [0, 1)"),
+                  ("quick_samples", self.quick_samples >= 0, ">= 0"),
                   ("max_stages", self.max_stages is None or self.max_stages >= 1, "None or >= 1"),
                   ("target_entropy", self.target_entropy >= 0, ">= 0"),
                   ("temperature_step", self.temperature_step > 1, "> 1"),
@@ -171,7 +182,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     seed_time = time.perf_counter() - t0
 
     policy = PipelinePolicy(space, _op_features(graph, cluster, cost), device_features(space, cluster),
-                            summary_features(space, sim, cost), hidden=cfg.hidden, seed=seed)
+                            summary_features(space, sim, cost), hidden=cfg.hidden, explore=cfg.explore, seed=seed)
     gen = torch.Generator().manual_seed(int(seed))
 
     # step 2: the untrained policy on its own
@@ -188,6 +199,8 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     if cfg.imitation_steps and env.best_candidate is not None:
         target = policy.actions_of(Candidate(*env.best_candidate))  # type: ignore[misc]
         imitated, imitation_p = _imitate(policy, target, cfg)
+    if cfg.fold_tables:
+        policy.fold_tables()
 
     # step 4: PPO
     ppo_cfg = dataclasses.replace(cfg.ppo, seed=int(seed))

@@ -89,11 +89,11 @@ class PipelineActions(NamedTuple):
 @njit(cache=True)
 def walk(mode: int, opens_in: np.ndarray, u: np.ndarray, v: np.ndarray, uniforms: np.ndarray,
          target: np.ndarray, count: np.ndarray, share: np.ndarray, work: np.ndarray, pred_ptr: np.ndarray,
-         pred_idx: np.ndarray, want_context: bool):  # type: ignore[no-untyped-def]
+         pred_idx: np.ndarray, want_context: bool, eps: float = 0.0):  # type: ignore[no-untyped-def]
     """Decode the stay/open bits of ``n`` samples over the ops in topological order.
 
-    ``mode``: MODE_SAMPLE draws bit i as ``uniforms[b, i] < sigmoid(u[i] + v[i] . ctx)`` (greedy:
-    pass uniforms of 0.5); MODE_REPLAY takes ``opens_in``; MODE_TEACHER opens when
+    ``mode``: MODE_SAMPLE draws bit i as ``uniforms[b, i] < (1 - eps) sigmoid(u[i] + v[i] . ctx) +
+    eps / 2`` (greedy: pass uniforms of 0.5); MODE_REPLAY takes ``opens_in``; MODE_TEACHER opens when
     ``target[b, i] > L_i``. ``count`` (n,) stages aimed for; ``share`` (n, S_max) each stage's share
     of the work; ``work`` (N,) seconds per op. Ops without predecessors decide nothing: each
     joins the earliest stage among its consumers (an input starts where it is first read), and
@@ -158,7 +158,7 @@ def walk(mode: int, opens_in: np.ndarray, u: np.ndarray, v: np.ndarray, uniforms
                     z = u[i]
                     for k in range(5):
                         z += v[i, k] * ctx[k]
-                    p_open = 1.0 / (1.0 + np.exp(-z))
+                    p_open = (1.0 - eps) / (1.0 + np.exp(-z)) + 0.5 * eps
                     bit = 1 if uniforms[b, i] < p_open else 0
                 elif mode == 1:
                     bit = 1 if opens_in[b, i] != 0 else 0
