@@ -175,7 +175,8 @@ def iterated_local_search(graph: OpGraph, cluster: Cluster, budget: float, seed:
         if r.step_time_s < best_t * (1 - 1e-12):
             best, best_t = r.device_of_node, r.step_time_s
     return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
-            "samples": env.num_samples, "wall_s": time.perf_counter() - t0, "kicks": kicks}
+            "samples": env.num_samples, "simulations": env.num_simulations, "wall_s": time.perf_counter() - t0,
+            "kicks": kicks, "improvements": [list(x) for x in env.improvements]}
 
 
 def _finite(x: Any) -> float | None:
@@ -200,12 +201,14 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     lines = [
         "# Learned model-parallel planners vs heuristics",
         "",
-        f"Command: `{meta['command']}`. Budget {meta['budget_s']:.0f} s per learned planner and case (heuristic "
+        "Commands (in order; `--resume` adds or, with `--replace`, reruns planners on the cases already there): "
+        + ", ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + f". Budget {meta['budget_s']:.0f} s per learned planner and case (heuristic "
         f"seeding included), seed {meta['seed']}, wall-clock on {meta['cpus']} shared CPUs (load average "
-        f"{meta['load_before']:.1f} before, {meta.get('load_after', float('nan')):.1f} after). Step times are "
+        f"{meta['load_before']:.1f} before, {meta.get('load_after', float('nan')):.1f} after the last command). Step times are "
         "simulated ms per training step; gain = 1 - planner / best heuristic (positive: faster).",
         "",
-        "- **eagle**: EAGLE as shipped (warm start, PPO, self-imitation re-centring, memetic `refine`).",
+        "- **eagle**: EAGLE as shipped (warm start, PPO, self-imitation re-centring, memetic `refine`, "
+        "polishing of each batch's best samples).",
         "- **eagle-policy**: EAGLE with `refine=False` (the policy and its re-centring alone).",
         "- **reinforce**: REINFORCE seq2seq baseline from random weights; `policy` is its own samples' best.",
         "- **refine-only**: control, local search on the best heuristic to a local optimum (stops there).",
@@ -245,6 +248,20 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     g = geomean_gain(pol, "p")
     if g is not None:
         lines.append(f"- reinforce, its own samples only: {100 * g[0]:+.2f}% over {g[1]} cases")
+    lines += ["", "At equal samples (simulator calls, cache hits included) rather than equal time: the step "
+              "time `ils` had reached when it had used as many samples as `eagle-policy` used in its whole budget "
+              "(the papers' sample-efficiency view; the policy's network, not the simulator, takes most of its time):",
+              "", "| workload | cluster | eagle-policy samples | eagle-policy | ils at that many samples |",
+              "|---|---|---:|---|---|"]
+    for r in rows:
+        ep, ils = r["learned"].get("eagle-policy"), r["learned"].get("ils")
+        if not ep or not ils or "improvements" not in ils:
+            continue
+        n = ep.get("samples", 0)
+        reached = [s for k, s in ils["improvements"] if k <= n]
+        v = min(reached) if reached else None
+        lines.append(f"| {r['workload']} | {r['cluster']} | {n} | {cell(r, 'eagle-policy')} | "
+                     + (f"{v * 1e3:.1f} ({100 * (1 - v / r['best_heuristic_s']):+.1f}%)" if v else "-") + " |")
     lines += ["", "Heuristics per case (ms; `-`: no placement that fits):", "",
               "| workload | cluster | " + " | ".join(meta["heuristics"]) + " |",
               "|---|---|" + "---:|" * len(meta["heuristics"])]
@@ -275,8 +292,9 @@ def main() -> None:
     data: dict[str, Any] = {"meta": {}, "rows": []}
     if args.resume and out.exists():
         data = json.loads(out.read_text())
-    data["meta"] = {"command": "python benchmarks/learned_model_parallel.py " + " ".join(sys.argv[1:]),
-                    "budget_s": args.budget, "seed": args.seed, "cpus": os.cpu_count(),
+    command = "python benchmarks/learned_model_parallel.py " + " ".join(sys.argv[1:])
+    commands = data["meta"].get("commands", [data["meta"]["command"]] if "command" in data["meta"] else [])
+    data["meta"] = {"command": command, "commands": commands + [command], "budget_s": args.budget, "seed": args.seed, "cpus": os.cpu_count(),
                     "python": platform.python_version(), "heuristics": heuristics,
                     "load_before": os.getloadavg()[0]}
     done = {(r["workload"], r["cluster"]): r for r in data["rows"]}

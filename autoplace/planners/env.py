@@ -133,6 +133,8 @@ class PlacementEnv:
         self.best_source = ""
         """where the best candidate came from: a seed's planner name, ``"sample"`` or another
         source given to :meth:`evaluate` (``"refine"``)."""
+        self.improvements: list[tuple[int, float]] = []
+        """(samples so far, new best step time) each time the best fitting placement improved."""
         self._cache: dict[bytes, "Evaluation"] = {}
         self.seeds: list[SeedPlacement] = list(seeds) if seeds is not None else (
             heuristic_seeds(graph, cluster, self.cost, mode) if reference_s is None else [])
@@ -228,6 +230,7 @@ class PlacementEnv:
 
     def _keep(self, candidate: Candidate, ev: "Evaluation", source: str) -> None:
         if not ev.oom and ev.step_time_s < self.best_step_time_s:
+            self.improvements.append((self.num_samples, float(ev.step_time_s)))
             self.best_step_time_s = float(ev.step_time_s)
             self.best_evaluation = ev
             self.best_source = source

@@ -105,7 +105,9 @@ class PolicySample(NamedTuple):
     log_prob: "torch.Tensor"
     """(n,) log-probability of each sample's actions."""
     entropy: "torch.Tensor"
-    """(n,) entropy of the distributions each sample was drawn from (summed over its decisions)."""
+    """(n,) entropy of the distributions each sample was drawn from, the quantity the bonus
+    rewards: summed over the sample's decisions or averaged (policies with thousands of
+    decisions average, so ``ent_coef`` does not scale with the graph; each says which)."""
 
 
 class Policy(Protocol):

@@ -61,8 +61,9 @@ class ReinforceConfig:
     """entropy bonus (the paper has none)."""
     max_grad_norm: float = 1.0
     """global gradient-norm clip."""
-    quick_samples: int = 256
-    """placements sampled when ``budget_s`` is None."""
+    quick_samples: int = 64
+    """placements sampled when ``budget_s`` is None (few: from random weights a quick run
+    rarely beats the heuristics, and ``plan(planner="best")`` runs every learned planner)."""
     max_samples: int | None = None
     """stop after this many samples even if budget is left (reproducible runs)."""
     seed_planners: tuple[str, ...] | None = None
