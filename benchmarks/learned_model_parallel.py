@@ -286,7 +286,12 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if args.report:
-        write_report(json.loads(out.read_text()), out)
+        data = json.loads(out.read_text())
+        load_after = data["meta"].get("load_after")
+        _save(data, out)
+        data["meta"]["load_after"] = load_after
+        write_report(data, out)
+        out.write_text(json.dumps(data, separators=(",", ":")))
         return
     heuristics = [n for n in planner_names("model") if get_planner(n).kind == "heuristic"]
     data: dict[str, Any] = {"meta": {}, "rows": []}
@@ -330,10 +335,23 @@ def _print(w: str, c: str, kind: str, r: dict[str, Any], best: str, best_s: floa
           f"samples {r.get('samples', '-')}, {r['wall_s']:.0f} s", flush=True)
 
 
+def _thin(points: list[Any], keep: int = 150) -> list[Any]:
+    """At most ``keep`` points of a curve, evenly spaced, the last one kept."""
+    if len(points) <= keep:
+        return points
+    idx = sorted(set(np.linspace(0, len(points) - 1, keep).round().astype(int).tolist()))
+    return [points[i] for i in idx]
+
+
 def _save(data: dict[str, Any], out: Path) -> None:
     data["meta"]["load_after"] = os.getloadavg()[0]
+    for row in data["rows"]:
+        for entry in row["learned"].values():
+            for key in ("history",):
+                if key in entry:
+                    entry[key] = _thin(entry[key])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
+    out.write_text(json.dumps(data, separators=(",", ":")))
     write_report(data, out)
 
 
