@@ -32,11 +32,13 @@ _LAZY = {
     "wrap": ("autoplace.api", "wrap"),
     "PlacedModule": ("autoplace.api", "PlacedModule"),
     "zoo": ("autoplace.zoo", None),
+    "OnlineConfig": ("autoplace.online", "OnlineConfig"),
 }
 
 __all__ = [
     "trace", "load_pipedream", "OpGraph", "Cluster", "Device", "Link", "CostModel", "Placement",
     "PlacementError", "simulate", "SimResult", "lower_bound", "planners", "plan", "wrap", "PlacedModule", "zoo",
+    "OnlineConfig",
 ]
 
 

@@ -236,7 +236,7 @@ class PlacedModule(nn.Module):
         (the rewrite places a model that sits on one device). Raises :class:`PlacementError`
         naming the problem, before anything moves, when the plan does not fit this model.
         """
-        from .online_state import follow_parameters, stage_on
+        from .online.state import follow_parameters, stage_on
         from .sim import simulate
 
         if not self.ready:

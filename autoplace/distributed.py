@@ -12,7 +12,7 @@ plan in the simulator is taken; the report lists the others and why they were le
 
 With ``finetune="online"`` (``online=`` an :class:`autoplace.online.OnlineConfig`) and
 ``optimizer=`` (over all of the model's parameters, on every rank), the result is an
-:class:`autoplace.online_pipeline.OnlinePipeline` instead: one stage per rank, whose cuts keep
+:class:`autoplace.online.pipeline.OnlinePipeline` instead: one stage per rank, whose cuts keep
 improving from measured step times, parameters and optimizer state moving between ranks with
 every re-split.
 """
@@ -148,7 +148,7 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     stage, replica = divmod(rank, r)
     device = cluster.devices[plan.stage_devices[stage][replica]].name
     if online is not None:
-        from .online_pipeline import OnlinePipeline
+        from .online.pipeline import OnlinePipeline
 
         if r != 1 or optimizer is None:
             raise PipelineWrapError(f"online pipeline tuning runs one stage per rank; the plan replicates stages {r} "

@@ -10,7 +10,7 @@ Model: the zoo's GPT-2 ("small" width, 6 blocks, batch 8 x 128 tokens; tied embe
 output projection), Adam. Three placements are measured (5 steps after 2 of warm-up, median):
 everything on cuda:0, the m-ETF planner's plan, and a CPU-heavy one (the first third of the ops
 on the CPU). The simulator's prediction is printed for each, before and after fitting the
-calibration (:mod:`autoplace.online_calibrate`) to the three measurements. Then
+calibration (:mod:`autoplace.online.calibrate`) to the three measurements. Then
 ``wrap(..., finetune="online")`` starts from the CPU-heavy placement and tries candidates live;
 after every re-placement the script checks that every gradient and optimizer-state tensor is on
 its parameter's device (parameters really move between the CPU and the GPU here).
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import autoplace  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
-from autoplace.online_calibrate import fit_step_calibration  # noqa: E402
-from autoplace.online_state import misplaced_state  # noqa: E402
+from autoplace.online.calibrate import fit_step_calibration  # noqa: E402
+from autoplace.online.state import misplaced_state  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
 from autoplace.sim import Simulator  # noqa: E402
 

@@ -18,9 +18,9 @@ from torch import nn
 
 import autoplace
 from autoplace.online import OnlineConfig, OnlineError
-from autoplace.online_calibrate import fit_step_calibration, scaled_cluster
-from autoplace.online_policy import CutPolicy
-from autoplace.online_state import follow_parameters, misplaced_state
+from autoplace.online.calibrate import fit_step_calibration, scaled_cluster
+from autoplace.online.policy import CutPolicy
+from autoplace.online.state import follow_parameters, misplaced_state
 from autoplace.sim import Simulator
 
 CPU3 = ["cpu", "cpu", "cpu"]
@@ -161,7 +161,7 @@ def test_schedule_drops_warmup_takes_medians_and_keeps_the_best(monkeypatch: pyt
     target 1 (a known optimum: everything on target 0); the first step after each switch takes
     a second (must be dropped as warm-up); a middle step of each trial is 3 ms slower (the median
     must ignore it)."""
-    import autoplace.online as online
+    import autoplace.online.tuner as online
 
     clock = FakeClock()
     monkeypatch.setattr(online.time, "perf_counter", clock.perf_counter)

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .cluster import Cluster
-from .cost.analytic import CostModel
-from .online import OnlineConfig, OnlineError, StepTimer
-from .online_policy import CutPolicy
-from .online_search import TuningSearch, candidate_key
-from .placement import Placement
+from ..cluster import Cluster
+from ..cost.analytic import CostModel
+from .tuner import OnlineConfig, OnlineError, StepTimer
+from .policy import CutPolicy
+from .search import TuningSearch, candidate_key
+from ..placement import Placement
 
 __all__ = ["OnlinePipeline"]
 
@@ -117,7 +117,7 @@ class OnlinePipeline:
                               f"{[len(s) for s in plan.stage_devices]} device(s) per stage on {self.world} ranks")
         problems = plan.problems(self.graph, self.cluster)
         if problems:
-            from .placement import PlacementError
+            from ..placement import PlacementError
 
             raise PlacementError(problems)
 
@@ -137,7 +137,7 @@ class OnlinePipeline:
     # ---- building and moving -----------------------------------------------------------------
 
     def _build(self, plan: Placement) -> Any:
-        from .rewrite.runtime import build_pipeline_runner
+        from ..rewrite.runtime import build_pipeline_runner
 
         assert plan.stage_of_node is not None
         stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in self.traced.op_of_fx.items()}

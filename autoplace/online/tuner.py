@@ -17,7 +17,7 @@ next ``steps_per_trial`` steps. Forward calls in eval mode or under ``no_grad`` 
 
 **Schedule** (counted in steps, the same on every run with the same config): measure the
 starting placement; then, every ``every_n_steps`` steps on the best placement so far, run a
-trial: switch to a candidate (:mod:`autoplace.online_search` picks it: sampled from the policy,
+trial: switch to a candidate (:mod:`autoplace.online.search` picks it: sampled from the policy,
 screened in the calibrated simulator), measure it, feed the measurement to PPO and to the
 calibration, and switch back unless it beat the best by ``min_gain``. Steps on the best
 placement between trials are timed too and keep its estimate current (so a candidate is
@@ -27,7 +27,7 @@ trials the best measured placement stays and its plan is saved to ``save_path``.
 **Re-placement** happens at the start of a forward call, between two steps, through
 :meth:`autoplace.api.PlacedModule.apply_plan`: parameters (in place: same ``Parameter``
 objects), gradients, buffers and optimizer state move with it
-(:mod:`autoplace.online_state`), so training continues exactly as if nothing moved.
+(:mod:`autoplace.online.state`), so training continues exactly as if nothing moved.
 
 **Failures.** Any exception while a trial's placement is applied or runs its forward (a CUDA
 out-of-memory error, or anything else) puts the last good placement back, restores the
@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .online_policy import model_policy
-from .online_search import TuningSearch, candidate_key
-from .online_state import snapshot
-from .placement import Placement
-from .planners.ppo import PPOConfig
+from .policy import model_policy
+from .search import TuningSearch, candidate_key
+from .state import snapshot
+from ..placement import Placement
+from ..planners.ppo import PPOConfig
 
 if TYPE_CHECKING:
-    from .api import PlacedModule
+    from ..api import PlacedModule
 
 __all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError"]
 

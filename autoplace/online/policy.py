@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .planners.ppo import PolicySample, PPOConfig, take_actions
+from ..planners.ppo import PolicySample, PPOConfig, take_actions
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .cost.analytic import CostModel
-    from .graph.ir import OpGraph
+    from ..cluster import Cluster
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
 
 __all__ = ["model_policy", "recentre", "centred_logits", "CutPolicy", "ppo_update", "POLICIES"]
 
@@ -78,7 +78,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
     note = ""
     if kind in ("auto", "eagle"):
         try:
-            from .planners.eagle import EagleConfig, build_policy, center
+            from ..planners.eagle import EagleConfig, build_policy, center
 
             cfg = EagleConfig(warm_op_moves=max(perturb_ops / 2, 0.5), warm_group_moves=max(perturb_ops, 1.0))
             pol = build_policy(graph, cluster, cost, cfg, seed)
@@ -90,7 +90,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
             if kind == "eagle":
                 raise
             note = f"EAGLE policy not usable ({type(e).__name__}: {str(e)[:120]}); "
-    from .planners.ppo import IndependentPolicy
+    from ..planners.ppo import IndependentPolicy
 
     pol = IndependentPolicy(graph.num_nodes, cluster.num_devices,
                             init_logits=centred_logits(device_of_node, cluster.num_devices, perturb_ops))
@@ -100,7 +100,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
 def recentre(policy: Any, name: str, device_of_node: np.ndarray, *, perturb_ops: float) -> None:
     """Centre ``policy`` on ``device_of_node`` again (after a new best was measured)."""
     if name == "eagle":
-        from .planners.eagle import center
+        from ..planners.eagle import center
 
         center(policy, np.asarray(device_of_node), policy.__dict__["_online_eagle_config"])
     elif name == "independent":

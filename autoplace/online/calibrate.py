@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .cluster import Cluster
+from ..cluster import Cluster
 
 __all__ = ["StepCalibration", "fit_step_calibration", "scaled_cluster", "physical_groups"]
 

@@ -10,7 +10,7 @@ whole batch: a sample that was measured live gets the measured reward
 and every other sample the calibrated simulator's reward ``-log(predicted / reference)``
 (the prior); a sample that failed live, does not fit in memory, or is not a valid placement
 gets ``-failure_penalty``. Every measurement refits the calibration
-(:mod:`autoplace.online_calibrate`), so later rounds screen with a simulator closer to this
+(:mod:`autoplace.online.calibrate`), so later rounds screen with a simulator closer to this
 machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
 before the first round.
 
@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from .online_calibrate import StepCalibration, fit_step_calibration
-from .online_policy import ppo_update, recentre
-from .report import format_table
-from .sim import Simulator
+from .calibrate import StepCalibration, fit_step_calibration
+from .policy import ppo_update, recentre
+from ..report import format_table
+from ..sim import Simulator
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .cost.analytic import CostModel
-    from .graph.ir import OpGraph
-    from .online import OnlineConfig
-    from .placement import Placement
+    from ..cluster import Cluster
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
+    from .tuner import OnlineConfig
+    from ..placement import Placement
 
 __all__ = ["TuningSearch", "TrialRecord", "candidate_key"]
 

@@ -1,0 +1,17 @@
+"""Online fine-tuning: the placement keeps improving while the user's training runs, from the
+step times it really measures.
+
+- :mod:`.tuner`: ``OnlineConfig``, ``OnlineTuner`` (timing, trial schedule, failures) used by
+  ``wrap(..., finetune="online")``;
+- :mod:`.search`: the next candidate (policy samples screened in the calibrated simulator), PPO;
+- :mod:`.policy`: the policies it samples from (EAGLE centred on the plan; pipeline cuts);
+- :mod:`.calibrate`: per-device and link factors fitted to measured step times;
+- :mod:`.state`: parameters, gradients and optimizer state following a re-placement;
+- :mod:`.pipeline`: the same for pipeline stages under torchrun (re-splits move state between ranks).
+"""
+
+from __future__ import annotations
+
+from .tuner import OnlineConfig, OnlineError, OnlineTuner, StepTimer, check_optimizer
+
+__all__ = ["OnlineConfig", "OnlineTuner", "OnlineError", "StepTimer", "check_optimizer"]
