@@ -190,8 +190,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ax.plot(np.arange(1, len(ys) + 1), ys, color=color, linestyle=ls, label=r["planner"])
                 if r["curve_with_post"]:
                     yp = np.array([np.nan if v is None else v for v in r["curve_with_post"]])
-                    ax.plot(np.arange(1, len(yp) + 1), yp, color=color, linestyle=(0, (1, 3)), lw=0.9,
-                            label=f"{r['planner']} + refine (all simulator calls)")
+                    ax.plot(np.arange(1, len(yp) + 1), yp, color=color, linestyle=(0, (1, 2)), lw=0.8, alpha=0.55,
+                            label=f"{r['planner']} + refine, over all simulator calls")
                 graph, ops, best_h = r["graph"], r["ops"], r["best_heuristic"]
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log")
@@ -201,9 +201,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
             lo, hi = ax.get_ylim()
             ax.set_ylim(max(lo, 0.5), min(hi, 3.0))
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
 
 
@@ -219,7 +225,10 @@ def report(result: dict[str, Any]) -> str:
              "returns (its samples, the heuristic seeds and any named post-processing). `post`: simulator "
              "calls spent in post-processing (EAGLE's `refine` local search), not in the policy's curve; "
              "`end+post`: the best over every simulated placement, after all of them. `to 1.0`: policy "
-             "samples until the policy matched the best heuristic.", ""]
+             "samples until the policy matched the best heuristic. EAGLE runs `refine` on the best heuristic "
+             "before its policy samples anything and warm-starts the policy on the result, so its policy "
+             "curve begins after its `post` simulator calls; in the plot its dotted curve counts every "
+             "simulator call. Mars runs `refine` after its policy samples (up to as many calls again).", ""]
     lines += ["| workload | cluster | planner | " + " | ".join(f"@{k}" for k in marks) +
               " | end | post | end+post | returned | to 1.0 | OOM share | wall s |",
               "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|---|---|---|"]
@@ -256,7 +265,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--weights", type=Path, default=WEIGHTS_PATH, help="mars.pt (mars_dgi.pt beside it)")
     ap.add_argument("--merge", action="store_true", help="add to the rows of an earlier learning.json")
+    ap.add_argument("--report-only", action="store_true", help="rewrite learning.md and .png from learning.json")
     args = ap.parse_args()
+    if args.report_only:
+        result = json.loads((args.out / "learning.json").read_text())
+        (args.out / "learning.md").write_text(report(result))
+        plot(result, args.out / "learning.png")
+        return
     global WEIGHTS
     WEIGHTS = args.weights
     torch.set_num_threads(1)
