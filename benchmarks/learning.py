@@ -115,6 +115,23 @@ def curve(trace: list[tuple[float, bool, str]], reference: float, *, policy_only
     return out
 
 
+def steps(c: list[float | None]) -> dict[str, Any]:
+    """A best-so-far curve as its length and the points where it changes (what the JSON keeps)."""
+    points = [[i + 1, None if v is None else round(v, 5)] for i, v in enumerate(c) if i == 0 or v != c[i - 1]]
+    return {"n": len(c), "changes": points}
+
+
+def unsteps(d: dict[str, Any] | None) -> list[float | None] | None:
+    """The curve back from :func:`steps`."""
+    if d is None:
+        return None
+    out: list[float | None] = []
+    points = d["changes"] + [[d["n"] + 1, None]]
+    for (k, v), (k_next, _) in zip(points, points[1:]):
+        out.extend([v] * (k_next - k))
+    return out
+
+
 def at(c: list[float | None], k: int) -> float | None:
     return c[min(k, len(c)) - 1] if c else None
 
@@ -151,9 +168,9 @@ def run(workloads: list[str], clusters: list[str], planners: list[str], samples:
                     returned = simulator_for(graph, cluster).evaluate(placement.device_of_node).step_time_s
                     row = {"workload": w, "graph": graph.name, "ops": graph.num_nodes, "cluster": cname,
                            "planner": p, "best_heuristic": best_h, "reference_s": reference, "samples": len(c),
-                           "wall_s": wall, "curve": c, "returned": returned / reference,
+                           "wall_s": wall, "curve": steps(c), "returned": returned / reference,
                            "post_samples": sum(1 for _, _, src in trace if src != "sample"),
-                           "curve_with_post": c_all if c_all != c else None,
+                           "curve_with_post": steps(c_all) if c_all != c else None,
                            "oom_share": float(np.mean([o for _, o, _ in trace])) if trace else None}
                     rows.append(row)
                     print(f"{w:9s} {cname:12s} {p:15s} {len(c):5d}+{len(trace) - len(c)} samples {wall:7.1f}s  "
@@ -185,11 +202,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
             for r in rows:
                 if r["cluster"] != cname or r["workload"] != w:
                     continue
-                ys = np.array([np.nan if v is None else v for v in r["curve"]])
+                ys = np.array([np.nan if v is None else v for v in unsteps(r["curve"]) or []])
                 color, ls = styles.get(r["planner"], ("k", "-"))
                 ax.plot(np.arange(1, len(ys) + 1), ys, color=color, linestyle=ls, label=r["planner"])
                 if r["curve_with_post"]:
-                    yp = np.array([np.nan if v is None else v for v in r["curve_with_post"]])
+                    yp = np.array([np.nan if v is None else v for v in unsteps(r["curve_with_post"]) or []])
                     ax.plot(np.arange(1, len(yp) + 1), yp, color=color, linestyle=(0, (1, 2)), lw=0.8, alpha=0.55,
                             label=f"{r['planner']} + refine, over all simulator calls")
                 graph, ops, best_h = r["graph"], r["ops"], r["best_heuristic"]
@@ -233,11 +250,12 @@ def report(result: dict[str, Any]) -> str:
               " | end | post | end+post | returned | to 1.0 | OOM share | wall s |",
               "|---|---|---|" + "---|" * len(marks) + "---|---|---|---|---|---|---|"]
     for r in rows:
-        c = r["curve"]
+        c = unsteps(r["curve"]) or []
+        cp = unsteps(r["curve_with_post"]) or c
         lines.append(f"| {r['graph']} ({r['ops']}) | {r['cluster']} | {r['planner']} | "
                      + " | ".join(fmt(at(c, k)) for k in marks)
                      + f" | {fmt(at(c, len(c)))} | {r['post_samples']} | "
-                     f"{fmt(at(r['curve_with_post'] or c, len(r['curve_with_post'] or c)))} | {r['returned']:.3f} | "
+                     f"{fmt(at(cp, len(cp)))} | {r['returned']:.3f} | "
                      f"{first_below(c, 1.0) or '-'} | "
                      f"{r['oom_share']:.2f} | {r['wall_s']:.0f} |")
     planners = list(dict.fromkeys(r["planner"] for r in rows))
@@ -245,7 +263,7 @@ def report(result: dict[str, Any]) -> str:
               "sample yet count as missing):", "",
               "| planner | " + " | ".join(f"@{k}" for k in marks) + " | end |", "|---|" + "---|" * (len(marks) + 1)]
     for p in planners:
-        mine = [r["curve"] for r in rows if r["planner"] == p]
+        mine = [unsteps(r["curve"]) or [] for r in rows if r["planner"] == p]
 
         def gm(k: int) -> str:
             v = [at(c, k) for c in mine]
