@@ -202,9 +202,10 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         "# Learned model-parallel planners vs heuristics",
         "",
         "Commands (in order; `--resume` adds or, with `--replace`, reruns planners on the cases already there): "
-        + ", ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]])) + f". Budget {meta['budget_s']:.0f} s per learned planner and case (heuristic "
-        f"seeding included), seed {meta['seed']}, wall-clock on {meta['cpus']} shared CPUs (load average "
-        f"{meta['load_before']:.1f} before, {meta.get('load_after', float('nan')):.1f} after the last command). Step times are "
+        + ", ".join(f"`{c}`" for c in meta.get("commands", [meta["command"]]))
+        + f". Budget {meta['budget_s']:.0f} s per learned planner and case (heuristic seeding included), seed "
+        f"{meta['seed']}, wall-clock on {meta['cpus']} shared CPUs (load average {meta['load_before']:.1f} before, "
+        f"{meta.get('load_after', float('nan')):.1f} after the last command). Step times are "
         "simulated ms per training step; gain = 1 - planner / best heuristic (positive: faster).",
         "",
         "- **eagle**: EAGLE as shipped (warm start, PPO, self-imitation re-centring, memetic `refine`, "
@@ -248,15 +249,15 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     g = geomean_gain(pol, "p")
     if g is not None:
         lines.append(f"- reinforce, its own samples only: {100 * g[0]:+.2f}% over {g[1]} cases")
-    lines += ["", "At equal samples (simulator calls, cache hits included) rather than equal time: the step "
+    equal = [r for r in rows if "eagle-policy" in r["learned"] and "improvements" in r["learned"].get("ils", {})]
+    lines += [] if not equal else [
+              "", "At equal samples (simulator calls, cache hits included) rather than equal time: the step "
               "time `ils` had reached when it had used as many samples as `eagle-policy` used in its whole budget "
               "(the papers' sample-efficiency view; the policy's network, not the simulator, takes most of its time):",
               "", "| workload | cluster | eagle-policy samples | eagle-policy | ils at that many samples |",
               "|---|---|---:|---|---|"]
-    for r in rows:
-        ep, ils = r["learned"].get("eagle-policy"), r["learned"].get("ils")
-        if not ep or not ils or "improvements" not in ils:
-            continue
+    for r in equal:
+        ep, ils = r["learned"]["eagle-policy"], r["learned"]["ils"]
         n = ep.get("samples", 0)
         reached = [s for k, s in ils["improvements"] if k <= n]
         v = min(reached) if reached else None
@@ -286,12 +287,12 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if args.report:
-        data = json.loads(out.read_text())
-        load_after = data["meta"].get("load_after")
-        _save(data, out)
-        data["meta"]["load_after"] = load_after
-        write_report(data, out)
-        out.write_text(json.dumps(data, separators=(",", ":")))
+        saved = json.loads(out.read_text())
+        load_after = saved["meta"].get("load_after")
+        _save(saved, out)
+        saved["meta"]["load_after"] = load_after
+        write_report(saved, out)
+        out.write_text(json.dumps(saved, separators=(",", ":")))
         return
     heuristics = [n for n in planner_names("model") if get_planner(n).kind == "heuristic"]
     data: dict[str, Any] = {"meta": {}, "rows": []}
@@ -299,7 +300,8 @@ def main() -> None:
         data = json.loads(out.read_text())
     command = "python benchmarks/learned_model_parallel.py " + " ".join(sys.argv[1:])
     commands = data["meta"].get("commands", [data["meta"]["command"]] if "command" in data["meta"] else [])
-    data["meta"] = {"command": command, "commands": commands + [command], "budget_s": args.budget, "seed": args.seed, "cpus": os.cpu_count(),
+    data["meta"] = {"command": command, "commands": commands + [command], "budget_s": args.budget,
+                    "seed": args.seed, "cpus": os.cpu_count(),
                     "python": platform.python_version(), "heuristics": heuristics,
                     "load_before": os.getloadavg()[0]}
     done = {(r["workload"], r["cluster"]): r for r in data["rows"]}

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
     from .env import Candidate, PlacementEnv
 
-__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "merge_results", "take_actions",
+__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "merge_results",
+           "take_actions",
            "IndependentPolicy", "progress_bar"]
 
 log = logging.getLogger(__name__)

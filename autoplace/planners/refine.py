@@ -13,7 +13,8 @@ step time instead of the edge cut:
             keep the fastest move if it beats the current step time and fits in memory
 
 On large clusters, moving an op to a device none of its neighbours use mostly adds
-transfers, so those moves are tried rarely there. Every evaluation goes through :meth:`PlacementEnv.evaluate` with source
+transfers, so those moves are tried rarely there. Every evaluation goes through
+:meth:`PlacementEnv.evaluate` with source
 ``"refine"``: it counts as a sample, and the environment keeps the best placement.
 
 Benchmarks report the learned planners with and without this step
