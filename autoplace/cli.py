@@ -189,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--model", default="inception_v3", help="zoo model (autoplace.zoo.names())")
     d.add_argument("--small", action="store_true", help="the model's small test config")
     d.add_argument("--cluster", default="4xV100-pcie", help="cluster preset (autoplace.Cluster.presets())")
-    d.add_argument("--mode", default="model", choices=["model", "pipeline", "auto"])
+    d.add_argument("--mode", default="auto", choices=["model", "pipeline", "auto"],
+                   help="auto: model-parallel and pipeline/hybrid/data-parallel planners together")
     d.add_argument("--budget-s", type=float, default=None, help="seconds for learned planners to fine-tune")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="autoplace_out", help="folder for the timeline PNG and the plan")
