@@ -15,7 +15,9 @@ PCIe host, a DGX-1, two hosts over 25 Gb/s Ethernet, the mixed A100 + T4 host an
 Per (workload, cluster) and planner: simulated throughput (samples/s = batch / step time), the
 step time, peak memory of every device (the fullest in the table, all in the JSON), planning
 time, ``no fit`` when the planner finds nothing that fits and ``OOM`` if what it returns does not.
-pipeline-rl's row also gives what its policy reached on its own: ``prior`` (the untrained
+``pipeline-rl (quick)`` is pipeline-rl with ``budget_s=None`` (a fixed number of samples: what
+``autoplace.plan(planner="best")`` runs by default). pipeline-rl's row also gives what its policy
+reached on its own: ``prior`` (the untrained
 policy's samples, before any heuristic plan is imitated) and ``samples`` (every sample it drew,
 after the imitation warm start included); its returned plan is the best of those and of its
 seeds (pipedream-dp, gpipe-uniform, data-parallel), and ``source`` says which won.
@@ -65,6 +67,7 @@ QUICK_WORKLOADS = ["pd:alexnet", "pd:gnmt", "pd:inception_v3"]
 QUICK_CLUSTERS = ["2x4xV100-25gbe", "2xA100+2xT4"]
 BASELINES = ["pipedream-dp", "gpipe-uniform", "data-parallel"]
 LEARNED = "pipeline-rl"
+QUICK_ROW = "pipeline-rl (quick)"  # pipeline-rl with budget_s=None, as plan(planner="best") runs it by default
 CHAINS = {"pd:alexnet", "pd:vgg16"}
 BRANCHY = {"pd:inception_v3", "pd:nasnetalarge", "zoo:nasnet", "zoo:inception_v3"}
 GiB = float(2**30)
@@ -87,17 +90,20 @@ def load(workload: str) -> OpGraph:
 
 def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float | None, seed: int) -> dict[str, Any]:
     sim = simulator_for(graph, cluster)
+    label = name
+    if name == QUICK_ROW:
+        name, budget_s = LEARNED, None
     t0 = time.perf_counter()
     try:
         p = autoplace.plan(graph, cluster, planner=name, mode="pipeline", budget_s=budget_s, seed=seed)
     except NoFitError as e:
-        return {"planner": name, "fits": False, "error": str(e).splitlines()[0][:300],
+        return {"planner": label, "fits": False, "error": str(e).splitlines()[0][:300],
                 "plan_time_s": time.perf_counter() - t0}
     plan_time = time.perf_counter() - t0
     res = sim.run(p, timeline=False)
     peak = np.asarray(res.peak_memory_bytes, dtype=float)
     row: dict[str, Any] = {
-        "planner": name, "fits": True, "oom": bool(res.oom), "step_time_s": float(res.step_time_s),
+        "planner": label, "fits": True, "oom": bool(res.oom), "step_time_s": float(res.step_time_s),
         "throughput": graph.batch_size / float(res.step_time_s), "peak_memory_gib": float(peak.max()) / GiB,
         "memory_per_device_gib": [round(float(x) / GiB, 3) for x in peak], "plan_time_s": plan_time,
         "stages": p.num_stages, "replicas": [len(s) for s in (p.stage_devices or ())],
@@ -215,8 +221,10 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
         pol = ratios(pred, "policy_best_throughput")
         hc = [x for c in cases if pred(c)
               for x in [speedup(c["rows"].get("hill-climb"), c["rows"].get("pipedream-dp"))] if x]
+        quick = [x for c in cases if pred(c)
+                 for x in [speedup(c["rows"].get(QUICK_ROW), c["rows"].get("pipedream-dp"))] if x]
         out[label] = {"cases": len(r), "geomean_vs_pipedream": geomean(r), "min_vs_pipedream": min(r, default=None),
-                      "hill_climb_geomean_vs_pipedream": geomean(hc),
+                      "hill_climb_geomean_vs_pipedream": geomean(hc), "quick_geomean_vs_pipedream": geomean(quick),
                       "max_vs_pipedream": max(r, default=None), "at_least_1.3x": sum(x >= 1.3 for x in r),
                       "policy_samples_geomean_vs_pipedream": geomean(pol),
                       "prior_geomean_vs_pipedream": geomean(prior)}
@@ -252,35 +260,38 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Summary (pipeline-rl over pipedream-dp, geometric means)",
         "",
-        "| cases | n | rl/pd | min | max | >= 1.3x | samples/pd | prior/pd | hill climb/pd |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cases | n | rl/pd | min | max | >= 1.3x | samples/pd | prior/pd | hill climb/pd | quick/pd |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, v in report["summary"].items():
         lines.append(f"| {label} | {v['cases']} | {fmt(v['geomean_vs_pipedream'], '.3f')} | "
                      f"{fmt(v['min_vs_pipedream'], '.3f')} | {fmt(v['max_vs_pipedream'], '.3f')} | "
                      f"{v['at_least_1.3x']} | {fmt(v['policy_samples_geomean_vs_pipedream'], '.3f')} | "
                      f"{fmt(v['prior_geomean_vs_pipedream'], '.3f')} | "
-                     f"{fmt(v.get('hill_climb_geomean_vs_pipedream'), '.3f')} |")
+                     f"{fmt(v.get('hill_climb_geomean_vs_pipedream'), '.3f')} | "
+                     f"{fmt(v.get('quick_geomean_vs_pipedream'), '.3f')} |")
     lines += ["", "## Every case", "",
               "| workload | cluster | pipeline-rl | pipedream-dp | gpipe-uniform | data-parallel | rl/pd | rl/gpipe | "
-              "rl/dp | samples/pd | prior/pd | hill climb/pd | rl plan (stages x replicas, M, schedule; src) | "
-              "mem rl / pd / dp | plan s rl / pd |",
-              "|" + "---|" * 15]
+              "rl/dp | samples/pd | prior/pd | hill climb/pd | quick/pd | rl plan (stages x replicas, M, schedule; "
+              "src) | mem rl / pd / dp | plan s rl / quick / pd |",
+              "|" + "---|" * 16]
     for c in report["cases"]:
         r = c["rows"]
         rl, pd, gp, dp = (r.get(k) for k in (LEARNED, "pipedream-dp", "gpipe-uniform", "data-parallel"))
         if c.get("error"):
-            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 12)
+            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 13)
             continue
         plan = (f"{rl['replicas']}, M={rl['microbatches']}, {rl['schedule']}; {rl.get('source')}"
                 if rl and rl.get("fits") else "-")
         mem = " / ".join(fmt(x.get("peak_memory_gib") if x and x.get("fits") else None, ".1f") for x in (rl, pd, dp))
-        times = " / ".join(fmt(x.get("plan_time_s") if x else None, ".1f") for x in (rl, pd))
+        quick = r.get(QUICK_ROW)
+        times = " / ".join(fmt(x.get("plan_time_s") if x else None, ".1f") for x in (rl, quick, pd))
         lines.append(f"| {c['workload']} | {c['cluster']} | {cell(rl)} | {cell(pd)} | {cell(gp)} | {cell(dp)} | "
                      f"{fmt(speedup(rl, pd), '.3f')} | {fmt(speedup(rl, gp), '.2f')} | {fmt(speedup(rl, dp), '.2f')} | "
                      f"{fmt(speedup(rl, pd, 'policy_best_throughput'), '.3f')} | "
                      f"{fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')} | "
-                     f"{fmt(speedup(r.get('hill-climb'), pd), '.3f')} | {plan} | {mem} | {times} |")
+                     f"{fmt(speedup(r.get('hill-climb'), pd), '.3f')} | {fmt(speedup(quick, pd), '.3f')} | "
+                     f"{plan} | {mem} | {times} |")
     return "\n".join(lines) + "\n"
 
 
@@ -338,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             case: dict[str, Any] = done.get((w, cname)) or {"workload": w, "cluster": cname, "ops": graph.num_nodes,
                                                             "batch": graph.batch_size, "rows": {}}
             try:
-                for name in BASELINES + [LEARNED]:
+                for name in BASELINES + [LEARNED] + ([QUICK_ROW] if budget is not None else []):
                     if name not in case["rows"]:
                         case["rows"][name] = run_planner(graph, cluster, name, seed=args.seed,
                                                          budget_s=budget if name == LEARNED else None)
