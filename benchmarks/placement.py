@@ -93,7 +93,8 @@ def one_device(sim: Any, cluster: Cluster) -> tuple[float, bool]:
     return float(min(e.step_time_s for e in evs)), False
 
 
-def run_pair(graph: OpGraph, cluster: Cluster, planners: list[tuple[str, str]], budget: float) -> dict[str, Any]:
+def run_pair(graph: OpGraph, cluster: Cluster, planners: list[tuple[str, str]],
+             budget: float | None) -> dict[str, Any]:
     from autoplace.sim import simulator_for
 
     sim = simulator_for(graph, cluster)
@@ -169,7 +170,8 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     return out + [""]
 
 
-def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], command: str, elapsed: float) -> str:
+def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], command: str, elapsed: float,
+             budget: float | None = None) -> str:
     names = [n for n, _ in planners]
     out = ["# Placement benchmark: every planner, simulated", "",
            f"Reproduce: `{command}` ({elapsed / 60:.1f} min on this machine, one thread, zoo traces cached in "
@@ -180,6 +182,12 @@ def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], com
            "planner says no plan of its kind fits; **bold**: the fastest plan that fits. `bound` is the "
            "gap of the best plan to the lower bound (step / bound; 1.00 would be perfect). Model-parallel "
            "planners first, then pipeline ones (data-parallel is one stage replicated on every device).", ""]
+    if any(get_planner(n).kind == "learned" for n in names):
+        how = (f"{budget:g} s of fine-tuning each per case" if budget else
+               "their quick mode (no budget: Mars zero-shot from its shipped weights, the others a few hundred "
+               "samples); benchmarks/learned_model_parallel.py gives them 60-120 s")
+        out += [f"Learned planners ran with {how}. Each returns the best of its samples and of the heuristics "
+                "it was seeded with.", ""]
     skipped = [n for n in registered() if n not in names and get_planner(n).kind == "learned"]
     if skipped:
         out += [f"Learned planners registered but not run in this table: {', '.join(skipped)} "
@@ -248,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clusters", default="", help="comma list of presets (default: the five of issue 3)")
     ap.add_argument("--planners", default="", help="comma list of planner names (default: every registered one)")
     ap.add_argument("--kinds", default="heuristic,learned", help="planner kinds to run")
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds per learned planner per case")
+    ap.add_argument("--budget", type=float, default=0.0,
+                    help="seconds per learned planner per case; 0 (default): their quick mode "
+                         "(zero-shot for mars, a few hundred samples for the others)")
     ap.add_argument("--out", default=str(RESULTS / "placement"), help="output path without extension")
     args = ap.parse_args(argv)
 
@@ -277,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         graph = graph.replace(name=key)
         for cname in clusters:
             bar.set_postfix_str(f"{key} on {cname}")
-            r = run_pair(graph, Cluster.preset(cname), planners, args.budget)
+            r = run_pair(graph, Cluster.preset(cname), planners, args.budget or None)
             results.append(r)
             b = best_row(r["rows"])
             tqdm.write(f"{key:24s} {cname:14s} 1 dev {r['one_device_s'] * 1e3:8.1f} ms  best "
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             bar.update(1)
     bar.close()
     elapsed = time.perf_counter() - start
-    md = markdown(results, planners, command.strip(), elapsed)
+    md = markdown(results, planners, command.strip(), elapsed, args.budget or None)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"command": command.strip(), "elapsed_s": elapsed,
