@@ -113,10 +113,12 @@ def _load_factory(spec: str) -> tuple[Any, Any]:
     if spec.startswith("zoo:"):
         import autoplace
 
-        wl = autoplace.zoo.build(spec[4:])
+        # Planning needs only the trace: build on the meta device, no weights allocated.
+        name, _, size = spec[4:].partition(":")
+        wl = autoplace.zoo.build(name, small=size == "small", device="meta")
         return wl.model, wl.example_inputs
     if ":" not in spec:
-        raise SystemExit(f"expected MODULE:FACTORY (e.g. mypkg.models:build) or zoo:NAME, got {spec!r}")
+        raise SystemExit(f"expected MODULE:FACTORY (e.g. mypkg.models:build) or zoo:NAME[:small], got {spec!r}")
     mod, fn = spec.split(":", 1)
     sys.path.insert(0, os.getcwd())
     obj = getattr(importlib.import_module(mod), fn)()
@@ -197,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.set_defaults(fn=_demo)
 
     p = sub.add_parser("plan", help="plan a model given by a factory function and save the plan")
-    p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs), or zoo:NAME")
+    p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs), or zoo:NAME[:small]")
     p.add_argument("--devices", nargs="+", default=["cpu"])
     p.add_argument("--cluster", default=None, help="plan for a preset instead of the local devices")
     p.add_argument("--planner", default="best")

@@ -258,7 +258,10 @@ class Placement:
                    meta=d.get("meta", {}))
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        """Write the placement as JSON, creating the parent folder if needed."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Placement":
