@@ -18,30 +18,28 @@ order; the sorted cuts give every op its stage (``stage = number of cuts at or b
 so stages never decrease along an edge. Two equal cuts would leave a stage empty; such a
 sample decodes to ``None`` and is never tried.
 
-:func:`ppo_update` is PPO's clipped surrogate (Schulman et al., arXiv:1707.06347, 2017) on one
-batch whose rewards arrived later, from live steps, rather than from
-:func:`autoplace.planners.ppo.train`'s simulator loop; it reads :class:`PPOConfig` the same way
-(advantage = reward - moving-average baseline, divided by the batch's reward spread; several
-epochs over shuffled minibatches; entropy bonus; gradient clipping; early stop on KL).
+Both are trained by :func:`autoplace.planners.ppo.ppo_update`, the update that
+:func:`autoplace.planners.ppo.train` runs, here on batches whose rewards arrive later, from
+live steps, rather than from the simulator.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..planners.ppo import PolicySample, PPOConfig, take_actions
+from ..planners.ppo import PolicySample
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["model_policy", "recentre", "centred_logits", "CutPolicy", "ppo_update", "POLICIES"]
+__all__ = ["model_policy", "recentre", "centred_logits", "CutPolicy", "POLICIES"]
 
 POLICIES = ("auto", "eagle", "independent")
 
@@ -168,46 +166,3 @@ class CutPolicy(nn.Module):
         return out
 
 
-def ppo_update(policy: Any, optimizer: torch.optim.Optimizer, actions: Any, old_log_prob: torch.Tensor,
-               rewards: Sequence[float], baseline: float | None, config: PPOConfig,
-               generator: torch.Generator) -> tuple[float, dict[str, float]]:
-    """One PPO update on a batch whose rewards are known; returns (new baseline, metrics)."""
-    b_rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64), dtype=torch.float32)
-    batch = int(b_rewards.numel())
-    mean_r = float(b_rewards.mean())
-    base = mean_r if baseline is None else baseline
-    b_adv = b_rewards - base
-    if config.norm_adv:
-        b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
-    new_base = config.baseline_decay * base + (1.0 - config.baseline_decay) * mean_r
-    policy.train()
-    mb_size = max(1, batch // config.num_minibatches)
-    approx_kl = torch.zeros(())
-    pg_loss = ent_mean = torch.zeros(())
-    stop = False
-    for _epoch in range(config.update_epochs):
-        b_inds = torch.randperm(batch, generator=generator)
-        for lo in range(0, batch, mb_size):
-            mb_inds = b_inds[lo:lo + mb_size]
-            newlogprob, entropy = policy.score(take_actions(actions, mb_inds))
-            logratio = newlogprob - old_log_prob[mb_inds]
-            ratio = logratio.exp()
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).mean()
-            mb_adv = b_adv[mb_inds]
-            pg_loss = torch.max(-mb_adv * ratio,
-                                -mb_adv * torch.clamp(ratio, 1 - config.clip_coef, 1 + config.clip_coef)).mean()
-            ent_mean = entropy.mean()
-            loss = pg_loss - config.ent_coef * ent_mean
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
-            optimizer.step()
-            if config.target_kl is not None and float(approx_kl) > config.target_kl:
-                stop = True
-                break
-        if stop:
-            break
-    policy.eval()
-    return new_base, {"losses/policy_loss": float(pg_loss.detach()), "losses/entropy": float(ent_mean.detach()),
-                      "losses/approx_kl": float(approx_kl), "charts/mean_reward": mean_r}

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from .calibrate import StepCalibration, fit_step_calibration
-from .policy import ppo_update, recentre
+from .policy import recentre
+from ..planners.ppo import ppo_update
 from ..report import format_table
 from ..sim import Simulator
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .env import Candidate, PlacementEnv
 
 __all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "merge_results",
-           "take_actions",
+           "take_actions", "ppo_update",
            "IndependentPolicy", "progress_bar"]
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,70 @@ def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _P
     return _Progress(enabled, total, unit, desc)
 
 
+
+def ppo_update(policy: Any, optimizer: "torch.optim.Optimizer", actions: Any, old_log_prob: "torch.Tensor",
+               rewards: Any, baseline: float | None, config: Any, generator: "torch.Generator", *,
+               params: Any = None) -> tuple[float, dict[str, float]]:
+    """One PPO update on a batch of sampled ``actions`` whose rewards are known.
+
+    The advantage is the reward minus the moving-average ``baseline`` (the batch mean when it
+    is None), divided by the batch's reward spread when ``config.norm_adv`` (default on);
+    then ``config.update_epochs`` passes of the clipped surrogate over shuffled minibatches,
+    stopped early once the approximate KL passes ``config.target_kl``. ``config`` is any
+    object with :class:`PPOConfig`'s update fields; ``params`` are the parameters whose
+    gradient norm is clipped (default: the policy's). Leaves the policy in eval mode and
+    returns (the new baseline, metrics).
+    """
+    import torch
+
+    b_rewards = torch.as_tensor(np.asarray(rewards, dtype=np.float64), dtype=torch.float32)
+    batch = int(b_rewards.numel())
+    mean_r = float(b_rewards.mean())
+    base = mean_r if baseline is None else float(baseline)
+    b_adv = b_rewards - base
+    if getattr(config, "norm_adv", True):
+        b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
+    new_base = config.baseline_decay * base + (1.0 - config.baseline_decay) * mean_r
+    params = list(policy.parameters() if params is None else params)
+
+    policy.train()
+    mb_size = max(1, batch // config.num_minibatches)
+    clipfracs: list[float] = []
+    approx_kl = torch.zeros(())
+    pg_loss = ent_mean = torch.zeros(())
+    grad_norm = 0.0
+    stop = False
+    for _epoch in range(config.update_epochs):
+        b_inds = torch.randperm(batch, generator=generator)
+        for lo in range(0, batch, mb_size):
+            mb_inds = b_inds[lo:lo + mb_size]
+            newlogprob, entropy = policy.score(take_actions(actions, mb_inds))
+            logratio = newlogprob - old_log_prob[mb_inds]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfracs.append(float(((ratio - 1.0).abs() > config.clip_coef).float().mean()))
+            mb_adv = b_adv[mb_inds]
+            pg_loss = torch.max(-mb_adv * ratio,
+                                -mb_adv * torch.clamp(ratio, 1 - config.clip_coef, 1 + config.clip_coef)).mean()
+            ent_mean = entropy.mean()
+            loss = pg_loss - config.ent_coef * ent_mean
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            optimizer.step()
+            if config.target_kl is not None and float(approx_kl) > config.target_kl:
+                stop = True
+                break
+        if stop:
+            break
+    policy.eval()
+    return new_base, {"losses/policy_loss": float(pg_loss.detach()), "losses/entropy": float(ent_mean.detach()),
+                      "losses/approx_kl": float(approx_kl),
+                      "losses/clipfrac": float(np.mean(clipfracs)) if clipfracs else 0.0,
+                      "losses/grad_norm": grad_norm, "charts/mean_reward": mean_r, "charts/baseline": new_base}
+
+
 def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, budget_s: float | None = None,
           max_samples: int | None = None, progress: bool = True,
           callback: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
@@ -248,56 +312,12 @@ def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, 
             for ev in evals:
                 if not ev.oom:
                     best_sampled = min(best_sampled, float(ev.step_time_s))
-            b_rewards = torch.as_tensor(rewards_np, dtype=torch.float32)
-            b_logprobs = s.log_prob.detach()
-            b_actions = s.actions
-
-            # ---- advantages: reward minus a moving-average baseline --------------------
-            mean_r = float(b_rewards.mean())
-            baseline = mean_r if baseline is None else baseline
-            b_adv = b_rewards - baseline
-            if config.norm_adv:
-                b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
-            baseline = config.baseline_decay * baseline + (1.0 - config.baseline_decay) * mean_r
-
-            # ---- optimise the clipped surrogate ----------------------------------------
-            policy.train()
-            mb_size = max(1, batch // config.num_minibatches)
-            clipfracs: list[float] = []
-            approx_kl = torch.zeros(())
-            pg_loss = ent_mean = torch.zeros(())
-            grad_norm = 0.0
-            stop = False
-            for _epoch in range(config.update_epochs):
-                b_inds = torch.randperm(batch, generator=gen)
-                for lo in range(0, batch, mb_size):
-                    mb_inds = b_inds[lo:lo + mb_size]
-                    newlogprob, entropy = policy.score(take_actions(b_actions, mb_inds))
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-                    with torch.no_grad():
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(float(((ratio - 1.0).abs() > config.clip_coef).float().mean()))
-                    mb_adv = b_adv[mb_inds]
-                    pg_loss1 = -mb_adv * ratio
-                    pg_loss2 = -mb_adv * torch.clamp(ratio, 1 - config.clip_coef, 1 + config.clip_coef)
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-                    ent_mean = entropy.mean()
-                    loss = pg_loss - config.ent_coef * ent_mean
-                    optimizer.zero_grad()
-                    loss.backward()
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
-                    optimizer.step()
-                    if config.target_kl is not None and float(approx_kl) > config.target_kl:
-                        stop = True
-                        break
-                if stop:
-                    break
+            baseline, upd = ppo_update(policy, optimizer, s.actions, s.log_prob.detach(), rewards_np, baseline,
+                                       config, gen)
+            mean_r = upd["charts/mean_reward"]
             update += 1
             metrics = {
-                "losses/policy_loss": float(pg_loss.detach()), "losses/entropy": float(ent_mean.detach()),
-                "losses/approx_kl": float(approx_kl), "losses/clipfrac": float(np.mean(clipfracs)),
-                "losses/grad_norm": grad_norm, "charts/mean_reward": mean_r, "charts/baseline": float(baseline),
+                **upd,
                 "charts/best_step_time": float(env.best_step_time_s),
                 "charts/best_sampled_step_time": best_sampled,
                 "charts/samples": float(env.num_samples - samples0),

@@ -268,7 +268,7 @@ class _Run:
         return key, env, policy
 
     def ppo_step(self) -> dict[str, Any] | None:
-        from .ppo import take_actions
+        from .ppo import ppo_update
 
         drawn = self.pair()
         if drawn is None:
@@ -282,50 +282,18 @@ class _Run:
         policy.eval()
         s = policy.sample(n, self.gen)
         rewards_np, evals = env.evaluate_many(policy.decode(s.actions))
-        b_rewards = torch.as_tensor(rewards_np, dtype=torch.float32)
-        b_logprobs = s.log_prob
-        # ---- advantages: reward minus this pair's moving-average baseline ----------------
-        mean_r = float(b_rewards.mean())
-        baseline = self.baselines.get(key, mean_r)
-        b_adv = (b_rewards - baseline) / (b_rewards.std(unbiased=False) + 1e-8)
-        self.baselines[key] = cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean_r
-        # ---- clipped surrogate, as autoplace.planners.ppo.train -----------------------------
-        policy.train()
-        mb_size = max(1, n // cfg.num_minibatches)
-        approx_kl, clipfracs, stop = 0.0, [], False
-        for _epoch in range(cfg.update_epochs):
-            b_inds = torch.randperm(n, generator=self.gen)
-            for lo in range(0, n, mb_size):
-                mb_inds = b_inds[lo:lo + mb_size]
-                newlogprob, entropy = policy.score(take_actions(s.actions, mb_inds))
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    approx_kl = float(((ratio - 1) - logratio).mean())
-                    clipfracs.append(float(((ratio - 1.0).abs() > cfg.clip_coef).float().mean()))
-                mb_adv = b_adv[mb_inds]
-                pg_loss = torch.max(-mb_adv * ratio,
-                                    -mb_adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-                loss = pg_loss - cfg.ent_coef * entropy.mean()
-                self.opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
-                self.opt.step()
-                if approx_kl > cfg.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
+        # ---- one PPO update, with this pair's own moving-average baseline -------------------
+        self.baselines[key], upd = ppo_update(policy, self.opt, s.actions, s.log_prob.detach(), rewards_np,
+                                              self.baselines.get(key), cfg, self.gen, params=self.net.parameters())
         fits = [e.step_time_s for e in evals if not e.oom]
-        policy.eval()
         _, greedy = env.evaluate_many(policy.decode(policy.sample(1, self.gen, greedy=True).actions))
         return {"phase": "ppo", "step": self.step, "pair": key, "ops": policy.num_ops,
-                "devices": policy.num_devices, "charts/mean_reward": mean_r,
-                "charts/best_reward": float(b_rewards.max()),
+                "devices": policy.num_devices, "charts/mean_reward": upd["charts/mean_reward"],
+                "charts/best_reward": float(np.max(rewards_np)),
                 "charts/oom_share": float(np.mean([e.oom for e in evals])),
                 "charts/best_sample_vs_heuristic": (min(fits) / env.reference_s) if fits else None,
                 "charts/greedy_vs_heuristic": None if greedy[0].oom else greedy[0].step_time_s / env.reference_s,
-                "losses/approx_kl": approx_kl, "losses/clipfrac": float(np.mean(clipfracs)) if clipfracs else 0.0,
+                "losses/approx_kl": upd["losses/approx_kl"], "losses/clipfrac": upd["losses/clipfrac"],
                 "losses/entropy_per_op": float(s.entropy.mean()) / policy.num_ops}
 
 
