@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import sys
 import time
 import traceback
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 import autoplace  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
+from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 WIDTHS = (512, 1536, 1536, 1536, 768, 512, 10)
 BATCH, MICRO = 128, 4
@@ -62,14 +62,6 @@ def build_model() -> nn.Module:
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def measure(pipe: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int,

@@ -54,7 +54,6 @@ import copy
 import json
 import os
 import platform
-import socket
 import sys
 import tempfile
 import time
@@ -76,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autoplace  # noqa: E402
 from autoplace import Cluster, CostModel, OpGraph, Placement  # noqa: E402
 from autoplace.cluster import Link  # noqa: E402
+from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 from _timing import interleaved, load_average, paired_ratio, spread  # noqa: E402
 
@@ -194,13 +194,6 @@ def overhead_case(name: str, config: dict[str, Any], *, rounds: int, warmup: int
 
 
 # ---- 2. a real 2-process pipeline ----------------------------------------------------------
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def _ping_pong(rank: int, *, repeats: int) -> list[dict[str, float]]:
@@ -381,7 +374,7 @@ def pipeline_case(*, rounds: int, warmup: int, ping_repeats: int, profile_repeat
         f"{PIPE_MICROBATCHES} micro-batches, and eager steps on rank 0, interleaved ...")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(pipeline_worker, args=(2, _free_port(), payload, out), nprocs=2, join=True)
+        mp.spawn(pipeline_worker, args=(2, free_port(), payload, out), nprocs=2, join=True)
         got = json.loads(Path(out).read_text())
     if "times" not in got:
         raise RuntimeError("the pipeline workers ended without results (see their errors above)")

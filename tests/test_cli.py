@@ -67,11 +67,9 @@ def test_example_training_loop_runs(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_example_torchrun_pipeline(tmp_path: Path) -> None:
     """examples/pipeline_torchrun.py under a real torchrun launch, two CPU processes."""
-    import socket
+    from autoplace.rewrite.runtime import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

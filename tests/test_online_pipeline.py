@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import traceback
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,9 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from autoplace.rewrite.runtime import free_port
+
 BATCH, MICRO = 8, 2
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def _model() -> nn.Module:
@@ -97,7 +90,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
 
 
 def _run(tmp_path: Path, case: dict[str, Any]) -> list[dict[str, Any]]:
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path), case), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), case), nprocs=2, join=True)
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in res:
         assert "error" not in r, r["error"]

@@ -33,6 +33,7 @@ stage after the process group's timeout (set it with ``init_distributed(timeout_
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,7 +45,7 @@ import torch.fx
 
 from .pipeline import Split, StageSplitError, propagate_fake, split_with_boundaries
 
-__all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "PipelineError",
+__all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -57,6 +58,13 @@ class PipelineError(RuntimeError):
 
 class PipelineTimeoutError(TimeoutError):
     """A peer did not answer within the process group's timeout; names this rank and stage."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, for a local rendezvous (mp.spawn or torchrun on one machine)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def init_distributed(*, device: str | torch.device | None = None, timeout_s: float = 1800.0,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import sys
 import time
 import traceback
@@ -26,15 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rewrite_models as rm  # noqa: E402
 
 from autoplace.rewrite.runtime import (  # noqa: E402
-    PipelineTimeoutError, build_pipeline_runner, init_distributed)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
+    PipelineTimeoutError, build_pipeline_runner, free_port, init_distributed)
 
 
 def contiguous_stages(gm: torch.fx.GraphModule, stages: int) -> dict[str, int]:
