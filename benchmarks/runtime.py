@@ -10,8 +10,8 @@ the same step is timed for
 
 - ``eager``: the model itself;
 - ``wrap 1``: ``autoplace.wrap(copy, ["cpu"], example_inputs=..., planner="single")`` (one
-  device: every planner gives this plan, every op on it, no transfers; what remains is the
-  GraphModule the rewrite builds);
+  device: every planner gives this plan, every op on it, no transfers; the user's module runs
+  as it is inside ``OneDevice``, which moves inputs and output);
 - ``fx``: ``torch.fx.symbolic_trace(copy)``, plain fx with no autoplace code: the part of the
   overhead the rewrite inherits from running the model as an fx GraphModule;
 - ``3 targets``: ``wrap(copy, ["cpu"] * 3, plan=...)`` with the ops cut into three contiguous
@@ -133,7 +133,10 @@ def _transfer_nodes(placed: Any) -> int:
     """Transfer calls between targets in the placed GraphModule (the output's move left out)."""
     from autoplace.rewrite.placed import transfer
 
-    return sum(1 for n in placed._placed_gm.graph.nodes
+    gm = placed._placed_gm
+    if not isinstance(gm, torch.fx.GraphModule):  # a one-device plan runs the user's module: no graph
+        return 0
+    return sum(1 for n in gm.graph.nodes
                if n.op == "call_function" and n.target is transfer and not any(u.op == "output" for u in n.users))
 
 
@@ -524,12 +527,12 @@ def overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
     out.append(f"- All models pooled ({w['n']} rounds): wrap 1 / eager {_ratio(w)}, {verdict}; plain fx / eager "
                f"{_ratio(pooled['fx'])}; 3 targets {_ratio(pooled['3 targets'])}; round-robin "
                f"{_ratio(pooled['round-robin'])}.")
-    out.append("- What 'wrap 1' adds to eager: it runs the model as an fx GraphModule ('plain fx' is that alone), "
-               "whose generated code looks every submodule up by its path on each call "
-               "(`getattr(self.stem, \"0\").conv(x)`, one `nn.Module.__getattr__` per level, a cost that grows "
-               "with depth and op count, as in Inception), plus one output transfer. With the same CPU at both "
-               "ends a transfer node is a Python call that returns its input; round-robin, with one on nearly "
-               "every edge, shows their per-node price.")
+    out.append("- What 'wrap 1' adds to eager: a one-device plan runs the user's own module "
+               "(`autoplace.rewrite.placed.OneDevice`), so only the input and output moves (no-ops here) and one "
+               "wrapper call. Multi-target plans run an fx GraphModule ('plain fx' is that alone), whose "
+               "generated code looks every submodule up by its path on each call; with the same CPU at both "
+               "ends a transfer node is a Python call that returns its input, and round-robin, with one on "
+               "nearly every edge, shows their per-node price.")
     return out
 
 
