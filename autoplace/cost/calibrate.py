@@ -61,8 +61,24 @@ _MAX_OVERHEAD_SCALE = 1000.0  # 10 ms per op on a 10 us launch: past that, the d
 _UNMEASURED = "(unmeasured)"
 
 
+class _Ratios:
+    """predicted / measured, before and after calibration (nan where nothing was measured)."""
+
+    measured_s: float
+    before_s: float
+    after_s: float
+
+    @property
+    def ratio_before(self) -> float:
+        return self.before_s / self.measured_s if self.measured_s > 0 else float("nan")
+
+    @property
+    def ratio_after(self) -> float:
+        return self.after_s / self.measured_s if self.measured_s > 0 else float("nan")
+
+
 @dataclass(frozen=True)
-class ClassFit:
+class ClassFit(_Ratios):
     """Measured and predicted seconds of one kind class, summed over its samples."""
 
     cls: str
@@ -77,17 +93,9 @@ class ClassFit:
     fitted: bool = False
     """True when the fit set this class's compute efficiency (it had compute-bound samples)."""
 
-    @property
-    def ratio_before(self) -> float:
-        return self.before_s / self.measured_s if self.measured_s > 0 else float("nan")
-
-    @property
-    def ratio_after(self) -> float:
-        return self.after_s / self.measured_s if self.measured_s > 0 else float("nan")
-
 
 @dataclass(frozen=True)
-class GraphFit:
+class GraphFit(_Ratios):
     """Measured and predicted forward + backward seconds of one graph on one device."""
 
     name: str
@@ -96,14 +104,6 @@ class GraphFit:
     after_s: float
     fitted_on: bool
     """True when calibrate() fitted on this graph (False: held out)."""
-
-    @property
-    def ratio_before(self) -> float:
-        return self.before_s / self.measured_s if self.measured_s > 0 else float("nan")
-
-    @property
-    def ratio_after(self) -> float:
-        return self.after_s / self.measured_s if self.measured_s > 0 else float("nan")
 
 
 @dataclass(frozen=True)
