@@ -92,7 +92,8 @@ def _demo(args: argparse.Namespace) -> int:
         graph = zoo_graph(args.model, small=args.small)
     _say(graph.describe())
     lb = autoplace.lower_bound(graph, cluster)
-    with _Step(f"planning ({args.mode} mode, every planner, budget {args.budget_s} s for learned ones)"):
+    learned = "learned ones in quick mode" if args.budget_s is None else f"{args.budget_s:g} s for learned ones"
+    with _Step(f"planning ({args.mode} mode, every planner, {learned})"):
         placement = autoplace.plan(graph, cluster, planner="best", mode=args.mode, budget_s=args.budget_s,
                                    seed=args.seed)
     _say("\nplanners compared in the simulator:")
