@@ -8,6 +8,7 @@ beside it. Peak rates are the vendor's dense figures; the cost model applies eff
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,6 +54,9 @@ class Device:
     """fixed cost of launching one op (framework dispatch plus kernel launch), seconds."""
     host: int = 0
     """index of the host (machine) the device sits in."""
+    time_factor: float = 1.0
+    """measured correction on every op and update time of this device, roofline or profiled
+    alike (online calibration fits it; 1: as the cost model says)."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +177,7 @@ class Cluster:
             i, j = np.argwhere(~np.isfinite(lat) | (lat < 0))[0]
             raise ClusterError(f"latency from device {i} to {j} is {lat[i, j]}; it must be finite and >= 0 s")
         for i, dev in enumerate(self.devices):
-            for f in ("peak_flops", "mem_bandwidth", "memory_bytes"):
+            for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "time_factor"):
                 v = getattr(dev, f)
                 if not (np.isfinite(v) and v > 0):
                     raise ClusterError(f"device {i} ({dev.name}) has {f}={v}; it must be a finite number > 0")
@@ -220,8 +224,14 @@ class Cluster:
         return np.array([d.memory_bytes for d in self.devices])
 
     @property
+    def time_factors(self) -> np.ndarray:
+        """(D,) each device's calibrated factor on its op and update times."""
+        return np.array([d.time_factor for d in self.devices], dtype=np.float64)
+
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """A stable hash of everything that affects a plan (names aside)."""
+        """A stable hash of everything that affects a plan (names aside); computed once (the
+        cluster is frozen), since every simulator, plan and placement asks for it."""
         body = self.to_dict()
         body.pop("name", None)
         body.pop("meta", None)
@@ -351,7 +361,7 @@ class Cluster:
         return {
             "format": "autoplace.Cluster/1",
             "name": self.name,
-            "devices": [asdict(d) for d in self.devices],
+            "devices": [_device_dict(d) for d in self.devices],
             "bandwidth": mat(self.bandwidth_matrix),
             "latency": mat(self.latency_matrix),
             "link_names": [list(r) for r in self.link_names],
@@ -382,6 +392,15 @@ class Cluster:
 
     def __hash__(self) -> int:
         return hash(self.fingerprint)
+
+
+def _device_dict(d: Device) -> dict[str, Any]:
+    """A device as JSON; an uncalibrated ``time_factor`` is left out, so the fingerprints of
+    clusters (and the plans made for them) do not change with the field's arrival."""
+    out = asdict(d)
+    if out["time_factor"] == 1.0:
+        del out["time_factor"]
+    return out
 
 
 def _cuda_device(name: str, idx: int) -> Device:

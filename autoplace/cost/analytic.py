@@ -127,7 +127,14 @@ class CostModel:
     def op_times(self, graph: "OpGraph", cluster: "Cluster", *,
                  batch_fraction: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(N, D) forward and backward seconds of every op on every device, at
-        ``batch_fraction`` of the graph's batch."""
+        ``batch_fraction`` of the graph's batch, times each device's calibrated ``time_factor``."""
+        fwd, bwd = self._op_times(graph, cluster, batch_fraction)
+        factor = cluster.time_factors
+        if np.any(factor != 1.0):
+            fwd, bwd = fwd * factor[None, :], bwd * factor[None, :]
+        return fwd, bwd
+
+    def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
         fwd, bwd = self.roofline_times(graph, cluster, batch_fraction=batch_fraction)
         if not self.use_measured:
             return fwd, bwd
@@ -172,7 +179,7 @@ class CostModel:
     def update_times(self, graph: "OpGraph", cluster: "Cluster") -> np.ndarray:
         """(N, D) seconds of the optimizer update of each op's parameters on each device."""
         bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
-        return graph.param_bytes[:, None] * _UPDATE_TRAFFIC[self.optimizer] / bw
+        return graph.param_bytes[:, None] * _UPDATE_TRAFFIC[self.optimizer] / bw * cluster.time_factors[None, :]
 
     @property
     def optimizer_state_factor(self) -> float:

@@ -6,8 +6,8 @@ So it fits few numbers, on the cluster rather than the cost model:
 
 - ``f_d``, one factor per *physical* device (targets that name the same torch device, like
   ``["cpu", "cpu"]``, share one): every op time and update time on device ``d`` is multiplied
-  by ``f_d`` (its peak FLOP/s and memory bandwidth divided by it, its launch overhead
-  multiplied);
+  by ``f_d`` (``Device.time_factor``, which the cost model applies to roofline and profiled
+  times alike);
 - ``g``, one factor on every transfer (link bandwidths divided by it, latencies multiplied).
 
 Step time is positively homogeneous in these factors (multiplying all of them by ``c``
@@ -62,8 +62,7 @@ def scaled_cluster(cluster: Cluster, device_factor: dict[str, float], link_facto
     devs = []
     for d in cluster.devices:
         f = float(device_factor.get(d.name, 1.0))
-        devs.append(replace(d, peak_flops=d.peak_flops / f, mem_bandwidth=d.mem_bandwidth / f,
-                            peak_flops_tensor=d.peak_flops_tensor / f, launch_overhead_s=d.launch_overhead_s * f))
+        devs.append(replace(d, time_factor=d.time_factor * f))
     g = float(link_factor)
     return replace(cluster, devices=tuple(devs), bandwidth_matrix=np.asarray(cluster.bandwidth_matrix) / g,
                    latency_matrix=np.asarray(cluster.latency_matrix) * g)

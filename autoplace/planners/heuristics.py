@@ -65,10 +65,11 @@ def device_counts(d: int) -> list[int]:
 
 
 def _distinct_devices(cluster: Cluster) -> list[int]:
-    """One device per distinct (kind, memory): all-on-one-device times do not depend on links."""
-    seen: dict[tuple[str, float, float], int] = {}
+    """One device per distinct (kind, memory, speed, calibration): all-on-one-device times do not
+    depend on links."""
+    seen: dict[tuple[str, float, float, float], int] = {}
     for i, dv in enumerate(cluster.devices):
-        seen.setdefault((dv.kind, dv.memory_bytes, dv.peak_flops), i)
+        seen.setdefault((dv.kind, dv.memory_bytes, dv.peak_flops, dv.time_factor), i)
     return sorted(seen.values())
 
 

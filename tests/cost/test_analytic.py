@@ -99,6 +99,29 @@ def test_measured_times_used_on_their_kind() -> None:
     assert f0[0, 0] == pytest.approx(1e12 / (PEAK * 0.55) + OVH)
 
 
+def test_time_factor_scales_roofline_and_measured_times_alike() -> None:
+    """A calibrated Device.time_factor multiplies that device's op and update times, whether the
+    times come from the roofline or from a profile of the same kind (where peak FLOP/s plays no part)."""
+    from dataclasses import replace
+
+    from autoplace.online.calibrate import scaled_cluster
+
+    c = Cluster.preset("2xV100-pcie")
+    slow = scaled_cluster(c, {c.devices[0].name: 3.0}, 1.0)   # device 0 three times slower
+    assert slow.time_factors.tolist() == [3.0, 1.0]
+    for g in (chain(), chain().with_times([0.2, 1e-3, 2e-5, 0.0], [0.4, 2e-3, 2e-5, 0.0],
+                                            profiled_on="V100-PCIe-16GB")):
+        f0, b0 = CostModel().op_times(g, c)
+        f1, b1 = CostModel().op_times(g, slow)
+        assert np.allclose(f1[:, 0], 3.0 * f0[:, 0]) and np.allclose(b1[:, 0], 3.0 * b0[:, 0])
+        assert np.array_equal(f1[:, 1], f0[:, 1])
+        u0, u1 = CostModel().update_times(g, c), CostModel().update_times(g, slow)
+        assert np.allclose(u1[:, 0], 3.0 * u0[:, 0]) and np.array_equal(u1[:, 1], u0[:, 1])
+    # An uncalibrated device keeps its cluster's fingerprint; a calibrated one round-trips.
+    assert replace(c, devices=tuple(replace(d, time_factor=1.0) for d in c.devices)).fingerprint == c.fingerprint
+    assert Cluster.from_dict(slow.to_dict()) == slow and slow.fingerprint != c.fingerprint
+
+
 def test_measured_times_scaled_by_fp32_peak_on_other_kinds() -> None:
     c = Cluster.preset("2xA100+2xT4")
     fwd, _ = CostModel().op_times(measured(), c)
