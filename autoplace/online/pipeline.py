@@ -45,13 +45,10 @@ from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
 from .search import TuningSearch, candidate_key
+from .state import stays_on_cpu
 from ..placement import Placement
 
 __all__ = ["OnlinePipeline"]
-
-
-def _stays_on_cpu(key: str, group: dict) -> bool:
-    return key == "step" and not (group.get("capturable", False) or group.get("fused", False))
 
 
 class OnlinePipeline:
@@ -198,7 +195,7 @@ class OnlinePipeline:
                             state[k] = torch.empty(a, dtype=dtype, device=t.device)
                             ops.append(dist.P2POp(dist.irecv, state[k], src))
                         elif kind == "scalar":
-                            dev = torch.device("cpu") if _stays_on_cpu(k, group) else t.device
+                            dev = torch.device("cpu") if stays_on_cpu(k, group) else t.device
                             state[k] = torch.tensor(a, dtype=dtype, device=dev)
                         else:
                             state[k] = a

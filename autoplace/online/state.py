@@ -36,7 +36,7 @@ def _group_of(optimizer: torch.optim.Optimizer) -> dict[int, dict]:
     return {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
 
-def _stays_on_cpu(key: str, group: dict) -> bool:
+def stays_on_cpu(key: str, group: dict) -> bool:
     """PyTorch keeps Adam-style ``step`` counts on the CPU unless the group is capturable or fused."""
     return key == "step" and not (group.get("capturable", False) or group.get("fused", False))
 
@@ -63,7 +63,7 @@ def follow_parameters(params: Iterable[torch.nn.Parameter], optimizer: torch.opt
             group = groups.get(id(p), {})
             st = optimizer.state[p]
             for k, v in list(st.items()):
-                if not isinstance(v, torch.Tensor) or v.device == dev or _stays_on_cpu(k, group):
+                if not isinstance(v, torch.Tensor) or v.device == dev or stays_on_cpu(k, group):
                     continue
                 moved += v.numel() * v.element_size()
                 st[k] = v.to(dev)
@@ -98,7 +98,7 @@ def misplaced_state(params: Iterable[torch.nn.Parameter], optimizer: torch.optim
             continue
         group = groups.get(id(p), {})
         for k, v in state_tensors(optimizer, p).items():
-            if v.device != p.device and not _stays_on_cpu(k, group):
+            if v.device != p.device and not stays_on_cpu(k, group):
                 out.append(f"parameter {i} ({tuple(p.shape)}) is on {p.device}; its optimizer state {k!r} "
                            f"is on {v.device}")
     return out

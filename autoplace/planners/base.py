@@ -241,9 +241,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
 
 def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, Any]:
-    res = sim.run(out)
+    res = sim.run(out, timeline=False)  # step time, memory and OOM only: no events to build
     peak = np.asarray(res.peak_memory_bytes, dtype=float)
-    excess = float(getattr(res, "oom_excess_bytes", 0.0) or 0.0)
+    excess = float(res.oom_excess_bytes)
     return dict(planner=p.name, kind=p.kind, mode=out.mode, step_time_s=float(res.step_time_s),
                 peak_memory_bytes=float(peak.max()) if peak.size else 0.0, oom=bool(res.oom),
                 oom_excess_bytes=excess, plan_time_s=plan_time, devices=len(out.devices_used()),
