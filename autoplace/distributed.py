@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -118,7 +118,10 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     if online is not None and optimizer is None:
         raise PipelineWrapError("finetune='online' in a pipeline needs optimizer= (built on model.parameters() on "
                                 "every rank): re-splits move its state between ranks")
-    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if isinstance(example_inputs, Mapping):
+        raise PipelineWrapError(f"mode='pipeline' feeds stage 0 positional inputs; example_inputs is a dict with keys "
+                                f"{sorted(example_inputs)}: pass a tuple in the order forward() takes them")
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     rank, world, _ = init_distributed(timeout_s=timeout_s)
     if len(devices) != world:
         raise PipelineWrapError(f"{len(devices)} devices were given but torchrun started {world} processes; "

@@ -54,3 +54,12 @@ def test_pipeline_mode_outside_torchrun_says_how_to_launch(monkeypatch: pytest.M
     with pytest.raises(PipelineWrapError, match="torchrun"):
         autoplace.wrap(wl.model, ["cpu", "cpu"], mode="pipeline", example_inputs=wl.example_inputs,
                        loss_fn=wl.loss_fn)
+
+
+def test_pipeline_mode_names_a_dict_of_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 0 takes positional inputs: a dict is refused with its keys, before any process group starts."""
+    monkeypatch.setenv("RANK", "0")
+    wl = autoplace.zoo.build("gpt2", small=True)
+    with pytest.raises(PipelineWrapError, match=r"dict with keys \['idx'\].*tuple"):
+        autoplace.wrap(wl.model, ["cpu", "cpu"], mode="pipeline", example_inputs={"idx": wl.example_inputs[0]},
+                       loss_fn=wl.loss_fn)
