@@ -189,8 +189,10 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
         row = _judge(sim, p, out, time.perf_counter() - t0)
         if row["oom"]:
-            raise NoFitError(f"planner {planner!r} returned a placement that does not fit: "
-                             f"{row['oom_excess_bytes'] / 2**30:.2f} GiB over device memory")
+            over = "; ".join(sim.run(out, timeline=False).oom_messages())
+            raise NoFitError(f"planner {planner!r} returned a placement that does not fit: {over}. "
+                             f"Try planner='best' (every planner, the best that fits), mode='pipeline' "
+                             f"(stages hold only their share of activations), or larger devices")
         return _stamp(out, row, [])
 
     start = time.perf_counter()

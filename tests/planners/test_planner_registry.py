@@ -155,3 +155,17 @@ def test_a_failing_heuristic_is_a_bug_and_propagates() -> None:
             autoplace.plan(chain(5), Cluster.preset("4xV100-pcie"), kinds=("heuristic",))
     finally:
         base._REGISTRY.pop("test-broken-h")
+
+
+def test_a_named_planner_over_memory_names_the_device_and_the_ways_out() -> None:
+    def all_on_zero(graph: Any, cluster: Cluster, **k: Any) -> Placement:
+        return Placement.from_assignment(graph, cluster, np.zeros(graph.num_nodes, dtype=int), planner="test-zero")
+
+    register(FunctionPlanner("test-zero", ("model",), all_on_zero))
+    try:
+        big = chain(6, params=4 * GiB)  # 24 GiB of weights, as much again of gradients, twice that of Adam state
+        want = r"device 0 \(cuda:0, V100-PCIe-16GB\) needs 96.0 GiB, has 14.9 GiB: 81.1 GiB over.*planner='best'"
+        with pytest.raises(NoFitError, match=want):
+            autoplace.plan(big, Cluster.preset("4xV100-pcie"), planner="test-zero")
+    finally:
+        base._REGISTRY.pop("test-zero")
