@@ -81,6 +81,12 @@ class PlacedModule(nn.Module):
     ``parameters()`` are the original's). Attributes after the first forward (or at once when
     example inputs were given): ``plan`` (:class:`Placement`), ``graph`` (:class:`OpGraph`),
     ``cluster``, ``simulated`` (the simulator's prediction for the plan).
+
+    It is called as the model is (positional or keyword arguments, by forward's signature) and
+    returns the model's own output type. Tensors may change shape between calls where the trace
+    allows it; non-tensor arguments must keep their traced values (a clear error says which
+    one differs). The first call after ``eval()`` (or ``train()``) in the mode the model was not
+    traced in traces it again in that mode and places it by the same plan.
     """
 
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
@@ -100,6 +106,8 @@ class PlacedModule(nn.Module):
         self.__dict__["_wrapped"] = model
         self.__dict__["_placed_gm"] = None
         self.__dict__["_traced"] = None
+        # training flag -> (traced graph, placed module) for that mode (see _for_mode).
+        self.__dict__["_modes"] = {}
         self.devices = list(devices)
         self.cluster = cluster
         self._planner = planner
@@ -157,6 +165,7 @@ class PlacedModule(nn.Module):
         self.timings["rewrite_s"] = time.perf_counter() - t0
         self.__dict__["_traced"] = traced
         self.__dict__["_placed_gm"] = gm
+        self.__dict__["_modes"] = {model.training: (traced, gm)}
         if self.__dict__["_online_config"] is not None:
             from .online import OnlineTuner
 
@@ -217,8 +226,52 @@ class PlacedModule(nn.Module):
         tuner = self.__dict__["_tuner"]
         if tuner is not None:
             return tuner.forward(args, kwargs)
+        return self._run(args, kwargs)
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the placed module as the user calls the model: the call is bound to the traced
+        graph's inputs by forward's signature (and checked against the traced call), and the
+        output comes back in the model's own structure (a ``ModelOutput``, a dict)."""
+        from .rewrite.placed import OneDevice
+
         gm = self.__dict__["_placed_gm"]
-        return gm(*args, **kwargs)
+        if isinstance(gm, OneDevice):
+            return gm(*args, **kwargs)
+        traced, gm = self._for_mode(args, kwargs)
+        return traced.output(gm(*traced.bind_call(args, kwargs).values()))
+
+    def _for_mode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, nn.Module]:
+        """The traced graph and placed module for the current mode (train or eval).
+
+        A traced graph is fixed to the mode it was traced in: torch.export writes dropout's and
+        BatchNorm's training flag, and any ``if self.training:`` of the model's code, into the
+        graph as constants (symbolic tracing does the latter). So the first call in the other
+        mode traces the model again in that mode, on this call's inputs, and places it by the
+        same plan (each fx node on the device of the node of the same name; a node the first
+        trace lacks goes with its first input). Both are kept; a switch moves any tensor the two
+        placements keep in different places.
+        """
+        from .rewrite.placed import place_module, settle
+
+        modes = self.__dict__["_modes"]
+        if self.training not in modes:
+            from .graph.trace import trace_module
+
+            (base, base_gm), = modes.values()
+            traced = trace_module(self.__dict__["_wrapped"], kwargs if kwargs else args,
+                                  leaf_modules=self._leaf_modules)
+            if traced.gm.code == base.gm.code:
+                modes[self.training] = (base, base_gm)
+            else:
+                targets = _targets_by_name(traced, base, self.plan)
+                gm = place_module(traced.gm, targets, [d.name for d in self.cluster.devices])
+                gm.train(self.training)
+                modes[self.training] = (traced, gm)
+        traced, gm = modes[self.training]
+        if self.__dict__.get("_active") is not gm:
+            settle(gm)
+            self.__dict__["_active"] = gm
+        return traced, gm
 
     @property
     def _placed_gm(self) -> Any:
@@ -261,6 +314,7 @@ class PlacedModule(nn.Module):
         moved += follow_parameters(list(self.__dict__["_wrapped"].parameters()),
                                    optimizer if optimizer is not None else self.__dict__["_optimizer"])
         self.__dict__["_placed_gm"] = gm
+        self.__dict__["_modes"] = {traced.gm.training: (traced, gm)}
         self.plan = new
         self.simulated = simulate(self.graph, new, self.cluster, cost=self.cost)
         self.timings["last_replacement_bytes"] = float(moved)
@@ -413,6 +467,24 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         args, kw = _as_inputs(example_inputs)
         pm._build(args, kw)
     return pm
+
+
+def _targets_by_name(traced: Any, base: Any, plan: Placement | None) -> dict[str, int]:
+    """A target for every fx node of ``traced`` from ``plan``, made for ``base`` (another trace
+    of the same model): the device of the node of the same name; an op none of whose nodes
+    ``base`` has runs with its first input that has a device (else on the plan's first device)."""
+    assert plan is not None
+    device_of_name = {name: int(plan.device_of_node[i]) for name, i in base.op_of_fx.items()}
+    graph = traced.graph
+    op_device: list[int | None] = [None] * graph.num_nodes
+    for i, members in enumerate(graph.members):
+        op_device[i] = next((device_of_name[m] for m in members if m in device_of_name), None)
+    first = plan.devices_used()[0] if plan.devices_used() else 0
+    for i in range(graph.num_nodes):  # ops are in topological order
+        if op_device[i] is None:
+            inputs = [int(a) for a, b in graph.edges.tolist() if b == i and op_device[int(a)] is not None]
+            op_device[i] = op_device[inputs[0]] if inputs else first
+    return {name: int(op_device[i] or 0) for name, i in traced.op_of_fx.items()}
 
 
 def _online_config(finetune: bool | str, online: Any) -> Any:

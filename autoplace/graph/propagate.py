@@ -21,7 +21,8 @@ its backward FLOPs, and the parameters and buffers it holds.
   ops whose backward does not depend on what happens downstream (all of ATen's).
 - A leaf module whose forward branches on tensor values (``if x.sum() > 0``) cannot run on
   fake tensors. When its weights are real it runs for real, once, on random inputs of the
-  right shapes (seeded, so the graph is reproducible) and its outputs are faked again; the
+  right shapes (seeded, so the graph is reproducible; an example input it reads directly, such
+  as the lengths of packed sequences, keeps its values) and its outputs are faked again; the
   branch counted is the one those inputs take. Its weights on the meta device: an error.
 
 Errors re-raise with the fx node, its op and the shapes it was given (``TraceError``).
@@ -112,6 +113,9 @@ class _Propagator:
         self.backward = backward
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.fakes: dict[int, torch.Tensor] = {}
+        # id(fake example input) -> the user's tensor: a leaf module run for real gets the
+        # example's own values (lengths, indices), not stand-ins.
+        self.example_of: dict[int, torch.Tensor] = {}
         self.counter = flop_counter()
         self.cpu = torch.device("cpu")
 
@@ -128,7 +132,15 @@ class _Propagator:
         return got
 
     def fake_input(self, value: Any) -> Any:
-        return tree_map(lambda v: self.fake(v, v.requires_grad) if isinstance(v, torch.Tensor) else v, value)
+        def one(v: Any) -> Any:
+            if not isinstance(v, torch.Tensor):
+                return v
+            f = self.fake(v, v.requires_grad)
+            if not v.is_meta:
+                self.example_of[id(f)] = v
+            return f
+
+        return tree_map(one, value)
 
     def module_state(self, mod: torch.nn.Module, prefix: str) -> tuple[dict[str, torch.Tensor], list[HeldTensor]]:
         state: dict[str, torch.Tensor] = {}
@@ -219,7 +231,18 @@ class _Propagator:
                     f"propagation cannot know: {type(e).__name__}: {_first_line(e)}. Keep the module "
                     "that does this whole with leaf_modules=(...)."
                 ) from e
-            out, fwd, bwd = self.run_real(node, args, kwargs)
+            try:
+                out, fwd, bwd = self.run_real(node, args, kwargs)
+            except TraceError:
+                raise
+            except Exception as real_err:
+                raise TraceError(
+                    f"module {node.target!r} depends on tensor values ({type(e).__name__}), so shape propagation "
+                    f"ran it for real on stand-in inputs (the example inputs where it reads them directly, random "
+                    f"floats and integer zeros elsewhere), and that failed: {type(real_err).__name__}: "
+                    f"{_first_line(real_err)}. Make the module take the example inputs it reads values from "
+                    f"(lengths, indices) directly, or build it so its branches depend on shapes only."
+                ) from real_err
         except TraceError:
             raise
         except Exception as e:
@@ -248,7 +271,9 @@ class _Propagator:
         def real(v: Any) -> Any:
             if not isinstance(v, torch.Tensor):
                 return v
-            if v.is_floating_point():
+            if id(v) in self.example_of:
+                r = self.example_of[id(v)].detach().to("cpu", copy=True)
+            elif v.is_floating_point():
                 r = torch.randn(tuple(v.shape), generator=gen, dtype=v.dtype)
             else:
                 r = torch.zeros(tuple(v.shape), dtype=v.dtype)

@@ -29,17 +29,21 @@ from __future__ import annotations
 
 import inspect
 import io
+import linecache
 import logging
 import re
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten
+from torch.fx.graph import _PyTreeCodeGen
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 
+from .calls import CallSignature
 from .coarsen import coarsen
 from .ir import OpGraph
 from .propagate import NodeStats, TraceError, propagate
@@ -81,9 +85,25 @@ class Traced:
     """"fx" (torch.fx.symbolic_trace) or "export" (torch.export.export, strict=False)."""
     input_names: tuple[str, ...]
     """the placeholders of ``gm`` that take the user's tensors, in order."""
-    bind: Callable[[ExampleInputs], dict[str, Any]] = field(repr=False)
-    """example inputs (same form as given to :func:`trace_module`) -> value of every
-    placeholder of ``gm`` by node name; what a node-by-node interpreter feeds the graph."""
+    bind_call: Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]] = field(repr=False)
+    """a call of the model (its positional and keyword arguments, as the user calls it) -> the
+    value of every placeholder of ``gm`` by node name, in graph order. Raises
+    :class:`TraceError` naming the argument when the call does not fit the traced one
+    (:class:`~autoplace.graph.calls.CallSignature`)."""
+    out_spec: TreeSpec | None = field(default=None, repr=False)
+    """how the flat outputs of ``gm``'s graph nest into the model's output (a Hugging Face
+    ``ModelOutput``, a dict) when ``gm`` rebuilds it with pytree code (torch.export); None when
+    the graph returns the output itself."""
+
+    def bind(self, example_inputs: ExampleInputs) -> dict[str, Any]:
+        """:attr:`bind_call` for example inputs in the form :func:`trace_module` takes; what a
+        node-by-node interpreter feeds the graph."""
+        return self.bind_call(*_split_inputs(example_inputs))
+
+    def output(self, flat: Any) -> Any:
+        """The model's output from what a graph copied from ``gm``'s nodes (plain calling
+        convention, as the rewrite makes) returns."""
+        return flat if self.out_spec is None else tree_unflatten(list(flat), self.out_spec)
 
 
 # ---- inputs and leaf modules ------------------------------------------------------------
@@ -146,6 +166,30 @@ class _LeafTracer(torch.fx.Tracer):
 
 # ---- the two tracers --------------------------------------------------------------------
 
+@contextmanager
+def _buffers_kept(model: torch.nn.Module) -> Iterator[list[str]]:
+    """Yield a list that names, on exit, the buffers written while the block ran; their values
+    are put back.
+
+    torch.fx runs, once and for real, any code that does not touch a traced value: an update of
+    a buffer from constants (``self.steps += 1``, ``self.ema.mul_(0.9)``) happens while tracing
+    and is missing from the graph, so the traced model would never repeat it.
+    """
+    named = [(n, b) for n, b in model.named_buffers(remove_duplicate=False)]
+    versions = [b._version for _, b in named]
+    saved = [None if b.is_meta else b.detach().clone() for _, b in named]
+    written: list[str] = []
+    try:
+        yield written
+    finally:
+        with torch.no_grad():
+            for (name, b), v, old in zip(named, versions, saved):
+                if b._version != v:
+                    written.append(name)
+                    if old is not None:
+                        b.copy_(old)
+
+
 def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               leaves: tuple[tuple[type, ...], frozenset[str]]) -> tuple[torch.fx.GraphModule, Callable[..., Any]]:
     sig = inspect.signature(model.forward)
@@ -165,27 +209,38 @@ def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         elif p.default is not p.empty:
             concrete[name] = p.default
     tracer = _LeafTracer(*leaves)
-    graph = tracer.trace(model, concrete_args=concrete)
+    with _buffers_kept(model) as written:
+        graph = tracer.trace(model, concrete_args=concrete)
+    if written:
+        raise TypeError(f"forward writes the buffer(s) {written} from values that do not depend on the inputs; "
+                        "symbolic tracing would run that write once instead of on every call")
     gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
-    placeholder_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    targets = {n.name: str(n.target) for n in gm.graph.nodes if n.op == "placeholder"}
-    defaults = {n.name: n.args[0] for n in gm.graph.nodes if n.op == "placeholder" and n.args}
+    call = CallSignature(model, args, kwargs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # fx makes one placeholder per leaf of every concrete argument, in forward's order (named
+    # `<arg>_<k>`, with an assertion that the call passes the traced value): a call that passed
+    # check() feeds them the traced leaves.
+    fixed = iter([leaf for value in concrete.values() for leaf in tree_leaves(value)])
+    # Per placeholder: the argument it takes from a call, or the value it is fixed at.
+    source: dict[str, tuple[str | None, Any]] = {}
+    for n in placeholders:
+        target = str(n.target).lstrip("*")
+        param = sig.parameters.get(target)
+        if param is None or target in concrete:
+            source[n.name] = (None, next(fixed, n.args[0] if n.args else None))
+        elif param.kind is param.VAR_POSITIONAL:
+            source[n.name] = (None, ())
+        elif param.kind is param.VAR_KEYWORD:
+            source[n.name] = (None, {})
+        else:
+            source[n.name] = (target, None)
 
-    def bind(example_inputs: ExampleInputs) -> dict[str, Any]:
-        a, k = _split_inputs(example_inputs)
-        got = sig.bind(*a, **k).arguments
-        out: dict[str, Any] = {}
-        for ph in placeholder_names:
-            target = targets[ph].lstrip("*")
-            if target in got and target not in concrete:
-                out[ph] = got[target]
-            elif ph in defaults:
-                out[ph] = defaults[ph]
-            else:
-                raise TraceError(f"no value for the graph input {ph!r}; forward's arguments are {list(sig.parameters)}")
-        return out
+    def bind_call(a: tuple[Any, ...], k: dict[str, Any]) -> dict[str, Any]:
+        named = call.named(a, k)
+        call.check(named)
+        return {ph: value if arg is None else named[arg] for ph, (arg, value) in source.items()}
 
-    return gm, bind
+    return gm, bind_call
 
 
 @contextmanager
@@ -222,37 +277,41 @@ def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
         extra["use_cache"] = False
     a = tuple(to_meta(v) for v in args)
     k = {n: to_meta(v) for n, v in {**kwargs, **extra}.items()}
+    # Every tensor dimension may vary (Dim.AUTO: export keeps symbolic what the model lets it,
+    # and fixes the rest), so the graph also runs the last, smaller batch of an epoch or a
+    # longer sequence; a model export cannot trace that way is exported at the example's shapes.
+    auto = {name: tree_map_only(torch.Tensor, lambda t: {i: torch.export.Dim.AUTO for i in range(t.dim())}, v)
+            for name, v in inspect.signature(model.forward).bind(*a, **k).arguments.items()}
     with _quiet():
-        ep = torch.export.export(model, a, k, strict=False)
+        try:
+            ep = torch.export.export(model, a, k, dynamic_shapes=auto, strict=False)
+        except Exception:
+            ep = torch.export.export(model, a, k, strict=False)
     gm = ep.module()
     if not isinstance(gm, torch.fx.GraphModule):  # pragma: no cover - export always returns one today
         raise TypeError(f"torch.export returned a {type(gm).__name__}, not a GraphModule")
     placeholder_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     in_spec = getattr(gm, "_in_spec", None)
+    kw_spec = in_spec.children()[1] if in_spec is not None and in_spec.num_children == 2 else None
+    keywords = list(kw_spec.context) if kw_spec is not None and isinstance(kw_spec.context, list) else list(k)
+    call = CallSignature(model, args, kwargs, extra=extra)
 
-    def bind(example_inputs: ExampleInputs) -> dict[str, Any]:
-        a2, k2 = _split_inputs(example_inputs)
-        k2 = {**extra, **k2}
-        kw_spec = in_spec.children()[1] if in_spec is not None and in_spec.num_children == 2 else None
-        if kw_spec is not None and isinstance(kw_spec.context, list):
-            order = kw_spec.context
-            missing = [n for n in order if n not in k2]
-            if missing:
-                raise TraceError(f"example_inputs lack {missing}; the exported graph takes {order}")
-            k2 = {n: k2[n] for n in order}
-        flat = tree_flatten((a2, k2))[0]
-        if len(flat) != len(placeholder_names):
-            raise TraceError(
-                f"example_inputs flatten to {len(flat)} values; the exported graph takes {len(placeholder_names)} "
-                f"({placeholder_names})"
-            )
+    def bind_call(a2: tuple[Any, ...], k2: dict[str, Any]) -> dict[str, Any]:
+        named = call.named(a2, k2)
+        call.check(named)
+        flat = tree_flatten(call.layout(named, len(args), keywords))[0]
+        if len(flat) != len(placeholder_names):  # pragma: no cover - check() makes the structures equal
+            raise TraceError(f"the call flattens to {len(flat)} values; the exported graph takes "
+                             f"{len(placeholder_names)} ({placeholder_names})")
         return dict(zip(placeholder_names, flat))
 
-    return gm, bind
+    return gm, bind_call
 
 
-def _innermost_module(model: torch.nn.Module, *errors: BaseException | None) -> tuple[str, torch.nn.Module] | None:
-    """The innermost submodule of ``model`` whose code is on an error's traceback."""
+def _innermost_module(model: torch.nn.Module,
+                      *errors: BaseException | None) -> tuple[str, torch.nn.Module, str] | None:
+    """The innermost submodule of ``model`` whose code is on an error's traceback, and the line
+    of its code where the error passed (``file.py:12 (`if x.sum() > 0:`)``)."""
     by_id = {id(m): (name, m) for name, m in model.named_modules()}
     for err in errors:
         found = None
@@ -260,7 +319,10 @@ def _innermost_module(model: torch.nn.Module, *errors: BaseException | None) -> 
         while tb is not None:
             me = tb.tb_frame.f_locals.get("self")
             if me is not None and id(me) in by_id:
-                found = by_id[id(me)]
+                code = tb.tb_frame.f_code
+                line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+                at = f"{Path(code.co_filename).name}:{tb.tb_lineno}" + (f" (`{line[:100]}`)" if line else "")
+                found = (*by_id[id(me)], at)
             tb = tb.tb_next
         if found is not None:
             return found
@@ -276,15 +338,17 @@ def _untraceable(model: torch.nn.Module, fx_err: BaseException, ex_err: BaseExce
     where = _innermost_module(model, fx_err, ex_err)
     if where is None or where[0] == "":
         cls = type(model).__name__
-        place = f"in the forward of {cls} itself"
-        fix = (f"Trace a model whose forward has no data-dependent Python control flow, or make the parts "
-               f"that do submodules and pass them as leaf_modules=(...) (the forward of {cls} cannot be a leaf).")
+        place = f"in the forward of {cls} itself" + (f", at {where[2]}" if where is not None else "")
+        fix = (f"Move the code that cannot be traced (data-dependent Python control flow, packed sequences, "
+               f"calls outside torch) into a submodule and pass it as leaf_modules=(ThatModule,) to "
+               f"autoplace.wrap or autoplace.trace, so the tracer calls it whole (the forward of {cls} itself "
+               f"cannot be a leaf).")
     else:
-        path, mod = where
+        path, mod, at = where
         cls = type(mod).__name__
-        place = f"in module {path!r} ({cls})"
-        fix = (f"Make that module a leaf so the tracer calls it whole: "
-               f"autoplace.trace(model, example_inputs, leaf_modules=({cls},)) or leaf_modules=({path!r},).")
+        place = f"in module {path!r} ({cls}), at {at}"
+        fix = (f"Make that module a leaf so the tracer calls it whole: pass leaf_modules=({cls},) or "
+               f"leaf_modules=({path!r},) to autoplace.wrap (or autoplace.trace).")
     return TraceError(
         f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed {place} "
         f"({type(fx_err).__name__}: {_first_line(fx_err)}), and torch.export.export(strict=False) failed too "
@@ -471,7 +535,7 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
             method = "export"
         except Exception as ex_err:
             raise _untraceable(model, fx_err, ex_err) from ex_err
-    placeholders = bind(example_inputs)
+    placeholders = bind(args, kwargs)
     view_like = {n.name for n in gm.graph.nodes if node_kind(n, gm) in VIEW_KINDS}
     stats = propagate(gm, placeholders, skip=_skip,
                       backward=lambda n: n.name not in view_like)
@@ -479,7 +543,10 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
                              batch_size=_batch_size(args, kwargs), method=method)
     input_names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"
                         and any(isinstance(t, torch.Tensor) for t in tree_flatten(placeholders[n.name])[0]))
-    return Traced(gm=gm, graph=graph, op_of_fx=op_of_fx, method=method, input_names=input_names, bind=bind)
+    codegen = gm.graph._codegen
+    out_spec = codegen.pytree_info.out_spec if isinstance(codegen, _PyTreeCodeGen) else None
+    return Traced(gm=gm, graph=graph, op_of_fx=op_of_fx, method=method, input_names=input_names,
+                  bind_call=bind, out_spec=out_spec)
 
 
 def trace(model: torch.nn.Module, example_inputs: ExampleInputs, *,

@@ -228,13 +228,13 @@ class OnlineTuner:
                 self._switch(self._pending)
             if counting and not self.timer.running:
                 self.timer.start()
-            return self.placed._placed_gm(*args, **kwargs)
+            return self.placed._run(args, kwargs)
         except Exception as e:
             if not trial:
                 raise
             assert snap is not None
             self._revert(e, snap)
-            return self.placed._placed_gm(*args, **kwargs)
+            return self.placed._run(args, kwargs)
 
     # ---- the step loop ---------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ a new ``torch.fx.GraphModule`` that trains like the original, with
   differentiable ``.to()`` copies of its parameters, so their gradients accumulate into the
   one shared parameter; its buffers are moved too and written back after the call, so
   BatchNorm running statistics stay exact;
+- an operation that writes an input in place (``x.add_(y)``, ``x += y``, ``relu(inplace=True)``,
+  a buffer update such as ``aten.copy_`` in an exported graph) running where that input lives,
+  whatever the placement says, so the write lands on the tensor its other readers see;
 - ``state_dict()`` keys equal to ``gm``'s (fx tensor constants are non-persistent buffers),
   and train()/eval() reaching the user's submodules, which the new module shares.
 
@@ -27,13 +30,14 @@ A *target* is an index into ``devices``; two targets may name the same device (`
 "cpu"]``): each still gets its own transfers, which is how the transparency tests exercise a
 plan on one CPU. ``always_copy=True`` makes every transfer a real copy even then.
 
-Known limits: an in-place operation on a value that crossed to another device mutates the copy,
-not the producer's tensor (as in every functional fx pass); random ops draw from each device's
-own generator, so they match the unplaced model only on one device type.
+Known limits: an in-place write to a graph input runs on a copy when the input moves (the
+caller's tensor is not written); random ops draw from each device's own generator, so they match
+the unplaced model only on one device type.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +46,7 @@ import torch.fx
 from torch.fx.node import Argument, Node, map_arg
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-__all__ = ["place_module", "OneDevice", "transfer", "check_devices", "PlacementRewriteError"]
+__all__ = ["place_module", "settle", "OneDevice", "transfer", "check_devices", "PlacementRewriteError"]
 
 DeviceLike = torch.device | str
 
@@ -224,15 +228,65 @@ def _state_homes(gm: torch.fx.GraphModule, node_target: Mapping[Node, int]) -> d
     return homes
 
 
+_INPLACE_OPERATORS = frozenset({
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul,
+})
+
+
+def _written_args(n: Node, gm: torch.nn.Module) -> list[Node]:
+    """The input nodes an operation writes in place (empty for a pure operation).
+
+    ATen overloads (torch.export graphs) say so in their schema (``Tensor(a!)``); at the torch
+    level an op writes its first argument when it is a method or function named with a trailing
+    underscore (``x.add_(y)``, ``torch.relu_``), an augmented assignment (``x += y``), a call with
+    ``inplace=True`` or a module built with ``inplace=True`` (``nn.ReLU(inplace=True)``).
+    """
+    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+        written = []
+        for i, a in enumerate(n.target._schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+                if isinstance(v, Node):
+                    written.append(v)
+        return written
+    first = n.args[0] if n.args else None
+    if not isinstance(first, Node):
+        return []
+    if n.op == "call_method":
+        name = str(n.target)
+        inplace = name.endswith("_") and not name.startswith("_")
+    elif n.op == "call_function":
+        name = getattr(n.target, "__name__", "")
+        inplace = (n.target in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
+                   or n.kwargs.get("inplace") is True)
+    elif n.op == "call_module":
+        inplace = getattr(_fetch_attr(gm, str(n.target)), "inplace", False) is True
+    else:
+        inplace = False
+    return [first] if inplace else []
+
+
 def _effective_targets(gm: torch.fx.GraphModule, node_target: dict[Node, int],
                        homes: Mapping[int, tuple[torch.Tensor, int]]) -> dict[Node, int]:
-    """A get_attr of a tensor produces it where the tensor lives, whatever its own entry says."""
+    """Where each node really runs.
+
+    A get_attr of a tensor produces it where the tensor lives, whatever its own entry says. An
+    operation that writes one of its inputs in place runs where that input lives: run anywhere
+    else, it would write a transferred copy, and the producer's tensor (a buffer, or an activation
+    other ops still read) would never see the write.
+    """
     out = dict(node_target)
     for n in gm.graph.nodes:
         if n.op == "get_attr" and n in out:
             obj = _fetch_attr(gm, n.target)
             if isinstance(obj, torch.Tensor):
                 out[n] = homes[id(obj)][1]
+        elif n in out:
+            written = [w for w in _written_args(n, gm) if w in out]
+            if written:
+                out[n] = out[written[0]]
     return out
 
 
@@ -385,11 +439,22 @@ def place_module(gm: torch.fx.GraphModule, target_of_fx: Mapping[str, int],
     _share_state(placed, gm)
     if original is not None:
         _match_persistence(placed, original)
-    with torch.no_grad():
-        for t, home in homes.values():
-            if t.device != devs[home]:
-                t.data = t.data.to(devs[home])
+    placed.__dict__["_state_devices"] = [(t, devs[home]) for t, home in homes.values()]
+    settle(placed)
     return placed
+
+
+def settle(placed: torch.fx.GraphModule) -> None:
+    """Move every parameter and buffer of a module made by :func:`place_module` (and any
+    gradient it has) to the device that module expects it on, in place. Needed only when
+    another placed module of the same model (for the other of train and eval mode) ran in
+    between and put some of them elsewhere."""
+    with torch.no_grad():
+        for t, dev in placed.__dict__.get("_state_devices", []):
+            if t.device != dev:
+                t.data = t.data.to(dev)
+                if t.grad is not None:
+                    t.grad = t.grad.to(dev)
 
 
 class OneDevice(torch.nn.Module):
