@@ -19,6 +19,7 @@ with the parameters.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -30,6 +31,7 @@ from .cluster import Cluster, ClusterError
 from .cost.analytic import CostModel
 from .graph.ir import OpGraph
 from .placement import Placement, PlacementError
+from .progress import Step, shown
 
 __all__ = ["wrap", "PlacedModule", "WrapError"]
 
@@ -115,7 +117,6 @@ class PlacedModule(nn.Module):
         self.plan: Placement | None = plan
         self.graph: OpGraph | None = None
         self.simulated: Any = None
-        self.candidates: list[dict[str, Any]] = []
         self.cost = cost or CostModel()
         self._budget_s = budget_s
         self._seed = seed
@@ -135,6 +136,10 @@ class PlacedModule(nn.Module):
         return self.__dict__["_placed_gm"] is not None
 
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with shown(self._progress):
+            self._build_plan(args, kwargs)
+
+    def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from .graph.trace import trace_module
         from .planners import plan as make_plan
         from .sim import simulate
@@ -142,7 +147,8 @@ class PlacedModule(nn.Module):
         model: nn.Module = self.__dict__["_wrapped"]
         example: Any = kwargs if kwargs else args
         t0 = time.perf_counter()
-        traced = trace_module(model, example, leaf_modules=self._leaf_modules)
+        with Step(f"autoplace: tracing {type(model).__name__}", stream=sys.stderr):
+            traced = trace_module(model, example, leaf_modules=self._leaf_modules)
         self.timings["trace_s"] = time.perf_counter() - t0
         graph = traced.graph
         self.graph = graph
@@ -154,10 +160,12 @@ class PlacedModule(nn.Module):
             t0 = time.perf_counter()
             # One target leaves one way to place it: no search.
             planner = "single" if self.cluster.num_devices == 1 and self._planner == "best" else self._planner
-            self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
-                                  budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
-            if self._mode == "auto" and self.cluster.num_devices > 1:
-                self.plan = self._weigh_multiprocess(graph, self.plan)
+            with Step(f"autoplace: planning {graph.num_nodes} ops on {self.cluster.num_devices} devices "
+                      f"(planner {planner!r})", stream=sys.stderr):
+                self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
+                                      budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
+                if self._mode == "auto" and self.cluster.num_devices > 1:
+                    self.plan = self._weigh_multiprocess(graph, self.plan)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
         t0 = time.perf_counter()
@@ -258,8 +266,11 @@ class PlacedModule(nn.Module):
             from .graph.trace import trace_module
 
             (base, base_gm), = modes.values()
-            traced = trace_module(self.__dict__["_wrapped"], kwargs if kwargs else args,
-                                  leaf_modules=self._leaf_modules)
+            with shown(self._progress), Step(f"autoplace: tracing {type(self.__dict__['_wrapped']).__name__} "
+                                             f"again in {'train' if self.training else 'eval'} mode",
+                                             stream=sys.stderr):
+                traced = trace_module(self.__dict__["_wrapped"], kwargs if kwargs else args,
+                                      leaf_modules=self._leaf_modules)
             if traced.gm.code == base.gm.code:
                 modes[self.training] = (base, base_gm)
             else:
@@ -403,6 +414,8 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         optimizer: the training optimizer, for online fine-tuning: its ``step()`` ends a timed
             step and its state moves with re-placements (or call ``placed.attach_optimizer``).
         online: an :class:`autoplace.online.OnlineConfig` (default settings when None).
+        progress: print what is being done on the slow steps (tracing, planning) to stderr
+            and show the learned planners' progress; False keeps wrap silent.
 
     Errors (:class:`WrapError`, :class:`PlacementError`) are raised before anything about the
     model changes.

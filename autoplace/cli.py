@@ -15,30 +15,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from .progress import Step
 
 __all__ = ["main"]
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
-
-
-class _Step:
-    """Prints what is being done and how long it took (progress on anything slow)."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> "_Step":
-        self.t0 = time.perf_counter()
-        print(f"{self.what} ...", end="", flush=True)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        print(f" {time.perf_counter() - self.t0:.1f} s" if exc[0] is None else " failed", flush=True)
 
 
 def _graph_cache_dir() -> Path:
@@ -88,12 +74,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     cluster = autoplace.Cluster.preset(args.cluster)
     _say(f"autoplace demo: {args.model} on {cluster.describe()}")
-    with _Step(f"tracing {args.model} on the meta device (no weights allocated)"):
+    with Step(f"tracing {args.model} on the meta device (no weights allocated)"):
         graph = zoo_graph(args.model, small=args.small)
     _say(graph.describe())
     lb = autoplace.lower_bound(graph, cluster)
     learned = "learned ones in quick mode" if args.budget_s is None else f"{args.budget_s:g} s for learned ones"
-    with _Step(f"planning ({args.mode} mode, every planner, {learned})"):
+    with Step(f"planning ({args.mode} mode, every planner, {learned})"):
         placement = autoplace.plan(graph, cluster, planner="best", mode=args.mode, budget_s=args.budget_s,
                                    seed=args.seed)
     _say("\nplanners compared in the simulator:")
@@ -140,10 +126,10 @@ def _plan(args: argparse.Namespace) -> int:
         cluster = autoplace.Cluster.preset(args.cluster)
     else:
         cluster = autoplace.Cluster.from_devices(args.devices)
-    with _Step("tracing"):
+    with Step("tracing"):
         graph = autoplace.trace(model, inputs)
     _say(graph.describe())
-    with _Step(f"planning with {args.planner}"):
+    with Step(f"planning with {args.planner}"):
         placement = autoplace.plan(graph, cluster, planner=args.planner, mode=args.mode, budget_s=args.budget_s,
                                    seed=args.seed, module=model)
     placement.to_json(args.out)
@@ -168,7 +154,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    with _Step(f"tracing {args.model}"):
+    with Step(f"tracing {args.model}"):
         g = zoo_graph(args.model, small=args.small, cache=False)
     _say(g.describe())
     _say("op kinds: " + ", ".join(f"{k} x{n}" for k, n in list(g.kind_counts().items())[:12]))

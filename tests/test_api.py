@@ -161,3 +161,13 @@ def test_one_device_plan_runs_the_users_module_without_a_graph() -> None:
     wl.loss_fn(expect, wl.target).backward()
     for (name, p), q in zip(wl.model.named_parameters(), ref.parameters()):
         assert p.grad is not None and torch.equal(p.grad, q.grad), name
+
+
+def test_progress_lines_on_stderr_and_silence_on_request(capsys: pytest.CaptureFixture[str]) -> None:
+    wl = autoplace.zoo.build("resnet18", small=True)
+    autoplace.wrap(copy.deepcopy(wl.model), ["cpu", "cpu"], example_inputs=wl.example_inputs, planner="expert")
+    err = capsys.readouterr().err
+    assert "autoplace: tracing ResNet ..." in err and "autoplace: planning" in err and " s\n" in err
+    autoplace.wrap(copy.deepcopy(wl.model), ["cpu", "cpu"], example_inputs=wl.example_inputs, planner="expert",
+                   progress=False)
+    assert capsys.readouterr().err == ""

@@ -195,8 +195,11 @@ class _Progress:
 
 
 def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _Progress:
-    """The progress display :func:`train` uses: ``update(n, **postfix)``, ``close()``."""
-    return _Progress(enabled, total, unit, desc)
+    """The progress display :func:`train` uses: ``update(n, **postfix)``, ``close()``; shown
+    only if ``enabled`` and progress is not switched off (:func:`autoplace.progress.shown`)."""
+    from ..progress import enabled as progress_enabled
+
+    return _Progress(enabled and progress_enabled(), total, unit, desc)
 
 
 
