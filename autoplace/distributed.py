@@ -20,7 +20,6 @@ every re-split.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -47,52 +46,23 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
                            cost: CostModel | None = None, budget_s: float | None = None,
                            seed: int = 0) -> Placement:
     """The fastest simulated pipeline plan the runtime can run on ``world`` ranks: every stage
-    replicated the same number of times, all ranks used. Candidates that do not qualify are
-    recorded in ``meta["candidates"]`` with the reason."""
-    from .planners import get_planner, planners
+    replicated the same number of times, all ranks used. ``plan(mode="pipeline")`` chooses,
+    with the plans the runtime cannot run recorded in ``meta["candidates"]`` with the reason."""
+    from .planners import plan as make_plan
     from .planners.base import NoFitError
-    from .sim import simulator_for
 
-    sim = simulator_for(graph, cluster, cost)
-    names = planners("pipeline") if planner == "best" else [planner]
-    rows: list[dict[str, Any]] = []
-    best: tuple[float, Placement] | None = None
-    for name in names:
-        p = get_planner(name)
-        t0 = time.perf_counter()
-        try:
-            kw: dict[str, Any] = dict(cost=cost, seed=seed, budget_s=budget_s if p.kind == "learned" else None)
-            if len(p.modes) > 1:
-                kw["mode"] = "pipeline"
-            out = p.place(graph, cluster, **kw)
-        except NoFitError as e:
-            rows.append(dict(planner=name, mode="pipeline", step_time_s=None, error=str(e)))
-            continue
-        dt = time.perf_counter() - t0
-        assert out.stage_of_node is not None and out.stage_devices is not None
-        ev = sim.evaluate_pipeline(out.stage_of_node, out.stage_devices, out.microbatches, out.schedule)
-        r = _uniform_replicas(out)
-        used = len(out.devices_used())
-        why = ""
-        if ev.oom:
-            why = "out of memory"
-        elif r is None:
-            why = "stages replicated unevenly (the runtime needs the same count per stage)"
-        elif used != world:
-            why = f"uses {used} of {world} ranks"
-        rows.append(dict(planner=name, mode="pipeline", step_time_s=float(ev.step_time_s),
-                         peak_memory_bytes=float(ev.peak_memory_bytes.max()), oom=bool(ev.oom), plan_time_s=dt,
-                         error=why))
-        if not why and (best is None or ev.step_time_s < best[0]):
-            best = (float(ev.step_time_s), out)
-    if best is None:
-        reasons = "; ".join(f"{r['planner']}: {r['error']}" for r in rows)
-        raise PipelineWrapError(f"no pipeline plan runs on {world} ranks ({reasons}); "
-                                "launch with another --nproc-per-node or pass plan=")
-    meta = dict(best[1].meta, candidates=rows, predicted_step_time_s=best[0])
-    from dataclasses import replace
+    def runs_here(p: Placement) -> str:
+        used = len(p.devices_used())
+        if _uniform_replicas(p) is None:
+            return "stages replicated unevenly (the runtime needs the same count per stage)"
+        return f"uses {used} of {world} ranks" if used != world else ""
 
-    return replace(best[1], meta=meta)
+    try:
+        return make_plan(graph, cluster, planner=planner, mode="pipeline", budget_s=budget_s, seed=seed, cost=cost,
+                         accept=runs_here)
+    except NoFitError as e:
+        raise PipelineWrapError(f"no pipeline plan runs on {world} ranks: {e}; "
+                                "launch with another --nproc-per-node or pass plan=") from None
 
 
 def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cluster, example_inputs: Any,

@@ -63,3 +63,30 @@ def test_pipeline_mode_names_a_dict_of_inputs(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(PipelineWrapError, match=r"dict with keys \['idx'\].*tuple"):
         autoplace.wrap(wl.model, ["cpu", "cpu"], mode="pipeline", example_inputs={"idx": wl.example_inputs[0]},
                        loss_fn=wl.loss_fn)
+
+
+def test_a_failing_learned_planner_does_not_stop_rank_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning under torchrun goes through plan(): a learned planner's failure is a warning."""
+    from autoplace.planners import FunctionPlanner, base
+
+    def broken(*a: object, **k: object) -> autoplace.Placement:
+        raise RuntimeError("weights not found")
+
+    autoplace.planners()
+    registry = dict(base._REGISTRY)
+    registry["test-broken-pipe"] = FunctionPlanner("test-broken-pipe", ("pipeline",), broken, kind="learned")
+    monkeypatch.setattr(base, "_REGISTRY", registry)
+    graph = _chain(12, flops=2e12, params=1e6, act=1e6)
+    with pytest.warns(RuntimeWarning, match="'test-broken-pipe' failed"):
+        plan = runnable_pipeline_plan(graph, autoplace.Cluster.preset("4xA100-nvlink"), 4, planner="best")
+    rows = {r["planner"]: r for r in plan.meta["candidates"]}
+    assert "weights not found" in rows["test-broken-pipe"]["error"]
+    assert len(plan.devices_used()) == 4
+
+
+def test_plans_the_runtime_cannot_run_are_recorded_not_chosen() -> None:
+    # gpipe-uniform on 4 devices gives 4 stages of one device: on 2 ranks it cannot run.
+    graph = _chain(8, flops=1e11, params=1e6, act=1e6)
+    cluster = autoplace.Cluster.preset("4xV100-pcie")
+    with pytest.raises(PipelineWrapError, match="cannot be used: uses 4 of 2 ranks"):
+        runnable_pipeline_plan(graph, cluster, 2, planner="gpipe-uniform")

@@ -157,7 +157,8 @@ def _as_cluster(cluster: Cluster | str) -> Cluster:
 
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
-         module: Any = None, kinds: tuple[str, ...] = KINDS) -> Placement:
+         module: Any = None, kinds: tuple[str, ...] = KINDS,
+         accept: Callable[[Placement], str] | None = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
@@ -170,6 +171,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``kinds``: which planners ``"best"`` runs (``("heuristic",)`` for the quick classic ones).
     A learned planner that fails with an error other than :class:`NoFitError` is recorded
     and skipped with a warning (a heuristic's error propagates: it is a bug).
+    ``accept(placement)`` returns why a placement that fits cannot be used here (``""``: it
+    can), e.g. what a runtime cannot run; such placements are recorded with that reason and
+    never chosen.
     """
     from ..sim import simulator_for
 
@@ -188,6 +192,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         t0 = time.perf_counter()
         out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
         row = _judge(sim, p, out, time.perf_counter() - t0)
+        why = accept(out) if accept is not None and not row["oom"] else ""
+        if why:
+            raise NoFitError(f"planner {planner!r} gave a placement that cannot be used: {why}")
         if row["oom"]:
             over = "; ".join(sim.run(out, timeline=False).oom_messages())
             raise NoFitError(f"planner {planner!r} returned a placement that does not fit: {over}. "
@@ -227,8 +234,11 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                 continue
             row = _judge(sim, p, out, time.perf_counter() - t0)
             row["mode"] = m
+            why = accept(out) if accept is not None and not row["oom"] else ""
+            if why:
+                row.update(error=why, why=why)
             rows.append(row)
-            if not row["oom"] and (best is None or row["step_time_s"] < best[0]):
+            if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
     if best is None and not rows:
         raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
@@ -237,7 +247,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
         reasons = "\n  - ".join(f"{r['planner']}: {r.get('why') or 'its placement is over memory'}" for r in rows)
         mem = MemoryEstimate.of(graph, sim.cost)
-        raise NoFitError(f"no planner found a placement that fits on {cluster.name or 'the cluster'}. "
+        usable = "fits" if accept is None else "fits and can be used"
+        raise NoFitError(f"no planner found a placement that {usable} on {cluster.name or 'the cluster'}. "
                          f"{needs(graph, cluster, mem)}\n  - {reasons}")
     return _stamp(best[1], best[2], rows)
 
