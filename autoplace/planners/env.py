@@ -31,7 +31,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
@@ -75,13 +76,41 @@ def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | Non
                     *, names: Sequence[str] | None = None) -> list[SeedPlacement]:
     """Run the registered heuristics of ``mode`` (or those in ``names``) and return their
     placements with their simulated step times, fastest first; heuristics that find nothing
-    that fits (:class:`NoFitError`) are left out."""
+    that fits (:class:`NoFitError`) are left out.
+
+    Heuristics are deterministic (seed 0), so the last few answers are kept: in
+    ``plan("best")`` every learned planner seeds itself with the heuristics just run.
+    """
+    from ..cost.analytic import CostModel
     from ..sim import simulator_for
 
     if mode not in ENV_MODES:
         raise ValueError(f"mode is {mode!r}; it must be one of {ENV_MODES}")
-    sim = simulator_for(graph, cluster, cost)
     chosen = list(names) if names is not None else [n for n in planners(mode) if get_planner(n).kind == "heuristic"]
+    key = (id(graph), graph.hash, cluster.fingerprint, repr(cost if cost is not None else CostModel()), mode,
+           tuple((n, id(get_planner(n))) for n in chosen))
+    hit = _SEEDS.get(key)
+    if hit is None or hit[0] is not graph:
+        hit = (graph, _run_heuristics(graph, cluster, cost, mode, chosen))
+        _SEEDS[key] = hit
+        while len(_SEEDS) > 8:
+            _SEEDS.popitem(last=False)
+    _SEEDS.move_to_end(key)
+    return [replace(s, candidate=_copy_candidate(s.candidate)) for s in hit[1]]
+
+
+_SEEDS: "OrderedDict[tuple[Any, ...], tuple[OpGraph, list[SeedPlacement]]]" = OrderedDict()
+
+
+def _copy_candidate(c: Candidate) -> Candidate:
+    return c.copy() if isinstance(c, np.ndarray) else (c[0].copy(), *c[1:])
+
+
+def _run_heuristics(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
+                    chosen: list[str]) -> list[SeedPlacement]:
+    from ..sim import simulator_for
+
+    sim = simulator_for(graph, cluster, cost)
     out: list[SeedPlacement] = []
     for name in chosen:
         p = get_planner(name)
