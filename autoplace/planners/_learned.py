@@ -52,7 +52,7 @@ class LearnedRun:
         if not seeds:  # no heuristic fits: the reward's reference is the lower bound
             from ..sim import simulator_for
 
-            reference = simulator_for(graph, cluster, cost).lower_bound(mode="model")
+            reference = max(simulator_for(graph, cluster, cost).lower_bound(mode="model"), 1e-9)
         env = PlacementEnv(graph, cluster, cost, "model", seeds=seeds, oom_coef=oom_coef, reference_s=reference)
         return cls(env, t0, budget_s, time.perf_counter() - t0)
 

@@ -404,17 +404,12 @@ class MarsPlanner:
 
 
 def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any:
-    """The PlacementEnv seeded with the heuristics; when none of them gives a placement at all,
-    one with no seeds whose reward is scaled by the simulator's lower bound (then only a
-    sample that fits can be returned, else NoFitError)."""
-    from ..sim import simulator_for
-    from .env import PlacementEnv, heuristic_seeds
+    """The PlacementEnv seeded with the heuristics (as every learned planner's,
+    :meth:`LearnedRun.start`: when no heuristic gives a placement, the reward is scaled by the
+    simulator's lower bound, and only a sample that fits can be returned, else NoFitError)."""
+    from ._learned import LearnedRun
 
-    seeds = heuristic_seeds(graph, cluster, cost, "model")
-    if seeds:
-        return PlacementEnv(graph, cluster, cost, "model", seeds=seeds)
-    bound = simulator_for(graph, cluster, cost).lower_bound(mode="model")
-    return PlacementEnv(graph, cluster, cost, "model", reference_s=max(bound, 1e-9), seeds=[])
+    return LearnedRun.start(graph, cluster, cost, None, None).env
 
 
 register(MarsPlanner())
