@@ -45,6 +45,7 @@ from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
 from .search import TuningSearch, candidate_key
+from ..planners.env import candidate_of
 from .state import stays_on_cpu
 from ..placement import Placement
 
@@ -100,7 +101,7 @@ class OnlinePipeline:
             st = np.asarray(plan.stage_of_node)
             policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
                                rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
-            self.search = TuningSearch(self.graph, cluster, self.cost, self._candidate(plan), policy=policy,
+            self.search = TuningSearch(self.graph, cluster, self.cost, candidate_of(plan), policy=policy,
                                        policy_name="cut", policy_note="cut positions in topological order",
                                        config=config, to_placement=self._placement, summarize=self._summary)
 
@@ -117,11 +118,6 @@ class OnlinePipeline:
             from ..placement import PlacementError
 
             raise PlacementError(problems)
-
-    def _candidate(self, plan: Placement) -> tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]:
-        assert plan.stage_of_node is not None and plan.stage_devices is not None
-        return (np.asarray(plan.stage_of_node, dtype=np.int64), plan.stage_devices, int(plan.microbatches),
-                plan.schedule)
 
     def _placement(self, cand: Any) -> Placement:
         st, sd, m, sched = cand
@@ -295,7 +291,7 @@ class OnlinePipeline:
             s = self.search
             assert s is not None
             if event == "measured":
-                s.record(self._candidate(self.plan), steps)
+                s.record(candidate_of(self.plan), steps)
             else:
                 for t in steps:
                     s.observe_best(t)
@@ -312,7 +308,7 @@ class OnlinePipeline:
         phase, plan_dict = box[0]
         plan = Placement.from_dict(plan_dict)
         self.phase, self._between = phase, 0
-        if candidate_key(self._candidate(plan)) != candidate_key(self._candidate(self.plan)):
+        if candidate_key(candidate_of(plan)) != candidate_key(candidate_of(self.plan)):
             # Between two steps (this runs after optimizer.step()), on every rank at once.
             self.apply_plan(plan)
             self._since_switch = 0

@@ -20,7 +20,6 @@ array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedul
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,6 +29,7 @@ import torch
 
 from .calibrate import StepCalibration, fit_step_calibration
 from .policy import recentre
+from ..planners.env import candidate_key, evaluate_candidate
 from ..planners.ppo import ppo_update
 from ..report import format_table
 from ..sim import Simulator
@@ -42,18 +42,6 @@ if TYPE_CHECKING:
     from ..placement import Placement
 
 __all__ = ["TuningSearch", "TrialRecord", "candidate_key"]
-
-
-def candidate_key(candidate: Any) -> bytes:
-    """A digest identifying a candidate (placements equal iff keys equal)."""
-    h = hashlib.blake2b(digest_size=16)
-    if isinstance(candidate, tuple):
-        st, sd, m, sched = candidate
-        h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
-        h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
-    else:
-        h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
-    return h.digest()
 
 
 @dataclass
@@ -119,11 +107,7 @@ class TuningSearch:
     def _evaluate(self, sim: Simulator, cand: Any) -> tuple[float, bool]:
         if cand is None:
             return math.inf, True
-        if isinstance(cand, tuple):
-            st, sd, m, sched = cand
-            ev = sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
-        else:
-            ev = sim.evaluate(cand)
+        ev = evaluate_candidate(sim, cand)
         return float(ev.step_time_s), bool(ev.oom)
 
     def predict(self, cand: Any, *, calibrated: bool = True) -> float:

@@ -37,16 +37,17 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
-from ..placement import Placement, PlacementError
+from ..placement import Placement
 from .base import NoFitError, get_planner, planners
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
-    from ..sim import Evaluation
+    from ..sim import Evaluation, Simulator
 
-__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "candidate_of", "ENV_MODES"]
+__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "candidate_of", "candidate_key",
+           "evaluate_candidate", "ENV_MODES"]
 
 ENV_MODES = ("model", "pipeline")
 Candidate = Union[np.ndarray, tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]]
@@ -70,6 +71,26 @@ def candidate_of(placement: Placement) -> Candidate:
         return (np.asarray(placement.stage_of_node, dtype=np.int64), placement.stage_devices,
                 int(placement.microbatches), placement.schedule)
     return np.asarray(placement.device_of_node, dtype=np.int64)
+
+
+def candidate_key(candidate: Candidate) -> bytes:
+    """A digest identifying a candidate (placements equal iff keys equal)."""
+    h = hashlib.blake2b(digest_size=16)
+    if isinstance(candidate, tuple):
+        st, sd, m, sched = candidate
+        h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
+        h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
+    else:
+        h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+def evaluate_candidate(sim: "Simulator", candidate: Candidate) -> "Evaluation":
+    """The simulator's fast path for a candidate of either mode."""
+    if isinstance(candidate, tuple):
+        st, sd, m, sched = candidate
+        return sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
+    return sim.evaluate(candidate)
 
 
 def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, mode: str = "model",
@@ -218,44 +239,16 @@ class PlacementEnv:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _key(self, candidate: Candidate) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
-        if self.mode == "pipeline":
-            st, sd, m, sched = candidate  # type: ignore[misc]
-            h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
-            h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
-        else:
-            h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
-        return h.digest()
-
     def _simulate(self, candidate: Candidate) -> "Evaluation":
-        key = self._key(candidate)
+        key = candidate_key(candidate)
         ev = self._cache.get(key)
         if ev is not None:
             return ev
-        if self.mode == "pipeline":
-            st, sd, m, sched = candidate  # type: ignore[misc]
-            self._check_stages(np.asarray(st, dtype=np.int64), sd)
-            ev = self.sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
-        else:
-            ev = self.sim.evaluate(candidate)  # type: ignore[arg-type]
+        ev = evaluate_candidate(self.sim, candidate)  # an invalid pipeline raises PlacementError naming why
         self.num_simulations += 1
         if len(self._cache) < _CACHE_LIMIT:
             self._cache[key] = ev
         return ev
-
-    def _check_stages(self, st: np.ndarray, sd: Sequence[Sequence[int]]) -> None:
-        e = self.graph.edges
-        if st.shape != (self.graph.num_nodes,):
-            raise PlacementError([f"stage_of_node has shape {st.shape}; the graph has {self.graph.num_nodes} ops"])
-        if st.size and (st.min() < 0 or st.max() >= len(sd)):
-            raise PlacementError([f"stage_of_node names stage {int(st.max())}; there are {len(sd)} stages"])
-        if e.shape[0]:
-            bad = np.nonzero(st[e[:, 0]] > st[e[:, 1]])[0]
-            if bad.size:
-                a, b = (int(x) for x in e[bad[0]])
-                raise PlacementError([f"stages decrease along edge {a}->{b} ({int(st[a])} -> {int(st[b])}); "
-                                      "stages must never decrease along an edge"])
 
     def _keep(self, candidate: Candidate, ev: "Evaluation", source: str) -> None:
         if not ev.oom and ev.step_time_s < self.best_step_time_s:
