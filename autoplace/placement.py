@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["Placement", "PlacementError", "SCHEDULES"]
+__all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems"]
 
 SCHEDULES = ("1f1b", "gpipe")
 MODES = ("model", "pipeline")
@@ -138,48 +138,10 @@ class Placement:
         return out
 
     def _pipeline_problems(self, graph: "OpGraph", cluster: "Cluster") -> list[str]:
-        out: list[str] = []
-        n, d = graph.num_nodes, cluster.num_devices
         st, sd = self.stage_of_node, self.stage_devices
         if st is None or sd is None:
             return ["a pipeline placement needs stage_of_node and stage_devices"]
-        s = len(sd)
-        if s == 0:
-            out.append("stage_devices is empty; a pipeline needs at least one stage")
-        if st.shape[0] != n:
-            out.append(f"stage_of_node has {st.shape[0]} entries; the graph has {n} ops")
-        elif n:
-            if st.min() < 0 or st.max() >= s:
-                out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; "
-                           f"there are {s} stages (0..{s - 1})")
-            missing = sorted(set(range(s)) - set(st.tolist()))
-            if missing:
-                out.append(f"stages {missing} have no ops; every stage needs at least one")
-            if graph.num_edges:
-                src, dst = graph.edges[:, 0], graph.edges[:, 1]
-                back = np.nonzero(st[src] > st[dst])[0]
-                if back.size:
-                    a, b = graph.edges[back[0]]
-                    out.append(f"edge {graph.names[a]} (stage {st[a]}) -> {graph.names[b]} (stage {st[b]}) goes "
-                               f"back a stage ({back.size} such edges); stages must not decrease along edges")
-        used: dict[int, int] = {}
-        for k, devs in enumerate(sd):
-            if not devs:
-                out.append(f"stage {k} has no devices")
-            for x in devs:
-                if not 0 <= x < d:
-                    out.append(f"stage {k} names device {x}; the cluster has {d} ({_device_range(cluster)})")
-                elif x in used:
-                    out.append(f"device {x} runs stages {used[x]} and {k}; a device runs at most one stage")
-                else:
-                    used[x] = k
-        if self.microbatches < 1:
-            out.append(f"microbatches is {self.microbatches}; it must be at least 1")
-        elif self.microbatches > graph.batch_size:
-            out.append(f"microbatches is {self.microbatches}, more than the batch size {graph.batch_size}")
-        if self.schedule not in SCHEDULES:
-            out.append(f"schedule is {self.schedule!r}; it must be one of {SCHEDULES}")
-        return out
+        return pipeline_problems(graph, cluster, st, [list(g) for g in sd], self.microbatches, self.schedule)
 
     def validate(self, graph: "OpGraph", cluster: "Cluster") -> "Placement":
         """Raise :class:`PlacementError` listing every problem; return self when valid."""
@@ -291,6 +253,60 @@ class Placement:
         from .device_map import from_device_map
 
         return from_device_map(graph, cluster, device_map, planner=planner)
+
+
+def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.ndarray,
+                      stage_devices: Sequence[Sequence[int]], microbatches: int, schedule: str, *,
+                      every_stage_used: bool = True,
+                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None) -> list[str]:
+    """Every rule a pipeline breaks, each naming the value and the rule (empty: valid). The one
+    set of rules behind :meth:`Placement.validate` and the simulator's pipeline check (which
+    lets a stage be empty, ``every_stage_used=False``: a planner's search may pass through one).
+    ``edge_ends``: the edges' sources and targets as contiguous arrays, where the caller keeps
+    them (the simulator's hot path)."""
+    out: list[str] = []
+    n, d = graph.num_nodes, cluster.num_devices
+    st, s = stage_of_node, len(stage_devices)
+    if s == 0:
+        out.append("stage_devices is empty; a pipeline needs at least one stage")
+    stages_ok = st.shape == (n,)
+    if not stages_ok:
+        out.append(f"stage_of_node has shape {st.shape}; the graph has {n} ops, so it must be ({n},)")
+    elif n and s:
+        if st.min() < 0 or st.max() >= s:
+            stages_ok = False
+            out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; "
+                       f"there are {s} stages (0..{s - 1})")
+        elif every_stage_used:
+            missing = sorted(set(range(s)) - set(st.tolist()))
+            if missing:
+                out.append(f"stages {missing} have no ops; every stage needs at least one")
+    used: dict[int, int] = {}
+    for k, devs in enumerate(stage_devices):
+        if not devs:
+            out.append(f"stage {k} has no devices")
+        for x in devs:
+            if not 0 <= x < d:
+                out.append(f"stage {k} names device {x}; the cluster has {d} ({_device_range(cluster)})")
+            elif x in used:
+                out.append(f"device {x} runs stages {used[x]} and {k}; a device runs at most one stage")
+            else:
+                used[x] = k
+    if int(microbatches) < 1:
+        out.append(f"microbatches is {microbatches}; it must be at least 1")
+    elif int(microbatches) > graph.batch_size:
+        out.append(f"microbatches is {microbatches}, more than the batch size {graph.batch_size}")
+    if schedule not in SCHEDULES:
+        out.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
+    if stages_ok and s > 1 and graph.num_edges:
+        src, dst = edge_ends if edge_ends is not None else (graph.edges[:, 0], graph.edges[:, 1])
+        mask = st[src] > st[dst]
+        if mask.any():
+            back = np.nonzero(mask)[0]
+            a, b = graph.edges[back[0]]
+            out.append(f"edge {graph.names[a]} (stage {st[a]}) -> {graph.names[b]} (stage {st[b]}) goes "
+                       f"back a stage ({back.size} such edges); stages must not decrease along edges")
+    return out
 
 
 def _device_tuple(s: Any) -> tuple[int, ...]:

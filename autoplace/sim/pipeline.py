@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 from numba import njit
 
-from ..placement import SCHEDULES, PlacementError
+from ..placement import SCHEDULES, PlacementError, pipeline_problems
 from .result import Evaluation, Event, SimResult
 
 if TYPE_CHECKING:
@@ -411,41 +411,10 @@ def _groups(stage_devices: Sequence[int | Sequence[int]]) -> list[list[int]]:
 def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
            stage_devices: Sequence[int | Sequence[int]], microbatches: int,
            schedule: str) -> tuple[np.ndarray, list[list[int]]]:
-    n, d = sim.num_nodes, sim.num_devices
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
     groups = _groups(stage_devices)
-    problems = []
-    if st.shape != (n,):
-        problems.append(f"stage_of_node has shape {st.shape}; the graph has {n} ops, so it must be ({n},)")
-    n_st = len(groups)
-    if n_st == 0:
-        problems.append("stage_devices is empty; a pipeline needs at least one stage")
-    elif st.shape == (n,) and n and (st.min() < 0 or st.max() >= n_st):
-        problems.append(f"stage_of_node holds stage {int(st.max() if st.max() >= n_st else st.min())}; "
-                        f"there are {n_st} stages (0..{n_st - 1})")
-    seen: set[int] = set()
-    for k, g in enumerate(groups):
-        if not g:
-            problems.append(f"stage {k} has no devices")
-        for x in g:
-            if not 0 <= x < d:
-                problems.append(f"stage {k} names device {x}; the cluster has {d} (0..{d - 1})")
-            elif x in seen:
-                problems.append(f"device {x} runs two stages; a device runs at most one stage")
-            seen.add(x)
-    if int(microbatches) < 1:
-        problems.append(f"microbatches is {microbatches}; it must be at least 1")
-    elif int(microbatches) > sim.graph.batch_size:
-        problems.append(f"microbatches is {microbatches}, more than the batch size {sim.graph.batch_size}")
-    if schedule not in SCHEDULES:
-        problems.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
-    if not problems and n_st > 1 and sim.graph.num_edges:
-        src, dst = sim._mp["esrc"], sim._mp["edst"]
-        back = st[src] > st[dst]
-        if back.any():
-            a, b = sim.graph.edges[int(np.argmax(back))]
-            problems.append(f"edge {sim.graph.names[a]} (stage {st[a]}) -> {sim.graph.names[b]} (stage {st[b]}) "
-                            "goes back a stage; stages must not decrease along edges")
+    problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
+                                 edge_ends=(sim._mp["esrc"], sim._mp["edst"]))
     if problems:
         raise PlacementError(problems)
     return st, groups

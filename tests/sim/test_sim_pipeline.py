@@ -169,7 +169,7 @@ def test_invalid_pipelines_are_rejected_with_the_rule() -> None:
     sim = Simulator(g, c)
     with pytest.raises(PlacementError, match="goes back a stage"):
         sim.evaluate_pipeline([1, 0, 1], [0, 1], 2)
-    with pytest.raises(PlacementError, match="device 1 runs two stages"):
+    with pytest.raises(PlacementError, match="device 1 runs stages 0 and 1; a device runs at most one stage"):
         sim.evaluate_pipeline([0, 1, 1], [[0, 1], [1]], 2)
     with pytest.raises(PlacementError, match="stage 1 names device 7; the cluster has 3"):
         sim.evaluate_pipeline([0, 1, 1], [0, 7], 2)
