@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import autoplace  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
+from autoplace.planners.env import candidate_of  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
@@ -176,7 +177,7 @@ def run(rank: int, args: dict[str, Any], say: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"cut": cut, "stages": f"{cut}/{n - cut}", "measured_s": med, "cpu_s": cpu,
                                "median_s": float(torch.tensor(walls[cut]).median())}
         if rank == 0:
-            cand = pipe._candidate(plan_for(cut))
+            cand = candidate_of(plan_for(cut))
             row["predicted_s"] = pipe.search.predict(cand, calibrated=False)
             row["calibrated_s"] = pipe.search.predict(cand, calibrated=True)
             say(f"  cut {cut:2d} ({row['stages']:5s}): measured {med * 1e3:8.2f} ms (CPU {cpu * 1e3:6.1f} ms), predicted "
