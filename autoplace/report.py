@@ -41,11 +41,12 @@ def best_single_device(graph: "OpGraph", cluster: "Cluster", *,
                        cost: "CostModel | None" = None) -> tuple[int, float, bool]:
     """(device, simulated step seconds, fits) of the fastest one-device placement, preferring
     devices where the whole model fits."""
+    from .planners.heuristics import distinct_devices
     from .sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)
     best: tuple[bool, float, int] | None = None
-    for d in range(cluster.num_devices):
+    for d in distinct_devices(cluster):
         ev = sim.evaluate(np.full(graph.num_nodes, d, dtype=np.int64))
         key = (bool(ev.oom), float(ev.step_time_s), d)
         if best is None or key < best:

@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -64,19 +65,19 @@ def device_counts(d: int) -> list[int]:
     return sorted(ks)
 
 
-def _distinct_devices(cluster: Cluster) -> list[int]:
-    """One device per distinct (kind, memory, speed, calibration): all-on-one-device times do not
-    depend on links."""
-    seen: dict[tuple[str, float, float, float], int] = {}
+def distinct_devices(cluster: Cluster) -> list[int]:
+    """The first device of each distinct set of properties (the torch name and host aside):
+    a whole model on one device runs the same on any of its equals, links play no part."""
+    seen: dict[tuple[Any, ...], int] = {}
     for i, dv in enumerate(cluster.devices):
-        seen.setdefault((dv.kind, dv.memory_bytes, dv.peak_flops, dv.time_factor), i)
+        seen.setdefault(dataclasses.astuple(dataclasses.replace(dv, name="", host=0)), i)
     return sorted(seen.values())
 
 
 def place_single(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
                  module: Any = None) -> Placement:
     judge = Judge(graph, cluster, cost)
-    for d in _distinct_devices(cluster):
+    for d in distinct_devices(cluster):
         judge.model(f"all on {cluster.device_label(d)}", np.full(graph.num_nodes, d))
     best = judge.best()
     if best is None:
