@@ -108,7 +108,16 @@ def _load_factory(spec: str) -> tuple[Any, Any]:
         raise SystemExit(f"expected MODULE:FACTORY (e.g. mypkg.models:build) or zoo:NAME[:small], got {spec!r}")
     mod, fn = spec.split(":", 1)
     sys.path.insert(0, os.getcwd())
-    obj = getattr(importlib.import_module(mod), fn)()
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as e:
+        raise SystemExit(f"cannot import {mod!r} for {spec!r} ({e}); run from the folder that holds it or "
+                         "install its package") from None
+    factory = getattr(module, fn, None)
+    if not callable(factory):
+        found = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise SystemExit(f"{mod!r} has no function {fn!r}; its callables: {', '.join(found) or 'none'}")
+    obj = factory()
     if hasattr(obj, "model") and hasattr(obj, "example_inputs"):
         return obj.model, obj.example_inputs
     if isinstance(obj, tuple) and len(obj) == 2:

@@ -46,6 +46,10 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="MODULE:FACTORY"):
         main(["plan", "not_a_factory", "--out", str(tmp_path / "p.json")])
+    with pytest.raises(SystemExit, match="cannot import 'no_such_module_here'"):
+        main(["plan", "no_such_module_here:build", "--out", str(tmp_path / "p.json")])
+    with pytest.raises(SystemExit, match=r"'autoplace.zoo' has no function 'nope'; its callables: .*build"):
+        main(["plan", "autoplace.zoo:nope", "--out", str(tmp_path / "p.json")])
 
 
 def test_trace_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
