@@ -5,7 +5,8 @@
 traces the model with torch.fx, plans a placement (a learned policy or a classic heuristic,
 judged by a training-step simulator) and returns a module that runs it. The pieces are public
 too: ``trace`` / ``load_pipedream`` give an :class:`OpGraph`, ``Cluster`` describes devices,
-``plan`` returns a :class:`Placement`, ``simulate`` predicts its step time.
+``plan`` returns a :class:`Placement`, ``simulate`` predicts its step time. Every error
+autoplace raises derives from :class:`AutoplaceError`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from .cluster import Cluster, Device, Link
 from .cost.analytic import CostModel
+from .errors import AutoplaceError
 from .graph.ir import OpGraph
 from .placement import Placement, PlacementError
 
@@ -38,7 +40,7 @@ _LAZY = {
 __all__ = [
     "trace", "load_pipedream", "OpGraph", "Cluster", "Device", "Link", "CostModel", "Placement",
     "PlacementError", "simulate", "SimResult", "lower_bound", "planners", "plan", "wrap", "PlacedModule", "zoo",
-    "OnlineConfig",
+    "OnlineConfig", "AutoplaceError",
 ]
 
 

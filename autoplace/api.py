@@ -32,13 +32,14 @@ from .cost.analytic import CostModel
 from .graph.ir import OpGraph
 from .placement import Placement, PlacementError
 from .progress import Step, shown
+from .errors import AutoplaceError
 
 __all__ = ["wrap", "PlacedModule", "WrapError"]
 
 MODES = ("auto", "model", "pipeline")
 
 
-class WrapError(ValueError):
+class WrapError(AutoplaceError, ValueError):
     """``wrap`` was given something it cannot place (the message says what and how to fix it)."""
 
 

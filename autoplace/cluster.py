@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from .errors import AutoplaceError
 
 __all__ = ["Device", "Link", "Cluster", "ClusterError", "DEVICE_KINDS", "LINKS"]
 
@@ -26,7 +27,7 @@ GiB = 2**30
 TFLOPS = 1e12
 
 
-class ClusterError(ValueError):
+class ClusterError(AutoplaceError, ValueError):
     """A cluster description is invalid (the message names the value and what is valid)."""
 
 

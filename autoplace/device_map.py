@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from .errors import AutoplaceError
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["to_device_map", "from_device_map", "DeviceMapError"]
 
 
-class DeviceMapError(ValueError):
+class DeviceMapError(AutoplaceError, ValueError):
     """A device map does not fit the graph or cluster, or a placement is not module-contiguous."""
 
 

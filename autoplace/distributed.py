@@ -28,11 +28,12 @@ import torch.distributed as dist
 from .cluster import Cluster
 from .cost.analytic import CostModel
 from .placement import Placement
+from .errors import AutoplaceError
 
 __all__ = ["wrap_pipeline", "runnable_pipeline_plan", "PipelineWrapError"]
 
 
-class PipelineWrapError(ValueError):
+class PipelineWrapError(AutoplaceError, ValueError):
     """A pipeline wrap cannot go ahead (the message says why and how to fix it)."""
 
 

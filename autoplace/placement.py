@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from .errors import AutoplaceError
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
@@ -32,7 +34,7 @@ SCHEDULES = ("1f1b", "gpipe")
 MODES = ("model", "pipeline")
 
 
-class PlacementError(ValueError):
+class PlacementError(AutoplaceError, ValueError):
     """A placement does not fit its graph or cluster; the message lists every problem."""
 
     def __init__(self, problems: Sequence[str]):

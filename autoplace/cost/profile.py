@@ -37,16 +37,13 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..errors import ProfileError  # one class with graph.pipedream's: a profile cannot be read or made
 from ..graph.ir import OpGraph
 from ..graph.trace import ExampleInputs, Traced, trace_module
 
 __all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "ProfileError"]
 
 _FORMAT = "autoplace.profile/1"
-
-
-class ProfileError(ValueError):
-    """A model cannot be profiled as asked (the message says why and what to do)."""
 
 
 def default_cache_dir() -> Path:

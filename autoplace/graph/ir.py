@@ -21,6 +21,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import AutoplaceError
+
 __all__ = ["OpGraph", "GraphError"]
 
 _FLOAT_FIELDS = (
@@ -34,7 +36,7 @@ _FLOAT_FIELDS = (
 )
 
 
-class GraphError(ValueError):
+class GraphError(AutoplaceError, ValueError):
     """An op graph breaks one of its invariants (the message names the rule and the values)."""
 
 

@@ -67,7 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from .ir import GraphError, OpGraph
+from ..errors import ProfileError
+from .ir import OpGraph
 from .kinds import normalize_kind
 
 __all__ = ["load_pipedream", "ProfileError"]
@@ -85,10 +86,6 @@ _NODE = re.compile(
 _EDGE = re.compile(r"^\s+(?P<src>\S+) -- (?P<dst>\S+)\s*$")
 _IMAGE_SIDES = (224, 299)
 _DTYPE_BYTES = 4
-
-
-class ProfileError(GraphError):
-    """A PipeDream profile is malformed (the message names the file, the line and the rule)."""
 
 
 @dataclass(frozen=True)

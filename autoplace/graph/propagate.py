@@ -45,11 +45,12 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .flops import flop_counter
+from ..errors import AutoplaceError
 
 __all__ = ["NodeStats", "TraceError", "propagate", "tensor_bytes"]
 
 
-class TraceError(ValueError):
+class TraceError(AutoplaceError, ValueError):
     """A model could not be traced or its shapes could not be propagated (the message says
     where and what to change)."""
 

@@ -53,6 +53,7 @@ from .search import TuningSearch, candidate_key
 from .state import snapshot
 from ..placement import Placement
 from ..planners.ppo import PPOConfig
+from ..errors import AutoplaceError
 
 if TYPE_CHECKING:
     from ..api import PlacedModule
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError"]
 
 
-class OnlineError(ValueError):
+class OnlineError(AutoplaceError, ValueError):
     """Online fine-tuning was set up wrongly (the message says what and how to fix it)."""
 
 

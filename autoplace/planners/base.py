@@ -31,6 +31,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..placement import Placement
+from ..errors import AutoplaceError, UnknownPlannerError
 
 if TYPE_CHECKING:
     from ..cost.analytic import CostModel
@@ -44,7 +45,7 @@ KINDS = ("heuristic", "learned")
 _BUILTIN = ("heuristics", "metis", "baechi", "pipedream_dp", "gpipe")
 
 
-class NoFitError(RuntimeError):
+class NoFitError(AutoplaceError, RuntimeError):
     """No placement of this planner fits the devices' memory; the message says what was
     needed and what is available."""
 
@@ -128,8 +129,8 @@ def get_planner(name: str) -> Planner:
     """The registered planner called ``name``."""
     _load()
     if name not in _REGISTRY:
-        raise KeyError(f"no planner named {name!r}; registered planners: {', '.join(sorted(_REGISTRY))} "
-                       "(or 'best' in plan())")
+        raise UnknownPlannerError(f"no planner named {name!r}; registered planners: "
+                                  f"{', '.join(sorted(_REGISTRY))} (or 'best' in plan())")
     return _REGISTRY[name]
 
 

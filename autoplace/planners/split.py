@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import AutoplaceError
+
 __all__ = ["contiguous_split", "Infeasible"]
 
 
-class Infeasible(ValueError):
+class Infeasible(AutoplaceError, ValueError):
     """No contiguous split meets the memory caps."""
 
 

@@ -40,6 +40,8 @@ import torch.fx
 from torch.fx.node import Node, map_arg
 from torch.utils._pytree import tree_leaves
 
+from ..errors import AutoplaceError
+
 __all__ = ["split_stages", "StageSplitError", "Split", "split_with_boundaries", "propagate_fake"]
 
 # Leaf kinds of a node's value.
@@ -48,7 +50,7 @@ _SIZE_METHODS = frozenset({"size", "dim", "numel", "stride", "nelement", "ndimen
 _SIZE_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"})
 
 
-class StageSplitError(ValueError):
+class StageSplitError(AutoplaceError, ValueError):
     """A stage assignment cannot be cut into a pipeline; the message names the rule and the fix."""
 
 

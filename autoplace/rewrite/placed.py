@@ -46,6 +46,8 @@ import torch.fx
 from torch.fx.node import Argument, Node, map_arg
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from ..errors import AutoplaceError
+
 __all__ = ["place_module", "settle", "OneDevice", "transfer", "check_devices", "PlacementRewriteError"]
 
 DeviceLike = torch.device | str
@@ -61,7 +63,7 @@ FACTORY_FUNCTIONS: frozenset[Any] = frozenset({
 _MOVE_METHODS = frozenset({"to", "cuda", "cpu"})
 
 
-class PlacementRewriteError(ValueError):
+class PlacementRewriteError(AutoplaceError, ValueError):
     """A placement cannot be applied to this module; the message names the rule and the fix."""
 
 

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.fx
 
 from .pipeline import Split, StageSplitError, propagate_fake, split_with_boundaries
+from ..errors import AutoplaceError
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES"]
@@ -52,11 +53,11 @@ SCHEDULES = ("gpipe", "1f1b")
 _TIMEOUT_S: list[float | None] = [None]  # the timeout init_distributed() set, for messages
 
 
-class PipelineError(RuntimeError):
+class PipelineError(AutoplaceError, RuntimeError):
     """A pipeline step failed on this rank; the message names the rank and stage."""
 
 
-class PipelineTimeoutError(TimeoutError):
+class PipelineTimeoutError(AutoplaceError, TimeoutError):
     """A peer did not answer within the process group's timeout; names this rank and stage."""
 
 

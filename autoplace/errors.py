@@ -1,0 +1,36 @@
+"""The one base of every error autoplace raises, and the errors several modules share.
+
+    try:
+        model = autoplace.wrap(model, devices)
+    except autoplace.AutoplaceError as e:   # any refusal of autoplace's, with the rule and the fix
+        ...
+
+Each error class keeps the builtin base it had before this one existed (``PlacementError`` is
+still a ``ValueError``, ``NoFitError`` a ``RuntimeError``), so ``except ValueError`` code keeps
+working; ``AutoplaceError`` tells autoplace's refusals from a bug inside torch or the model.
+This module imports nothing of autoplace's, so every module can import it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AutoplaceError", "ProfileError", "UnknownPlannerError"]
+
+
+class AutoplaceError(Exception):
+    """Raised by autoplace for input it refuses or a request it cannot meet; the message names
+    the value, the rule and the fix."""
+
+
+class ProfileError(AutoplaceError, ValueError):
+    """A profile (measured op times) cannot be read or made: a malformed or unreadable PipeDream
+    ``graph.txt`` (the message names the file and line), or a model that cannot be profiled as
+    asked (weights on the meta device, a device that is not here)."""
+
+
+class UnknownPlannerError(AutoplaceError, KeyError, ValueError):
+    """No planner is registered under the name asked for; the message lists the registered ones.
+    A ``KeyError`` (a failed look-up) and a ``ValueError`` (a bad argument) both."""
+
+    def __str__(self) -> str:
+        # KeyError's own __str__ shows the repr of its argument (quotes, escaped newlines).
+        return str(self.args[0]) if self.args else ""
