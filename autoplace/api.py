@@ -430,6 +430,12 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
     if len(spread) > 1:
         raise WrapError(f"the model is already spread over devices {sorted(map(str, spread))}; "
                         "move it to one device first (model.to('cpu')) and let wrap place it")
+    if spread and {d.type for d in spread} == {"meta"} and any(torch.device(n).type != "meta" for n in names):
+        raise WrapError("the model's weights are all on the meta device (shapes, no values: built under "
+                        "torch.device('meta') or with device='meta'), so it cannot train on "
+                        f"{', '.join(names)}; build it with real weights, or materialise them first "
+                        "(model.to_empty(device='cpu'), then load_state_dict). To plan without weights, "
+                        "use autoplace.trace(model, example_inputs) and autoplace.plan(graph, cluster)")
     try:
         real = Cluster.from_devices(names)
     except ClusterError as e:

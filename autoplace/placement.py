@@ -44,6 +44,27 @@ class PlacementError(AutoplaceError, ValueError):
         super().__init__(f"{head} {body}" if len(self.problems) == 1 else f"{head}:{body}")
 
 
+def _indices(values: Any, name: str, what: str) -> np.ndarray:
+    """``values`` as a flat int64 array, each the index of ``what``; a PlacementError names the
+    first entry that is not a whole number (a device name, None, 1.5)."""
+    try:
+        arr = np.array(values).reshape(-1)
+    except (ValueError, TypeError) as e:
+        raise PlacementError([f"{name} is not a flat list of integers ({e}); it holds the index of {what} "
+                              "per entry, e.g. [0, 0, 1]"]) from None
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+        return arr.astype(np.int64)
+    items = list(values) if isinstance(values, (list, tuple)) else arr.tolist()  # the values as given, not as numpy cast them
+    for k, v in enumerate(items):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not float(v).is_integer():
+            got = f"{v!r}, a name" if isinstance(v, str) else f"{v!r} ({type(v).__name__})"
+            raise PlacementError([f"{name}[{k}] is {got}; it must be an integer: the index of {what} (0 for the "
+                                  "first, in the order the cluster lists them)"])
+    return arr.astype(np.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class Placement:
     mode: str
@@ -61,20 +82,26 @@ class Placement:
         set_ = object.__setattr__
         if self.mode not in MODES:
             raise PlacementError([f"mode is {self.mode!r}; it must be one of {MODES}"])
-        dev = np.array(self.device_of_node).reshape(-1)
-        if dev.size and not np.issubdtype(dev.dtype, np.integer):
-            if not np.all(np.isfinite(dev.astype(float))) or np.any(dev != np.round(dev)):
-                raise PlacementError(["device_of_node must hold integer device indices"])
-        dev = dev.astype(np.int64)
+        dev = _indices(self.device_of_node, "device_of_node", "a cluster device")
         dev.setflags(write=False)
         set_(self, "device_of_node", dev)
         if self.stage_of_node is not None:
-            st = np.array(self.stage_of_node, dtype=np.int64).reshape(-1)
+            st = _indices(self.stage_of_node, "stage_of_node", "a stage")
             st.setflags(write=False)
             set_(self, "stage_of_node", st)
         if self.stage_devices is not None:
-            set_(self, "stage_devices", tuple(_device_tuple(s) for s in self.stage_devices))
-        set_(self, "microbatches", int(self.microbatches))
+            if isinstance(self.stage_devices, (str, bytes, Mapping)) or not hasattr(self.stage_devices, "__iter__"):
+                raise PlacementError([f"stage_devices is {self.stage_devices!r}; it must be a list with one entry per "
+                                      "stage: a device index, or a list of them for a replicated stage ([[0], [1, 2]])"])
+            set_(self, "stage_devices", tuple(tuple(_indices(s, f"stage_devices[{k}]", "a cluster device").tolist())
+                                              for k, s in enumerate(self.stage_devices)))
+        mb = self.microbatches
+        if isinstance(mb, bool) or not isinstance(mb, (int, np.integer, float, np.floating)) or not float(mb).is_integer():
+            raise PlacementError([f"microbatches is {mb!r}; it must be a whole number (the micro-batches a step is cut "
+                                  "into, e.g. 4)"])
+        set_(self, "microbatches", int(mb))
+        if not isinstance(self.meta, Mapping):
+            raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
 
     # ---- construction -------------------------------------------------------------------
@@ -177,6 +204,9 @@ class Placement:
                 f"{self.microbatches} micro-batches, {self.schedule}")
 
     def __repr__(self) -> str:
+        if self.mode == "pipeline" and (self.stage_of_node is None or self.stage_devices is None):
+            return (f"<pipeline placement of {self.device_of_node.shape[0]} ops without stage_of_node or "
+                    "stage_devices (invalid: build it with Placement.pipeline)>")
         return f"<{self.describe()}>"
 
     def __eq__(self, other: object) -> bool:
@@ -208,16 +238,32 @@ class Placement:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Placement":
+        """The placement :meth:`to_dict` wrote; a PlacementError names what is missing or wrong."""
+        if not isinstance(d, Mapping):
+            raise PlacementError([f"the plan is a JSON {_json_type(d)}, not an object; an autoplace plan is an object "
+                                  "like {\"format\": \"autoplace.Placement/1\", \"mode\": \"model\", "
+                                  "\"device_of_node\": [0, 1, ...]} (write one with Placement.to_json)"])
         if d.get("format") != "autoplace.Placement/1":
             raise PlacementError([f"not an autoplace plan (format {d.get('format')!r}; "
                                   "expected 'autoplace.Placement/1')"])
+        mode = d.get("mode")
+        if mode not in MODES:
+            got = "has no \"mode\"" if "mode" not in d else f"has mode {mode!r}"
+            raise PlacementError([f"the plan {got}; it must be one of {', '.join(map(repr, MODES))} "
+                                  "(\"model\": one device per op; \"pipeline\": stages)"])
+        need = ["device_of_node"] + (["stage_of_node", "stage_devices", "microbatches", "schedule"]
+                                     if mode == "pipeline" else [])
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise PlacementError([f"the {mode} plan has no {', '.join(map(repr, missing))}; a {mode} plan needs "
+                                  f"{', '.join(map(repr, need))} (write one with Placement.to_json)"])
         if d["mode"] == "pipeline":
-            return cls("pipeline", np.asarray(d["device_of_node"]), stage_of_node=np.asarray(d["stage_of_node"]),
-                       stage_devices=tuple(tuple(s) for s in d["stage_devices"]), microbatches=d["microbatches"],
+            return cls("pipeline", d["device_of_node"], stage_of_node=d["stage_of_node"],
+                       stage_devices=d["stage_devices"], microbatches=d["microbatches"],
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                        meta=d.get("meta", {}))
-        return cls(d["mode"], np.asarray(d["device_of_node"]), graph_hash=d.get("graph_hash", ""),
+        return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=d.get("meta", {}))
 
@@ -236,7 +282,13 @@ class Placement:
             d = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise PlacementError([f"{p} is not JSON ({e})"]) from None
-        return cls.from_dict(d)
+        except UnicodeDecodeError as e:
+            raise PlacementError([f"{p} is not a text file ({e.reason} at byte {e.start}); a plan is the JSON "
+                                  "Placement.to_json writes"]) from None
+        try:
+            return cls.from_dict(d)
+        except PlacementError as e:
+            raise PlacementError([f"{p}: {q}" for q in e.problems]) from None
 
     # ---- accelerate-style device maps ---------------------------------------------------
 
@@ -316,6 +368,13 @@ def _device_tuple(s: Any) -> tuple[int, ...]:
     if isinstance(s, (int, np.integer)):
         return (int(s),)
     return tuple(int(x) for x in s)
+
+
+def _json_type(x: Any) -> str:
+    """What JSON calls the type of a value ``json.loads`` returned."""
+    if x is None:
+        return "null"
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(x), type(x).__name__)
 
 
 def _device_range(cluster: "Cluster") -> str:

@@ -128,6 +128,9 @@ def _parse(path: Path) -> tuple[list[_Layer], list[tuple[str, str, int]]]:
         text = path.read_text()
     except OSError as e:
         raise ProfileError(f"cannot read PipeDream profile {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path} is not a text file ({e.reason} at byte {e.start}); a PipeDream profile is the "
+                           f"graph.txt its profiler writes, one line per node or edge: {_FORMAT}") from None
     for lineno, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -216,10 +219,12 @@ def _infer_batch_size(layers: list[_Layer]) -> tuple[int | None, str]:
     for layer in layers:
         if layer.kind == "LSTM" and len(layer.outputs) == 3 and layer.outputs[1] == layer.outputs[2] > 0:
             args, kw = _args(layer.description)
-            if len(args) < 2:
-                continue
+            if len(args) < 2 or not _ints(args[1]) or not _ints(kw.get("num_layers", "1")):
+                continue  # a malformed LSTM description is reported where its FLOPs are read
             h = _ints(args[1])[0]
             width = h * _ints(kw.get("num_layers", "1"))[0] * (2 if kw.get("bidirectional") == "True" else 1)
+            if width <= 0:
+                continue
             per = width * _DTYPE_BYTES
             if layer.outputs[1] % per == 0:
                 b = int(layer.outputs[1]) // per
@@ -285,6 +290,8 @@ def _children(desc: str) -> list[tuple[str, str]]:
 def _window(kind: str, kw: dict[str, str]) -> float:
     """Kernel area of a conv or pool layer (``kernel_size=3`` of a 2d layer is 3x3)."""
     k = _ints(kw.get("kernel_size", "1"))
+    if not k:
+        raise ValueError(f"kernel_size={kw['kernel_size']!r} holds no size")
     dims = int(kind[-2]) if kind[-2:-1].isdigit() else len(k)
     return float(k[0] ** dims if len(k) == 1 else math.prod(k))
 
@@ -342,6 +349,29 @@ def _forward_flops(layer: _Layer) -> float | None:
     if len(linears) == 1 and len(children) == 1:
         return 2.0 * out * _ints(_args(linears[0])[1]["in_features"])[0]
     return None
+
+
+# How each kind whose FLOPs are read from its arguments is described (PyTorch's module repr).
+_DESCRIBED_AS = {
+    "Conv": "Conv2d(in_channels, out_channels, kernel_size=(3, 3), stride=(1, 1), groups=1)",
+    "Linear": "Linear(in_features=4096, out_features=1000, bias=True)",
+    "LSTM": "LSTM(input_size, hidden_size, num_layers=1, bidirectional=False)",
+    "Pool": "MaxPool2d(kernel_size=3, stride=2, padding=0)",
+}
+
+
+def _layer_flops(layer: _Layer, path: Path) -> float | None:
+    """:func:`_forward_flops`, or a ProfileError naming the node when its description lacks the
+    arguments its FLOPs are computed from (``Conv2d(a)``, ``Linear(10)``, ``groups=0``)."""
+    try:
+        return _forward_flops(layer)
+    except (IndexError, KeyError, ValueError, ArithmeticError):
+        key = next((k for k in _DESCRIBED_AS if k in layer.kind), None)
+        example = f", e.g. {_DESCRIBED_AS[key]}" if key else " (with its sub-modules, e.g. (rnn): LSTM(1024, 1024))"
+        raise ProfileError(
+            f"{path}:{layer.line}: node {layer.id!r} is described as {layer.description!r}, which lacks the arguments "
+            f"its FLOPs are computed from (sizes, as whole numbers > 0); write the description as PyTorch prints "
+            f"the module{example}") from None
 
 
 # ---- the loader --------------------------------------------------------------------------
@@ -424,7 +454,7 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
     bwd_flops = np.zeros(len(nodes))
     unestimated: dict[str, int] = {}
     for i, layer in enumerate(nodes):
-        f = _forward_flops(layer)
+        f = _layer_flops(layer, p)
         if f is None:
             unestimated[layer.kind] = unestimated.get(layer.kind, 0) + 1
             f = 0.0

@@ -318,7 +318,7 @@ def _innermost_module(model: torch.nn.Module,
         tb = err.__traceback__ if err is not None else None
         while tb is not None:
             me = tb.tb_frame.f_locals.get("self")
-            if me is not None and id(me) in by_id:
+            if me is not None and id(me) in by_id and _own_code(me, tb.tb_frame.f_code.co_filename):
                 code = tb.tb_frame.f_code
                 line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
                 at = f"{Path(code.co_filename).name}:{tb.tb_lineno}" + (f" (`{line[:100]}`)" if line else "")
@@ -329,16 +329,66 @@ def _innermost_module(model: torch.nn.Module,
     return None
 
 
+def _own_code(module: torch.nn.Module, filename: str) -> bool:
+    """Whether ``filename`` holds code of ``module``'s class or its bases (other than
+    nn.Module), not of a decorator around its forward (Hugging Face's ``can_return_tuple``
+    wrapper, which would otherwise be named as the place of every failure)."""
+    files = set()
+    for klass in type(module).__mro__:
+        if klass in (torch.nn.Module, object):
+            continue
+        try:
+            files.add(inspect.getsourcefile(klass))
+        except TypeError:
+            pass
+    return not files - {None} or filename in files
+
+
+_RANDOM_CONFIG = {"layerdrop": "LayerDrop skips layers by a coin flip",
+                  "mask_time_prob": "SpecAugment draws its masks with numpy",
+                  "mask_feature_prob": "SpecAugment draws its masks with numpy"}
+
+
+def _random_config_hint(model: torch.nn.Module) -> str:
+    """The config fields of a Hugging Face model in training mode that turn on random control
+    flow no tracer can follow (LayerDrop, SpecAugment), and how to turn them off; "" when none."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not model.training or not callable(to_dict):
+        return ""
+    fields = to_dict()
+    on = [(k, v) for k, v in sorted(fields.items())
+          if (k.endswith("layerdrop") or k in _RANDOM_CONFIG) and isinstance(v, (int, float))
+          and not isinstance(v, bool) and v > 0 and not (k.startswith("mask_") and fields.get("apply_spec_augment") is False)]
+    if not on:
+        return ""
+    why = "; ".join(sorted({_RANDOM_CONFIG.get(k, _RANDOM_CONFIG["layerdrop"]) for k, _ in on}))
+    return (f"The likely cause: {type(model).__name__}'s config turns on training-time randomness that decides "
+            f"control flow ({', '.join(f'{k}={v}' for k, v in on)}: {why}). Turn it off before wrapping: "
+            f"{'; '.join(f'model.config.{k} = 0.0' for k, _ in on)} (or build the config with those values). ")
+
+
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return (lines[0] if lines else "")[:300]
 
 
 def _untraceable(model: torch.nn.Module, fx_err: BaseException, ex_err: BaseException) -> TraceError:
-    where = _innermost_module(model, fx_err, ex_err)
+    # Each tracer's failure at its own place: fx often fails in a decorator around forward (no
+    # place of the model's own code), export at the real cause.
+    found = {e: _innermost_module(model, e) for e in (fx_err, ex_err)}
+
+    def place(e: BaseException) -> str:
+        w = found[e]
+        if w is None:
+            return ""
+        return f" in the forward of {type(model).__name__} itself, at {w[2]}" if w[0] == "" else \
+            f" in module {w[0]!r} ({type(w[1]).__name__}), at {w[2]}"
+
+    where = found[fx_err] or found[ex_err]
+    hint = _random_config_hint(model)
     if where is None or where[0] == "":
         cls = type(model).__name__
-        place = f"in the forward of {cls} itself" + (f", at {where[2]}" if where is not None else "")
         fix = (f"Move the code that cannot be traced (data-dependent Python control flow, packed sequences, "
                f"calls outside torch) into a submodule and pass it as leaf_modules=(ThatModule,) to "
                f"autoplace.wrap or autoplace.trace, so the tracer calls it whole (the forward of {cls} itself "
@@ -346,13 +396,12 @@ def _untraceable(model: torch.nn.Module, fx_err: BaseException, ex_err: BaseExce
     else:
         path, mod, at = where
         cls = type(mod).__name__
-        place = f"in module {path!r} ({cls}), at {at}"
-        fix = (f"Make that module a leaf so the tracer calls it whole: pass leaf_modules=({cls},) or "
-               f"leaf_modules=({path!r},) to autoplace.wrap (or autoplace.trace).")
+        fix = (f"{'Else m' if hint else 'M'}ake that module a leaf so the tracer calls it whole: pass "
+               f"leaf_modules=({cls},) or leaf_modules=({path!r},) to autoplace.wrap (or autoplace.trace).")
     return TraceError(
-        f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed {place} "
-        f"({type(fx_err).__name__}: {_first_line(fx_err)}), and torch.export.export(strict=False) failed too "
-        f"({type(ex_err).__name__}: {_first_line(ex_err)}). {fix}"
+        f"cannot trace {type(model).__name__}: torch.fx.symbolic_trace failed{place(fx_err)} "
+        f"({type(fx_err).__name__}: {_first_line(fx_err)}), and torch.export.export(strict=False) failed "
+        f"too{place(ex_err)} ({type(ex_err).__name__}: {_first_line(ex_err)}). {hint}{fix}"
     )
 
 
