@@ -78,6 +78,12 @@ class Placement:
     planner: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 
+    # per-stage data-parallel options (pipeline mode; see autoplace.parallel): () = the default
+    # for every stage (ddp, no recompute, fp32, torchtitan's reshard rule)
+    shard: tuple[str, ...] = ()
+    recompute: tuple[Any, ...] = ()
+    precision: tuple[str, ...] = ()
+    reshard_after_forward: tuple[bool, ...] = ()
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if self.mode not in MODES:
@@ -104,6 +110,10 @@ class Placement:
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
 
+        from .parallel import FIELDS, normalize
+
+        for f in FIELDS:
+            set_(self, f, normalize(f, getattr(self, f), self.num_stages))
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
@@ -121,16 +131,20 @@ class Placement:
     def pipeline(cls, graph: "OpGraph", cluster: "Cluster", stage_of_node: Sequence[int] | np.ndarray,
                  stage_devices: Sequence[int | Sequence[int]], *, microbatches: int = 4,
                  schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
-                 validate: bool = True) -> "Placement":
+                 validate: bool = True, shard: Any = None, recompute: Any = None, precision: Any = None,
+                 reshard_after_forward: Any = None) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
-        over several (a sequence of ints)."""
+        over several (a sequence of ints). ``shard``, ``recompute``, ``precision`` and
+        ``reshard_after_forward``: one value for every stage or one per stage
+        (:mod:`autoplace.parallel`)."""
         sd = tuple(_device_tuple(s) for s in stage_devices)
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
         dev = first[np.clip(st, 0, max(len(sd) - 1, 0))] if len(sd) else np.full(st.shape, -1)
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
-                planner=planner, meta=dict(meta or {}))
+                planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
+                reshard_after_forward=reshard_after_forward)
         if validate:
             p.validate(graph, cluster)
         return p
@@ -165,6 +179,9 @@ class Placement:
         elif self.stage_of_node is not None or self.stage_devices is not None:
             out.append("a model-parallel placement has no stages; use Placement.pipeline for stages")
         return out
+        from .parallel import option_problems
+
+        out.extend(option_problems(self, graph, cluster))
 
     def _pipeline_problems(self, graph: "OpGraph", cluster: "Cluster") -> list[str]:
         st, sd = self.stage_of_node, self.stage_devices
@@ -201,7 +218,10 @@ class Placement:
         stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
                            for k, devs in enumerate(self.stage_devices))
         return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
-                f"{self.microbatches} micro-batches, {self.schedule}")
+        from .parallel import describe_options
+
+        opts = describe_options(self)
+                f"{self.microbatches} micro-batches, {self.schedule}" + (f", {opts}" if opts else ""))
 
     def __repr__(self) -> str:
         if self.mode == "pipeline" and (self.stage_of_node is None or self.stage_devices is None):
@@ -234,6 +254,9 @@ class Placement:
             d.update(stage_of_node=self.stage_of_node.tolist(), stage_devices=[list(s) for s in self.stage_devices],
                      microbatches=self.microbatches, schedule=self.schedule)
         d["meta"] = _jsonable(self.meta)
+            from .parallel import options_to_dict
+
+            d.update(options_to_dict(self))
         return d
 
     @classmethod
@@ -262,7 +285,7 @@ class Placement:
                        stage_devices=d["stage_devices"], microbatches=d["microbatches"],
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
-                       meta=d.get("meta", {}))
+                       meta=d.get("meta", {}), **_options_from_dict(d))
         return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=d.get("meta", {}))
@@ -396,3 +419,9 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, float) and not np.isfinite(x):
         return None
     return x
+
+
+def _options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
+    from .parallel import options_from_dict
+
+    return options_from_dict(d)

@@ -30,14 +30,16 @@ Replicated stages (data parallel inside a stage, as in PipeDream's planner)
     ``batch_fraction = 1/(M r)``, and the stage's action takes as long as its slowest replica.
     Between stages of r and r' replicas each micro-batch's bytes are split in max(r, r') equal
     shards sent in parallel over the slowest link between the two groups (plus its latency).
-    The gradients are all-reduced with a ring (Patarasuk and Yuan, JPDC 2009):
-    ``2 (r - 1) / r x stage parameter bytes / slowest bandwidth in the group + 2 (r - 1) x largest
-    latency``. Overlap rule, like DDP's buckets (gradient accumulation syncs only on the last
-    micro-batch; buckets of ``DDP_BUCKET_BYTES`` = 25 MiB, DDP's ``bucket_cap_mb``): the
-    all-reduce starts when the stage's last backward starts and runs beside it, but the last
-    bucket is only ready when that backward ends, so the gradients are ready at
-    ``max(last backward start + ring(all parameters), last backward end + ring(min(parameters,
-    25 MiB)))``.
+    The gradients are all-reduced with a ring (Patarasuk and Yuan, JPDC 2009) per DDP bucket:
+    ``ring(B) = 2 (r - 1) / r x B / slowest bandwidth in the group + 2 (r - 1) x largest
+    latency``. DDP's buckets (Li et al., VLDB 2020; gradient accumulation syncs only on the last
+    micro-batch): walking the stage's last backward in reverse topological order, parameters
+    fill buckets of ``DDP_BUCKET_BYTES`` = 25 MiB (DDP's ``bucket_cap_mb``); a bucket is ready
+    when the backward of its last op ends (op times on the stage's first replica); the buckets
+    are reduced one after another in that order, each starting at max(ready, previous bucket's
+    end); the gradients are ready when the last bucket is reduced (and not before the backward
+    ends). So gradients made late in backward (a model's first layers) are exposed, and each
+    bucket pays the ring's latency.
     All-reduces do not contend with the pipeline's transfers (they use the links inside the
     group). Every replica holds the whole stage's parameters, gradients and optimizer state.
     Plain data parallelism is one stage on every device. In the timeline (and ``link_busy_s``)
@@ -78,6 +80,7 @@ from ..placement import SCHEDULES, PlacementError, pipeline_problems
 from .result import Evaluation, Event, SimResult
 
 if TYPE_CHECKING:
+    from ..parallel import StageOptions
     from .simulator import Simulator
 
 __all__ = ["Action", "schedule_actions", "pipeline_step", "PipelineOutcome", "DDP_BUCKET_BYTES"]
@@ -236,19 +239,65 @@ def _pipe_sim(order: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarra
 
 @njit(cache=True)
 def _stage_sums(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r: int, tf: np.ndarray,
-                tb: np.ndarray, upd: np.ndarray, f_rep: np.ndarray, b_rep: np.ndarray, u_rep: np.ndarray) -> None:
+                tb: np.ndarray, upd: np.ndarray, f_rep: np.ndarray, b_rep: np.ndarray, u_rep: np.ndarray,
+                b_op: np.ndarray) -> None:
     """Add each op's time on every replica of its stage (stages with ``r`` replicas only) into the
-    flat per-replica arrays (index ``stage_ptr[s] + k``)."""
+    flat per-replica arrays (index ``stage_ptr[s] + k``); ``b_op[i]``: op i's backward on its
+    stage's first replica (when its gradient is ready, for the DDP buckets)."""
     for i in range(st.shape[0]):
         s = st[i]
         lo = stage_ptr[s]
         if stage_ptr[s + 1] - lo != r:
             continue
+        b_op[i] = tb[i, stage_dev[lo]]
         for k in range(r):
             d = stage_dev[lo + k]
             f_rep[lo + k] += tf[i, d]
             b_rep[lo + k] += tb[i, d]
             u_rep[lo + k] += upd[i, d]
+
+
+@njit(cache=True)
+def _ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
+                 last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
+                 lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
+    Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
+    parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
+    op ends; buckets are all-reduced one after another in that order (one communication stream),
+    each a ring with its own latency term. Stages on one device: ready when the backward ends."""
+    n_st = reps.shape[0]
+    t = np.zeros(n_st)
+    fill = np.zeros(n_st)
+    free = np.zeros(n_st)
+    ar_time = np.zeros(n_st)
+    inv = np.zeros(n_st)
+    lt = np.zeros(n_st)
+    for s in range(n_st):
+        if reps[s] > 1:
+            lt[s], inv[s] = _group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
+    for i in range(st.shape[0] - 1, -1, -1):
+        s = st[i]
+        r = reps[s]
+        if r <= 1:
+            continue
+        t[s] += b_op[i]
+        fill[s] += param_bytes[i]
+        if fill[s] >= bucket_bytes:
+            ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+            free[s] = max(free[s], last_b_start[s] + t[s]) + ring
+            ar_time[s] += ring
+            fill[s] = 0.0
+    ready = last_b_start + b_act
+    for s in range(n_st):
+        r = reps[s]
+        if r > 1:
+            if fill[s] > 0:  # the last bucket: ready when the backward ends
+                ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+                free[s] = max(free[s], ready[s]) + ring
+                ar_time[s] += ring
+            ready[s] = max(ready[s], free[s])
+    return ready, ar_time
 
 
 @njit(cache=True)
@@ -272,7 +321,7 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
                lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
                opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-               capacity: np.ndarray, n_mb: int, bucket_bytes: float):  # type: ignore[no-untyped-def]
+               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray):  # type: ignore[no-untyped-def]
     n_st = stage_ptr.shape[0] - 1
     n_dev = lat.shape[0]
     n_groups = tied_first.shape[0]
@@ -313,20 +362,13 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
         params[st[i]] += param_bytes[i]
         act[st[i]] += out_bytes[i]
     last_b_start = np.zeros(n_st)
-    ar_time = np.zeros(n_st)
-    ready = np.zeros(n_st)
     for s in range(n_st):
         for q in range(order.shape[1] - 1, -1, -1):
             if order[s, q] < 0:
                 last_b_start[s] = b_start[s, -order[s, q] - 1]
                 break
-        r = reps[s]
-        ready[s] = last_b_start[s] + b_act[s]
-        if r > 1:
-            lt, inv = _group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
-            ar_time[s] = 2.0 * (r - 1) / r * params[s] * inv + 2.0 * (r - 1) * lt
-            last_bucket = 2.0 * (r - 1) / r * min(params[s], bucket_bytes) * inv + 2.0 * (r - 1) * lt
-            ready[s] = max(ready[s] + last_bucket, last_b_start[s] + ar_time[s])
+    ready, ar_time = _ddp_buckets(st, b_op, param_bytes, reps, last_b_start, b_act, stage_ptr, stage_dev, lat,
+                                  inv_bw, bucket_bytes)
     holder = np.zeros((n_groups, n_st), np.bool_)
     for i in range(st.shape[0]):
         g = tied_of[i]
@@ -422,10 +464,17 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
 
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
-                  *, result: bool, timeline: bool = True) -> PipelineOutcome:
+                  *, result: bool, timeline: bool = True, options: "StageOptions | None" = None) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
-    timeline when ``timeline``)."""
+    timeline when ``timeline``). ``options``: the stages' shard, recompute and precision
+    (:mod:`autoplace.parallel`); any that is not the default is simulated by :mod:`.sharding`."""
     st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
+    if options is not None and not options.is_default:
+        from .sharding import sharded_step, stage_options
+
+        opts = stage_options(options, len(groups))
+        assert opts is not None
+        return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline)
     m_count = int(microbatches)
     n_st = len(groups)
     stage_ptr = np.zeros(n_st + 1, dtype=np.int64)
@@ -433,17 +482,24 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     stage_dev = np.array([x for g in groups for x in g], dtype=np.int64)
     n_rep = stage_dev.shape[0]
     f_rep, b_rep, u_rep = np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep)
+    b_op = np.zeros(st.shape[0])
     for r in sorted({len(g) for g in groups}):
         tf, tb = sim.op_times(m_count * r)
-        _stage_sums(st, stage_ptr, stage_dev, r, tf, tb, sim.upd, f_rep, b_rep, u_rep)
+        _stage_sums(st, stage_ptr, stage_dev, r, tf, tb, sim.upd, f_rep, b_rep, u_rep, b_op)
     order, inflight = _encoded(n_st, m_count, schedule)
     mp = sim._mp
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
                      mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
                      mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
-                     mp["capacity"], m_count, DDP_BUCKET_BYTES)
+                     mp["capacity"], m_count, DDP_BUCKET_BYTES, b_op)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
+    if sim.memory is not None:  # the memory terms of autoplace.cost.memory, per replica of each stage
+        per_stage = sim.memory.pipeline(st, groups, inflight, m_count)
+        peak = np.zeros(sim.num_devices)
+        for s, grp in enumerate(groups):
+            peak[grp] = per_stage[s]
+        excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     if step < 0:  # cannot happen for GPipe/1F1B orders; a guard on the schedule code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {n_st} stages and {m_count} micro-batches")
     evaluation = Evaluation(float(step), peak, float(excess))

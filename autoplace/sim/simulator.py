@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..cost.analytic import CostModel
+from ..cost.memory import step_memory
 from ..placement import Placement, PlacementError
 from .bounds import lower_bound_of
 from .model_parallel import MP_ARGS, mp_evaluate, mp_run
@@ -26,6 +27,7 @@ from .result import Evaluation, Event, SimResult, device_labels
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
+    from ..parallel import StageOptions
     from ..graph.ir import OpGraph
 
 __all__ = ["Simulator"]
@@ -58,6 +60,15 @@ def _tied_groups(graph: "OpGraph") -> list[list[int]]:
     return [g for g in ordered if len(g) > 1]
 
 
+def _options(placement: Placement) -> "StageOptions | None":
+    """The plan's per-stage options when it has any (:mod:`autoplace.parallel`)."""
+    if not (placement.shard or placement.recompute or placement.precision or placement.reshard_after_forward):
+        return None
+    from ..parallel import StageOptions
+
+    return StageOptions.of(placement)
+
+
 class Simulator:
     """Scores placements of ``graph`` on ``cluster`` under ``cost`` (default ``CostModel()``).
 
@@ -81,7 +92,7 @@ class Simulator:
         self.lat = np.ascontiguousarray(cluster.latency_matrix, dtype=np.float64).copy()
         np.fill_diagonal(self.lat, 0.0)
         with np.errstate(divide="ignore"):
-            inv = 1.0 / np.asarray(cluster.bandwidth_matrix, dtype=np.float64)
+            inv = 1.0 / self.cost.link_bandwidth(cluster)  # line rate x the cost model's link efficiency
         np.fill_diagonal(inv, 0.0)
         self.inv_bw = np.ascontiguousarray(inv)
         self.capacity = np.array([d.memory_bytes for d in cluster.devices], dtype=np.float64)
@@ -94,6 +105,8 @@ class Simulator:
         self.tied_of = tied_of
         self.tied_first = np.array([g[0] for g in groups], dtype=np.int64)
         self.tied_bytes = np.array([graph.param_bytes[g[0]] for g in groups], dtype=np.float64)
+        # memory terms from the graph's memory facts (autoplace.cost.memory); None: the plain sum below
+        self.memory = step_memory(graph, self.cost, cluster, (tied_of, self.tied_first, self.tied_bytes))
         i64 = np.int64
         self._mp = {
             "fwd": self.fwd, "bwd": self.bwd, "upd": self.upd,
@@ -144,11 +157,16 @@ class Simulator:
         step, peak, excess = mp_evaluate(self._mp_args, self.capacity, dev)
         if step < 0:
             raise self._bad_device(dev)
+        if self.memory is not None:
+            peak = self.memory.model_parallel(dev)
+            excess = float(np.maximum(peak - self.capacity, 0.0).sum())
         return Evaluation(step, peak, excess)
 
     def _run_model(self, dev: np.ndarray, timeline: bool) -> SimResult:
         (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
          tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self._mp_args, dev)
+        if self.memory is not None:
+            peak = self.memory.model_parallel(dev)
         n_dev = self.num_devices
         link_busy = np.zeros((n_dev, n_dev))
         np.add.at(link_busy, (tr_from, tr_to), tr_end - tr_start)
@@ -175,10 +193,12 @@ class Simulator:
 
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
-                          schedule: str = "1f1b") -> Evaluation:
-        """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule);
+                          schedule: str = "1f1b", *, options: "StageOptions | None" = None) -> Evaluation:
+        """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule;
+        ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`);
         raises :class:`PlacementError` naming the problem when the pipeline is not valid."""
-        return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False).evaluation
+        return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False,
+                             options=options).evaluation
 
     # ---- full result --------------------------------------------------------------------
 
@@ -188,7 +208,7 @@ class Simulator:
         if placement.mode == "pipeline":
             assert placement.stage_of_node is not None and placement.stage_devices is not None
             out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
-                                placement.schedule, result=True, timeline=timeline)
+                                placement.schedule, result=True, timeline=timeline, options=_options(placement))
             assert out.result is not None
             return out.result
         dev = self._as_assignment(placement.device_of_node)
