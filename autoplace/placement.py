@@ -77,13 +77,13 @@ class Placement:
     cluster_fingerprint: str = ""
     planner: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
-
     # per-stage data-parallel options (pipeline mode; see autoplace.parallel): () = the default
     # for every stage (ddp, no recompute, fp32, torchtitan's reshard rule)
     shard: tuple[str, ...] = ()
     recompute: tuple[Any, ...] = ()
     precision: tuple[str, ...] = ()
     reshard_after_forward: tuple[bool, ...] = ()
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if self.mode not in MODES:
@@ -109,11 +109,11 @@ class Placement:
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
-
         from .parallel import FIELDS, normalize
 
         for f in FIELDS:
             set_(self, f, normalize(f, getattr(self, f), self.num_stages))
+
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
@@ -178,10 +178,10 @@ class Placement:
             out.extend(self._pipeline_problems(graph, cluster))
         elif self.stage_of_node is not None or self.stage_devices is not None:
             out.append("a model-parallel placement has no stages; use Placement.pipeline for stages")
-        return out
         from .parallel import option_problems
 
         out.extend(option_problems(self, graph, cluster))
+        return out
 
     def _pipeline_problems(self, graph: "OpGraph", cluster: "Cluster") -> list[str]:
         st, sd = self.stage_of_node, self.stage_devices
@@ -217,10 +217,10 @@ class Placement:
         sizes = np.bincount(self.stage_of_node, minlength=self.num_stages)
         stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
                            for k, devs in enumerate(self.stage_devices))
-        return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
         from .parallel import describe_options
 
         opts = describe_options(self)
+        return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
                 f"{self.microbatches} micro-batches, {self.schedule}" + (f", {opts}" if opts else ""))
 
     def __repr__(self) -> str:
@@ -253,10 +253,10 @@ class Placement:
             assert self.stage_of_node is not None and self.stage_devices is not None
             d.update(stage_of_node=self.stage_of_node.tolist(), stage_devices=[list(s) for s in self.stage_devices],
                      microbatches=self.microbatches, schedule=self.schedule)
-        d["meta"] = _jsonable(self.meta)
             from .parallel import options_to_dict
 
             d.update(options_to_dict(self))
+        d["meta"] = _jsonable(self.meta)
         return d
 
     @classmethod
