@@ -2,9 +2,15 @@
 
     autoplace demo [--model inception_v3] [--cluster 4xV100-pcie]   plan a zoo model on a simulated cluster
     autoplace plan MODULE:FACTORY --devices cuda:0 cuda:1 --out plan.json
+    autoplace plan zoo:gpt2:xl --cluster 8xV100-nvlink --out plan.json
     autoplace show plan.json
     autoplace trace MODEL                                             print a zoo model's op graph summary
     autoplace bench [--quick]                                         the placement benchmark (from a checkout)
+
+A zoo model is named by a spec, ``NAME[:WORD]...`` (:func:`autoplace.zoo.parse_spec`): ``small``
+(or ``test``) for its small test config, one of its presets (``gpt2:xl``), ``KEY=VALUE`` config
+overrides (``gpt2:xl:batch_size=4``). Every option and every word of a spec takes effect or is
+refused with the valid choices; none is ignored.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .errors import AutoplaceError
 from .progress import Step
 
 __all__ = ["main"]
@@ -68,14 +75,30 @@ def zoo_graph(name: str, *, small: bool = False, cache: bool = True, **config: A
     return g
 
 
+def _zoo_spec(spec: str, small_flag: bool) -> tuple[str, bool, dict[str, Any]]:
+    """(name, small, config) of a zoo spec, with ``--small`` as the spec's ``:small``."""
+    from autoplace.zoo import parse_spec, presets
+
+    name, small, config = parse_spec(spec)
+    if small_flag and any(w in presets(name) for w in spec.split(":")[1:]):
+        raise SystemExit(f"--small and the preset in {spec!r} both choose a config of {name!r}; give one of them")
+    return name, small or small_flag, config
+
+
+def _built(name: str, small: bool, config: dict[str, Any]) -> str:
+    what = ", ".join(f"{k}={v}" for k, v in config.items())
+    return f"zoo {name}" + (" (small test config)" if small else "") + (f" with {what}" if what else "")
+
+
 def _demo(args: argparse.Namespace) -> int:
     import autoplace
     from autoplace.report import candidates_table, placement_report
 
+    name, small, config = _zoo_spec(args.model, args.small)
     cluster = autoplace.Cluster.preset(args.cluster)
-    _say(f"autoplace demo: {args.model} on {cluster.describe()}")
+    _say(f"autoplace demo: {_built(name, small, config)} on {cluster.describe()}")
     with Step(f"tracing {args.model} on the meta device (no weights allocated)"):
-        graph = zoo_graph(args.model, small=args.small)
+        graph = zoo_graph(name, small=small, **config)
     _say(graph.describe())
     lb = autoplace.lower_bound(graph, cluster)
     learned = "learned ones in quick mode" if args.budget_s is None else f"{args.budget_s:g} s for learned ones"
@@ -101,11 +124,13 @@ def _load_factory(spec: str) -> tuple[Any, Any]:
         import autoplace
 
         # Planning needs only the trace: build on the meta device, no weights allocated.
-        name, _, size = spec[4:].partition(":")
-        wl = autoplace.zoo.build(name, small=size == "small", device="meta")
+        name, small, config = autoplace.zoo.parse_spec(spec[4:])
+        wl = autoplace.zoo.build(name, small=small, device="meta", **config)
+        _say(f"{spec}: {_built(name, small, config)}")
         return wl.model, wl.example_inputs
     if ":" not in spec:
-        raise SystemExit(f"expected MODULE:FACTORY (e.g. mypkg.models:build) or zoo:NAME[:small], got {spec!r}")
+        raise SystemExit(f"expected MODULE:FACTORY (e.g. mypkg.models:build) or zoo:NAME[:WORD]... (e.g. zoo:gpt2:xl), "
+                         f"got {spec!r}")
     mod, fn = spec.split(":", 1)
     sys.path.insert(0, os.getcwd())
     try:
@@ -126,15 +151,37 @@ def _load_factory(spec: str) -> tuple[Any, Any]:
                      "or an object with .model and .example_inputs")
 
 
+def _check_planner(planner: str, mode: str, budget_s: float | None) -> None:
+    """Refuse, before any tracing, a planner that does not exist or does not make ``mode``
+    plans, and a budget no planner of the choice would spend."""
+    from autoplace.planners import get_planner, planners
+
+    if planner == "best":
+        return
+    p = get_planner(planner)
+    modes = ("model", "pipeline") if mode == "auto" else (mode,)
+    if not set(modes) & set(p.modes):
+        raise SystemExit(f"--planner {planner} makes {'/'.join(p.modes)} plans, not --mode {mode}; planners for "
+                         f"{mode}: {', '.join(n for m in modes for n in planners(m))}, or best")
+    if budget_s is not None and p.kind != "learned":
+        learned = [n for n in planners() if get_planner(n).kind == "learned"]
+        raise SystemExit(f"--budget-s is the time learned planners may spend; {planner} is a {p.kind} and takes none. "
+                         f"Drop --budget-s, or use a learned planner ({', '.join(learned)}) or best")
+
+
 def _plan(args: argparse.Namespace) -> int:
     import autoplace
     from autoplace.report import placement_report
 
-    model, inputs = _load_factory(args.factory)
+    if args.cluster and args.devices:
+        raise SystemExit(f"--cluster {args.cluster} and --devices {' '.join(args.devices)} both say what to plan for; "
+                         "give one (--cluster: a simulated preset; --devices: this machine's devices)")
     if args.cluster:
         cluster = autoplace.Cluster.preset(args.cluster)
     else:
-        cluster = autoplace.Cluster.from_devices(args.devices)
+        cluster = autoplace.Cluster.from_devices(args.devices or ["cpu"])
+    _check_planner(args.planner, args.mode, args.budget_s)
+    model, inputs = _load_factory(args.factory)
     with Step("tracing"):
         graph = autoplace.trace(model, inputs)
     _say(graph.describe())
@@ -163,8 +210,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    with Step(f"tracing {args.model}"):
-        g = zoo_graph(args.model, small=args.small, cache=False)
+    name, small, config = _zoo_spec(args.model, args.small)
+    with Step(f"tracing {_built(name, small, config)}"):
+        g = zoo_graph(name, small=small, cache=False, **config)
     _say(g.describe())
     _say("op kinds: " + ", ".join(f"{k} x{n}" for k, n in list(g.kind_counts().items())[:12]))
     return 0
@@ -179,28 +227,38 @@ def _bench(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a time; give seconds > 0 (e.g. 30)")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="autoplace", description="Automatic device placement for PyTorch")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="plan a zoo model on a simulated cluster and compare the planners")
-    d.add_argument("--model", default="inception_v3", help="zoo model (autoplace.zoo.names())")
-    d.add_argument("--small", action="store_true", help="the model's small test config")
+    d.add_argument("--model", default="inception_v3",
+                   help="zoo model spec: NAME[:small|:PRESET][:KEY=VALUE]... (autoplace.zoo.names())")
+    d.add_argument("--small", action="store_true", help="the model's small test config (as :small)")
     d.add_argument("--cluster", default="4xV100-pcie", help="cluster preset (autoplace.Cluster.presets())")
     d.add_argument("--mode", default="auto", choices=["model", "pipeline", "auto"],
                    help="auto: model-parallel and pipeline/hybrid/data-parallel planners together")
-    d.add_argument("--budget-s", type=float, default=None, help="seconds for learned planners to fine-tune")
+    d.add_argument("--budget-s", type=_seconds, default=None, help="seconds for learned planners to fine-tune")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="autoplace_out", help="folder for the timeline PNG and the plan")
     d.set_defaults(fn=_demo)
 
     p = sub.add_parser("plan", help="plan a model given by a factory function and save the plan")
-    p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs), or zoo:NAME[:small]")
-    p.add_argument("--devices", nargs="+", default=["cpu"])
-    p.add_argument("--cluster", default=None, help="plan for a preset instead of the local devices")
-    p.add_argument("--planner", default="best")
+    p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs), or a zoo spec "
+                                   "zoo:NAME[:small|:PRESET][:KEY=VALUE]... (zoo:gpt2:xl)")
+    p.add_argument("--devices", nargs="+", default=None,
+                   help="this machine's devices to plan for (default: cpu); repeats share one memory")
+    p.add_argument("--cluster", default=None, help="plan for a simulated preset instead (autoplace.Cluster.presets())")
+    p.add_argument("--planner", default="best", help="a name from autoplace.planners(), or best (all of them)")
     p.add_argument("--mode", default="model", choices=["model", "pipeline", "auto"])
-    p.add_argument("--budget-s", type=float, default=None)
+    p.add_argument("--budget-s", type=_seconds, default=None, help="seconds learned planners may spend")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="plan.json")
     p.set_defaults(fn=_plan)
@@ -210,8 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.set_defaults(fn=_show)
 
     t = sub.add_parser("trace", help="print a zoo model's op graph summary")
-    t.add_argument("model")
-    t.add_argument("--small", action="store_true")
+    t.add_argument("model", help="zoo model spec: NAME[:small|:PRESET][:KEY=VALUE]...")
+    t.add_argument("--small", action="store_true", help="the model's small test config (as :small)")
     t.set_defaults(fn=_trace)
 
     b = sub.add_parser("bench", help="run the placement benchmark (benchmarks/placement.py)")
@@ -221,9 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return int(args.fn(args))
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        from autoplace.planners.base import NoFitError  # noqa: F401  (one error type among the ones caught)
-
+    except (AutoplaceError, ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"autoplace {args.cmd}: {e}", file=sys.stderr)
         return 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,81 @@ def test_example_torchrun_pipeline(tmp_path: Path) -> None:
                            "--steps", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss" in proc.stdout
+
+
+# ---- every option and zoo suffix takes effect or is refused (issue 16, point 1) ----------
+
+def test_zoo_suffix_builds_the_named_size() -> None:
+    """zoo:gpt2:xl is GPT-2 1.5B (it was the 124M one: every suffix but :small was ignored)."""
+    from autoplace.cli import _load_factory
+
+    model, _ = _load_factory("zoo:gpt2:xl")
+    assert 1.55e9 < sum(p.numel() for p in model.parameters()) < 1.56e9
+    model, (tokens,) = _load_factory("zoo:gpt2:medium:batch_size=2:seq_len=128")
+    assert 3.5e8 < sum(p.numel() for p in model.parameters()) < 3.6e8 and tuple(tokens.shape) == (2, 128)
+
+
+def test_zoo_spec_words() -> None:
+    from autoplace.zoo import ZooError, parse_spec
+
+    assert parse_spec("gpt2") == ("gpt2", False, {})
+    assert parse_spec("gpt2:xl") == ("gpt2", False, {"size": "xl"})
+    assert parse_spec("gpt2:test:n_layer=3") == ("gpt2", True, {"n_layer": 3})
+    assert parse_spec("resnet18:small") == ("resnet18", True, {})
+    assert parse_spec("gpt2:size=medium:xl") == ("gpt2", False, {"size": "medium"})  # KEY=VALUE wins
+    with pytest.raises(ZooError, match=r"'huge' is not a config of 'gpt2'; .*'test' .*'xl'.* KEY=VALUE .*n_layer"):
+        parse_spec("gpt2:huge")
+    with pytest.raises(ZooError, match=r"'xl' is not a config of 'resnet50'; after the name come 'small' or 'test'"):
+        parse_spec("resnet50:xl")
+    with pytest.raises(ZooError, match=r"'small' could be gpt2's preset 'small' .* or the zoo's small test config; "
+                                       r"write 'gpt2' .* gpt2:test for the test config"):
+        parse_spec("gpt2:small")
+    with pytest.raises(ZooError, match="names 2 configs"):
+        parse_spec("gpt2:test:xl")
+
+
+def test_plan_with_an_override_takes_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ops = []
+    for spec in ("zoo:gpt2:test", "zoo:gpt2:test:n_layer=3"):
+        assert main(["plan", spec, "--cluster", "2xV100-pcie", "--planner", "expert",
+                     "--out", str(tmp_path / "p.json")]) == 0
+        ops.append(len(autoplace.Placement.from_json(tmp_path / "p.json").device_of_node))
+    assert "zoo gpt2 (small test config) with n_layer=3" in capsys.readouterr().out
+    assert ops[1] > ops[0]
+
+
+@pytest.mark.parametrize(("argv", "pattern"), [
+    (["plan", "zoo:gpt2:huge", "--cluster", "2xV100-pcie"], r"'huge' is not a config of 'gpt2'"),
+    (["plan", "zoo:gpt2:small", "--cluster", "2xV100-pcie"], r"could be gpt2's preset 'small'"),
+    (["plan", "zoo:gpt2:test:depth=3", "--cluster", "2xV100-pcie"], r"has no config key 'depth'; valid keys"),
+    (["plan", "zoo:gpt2:test", "--cluster", "2xV100-pcie", "--planner", "m-eft"],
+     r"no planner named 'm-eft'; registered planners: .*m-etf"),
+    (["plan", "zoo:gpt2:test", "--cluster", "9xNope"], r"unknown cluster preset '9xNope'; known presets: 4xV100"),
+    (["demo", "--model", "gpt2:huge"], r"'huge' is not a config of 'gpt2'"),
+    (["trace", "nope"], r"no zoo workload named 'nope'; the zoo has: alexnet"),
+])
+def test_bad_options_are_refused_with_the_choices(argv: list[str], pattern: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, *(["--out", str(tmp_path / "p")] if argv[0] != "trace" else [])]) == 1
+    assert re.search(pattern, capsys.readouterr().err)
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(("argv", "pattern"), [
+    (["plan", "zoo:gpt2:test", "--cluster", "2xV100-pcie", "--devices", "cpu", "cpu"],
+     r"--cluster 2xV100-pcie and --devices cpu cpu both say what to plan for; give one"),
+    (["plan", "zoo:gpt2:test", "--cluster", "2xV100-pcie", "--planner", "expert", "--budget-s", "5"],
+     r"--budget-s is the time learned planners may spend; expert is a heuristic .*eagle"),
+    (["plan", "zoo:gpt2:test", "--cluster", "2xV100-pcie", "--planner", "pipedream-dp", "--mode", "model"],
+     r"--planner pipedream-dp makes pipeline plans, not --mode model; planners for model: single"),
+    (["trace", "gpt2:xl", "--small"], r"--small and the preset in 'gpt2:xl' both choose a config"),
+])
+def test_options_that_contradict_are_refused(argv: list[str], pattern: str) -> None:
+    with pytest.raises(SystemExit, match=pattern):
+        main(argv)
+
+
+def test_a_budget_must_be_a_time(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "zoo:gpt2:test", "--budget-s", "0"])
+    assert "0 is not a time; give seconds > 0" in capsys.readouterr().err

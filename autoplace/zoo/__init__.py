@@ -4,6 +4,7 @@
     wl = autoplace.zoo.build("gpt2", size="xl", device="meta")  # 1.5B parameters, nothing allocated
     wl = autoplace.zoo.build("gnmt4-unrolled", small=True)   # tiny, for tests
     loss = wl.loss_fn(wl.model(*wl.example_inputs), wl.target)
+    wl = autoplace.zoo.build_spec("gpt2:xl:batch_size=4")     # the same, as the command line names it
 
 No weights, no downloads, no torchvision: every model is written here. Each has a default
 config (the paper's or the usual size, and a training batch size) and a ``small`` config that
@@ -25,10 +26,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..errors import AutoplaceError
 from . import alexnet, bert, gnmt, gpt2, inception, nasnet, resnet, transformer_xl, vgg, wavenet
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
-__all__ = ["Workload", "build", "names"]
+__all__ = ["Workload", "build", "build_spec", "parse_spec", "names", "presets", "ZooError", "ZooConfigError"]
+
+TEST_CONFIG = ("small", "test")
+"""Spec words for a workload's small test config (``build(name, small=True)``)."""
+
+
+class ZooError(AutoplaceError, ValueError):
+    """An unknown workload or preset, or a config value that breaks a rule of the model."""
+
+
+class ZooConfigError(AutoplaceError, TypeError):
+    """A config key the workload does not have, or a value of the wrong type."""
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -66,6 +79,8 @@ class _Entry:
     small: Mapping[str, Any]
     resolve: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Fills derived keys (e.g. a GPT-2 ``size`` preset) after overrides are applied."""
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Named configs (config overrides), e.g. GPT-2's sizes: ``"xl"`` is ``{"size": "xl"}``."""
 
 
 def _images(cfg: Mapping[str, Any]) -> tuple[tuple[Tensor, ...], Tensor]:
@@ -97,7 +112,8 @@ _ENTRIES: dict[str, _Entry] = {
                              gnmt.GNMT4_SMALL),
     "gnmt8-unrolled": _Entry(gnmt.build_unrolled, gnmt.gnmt_batch, _token_prediction, gnmt.GNMT8_UNROLLED,
                              gnmt.GNMT8_SMALL),
-    "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve),
+    "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve,
+                   {size: {"size": size} for size in gpt2.PRESETS}),
     "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
                            inception.INCEPTION_V3_SMALL),
     "nasnet": _Entry(nasnet.build_model, _images, _classification, nasnet.NASNET_LARGE, nasnet.NASNET_SMALL),
@@ -115,6 +131,91 @@ def names() -> list[str]:
     return sorted(_ENTRIES)
 
 
+def presets(name: str) -> dict[str, dict[str, Any]]:
+    """The named configs of workload ``name`` (``{"xl": {"size": "xl"}, ...}`` for gpt2; empty for
+    most): each is a set of config overrides, the words a spec may name after the workload."""
+    return {k: dict(v) for k, v in _entry(name).presets.items()}
+
+
+def parse_spec(spec: str) -> tuple[str, bool, dict[str, Any]]:
+    """``(name, small, config)`` of a workload spec ``NAME[:WORD]...``, each word one of:
+
+    - ``small`` (or ``test``): the workload's small test config (``build(name, small=True)``);
+    - a preset of the workload (:func:`presets`): ``gpt2:xl`` is GPT-2 1.5B;
+    - ``KEY=VALUE``: a config override (``gpt2:xl:batch_size=4``); VALUE is read as an int, a
+      float, ``true``/``false``, ``none``, else a string.
+
+    Every word takes effect or is refused with the valid choices (:class:`ZooError`), and a spec
+    that could mean two things is refused: ``gpt2:small`` (GPT-2's 124M size, which ``gpt2``
+    builds, or the test config, ``gpt2:test``). :func:`build` checks the keys and values.
+    """
+    name, *words = spec.split(":")
+    entry = _entry(name)
+    small = False
+    config: dict[str, Any] = {}
+    named: dict[str, Any] = {}  # a preset's keys, under the explicit KEY=VALUE ones wherever they stand
+    chosen: list[str] = []
+    for word in words:
+        if "=" in word:
+            key, _, text = word.partition("=")
+            if not key.strip():
+                raise ZooError(f"workload spec {spec!r}: {word!r} has no key; write KEY=VALUE, e.g. batch_size=4")
+            config[key.strip()] = _value(text.strip())
+        elif word in entry.presets and word in TEST_CONFIG:
+            test = next(w for w in TEST_CONFIG if w not in entry.presets)
+            raise ZooError(f"workload spec {spec!r}: {word!r} could be {name}'s preset {word!r} "
+                           f"({_show(entry.presets[word])}, what {name!r} builds by default) or the zoo's small "
+                           f"test config; write {name!r} (or {name}:{_show(entry.presets[word], sep=':')}) for "
+                           f"the preset, {name}:{test} for the test config")
+        elif word in TEST_CONFIG:
+            small = True
+            chosen.append(word)
+        elif word in entry.presets:
+            named = dict(entry.presets[word])
+            chosen.append(word)
+        else:
+            tests = [w for w in TEST_CONFIG if w not in entry.presets]
+            named_ok = [w for w in entry.presets if w not in TEST_CONFIG]
+            raise ZooError(f"workload spec {spec!r}: {word!r} is not a config of {name!r}; after the name come "
+                           f"{' or '.join(map(repr, tests))} (the small test config)"
+                           + (f", a preset ({', '.join(map(repr, named_ok))})" if named_ok else "")
+                           + f" and KEY=VALUE overrides (keys: {', '.join(sorted(entry.default))})")
+    if len(chosen) > 1:
+        raise ZooError(f"workload spec {spec!r} names {len(chosen)} configs ({', '.join(chosen)}); name one, "
+                       "then override keys with KEY=VALUE")
+    return name, small, {**named, **config}
+
+
+def build_spec(spec: str, **kw: Any) -> Workload:
+    """:func:`build` the workload a spec names (:func:`parse_spec`); ``kw`` go to :func:`build`."""
+    name, small, config = parse_spec(spec)
+    return build(name, small=small, **kw, **config)
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _show(config: Mapping[str, Any], sep: str = ", ") -> str:
+    return sep.join(f"{k}={v}" for k, v in config.items())
+
+
+def _entry(name: str) -> _Entry:
+    if name not in _ENTRIES:
+        raise ZooError(f"no zoo workload named {name!r}; the zoo has: {', '.join(names())}")
+    return _ENTRIES[name]
+
+
 def build(name: str, *, small: bool = False, device: str | torch.device = "cpu", seed: int = 0,
           **config: Any) -> Workload:
     """Build the workload ``name``.
@@ -126,12 +227,11 @@ def build(name: str, *, small: bool = False, device: str | torch.device = "cpu",
     gets real weights, initialised after ``torch.manual_seed(seed)``, and random inputs drawn
     from seed ``seed + 1``. The caller's global random state is left as it was.
 
-    Raises ValueError for an unknown name or an impossible config (the message says which
-    rule), TypeError for an unknown config key or a value of the wrong type.
+    Raises :class:`ZooError` (a ValueError) for an unknown name or an impossible config (the
+    message says which rule), :class:`ZooConfigError` (a TypeError) for an unknown config key or
+    a value of the wrong type.
     """
-    if name not in _ENTRIES:
-        raise ValueError(f"no zoo workload named {name!r}; the zoo has: {', '.join(names())}")
-    entry = _ENTRIES[name]
+    entry = _entry(name)
     cfg = _resolve(name, entry, small, config)
     dev = torch.device(device)
     with _seeded(seed, dev), dev:
@@ -148,7 +248,7 @@ def _resolve(name: str, entry: _Entry, small: bool, overrides: Mapping[str, Any]
     base = dict(entry.small if small else entry.default)
     unknown = sorted(set(overrides) - set(base))
     if unknown:
-        raise TypeError(f"zoo workload {name!r} has no config key {', '.join(map(repr, unknown))}; "
+        raise ZooConfigError(f"zoo workload {name!r} has no config key {', '.join(map(repr, unknown))}; "
                         f"valid keys: {', '.join(sorted(base))}")
     reference = entry.resolve(dict(base)) if entry.resolve else base
     for key, value in overrides.items():
@@ -165,7 +265,7 @@ def _check_value(name: str, key: str, value: Any, like: Any) -> None:
     elif isinstance(like, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
         if ok and value < 1:
-            raise ValueError(f"zoo workload {name!r}: config {key}={value!r} must be >= 1 (a count or a size)")
+            raise ZooError(f"zoo workload {name!r}: config {key}={value!r} must be >= 1 (a count or a size)")
     elif isinstance(like, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif isinstance(like, (tuple, list)):
@@ -175,7 +275,7 @@ def _check_value(name: str, key: str, value: Any, like: Any) -> None:
     else:
         ok = True
     if not ok:
-        raise TypeError(f"zoo workload {name!r}: config {key}={value!r} must be {type(like).__name__} "
+        raise ZooConfigError(f"zoo workload {name!r}: config {key}={value!r} must be {type(like).__name__} "
                         f"like its default {like!r}")
 
 
