@@ -38,6 +38,9 @@ __all__ = ["SHARDS", "PRECISIONS", "StageOptions", "option_problems", "normalize
 SHARDS = ("ddp", "fsdp", "hsdp")
 PRECISIONS = ("fp32", "bf16")
 FIELDS = ("shard", "recompute", "precision", "reshard_after_forward")
+# Tensor cores without bf16 (fp16 only): Pascal, Volta and Turing; bf16 arrived with Ampere
+# (NVIDIA A100 whitepaper, "TF32 and BF16"). K80 has no tensor cores at all.
+NO_BF16_KINDS = frozenset({"K80", "P100", "V100-16GB", "V100-32GB", "V100-PCIe-16GB", "T4"})
 
 Recompute = bool | tuple[str, ...]
 
@@ -251,9 +254,10 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
                 out.append(f"stage {s} has precision='bf16' with shard='ddp'; mixed precision runs through "
                            "fully_shard's MixedPrecisionPolicy: use shard='fsdp' (or 'hsdp')")
             for x in devs:
-                if 0 <= x < cluster.num_devices and not cluster.devices[x].peak_flops_tensor > 0:
-                    dv = cluster.devices[x]
+                dv = cluster.devices[x] if 0 <= x < cluster.num_devices else None
+                if dv is not None and (not dv.peak_flops_tensor > 0 or dv.kind in NO_BF16_KINDS):
+                    why = "peak_flops_tensor=0" if not dv.peak_flops_tensor > 0 else "its tensor cores do fp16 only"
                     out.append(f"stage {s} has precision='bf16' but device {x} ({dv.name}, {dv.kind}) has no bf16 "
-                               "tensor cores (peak_flops_tensor=0): use precision='fp32' or devices that have them")
+                               f"tensor cores ({why}): use precision='fp32' or devices that have them (A100, H100)")
                     break
     return out

@@ -77,6 +77,10 @@ def test_bad_options_name_the_value_the_rule_and_the_fix(g) -> None:  # type: ig
     with pytest.raises(PlacementError) as e:
         _dp(g, k80, [0, 1, 2, 3], shard="fsdp", precision="bf16")
     assert "K80" in str(e.value) and "no bf16" in str(e.value) and "precision='fp32'" in str(e.value)
+    with pytest.raises(PlacementError, match="fp16 only"):  # Volta: tensor cores, but no bf16
+        _dp(g, c, list(range(8)), shard="fsdp", precision="bf16")
+    a100 = Cluster.preset("4xA100-nvlink")
+    assert _dp(g, a100, [0, 1, 2, 3], shard="fsdp", precision="bf16").precision == ("bf16",)
     with pytest.raises(PlacementError) as e:
         Placement("model", np.zeros(g.num_nodes, dtype=int), shard=("fsdp",)).validate(g, c)
     assert "pipeline stages" in str(e.value)

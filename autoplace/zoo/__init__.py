@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import AutoplaceError
-from . import alexnet, bert, gnmt, gpt2, inception, nasnet, resnet, transformer_xl, vgg, wavenet
+from . import alexnet, bert, gnmt, gpt2, inception, llama, nasnet, resnet, transformer_xl, vgg, wavenet
 from .tasks import classification_loss, image_batch, token_batch, token_loss
 
 __all__ = ["Workload", "build", "build_spec", "parse_spec", "names", "presets", "ZooError", "ZooConfigError"]
@@ -114,6 +114,8 @@ _ENTRIES: dict[str, _Entry] = {
                              gnmt.GNMT8_SMALL),
     "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve,
                    {size: {"size": size} for size in gpt2.PRESETS}),
+    "llama": _Entry(llama.build_model, _tokens, _token_prediction, llama.LLAMA_DEFAULT, llama.LLAMA_SMALL,
+                    llama.resolve),
     "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
                            inception.INCEPTION_V3_SMALL),
     "nasnet": _Entry(nasnet.build_model, _images, _classification, nasnet.NASNET_LARGE, nasnet.NASNET_SMALL),

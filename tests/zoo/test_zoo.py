@@ -18,7 +18,7 @@ from autoplace.zoo.gnmt import unrolled_state_dict
 from autoplace.zoo.transformer_xl import RelativeAttention, relative_shift
 
 EXPECTED_NAMES = {"alexnet", "bert-base", "gnmt4", "gnmt4-unrolled", "gnmt8", "gnmt8-unrolled", "gpt2",
-                  "inception_v3", "nasnet", "resnet18", "resnet50", "transformer-xl", "vgg16", "wavenet"}
+                  "inception_v3", "llama", "nasnet", "resnet18", "resnet50", "transformer-xl", "vgg16", "wavenet"}
 
 
 def n_params(model: torch.nn.Module) -> int:
