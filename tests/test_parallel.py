@@ -35,7 +35,7 @@ def test_defaults_keep_the_plan_and_its_json(g) -> None:  # type: ignore[no-unty
 
 
 def test_options_round_trip_through_json(g, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    c = Cluster.preset("8xV100-nvlink")
+    c = Cluster.preset("8xA100-nvlink")
     p = _dp(g, c, list(range(8)), shard="fsdp", recompute=["h.1"], precision="bf16", reshard_after_forward=False)
     assert p.shard == ("fsdp",) and p.recompute == (("h.1",),) and p.precision == ("bf16",)
     d = p.to_dict()
