@@ -143,6 +143,7 @@ class PlacedModule(nn.Module):
     def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from .graph.trace import trace_module
         from .planners import plan as make_plan
+        from .planners.base import plan_budget
         from .sim import simulate
 
         model: nn.Module = self.__dict__["_wrapped"]
@@ -161,11 +162,13 @@ class PlacedModule(nn.Module):
             t0 = time.perf_counter()
             # One target leaves one way to place it: no search.
             planner = "single" if self.cluster.num_devices == 1 and self._planner == "best" else self._planner
+            weigh = self._mode == "auto" and self.cluster.num_devices > 1
             with Step(f"autoplace: planning {graph.num_nodes} ops on {self.cluster.num_devices} devices "
-                      f"(planner {planner!r})", stream=sys.stderr):
-                self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
-                                      budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
-                if self._mode == "auto" and self.cluster.num_devices > 1:
+                      f"(planner {planner!r})", stream=sys.stderr), plan_budget(self._budget_s) as total:
+                with plan_budget(0.75 * total if weigh else total):  # the rest weighs pipeline plans
+                    self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
+                                          budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
+                if weigh:
                     self.plan = self._weigh_multiprocess(graph, self.plan)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
@@ -408,7 +411,12 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         cluster: the cluster to plan for (a preset name or a Cluster) when the real devices'
             properties should be overridden; by default read from ``devices``.
         cost: the cost model (default: roofline with default efficiencies).
-        budget_s: seconds a learned planner may spend.
+        budget_s: seconds planning may take, all planners together (with ``mode="auto"`` a
+            quarter of it weighs the pipeline plans); None: at most 6 s
+            (``autoplace.planners.base.DEFAULT_BUDGET_S``), the learned planners in their quick
+            modes. Learned planners get what the heuristics leave and are skipped, said in
+            ``placed.report()``, when nothing is left; planning of more than 2 s shows its
+            progress on stderr.
         seed: makes planning reproducible.
         finetune: ``"online"`` (or True) keeps improving the placement during training from
             measured step times (:mod:`autoplace.online`); False (default) keeps the plan.

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .sim import SimResult
 
-__all__ = ["placement_report", "candidates_table", "best_single_device", "format_bytes", "format_table"]
+__all__ = ["placement_report", "candidates_table", "planning_summary", "best_single_device", "format_bytes",
+           "format_table"]
 
 
 def format_bytes(n: float) -> str:
@@ -65,9 +66,11 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
     body = []
     for r in sorted(rows, key=key):
         st = r.get("step_time_s")
-        note = r.get("error") or "" if st is None or "runs_here" in r else ""
+        note = r.get("error") or ""  # why it gave no plan, or why its plan was not taken: whole, never cut
         if st is not None and r.get("oom"):
-            note = "OUT OF MEMORY"
+            note = "OUT OF MEMORY" + (f"; {note}" if note else "")
+        if r.get("note"):  # e.g. a learned planner cut at its share of the time budget
+            note = f"{note}; {r['note']}" if note else str(r["note"])
         row = [r["planner"], r.get("mode", ""), "-" if st is None else f"{st * 1e3:.3f}",
                format_bytes(r["peak_memory_bytes"]) if r.get("peak_memory_bytes") else "-",
                f"{r.get('plan_time_s', 0.0):.2f}"]
@@ -76,6 +79,25 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
         body.append(row + [note[:70]])
     head = ["planner", "mode", "step ms", "peak memory", "plan s"] + (["runs in"] if where else []) + ["note"]
     return format_table(head, body, markdown=markdown)
+
+
+def planning_summary(meta: dict[str, Any]) -> str:
+    """One line on the time planning took against its budget, and which planners the budget
+    skipped or cut (empty when ``meta`` has no budget: a named planner's plan)."""
+    if meta.get("budget_s") is None:
+        return ""
+    rows = meta.get("candidates", [])
+    timed = [r["planner"] for r in rows
+             if str(r.get("why", "")).startswith(("skipped: no time", "skipped: the", "stopped"))]
+    cut = [r["planner"] for r in rows if r.get("cut") and r.get("step_time_s") is not None]
+    line = f"planning took {meta.get('planning_s', 0.0):.1f} s of its {meta['budget_s']:.3g} s budget"
+    if meta.get("compile_s", 0.0) >= 0.1:
+        line += f" (and {meta['compile_s']:.1f} s compiling the simulator: once, then cached on disk)"
+    if timed:
+        line += "; skipped for time: " + ", ".join(timed)
+    if cut:
+        line += "; cut at their share: " + ", ".join(cut)
+    return line + ("" if not (timed or cut) else " (a larger budget_s gives them time)")
 
 
 def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
@@ -127,4 +149,7 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
     cands = plan.meta.get("candidates")
     if cands:
         lines += ["", "candidates weighed:", candidates_table(cands)]
+        timing = planning_summary(plan.meta)
+        if timing:
+            lines.append(timing)
     return "\n".join(lines)

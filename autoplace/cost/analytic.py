@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["CostModel", "DEFAULT_COMPUTE_EFFICIENCY", "OPTIMIZER_STATE"]
+__all__ = ["CostModel", "DEFAULT_COMPUTE_EFFICIENCY", "LINK_EFFICIENCY", "OPTIMIZER_STATE"]
 
 # Fraction of fp32 peak that eager PyTorch reaches per class of op on a GPU at training batch
 # sizes (cuDNN convolutions and cuBLAS GEMMs near half of peak; the rest is memory bound, so
@@ -53,6 +53,14 @@ DEFAULT_COMPUTE_EFFICIENCY: dict[str, float] = {
     "loss": 0.3,
     "other": 0.3,
 }
+
+# Fraction of a link's line rate that transfers and collectives reach, by link-name prefix (the
+# cluster's ``link_names``; the LINKS presets name Ethernet links "eth*", which carry NCCL and
+# Gloo over TCP sockets). Sources, not fitted: NCCL issue #209 (NCCL 2.4, 2019: "not able to
+# reliably obtain more than 60% of wire speed over 32Gbps networks" with TCP) and nccl-tests
+# issue #83 (Azure, 25 Gb/s TCP: NCCL all-reduce bus bandwidth "maxed out at 1.7GBps", 54% of
+# the 3.125 GB/s line rate). RDMA links (InfiniBand, RoCE), NVLink and PCIe keep their rate.
+LINK_EFFICIENCY: dict[str, float] = {"eth": 0.55}
 
 # Optimizer state per parameter byte (Adam keeps two moments; SGD with momentum one).
 OPTIMIZER_STATE: dict[str, float] = {"adam": 2.0, "adamw": 2.0, "sgd-momentum": 1.0, "sgd": 0.0}
@@ -82,6 +90,9 @@ class CostModel:
     """multiplier on each device's per-op launch overhead."""
     calibration: Mapping[str, Any] = field(default_factory=dict)
     """how this model was fitted (set by calibrate(); empty for the defaults)."""
+    link_efficiency: Mapping[str, float] = field(default_factory=lambda: dict(LINK_EFFICIENCY))
+    """fraction of line rate reached on links whose name starts with a key (see LINK_EFFICIENCY);
+    other links run at the cluster's bandwidth. ``{}`` turns the term off."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZER_STATE:
@@ -91,6 +102,9 @@ class CostModel:
             raise ValueError(f"compute efficiencies must be in (0, 1]; got {bad}")
         if not 0 < self.memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency is {self.memory_efficiency}; it must be in (0, 1]")
+        bad = {k: v for k, v in self.link_efficiency.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"link efficiencies must be in (0, 1]; got {bad}")
 
     # ---- per-op ------------------------------------------------------------------------
 
@@ -176,6 +190,16 @@ class CostModel:
                 out[i] = 1.0  # measured somewhere unnamed: take the numbers as they are
         return out
 
+    def link_bandwidth(self, cluster: "Cluster") -> np.ndarray:
+        """(D, D) bytes/s each transfer and collective reaches: the cluster's bandwidth times the
+        ``link_efficiency`` of the link's kind (its ``link_names`` entry)."""
+        bw = np.array(cluster.bandwidth_matrix, dtype=np.float64)
+        if self.link_efficiency and cluster.link_names:
+            names = np.array(cluster.link_names, dtype=str)
+            for prefix, eff in self.link_efficiency.items():
+                bw = np.where(np.char.startswith(names, prefix), bw * eff, bw)
+        return bw
+
     def update_times(self, graph: "OpGraph", cluster: "Cluster") -> np.ndarray:
         """(N, D) seconds of the optimizer update of each op's parameters on each device."""
         bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
@@ -195,7 +219,8 @@ class CostModel:
     def to_dict(self) -> dict[str, Any]:
         return {"compute_efficiency": dict(self.compute_efficiency), "memory_efficiency": self.memory_efficiency,
                 "use_measured": self.use_measured, "optimizer": self.optimizer, "dtype_bytes": self.dtype_bytes,
-                "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration)}
+                "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration),
+                "link_efficiency": dict(self.link_efficiency)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":

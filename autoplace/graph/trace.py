@@ -590,6 +590,8 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
                       backward=lambda n: n.name not in view_like)
     graph, op_of_fx = _build(gm, stats, name=name or type(model).__name__,
                              batch_size=_batch_size(args, kwargs), method=method)
+    from ..cost.memory import attach  # what one step keeps alive, for the simulator's memory terms
+    graph = attach(graph, gm, placeholders, op_of_fx)
     input_names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"
                         and any(isinstance(t, torch.Tensor) for t in tree_flatten(placeholders[n.name])[0]))
     codegen = gm.graph._codegen

@@ -19,25 +19,29 @@ simulator than any heuristic it ran.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import pkgutil
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..cluster import Cluster
 from ..placement import Placement
 from ..errors import AutoplaceError, UnknownPlannerError
+from ..progress import Status
+from . import _budget
 
 if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "plan", "MODES", "KINDS"]
+__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "plan", "MODES", "KINDS",
+           "DEFAULT_BUDGET_S", "MIN_LEARNED_S"]
 
 MODES = ("model", "pipeline")
 KINDS = ("heuristic", "learned")
@@ -156,6 +160,29 @@ def _as_cluster(cluster: Cluster | str) -> Cluster:
     return Cluster.preset(cluster) if isinstance(cluster, str) else cluster
 
 
+DEFAULT_BUDGET_S = 6.0
+"""Seconds ``plan(planner="best")`` may take when ``budget_s`` is None: a ceiling, not a
+target (quick plans of graphs up to 1,000 ops usually take 1-3 s on two cores)."""
+
+MIN_LEARNED_S = 0.5
+"""A learned planner whose share of the time left is under this many seconds is skipped."""
+
+QUICK_RESERVE_S = 1.0
+"""In quick mode (``budget_s=None``) a learned planner may run until this many seconds per
+learned planner after it are left (they usually finish early; a fine-tuning budget is split
+in equal shares instead)."""
+
+
+@contextlib.contextmanager
+def plan_budget(budget_s: float | None) -> Iterator[float]:
+    """One time bound over every :func:`plan` call inside the block (``wrap`` plans its model
+    and weighs pipeline plans under one): :data:`DEFAULT_BUDGET_S` when ``budget_s`` is None.
+    Yields the seconds; a nested ``plan_budget`` can only shorten it."""
+    seconds = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
+    with _budget.within(seconds):
+        yield seconds
+
+
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
          module: Any = None, kinds: tuple[str, ...] = KINDS,
@@ -163,25 +190,50 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
-    ``mode`` runs (heuristics first; learned planners share what is left of ``budget_s``) and
-    the fastest simulated placement that fits in memory wins. ``mode``: ``"model"``,
+    ``mode`` runs (heuristics first, then the learned planners on what time is left) and the
+    fastest simulated placement that fits in memory wins. ``mode``: ``"model"``,
     ``"pipeline"`` (stages, possibly replicated: data parallel is the one-stage case) or
-    ``"auto"`` (both). ``placement.meta`` carries ``predicted_step_time_s``,
-    ``peak_memory_bytes`` and, for ``"best"``, ``candidates``: one row per planner with its
-    simulated step time, peak memory, planning time or the reason it gave no plan.
-    ``kinds``: which planners ``"best"`` runs (``("heuristic",)`` for the quick classic ones).
-    A learned planner that fails with an error other than :class:`NoFitError` is recorded
-    and skipped with a warning (a heuristic's error propagates: it is a bug).
-    ``accept(placement)`` returns why a placement that fits cannot be used here (``""``: it
-    can), e.g. what a runtime cannot run; such placements are recorded with that reason and
-    never chosen.
+    ``"auto"`` (both).
+
+    ``budget_s`` bounds the whole call, in seconds. With ``planner="best"`` and
+    ``budget_s=None`` the bound is :data:`DEFAULT_BUDGET_S` (6 s) and the learned planners run
+    in their quick modes (a fixed number of samples, reproducible from ``seed``) unless the
+    bound cuts them; with ``budget_s=B`` they fine-tune on what the heuristics leave of B,
+    in equal shares. A heuristic does not start once the budget is spent, and one that runs
+    past it stops at its next simulation; a learned planner whose share is under
+    :data:`MIN_LEARNED_S` is skipped, and one that reaches the end of its share returns the
+    best placement it has seen. Each skip or cut is said in its candidates row (``note``).
+    The call returns within the budget plus about one simulation and one policy update (the
+    benchmark ``benchmarks/plan_time.py`` measures the slack) — except that the first
+    heuristic to find a placement that fits always finishes, so there is always an answer.
+    A one-device cluster has one model-parallel placement: only ``single`` runs there.
+    A named planner gets ``budget_s`` as its own (None: its quick mode, unbounded).
+
+    ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
+    ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
+    planning time, or the reason it gave no plan) and ``budget_s`` / ``planning_s`` (the bound
+    and the time the call took). ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
+    for the quick classic ones). A learned planner that fails with an error other than
+    :class:`NoFitError` is recorded and skipped with a warning (a heuristic's error
+    propagates: it is a bug). ``accept(placement)`` returns why a placement that fits cannot
+    be used here (``""``: it can), e.g. what a runtime cannot run; such placements are
+    recorded with that reason and never chosen.
+
+    While it runs, planning of more than 2 s shows which planner runs and how far it is on
+    stderr (:class:`autoplace.progress.Status`; off inside ``autoplace.progress.shown(False)``).
+    Small torch networks run on one thread meanwhile (the learned planners' policies: extra
+    threads only add contention on a busy machine), and the caller's setting comes back after.
     """
     from ..sim import simulator_for
 
+    start = time.perf_counter()
     cluster = _as_cluster(cluster)
     modes = MODES if mode == "auto" else (mode,)
     if mode != "auto" and mode not in MODES:
         raise ValueError(f"mode is {mode!r}; it must be 'model', 'pipeline' or 'auto'")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s is {budget_s!r}; it must be > 0 seconds, or None for the default "
+                         f"({DEFAULT_BUDGET_S:g} s with planner='best')")
     sim = simulator_for(graph, cluster, cost)
     kw: dict[str, Any] = dict(cost=cost, seed=seed, module=module)
 
@@ -191,7 +243,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             raise ValueError(f"planner {planner!r} makes {'/'.join(p.modes)} placements, not {mode!r}; "
                              f"planners for {mode!r}: {', '.join(n for m in modes for n in planners(m))}")
         t0 = time.perf_counter()
-        out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
+        with _one_thread(), _budget.within(budget_s):
+            out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
         row = _judge(sim, p, out, time.perf_counter() - t0)
         why = accept(out) if accept is not None and not row["oom"] else ""
         if why:
@@ -203,46 +256,85 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                              f"(stages hold only their share of activations), or larger devices")
         return _stamp(out, row, [])
 
-    start = time.perf_counter()
+    limit = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
+    outer = _budget.current()
+    if outer is not None:  # inside plan_budget(): at most what is left of it
+        limit = min(limit, outer.left_s() + (time.perf_counter() - start))
+    # Heuristics of every mode first (each mode then has an answer), then the learned planners.
+    jobs = [(m, n) for k in KINDS if k in kinds for m in modes for n in planners(m) if _REGISTRY[n].kind == k]
+    if not jobs:
+        raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
     rows: list[dict[str, Any]] = []
     best: tuple[float, Placement, dict[str, Any]] | None = None
-    for m in modes:
-        names = [n for n in planners(m) if _REGISTRY[n].kind in kinds]
-        learned = [n for n in names if _REGISTRY[n].kind == "learned"]
-        for name in names:
+    one_device = cluster.num_devices == 1
+    learned_left = sum(1 for m, n in jobs if _REGISTRY[n].kind == "learned" and not one_device)
+    seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
+    compiled0 = _budget.compile_s()
+    with _one_thread(), Status("autoplace: planning", len(jobs), note=_compile_note) as status, \
+            _budget.within(limit - (time.perf_counter() - start)) as overall:
+        assert overall is not None
+        for k, (m, name) in enumerate(jobs):
             p = _REGISTRY[name]
-            share = None
-            if p.kind == "learned" and budget_s is not None:
-                left = budget_s - (time.perf_counter() - start)
-                share = max(left, 0.0) / max(len(learned), 1)
-                learned = learned[1:]
+            status.part(k, name)
+            left = overall.left_s()
+            share: float | None = None
+            skip = ""
+            if one_device and (p.kind == "learned" or (m == "model" and name != "single")):
+                skip = "skipped: one device, one placement (single's)" if m == "model" else \
+                    "skipped: one device (the heuristics' one-stage plans cover it)"
+            elif p.kind == "learned":
+                learned_left -= 1
+                share = max(left, 0.0) / (learned_left + 1) if budget_s is not None else \
+                    max(left - QUICK_RESERVE_S * learned_left, min(left, MIN_LEARNED_S), 0.0)
+                if share < MIN_LEARNED_S:
+                    skip = (f"skipped: no time left ({max(left, 0.0):.1f} s of {limit:.3g} s; "
+                            f"needs {MIN_LEARNED_S:g} s)")
+            elif left <= 0 and best is not None:
+                skip = f"skipped: the {limit:.3g} s budget was spent"
+            if skip:
+                rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False, plan_time_s=0.0,
+                                 skipped=True, error=skip, why=skip))
+                continue
             t0 = time.perf_counter()
-            try:
-                out = _call(p, graph, cluster, m, budget_s=share if p.kind == "learned" else budget_s, **kw)
-            except NoFitError as e:
-                rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=True,
-                                 plan_time_s=time.perf_counter() - t0, error=str(e),
-                                 why=getattr(e, "why", "") or str(e)))
-                continue
-            except Exception as e:
-                if p.kind != "learned":
-                    raise
-                warnings.warn(f"learned planner {name!r} failed ({type(e).__name__}: {e}); "
-                              "plan('best') goes on without it", RuntimeWarning, stacklevel=2)
-                rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,
-                                 plan_time_s=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}",
-                                 why=f"failed: {type(e).__name__}"))
-                continue
+            budget = (share if budget_s is not None else None) if p.kind == "learned" else budget_s
+            with _budget.within(share if share is not None else max(left, 0.0), hard=best is not None) as dl:
+                try:
+                    out = _call(p, graph, cluster, m, budget_s=budget, **kw)
+                except _budget.OutOfTime:
+                    why = f"stopped after {time.perf_counter() - t0:.1f} s: the {limit:.3g} s budget ran out"
+                    rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,
+                                     plan_time_s=time.perf_counter() - t0, cut=True, error=why, why=why))
+                    seeds[m][name] = None
+                    continue
+                except NoFitError as e:
+                    seeds[m][name] = False  # ran, found nothing that fits
+                    rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=True,
+                                     plan_time_s=time.perf_counter() - t0, error=str(e),
+                                     why=getattr(e, "why", "") or str(e)))
+                    continue
+                except Exception as e:
+                    if p.kind != "learned":
+                        raise
+                    warnings.warn(f"learned planner {name!r} failed ({type(e).__name__}: {e}); "
+                                  "plan('best') goes on without it", RuntimeWarning, stacklevel=2)
+                    rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,
+                                     plan_time_s=time.perf_counter() - t0, error=f"{type(e).__name__}: {e}",
+                                     why=f"failed: {type(e).__name__}"))
+                    continue
             row = _judge(sim, p, out, time.perf_counter() - t0)
             row["mode"] = m
+            if dl is not None and dl.hit and p.kind == "learned":
+                row.update(cut=True, note=f"cut at its {share:.1f} s share of {limit:.3g} s (best so far)")
+            if p.kind == "heuristic":
+                seeds[m][name] = out
             why = accept(out) if accept is not None and not row["oom"] else ""
             if why:
                 row.update(error=why, why=why)
             rows.append(row)
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
-    if best is None and not rows:
-        raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
+            if p.kind == "heuristic" and k + 1 < len(jobs) and _REGISTRY[jobs[k + 1][1]].kind == "learned":
+                _share_seeds(graph, cluster, cost, seeds)
     if best is None:
         from .memory import MemoryEstimate, needs
 
@@ -251,7 +343,46 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         usable = "fits" if accept is None else "fits and can be used"
         raise NoFitError(f"no planner found a placement that {usable} on {cluster.name or 'the cluster'}. "
                          f"{needs(graph, cluster, mem)}\n  - {reasons}")
-    return _stamp(best[1], best[2], rows)
+    out = _stamp(best[1], best[2], rows)
+    meta = dict(out.meta, budget_s=limit, planning_s=time.perf_counter() - start,
+                compile_s=_budget.compile_s() - compiled0)
+    return dataclasses.replace(out, meta=meta)
+
+
+def _compile_note() -> str:
+    return "numba compiling the simulator (once: cached on disk)" if _budget.compiling() else ""
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread inside the block (restored after). The learned planners' networks
+    are small: a second thread buys nothing, and on a machine whose cores are busy, torch's
+    thread pool waiting for a descheduled worker made one PPO run 5-40 times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
+
+
+def _share_seeds(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None",
+                 seeds: dict[str, dict[str, Placement | bool | None]]) -> None:
+    """Hand the heuristics' answers to the learned planners that follow (they seed themselves
+    with the same heuristics), so those do not run again; only a mode whose every heuristic
+    ran to the end is handed over (``found[name]``: its placement, False when nothing fit,
+    None when it was cut)."""
+    from .env import remember_seeds
+
+    for m, found in seeds.items():
+        names = [n for n in planners(m) if _REGISTRY[n].kind == "heuristic"]
+        if names and all(found.get(n) is not None for n in names):
+            remember_seeds(graph, cluster, cost, m, names,
+                           {n: p for n in names if isinstance(p := found[n], Placement)})
 
 
 def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, Any]:

@@ -59,6 +59,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..placement import Placement
+from . import _budget
 from .base import register
 from .ppo import PPOConfig
 
@@ -201,7 +202,7 @@ def imitate(score_parts: Callable[[], Sequence["torch.Tensor"]], params: Any, *,
         parts = score_parts()
         probs = [math.exp(float(lp.detach()) / k) for lp, k in zip(parts, decisions)]
         short = [i for i, (p, c) in enumerate(zip(probs, confidence)) if p < c]
-        if not short or step == steps:
+        if not short or step == steps or _budget.expired():  # a cut imitation still centres roughly
             return step, probs
         loss = sum(-parts[i] / decisions[i] for i in short)
         opt.zero_grad()
@@ -336,7 +337,7 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     while True:
         left_s = run.remaining_s()
         left_n = None if total is None else total - sum(r.samples for r in results)
-        if (left_s is not None and left_s < 0.5) or (left_n is not None and left_n < 2):
+        if (left_s is not None and left_s < 0.5) or (left_n is not None and left_n < 2) or _budget.expired():
             break
         n = left_n if not config.recenter else min(segment, left_n) if left_n is not None else segment
         ppo = dataclasses.replace(config.ppo, seed=seed * 1000 + k)

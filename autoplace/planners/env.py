@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from ..sim import Evaluation, Simulator
 
-__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "candidate_of", "candidate_key",
-           "evaluate_candidate", "ENV_MODES"]
+__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "remember_seeds", "candidate_of",
+           "candidate_key", "evaluate_candidate", "ENV_MODES"]
 
 ENV_MODES = ("model", "pipeline")
 Candidate = Union[np.ndarray, tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]]
@@ -102,25 +102,52 @@ def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | Non
     Heuristics are deterministic (seed 0), so the last few answers are kept: in
     ``plan("best")`` every learned planner seeds itself with the heuristics just run.
     """
-    from ..cost.analytic import CostModel
-    from ..sim import simulator_for
-
     if mode not in ENV_MODES:
         raise ValueError(f"mode is {mode!r}; it must be one of {ENV_MODES}")
     chosen = list(names) if names is not None else [n for n in planners(mode) if get_planner(n).kind == "heuristic"]
-    key = (id(graph), graph.hash, cluster.fingerprint, repr(cost if cost is not None else CostModel()), mode,
-           tuple((n, id(get_planner(n))) for n in chosen))
+    key = _seed_key(graph, cluster, cost, mode, chosen)
     hit = _SEEDS.get(key)
     if hit is None or hit[0] is not graph:
         hit = (graph, _run_heuristics(graph, cluster, cost, mode, chosen))
-        _SEEDS[key] = hit
-        while len(_SEEDS) > 8:
-            _SEEDS.popitem(last=False)
-    _SEEDS.move_to_end(key)
+    _store(key, graph, hit[1])
     return [replace(s, candidate=_copy_candidate(s.candidate)) for s in hit[1]]
 
 
 _SEEDS: "OrderedDict[tuple[Any, ...], tuple[OpGraph, list[SeedPlacement]]]" = OrderedDict()
+
+
+def _seed_key(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
+              chosen: Sequence[str]) -> tuple[Any, ...]:
+    from ..cost.analytic import CostModel
+
+    return (id(graph), graph.hash, cluster.fingerprint, repr(cost if cost is not None else CostModel()), mode,
+            tuple((n, id(get_planner(n))) for n in chosen))
+
+
+def _store(key: tuple[Any, ...], graph: "OpGraph", seeds: list[SeedPlacement]) -> None:
+    _SEEDS[key] = (graph, seeds)
+    _SEEDS.move_to_end(key)
+    while len(_SEEDS) > 8:
+        _SEEDS.popitem(last=False)
+
+
+def remember_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
+                   names: Sequence[str], placements: dict[str, Placement]) -> None:
+    """Keep what the heuristics ``names`` of ``mode`` gave (``placements``: name -> placement;
+    a name without one found nothing that fits) as :func:`heuristic_seeds` would have
+    computed it, so the learned planners that follow in ``plan("best")`` seed themselves
+    without running the heuristics again."""
+    from ..sim import simulator_for
+
+    sim = simulator_for(graph, cluster, cost)
+    out: list[SeedPlacement] = []
+    for name, placement in placements.items():
+        if placement.mode != mode:
+            continue
+        ev = evaluate_candidate(sim, candidate_of(placement))
+        out.append(SeedPlacement(name, candidate_of(placement), float(ev.step_time_s), bool(ev.oom)))
+    out.sort(key=lambda s: (s.oom, s.step_time_s))
+    _store(_seed_key(graph, cluster, cost, mode, list(names)), graph, out)
 
 
 def _copy_candidate(c: Candidate) -> Candidate:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _budget
+
 if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .env import PlacementEnv
@@ -99,7 +101,7 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
     def out_of_time() -> bool:
         if max_evaluations is not None and evaluations >= max_evaluations:
             return True
-        return budget_s is not None and time.perf_counter() - start >= budget_s
+        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
 
     while passes < max_passes and not out_of_time():
         passes += 1

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..placement import Placement
+from . import _budget
 from .base import register
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ def reinforce(policy: Any, env: "PlacementEnv", config: ReinforceConfig, *, seed
     def done() -> bool:
         if max_samples is not None and env.num_samples - samples0 >= max_samples:
             return True
-        return budget_s is not None and time.perf_counter() - start >= budget_s
+        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
 
     try:
         while not done():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from . import _budget
 from .split import Infeasible
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Judge:
         self.tried: list[Choice] = []
 
     def model(self, label: str, device_of_node: np.ndarray, **extra: Any) -> Choice:
+        _budget.check()  # inside plan(), past its time budget: cut the heuristic here
         dev = np.asarray(device_of_node, dtype=np.int64)
         ev = self.sim.evaluate(dev)
         c = Choice(label, float(ev.step_time_s), np.asarray(ev.peak_memory_bytes), bool(ev.oom),
@@ -68,6 +70,7 @@ class Judge:
 
     def pipeline(self, label: str, stage_of_node: np.ndarray, stage_devices: tuple[tuple[int, ...], ...],
                  microbatches: int, schedule: str = "1f1b", **extra: Any) -> Choice:
+        _budget.check()
         st = np.asarray(stage_of_node, dtype=np.int64)
         ev = self.sim.evaluate_pipeline(st, stage_devices, microbatches, schedule=schedule)
         c = Choice(label, float(ev.step_time_s), np.asarray(ev.peak_memory_bytes), bool(ev.oom),

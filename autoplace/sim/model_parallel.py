@@ -30,7 +30,10 @@ Memory per device (peak, at the forward/backward boundary where everything is li
     parameters + gradients + optimizer state (``CostModel.optimizer_state_factor`` x
     parameters) + every activation its ops produced (``out_bytes``, saved for backward) + every
     tensor it received (the bytes of each incoming pair, kept for backward). Gradient buffers
-    of activations during backward are not counted (they reuse freed activations).
+    of activations during backward are not counted (they reuse freed activations). This plain
+    sum is for graphs without memory facts (PipeDream profiles, hand-built graphs); a traced
+    graph's peak comes from the named terms of :mod:`autoplace.cost.memory` (saved tensors by
+    storage, gradients as the backward reaches them, the update's temporaries).
 
 Tied parameters (``OpGraph.tied``)
     A group's parameter lives with its first member (``param_bytes`` counts it there). Each other

@@ -60,7 +60,8 @@ Memory per device of stage s
     (parameters + gradients + optimizer state) of the stage + k_s x (the stage's activations and
     its received inputs, at one micro-batch per replica), with k_s the most micro-batches in
     flight on the stage (forwards started minus backwards done, counted along its schedule):
-    M for GPipe, min(M, S - s) for 1F1B. Tied copies as in model parallel.
+    M for GPipe, min(M, S - s) for 1F1B. Tied copies as in model parallel. A traced graph's
+    memory facts replace this sum with the terms of :mod:`autoplace.cost.memory`.
 
 Bubble fraction
     1 - (sum over stages of M x (forward + backward action time)) / (S x time of the last
@@ -454,6 +455,8 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
            stage_devices: Sequence[int | Sequence[int]], microbatches: int,
            schedule: str) -> tuple[np.ndarray, list[list[int]]]:
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
+    if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
+        st = st.copy()
     groups = _groups(stage_devices)
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
                                  edge_ends=(sim._mp["esrc"], sim._mp["edst"]))

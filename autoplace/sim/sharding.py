@@ -176,6 +176,8 @@ class _Stage:
         self.f = f.max(axis=1)  # collectives synchronise the replicas unit by unit
         self.b = b.max(axis=1)
         self.update = float(u.max(initial=0.0))
+        self.b_op = tb[nodes, devs[0]]  # per-op backward on the first replica (DDP buckets)
+        self.p_op = g.param_bytes[nodes]
         p = np.zeros(n_items)
         np.add.at(p, item, g.param_bytes[nodes])
         self.p = p  # fp32 parameter bytes per item
@@ -310,7 +312,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
                  opts: StageOptions, *, result: bool, timeline: bool = True) -> Any:
     """Simulate one step of a pipeline whose stages have non-default options; returns
     :class:`autoplace.sim.pipeline.PipelineOutcome` like :func:`autoplace.sim.pipeline.pipeline_step`."""
-    from .pipeline import DDP_BUCKET_BYTES, PipelineOutcome, _boundary_bytes, _encoded, _pipe_sim
+    from .pipeline import DDP_BUCKET_BYTES, PipelineOutcome, _boundary_bytes, _encoded, _pipe_sim, ddp_sync
 
     g = sim.graph
     m_count = int(microbatches)
@@ -387,13 +389,9 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
                 rs, xr = x.reduce_all()
                 sync[s] = rs + xr
                 ready[s] = end_b + sync[s]
-            elif x.n > 1:
-                lt, inv = x.lat, x.inv
-                r = x.n
-                ar = 2.0 * (r - 1) / r * x.p_all * inv + 2.0 * (r - 1) * lt
-                last_bucket = 2.0 * (r - 1) / r * min(x.p_all, DDP_BUCKET_BYTES) * inv + 2.0 * (r - 1) * lt
-                ready[s] = max(end_b + last_bucket, last_b_start[s] + ar)
-                sync[s] = ar
+            elif x.n > 1:  # DDP buckets, as in .pipeline
+                ready[s], sync[s] = ddp_sync(x.b_op, x.p_op, x.n, float(last_b_start[s]), float(b_act[s]), x.lat,
+                                             x.inv, DDP_BUCKET_BYTES)
             else:
                 ready[s] = end_b
 

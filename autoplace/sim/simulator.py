@@ -138,6 +138,8 @@ class Simulator:
 
     def _as_assignment(self, device_of_node: Sequence[int] | np.ndarray) -> np.ndarray:
         dev = np.ascontiguousarray(device_of_node, dtype=np.int64)
+        if not dev.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
+            dev = dev.copy()
         if dev.shape != (self.num_nodes,):
             raise PlacementError([f"device_of_node has shape {dev.shape}; the graph has {self.num_nodes} ops, "
                                   f"so it must be ({self.num_nodes},)"])

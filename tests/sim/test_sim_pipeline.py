@@ -104,15 +104,15 @@ def _dp_graph(param_bytes: float, out_bytes: float = 0.0) -> OpGraph:
 
 
 @pytest.mark.parametrize("replicas,bandwidth,step_ms", [
-    # r = 2: F 1 ms, B 2 ms [1,3]; ring 2(1)/2 x 1e8 B / 1e10 B/s + 2 x 10 us = 10.02 ms from 1 ms:
-    #        gradients at 11.02; Adam update 1e8 x 1e-11 s = 1 ms: 12.02 ms.
-    (2, 1e10, 12.02),
-    # r = 4: F 0.5, B 1; ring 2(3)/4 x 10 ms + 6 x 10 us = 15.06 ms from 0.5: 15.56 + 1 = 16.56 ms.
-    (4, 1e10, 16.56),
-    # r = 2 on fast links: the ring (0.1 + 0.02 ms) hides under the 2 ms backward except the last
-    #        25 MiB bucket, reduced after it: 2^20 x 25 B / 1e12 B/s + 0.02 ms = 0.0462144 ms;
-    #        3 + 0.0462144 + 1 = 4.0462144 ms.
-    (2, 1e12, 4.0462144),
+    # w's gradient (its 1e8 parameter bytes, one DDP bucket) exists only once the backward has
+    # reached w, the last op of the backward, so its all-reduce starts when the backward ends.
+    # r = 2: F 1 ms, B 2 ms [1,3]; ring 2(1)/2 x 1e8 B / 1e10 B/s + 2 x 10 us = 10.02 ms from 3 ms:
+    #        gradients at 13.02; Adam update 1e8 x 1e-11 s = 1 ms: 14.02 ms.
+    (2, 1e10, 14.02),
+    # r = 4: F 0.5, B 1 [0.5, 1.5]; ring 2(3)/4 x 10 ms + 6 x 10 us = 15.06 ms: 16.56 + 1 = 17.56 ms.
+    (4, 1e10, 17.56),
+    # r = 2 on fast links: ring 0.1 + 0.02 ms after the backward: 3 + 0.12 + 1 = 4.12 ms.
+    (2, 1e12, 4.12),
 ])
 def test_data_parallel_all_reduce(replicas: int, bandwidth: float, step_ms: float) -> None:
     g = _dp_graph(1e8)
@@ -125,6 +125,18 @@ def test_data_parallel_all_reduce(replicas: int, bandwidth: float, step_ms: floa
     (ar,) = r.events(kind="allreduce")
     assert ar.start == pytest.approx(2 / replicas * MS)  # when the (last) backward starts
     assert ar.end == pytest.approx(step_ms * MS - 1 * MS)  # gradients ready, then the 1 ms update
+
+
+def test_ddp_buckets_overlap_the_gradients_made_early() -> None:
+    # a -> b -> c, 2 replicas (half the batch each: b 1 ms forward, 2 ms backward). c's 1e8
+    # parameter bytes are the first gradient of the backward, ready at 1 ms: ring 2(1)/2 x 1e8 /
+    # 1e10 + 2 x 10 us = 10.02 ms [1, 11.02], beside b's backward [1, 3]; a's gradient, ready at
+    # 3 ms, waits for the first bucket: [11.02, 21.04]. Update 2e8 x 1e-11 s = 2 ms: 23.04 ms.
+    g = graph(3, [(0, 1), (1, 2)], [0, 2, 0], [0, 4, 0], param_bytes=[1e8, 0, 1e8], edge_bytes=[0.0, 0.0])
+    c = cluster(2, bandwidth=1e10, latency=1e-5)
+    r = autoplace.simulate(g, Placement.pipeline(g, c, [0, 0, 0], [[0, 1]], microbatches=1), c)
+    assert r.step_time_s == pytest.approx(23.04 * MS)
+    assert r.allreduce_s == pytest.approx(2 * 10.02 * MS)  # both buckets, each with its latency
 
 
 def test_data_parallel_memory_is_a_full_copy_per_device() -> None:

@@ -1,0 +1,475 @@
+"""Peak memory of one training step per device, as named terms, and the facts they need.
+
+What one step holds, on each device, from the second step on (the steady state a training
+run repeats), with ``zero_grad(set_to_none=True)`` (torch's default) between steps:
+
+``parameters``
+    every parameter and buffer the device's ops hold (``OpGraph.param_bytes``).
+``optimizer_state``
+    ``CostModel.optimizer_state_factor`` x the *trainable* parameter bytes (Adam: exp_avg and
+    exp_avg_sq), through the whole step. Torch creates it lazily inside the first
+    ``opt.step()``, when the activations are already freed, so the first step peaks lower;
+    the simulator reports the steady state, the higher of the two.
+``inputs``
+    the batch tensors the device's ops read (the caller holds them for the whole step).
+``saved_activations``
+    tensors autograd saves for backward, each *storage* counted once per device: an in-place
+    op's output and a view share their input's storage (no new bytes); an output that no
+    backward needs is freed during the forward (0 bytes); tensors an op saves that are no
+    op's output (max-pool indices, an LSTM's gates, attention's log-sum-exp) count too. A
+    storage is freed after the backward of the earliest op (topological order) on the device
+    that saved it, so during the backward of op ``i`` the saved bytes still alive are those
+    attributed to ops ``<= i``. A received tensor counts on the receiving device only when
+    an op there saves it.
+``gradients``
+    of trainable parameters, allocated when the backward reaches their op (so the backward of
+    op ``i`` holds the gradients of ops ``>= i``) and all held through the update.
+``activation_gradients``
+    the gradient of an op's output lives from the backward of its last consumer to its own
+    backward (skip connections keep several alive).
+``loss``
+    cross-entropy (every zoo workload's loss) saves ``log_softmax`` of the model's output
+    (1 x the output's bytes) and its backward holds two output-sized gradients at once (of the
+    log-probabilities and of the logits): 1 x extra over the output's own gradient.
+``optimizer_temporaries``
+    during the update: torch's single-tensor Adam (the default for CPU parameters) makes
+    ``exp_avg_sq.sqrt()`` and its quotient, 2 x the largest parameter tensor; the foreach
+    implementation (the default on CUDA) makes ``_foreach_sqrt`` of all of them, 1 x the
+    trainable bytes (torch/optim/adam.py, ``_single_tensor_adam`` / ``_multi_tensor_adam``).
+``ddp_buckets``
+    a stage replicated with DistributedDataParallel keeps its gradient buckets beside the
+    gradients (``gradient_as_bucket_view=False``, the default: "the saved memory size will be
+    equal to the total gradients size" when set to True, torch.nn.parallel.DistributedDataParallel
+    docs): 1 x the stage's trainable bytes.
+
+The peak of a device is then
+
+    parameters + optimizer_state + inputs + tied copies
+        + max( max_i [alive saved(i) + gradients of ops >= i + activation gradients(i)],
+               gradients + optimizer_temporaries (+ ddp_buckets) )
+
+the first term the backward sweep (its largest point, the forward/backward boundary
+included), the second the update. A pipeline stage holds ``k`` micro-batches in flight
+(GPipe: all M; 1F1B: ``min(M, S - s)``): ``k - 1`` micro-batches' saved activations beside the
+sweep of the first backward, and, from the second backward on, the gradients of the whole
+stage beside the sweep of the others.
+
+Every term was measured against torch's own ``MemTracker`` on the zoo's small configs, one
+Adam step at a time on CPU: ``python benchmarks/fidelity_memory.py`` (the table says which
+term moved which model).
+
+The facts: :func:`measure` runs the traced fx graph once on fake tensors (no memory
+allocated, ``FakeTensorMode``) under autograd with ``saved_tensors_hooks``, and records per op
+the storages its backward saves, its trainable bytes, its largest parameter, the inputs it
+reads, the bytes of its outputs that carry a gradient and of the graph outputs it produces.
+:func:`autoplace.trace` stores them in ``OpGraph.meta["memory"]`` (left out of the graph's hash).
+A graph without them (a PipeDream profile, a hand-built graph) keeps the simulator's plain sum
+(every output saved, all of it beside the gradients): :class:`StepMemory` is then ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+from numba import njit
+from torch.utils._pytree import tree_flatten, tree_map
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+    from .analytic import CostModel
+
+__all__ = ["measure", "attach", "StepMemory", "step_memory", "FORMAT", "LOSS_SAVED", "LOSS_EXTRA_GRAD",
+           "SINGLE_TENSOR_ADAM_TEMPS"]
+
+FORMAT = "autoplace.memory/1"
+LOSS_SAVED = 1.0
+"""loss: cross-entropy saves log_softmax(output): 1 x the output's bytes (derivatives.yaml:
+``_log_softmax`` saves ``result``)."""
+LOSS_EXTRA_GRAD = 1.0
+"""loss: the gradient of the log-probabilities beside the logits' gradient, 1 x the output."""
+RNN_WORKSPACE = (9.375, 6.0, 28672.0)
+"""rnn_workspace: ``nn.LSTM`` on a CPU runs oneDNN's LSTM (``mkldnn_rnn_layer``), which saves a
+workspace per layer and direction that fake tensors show as empty. Measured bytes:
+``max(28672, 4 (T + 1) B (9.375 H + 6 max(I, H)))`` for T steps, batch B, hidden H, input I
+(least squares over 108 shapes by ``python benchmarks/fidelity_memory.py --rnn-probe``: median
+error 2.5%, up to 36% on the smallest shapes, where oneDNN rounds its buffers to pages). cuDNN's
+reserve space on a GPU holds the same kind of per-step gates and states; not measured here."""
+SINGLE_TENSOR_ADAM_TEMPS = 2.0
+"""optimizer_temporaries of single-tensor Adam: ``exp_avg_sq.sqrt()`` and its quotient by
+``bias_correction2_sqrt`` exist together, each the size of the parameter."""
+# Optimizer temporaries per kind of update, as (x largest tensor, x all trainable bytes):
+# single-tensor (CPU default) and foreach (CUDA default) Adam; SGD's updates are in place.
+_TEMPS: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "adam": ((SINGLE_TENSOR_ADAM_TEMPS, 0.0), (0.0, 1.0)),
+    "adamw": ((SINGLE_TENSOR_ADAM_TEMPS, 0.0), (0.0, 1.0)),
+    "sgd-momentum": ((0.0, 0.0), (0.0, 0.0)),
+    "sgd": ((0.0, 0.0), (0.0, 0.0)),
+}
+
+
+# ---- the facts: one pass on fake tensors ---------------------------------------------------
+
+def _storage_key(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the graph, noting which op is running when autograd saves a tensor."""
+
+    def __init__(self, gm: torch.fx.GraphModule, op_of_fx: Mapping[str, int]) -> None:
+        super().__init__(gm)
+        self.op_of_fx = op_of_fx
+        self.current = -1
+        self.values: dict[str, Any] = {}
+        self.keep: list[Any] = []  # storages stay alive, so their keys are never reused
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = self.op_of_fx.get(n.name, -1)
+        cpu = torch.device("cpu")
+        if n.op in ("call_function", "call_method", "call_module"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args, kwargs = tree_map(lambda v: cpu if isinstance(v, torch.device) else v, (args, kwargs))
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        else:
+            out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def rnn_workspace_bytes(steps: int, batch: int, hidden: int, inputs: int) -> float:
+    """Bytes of the workspace oneDNN's LSTM saves for one layer and direction (see :data:`RNN_WORKSPACE`)."""
+    a, b, floor = RNN_WORKSPACE
+    return max(floor, 4.0 * (steps + 1) * batch * (a * hidden + b * max(inputs, hidden)))
+
+
+def _lstm_workspaces(mod: torch.nn.Module, x: Any) -> list[float]:
+    if not isinstance(mod, torch.nn.LSTM) or not isinstance(x, torch.Tensor) or mod.proj_size:
+        return []
+    if x.dim() == 3:
+        steps, batch = (x.shape[1], x.shape[0]) if mod.batch_first else (x.shape[0], x.shape[1])
+    else:
+        steps, batch = x.shape[0], 1
+    dirs = 2 if mod.bidirectional else 1
+    return [rnn_workspace_bytes(int(steps), int(batch), mod.hidden_size, mod.input_size if layer == 0 else
+                                mod.hidden_size * dirs)
+            for layer in range(mod.num_layers) for _ in range(dirs)]
+
+
+def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx: Mapping[str, int],
+            graph: "OpGraph") -> dict[str, Any]:
+    """The memory facts of ``graph`` (traced from ``gm``; ``op_of_fx`` maps fx nodes to its
+    ops), from one forward on fake CPU tensors under autograd: a JSON-able dict for
+    ``OpGraph.meta["memory"]`` (see the module docstring). Raises whatever the forward raises
+    (a module that branches on tensor values cannot run on fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n_ops = graph.num_nodes
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    cpu = torch.device("cpu")
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor, grad: bool) -> torch.Tensor:
+        if id(t) not in fakes:
+            with mode:
+                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=cpu,
+                                                   requires_grad=grad and t.is_floating_point())
+        return fakes[id(t)]
+
+    trainable = np.zeros(n_ops)
+    largest = np.zeros(n_ops)
+    state: dict[str, torch.Tensor] = {}
+    owner: dict[int, int] = {}  # id(user's tensor) -> first op holding it
+    for n in gm.graph.nodes:
+        op = op_of_fx.get(n.name, -1)
+        if n.op == "call_module":
+            held = [(f"{n.target}.{k}", v) for k, v in gm.get_submodule(str(n.target)).named_parameters(
+                remove_duplicate=False)] + [(f"{n.target}.{k}", v) for k, v in gm.get_submodule(
+                    str(n.target)).named_buffers(remove_duplicate=False)]
+        elif n.op == "get_attr":
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            held = [(str(n.target), obj)] if isinstance(obj, torch.Tensor) else []
+        else:
+            continue
+        for name, t in held:
+            grad = isinstance(t, torch.nn.Parameter) and t.requires_grad and t.is_floating_point()
+            state[name] = fake(t, grad)
+            if id(t) not in owner and op >= 0:
+                owner[id(t)] = op
+                if grad:
+                    trainable[op] += _nbytes(t)
+                    largest[op] = max(largest[op], _nbytes(t))
+    for name, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
+        if name not in state:
+            state[name] = fake(t, isinstance(t, torch.nn.Parameter) and t.requires_grad)
+    weight_keys = {_storage_key(t) for t in fakes.values()}
+
+    rec = _Recorder(gm, op_of_fx)
+    inputs = np.zeros(n_ops)
+    input_keys: set[int] = set()
+    flat = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        value = tree_map(lambda v: fake(v, v.requires_grad) if isinstance(v, torch.Tensor) else v,
+                         placeholders[n.name])
+        flat.append(value)
+        for t in tree_flatten(value)[0]:
+            if isinstance(t, torch.Tensor) and _storage_key(t) not in input_keys:
+                input_keys.add(_storage_key(t))
+                inputs[op_of_fx[n.name]] += _nbytes(t)
+
+    saved: dict[int, list[Any]] = {}  # storage key -> [bytes, set of saving ops]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key in weight_keys or key in input_keys or rec.current < 0:
+            return t
+        st = t.untyped_storage()
+        rec.keep.append(st)
+        saved.setdefault(key, [int(st.nbytes()), set()])[1].add(rec.current)
+        return t
+
+    class _Run(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *args: Any) -> Any:
+            return rec.run(*args)
+
+    runner = _Run()
+    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = torch.func.functional_call(runner, {f"gm.{k}": v for k, v in state.items()}, tuple(flat))
+
+    grad_bytes = np.zeros(n_ops)
+    producer: dict[int, int] = {}
+    for n in gm.graph.nodes:
+        op = op_of_fx.get(n.name, -1)
+        if op < 0 or n.op in ("placeholder", "output"):
+            continue
+        for t in tree_flatten(rec.values.get(n.name))[0]:
+            if isinstance(t, torch.Tensor):
+                producer.setdefault(_storage_key(t), op)
+    for i, name in enumerate(graph.names):
+        for t in tree_flatten(rec.values.get(name))[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+                grad_bytes[i] += _nbytes(t)
+    outputs = np.zeros(n_ops)
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+            op = producer.get(_storage_key(t))
+            if op is not None:
+                outputs[op] += _nbytes(t)
+    extra = 0
+    for n in gm.graph.nodes:  # oneDNN's LSTM workspace, which the fake kernel leaves empty
+        if n.op == "call_module" and n.args and isinstance(n.args[0], torch.fx.Node):
+            for ws in _lstm_workspaces(gm.get_submodule(str(n.target)), rec.values.get(n.args[0].name)):
+                extra -= 1
+                saved[extra] = [ws, {op_of_fx[n.name]}]
+    keys = sorted(saved)
+    ptr = np.zeros(len(keys) + 1, dtype=np.int64)
+    ops: list[int] = []
+    for k, key in enumerate(keys):
+        ops += sorted(saved[key][1])
+        ptr[k + 1] = len(ops)
+    return {
+        "format": FORMAT,
+        "trainable_bytes": trainable.tolist(),
+        "largest_param_bytes": largest.tolist(),
+        "input_bytes": inputs.tolist(),
+        "grad_bytes": grad_bytes.tolist(),
+        "output_bytes": outputs.tolist(),
+        "saved_bytes": [float(saved[k][0]) for k in keys],
+        "saved_ptr": ptr.tolist(),
+        "saved_ops": ops,
+    }
+
+
+def attach(graph: "OpGraph", gm: torch.fx.GraphModule, placeholders: Mapping[str, Any],
+           op_of_fx: Mapping[str, int]) -> "OpGraph":
+    """``graph`` with its memory facts in ``meta["memory"]``; when the fake-tensor forward
+    fails (a module that branches on tensor values), ``meta["memory_error"]`` says why and the
+    simulator keeps its plain sum for this graph."""
+    from dataclasses import replace
+
+    try:
+        facts = measure(gm, placeholders, op_of_fx, graph)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the graph as it was, said in meta
+        return replace(graph, meta={**graph.meta, "memory_error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return replace(graph, meta={**graph.meta, "memory": facts})
+
+
+@njit(cache=True)
+def _tied_copies(unit: np.ndarray, n_units: int, tied_of: np.ndarray, tied_first: np.ndarray,
+                 tied_bytes: np.ndarray) -> np.ndarray:
+    """(n_units,) bytes of tied-parameter copies: a unit running a member of a group whose
+    owner (first member) is elsewhere holds the parameter and its gradient (2 x its bytes)."""
+    n_groups = tied_first.shape[0]
+    held = np.zeros((max(n_groups, 1), n_units), np.bool_)
+    for i in range(unit.shape[0]):
+        g = tied_of[i]
+        if g >= 0:
+            held[g, unit[i]] = True
+    out = np.zeros(n_units)
+    for g in range(n_groups):
+        owner = unit[tied_first[g]]
+        for u in range(n_units):
+            if held[g, u] and u != owner:
+                out[u] += 2.0 * tied_bytes[g]
+    return out
+
+
+# ---- the terms -------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _peaks(unit: np.ndarray, n_units: int, scale: np.ndarray, k_first: np.ndarray, k_after: np.ndarray,
+           params: np.ndarray, trainable: np.ndarray, largest: np.ndarray, inputs: np.ndarray, grad: np.ndarray,
+           outputs: np.ndarray, ends_ptr: np.ndarray, ends_op: np.ndarray, s_bytes: np.ndarray,
+           s_ptr: np.ndarray, s_ops: np.ndarray, opt_factor: float, temp_largest: np.ndarray,
+           temp_all: np.ndarray, ddp: np.ndarray) -> np.ndarray:
+    """(n_units,) peak bytes of each unit (a device in model parallel, a stage in a pipeline)
+    for ops assigned by ``unit``; activations scaled by ``scale[u]`` (1 / (M r) per micro-batch
+    of a replica)."""
+    n = unit.shape[0]
+    a = np.zeros(n)
+    first = np.full(n_units, -1, np.int64)
+    for s in range(s_bytes.shape[0]):
+        for q in range(s_ptr[s], s_ptr[s + 1]):
+            j = s_ops[q]
+            u = unit[j]
+            if first[u] < 0 or j < first[u]:
+                first[u] = j
+        for q in range(s_ptr[s], s_ptr[s + 1]):
+            u = unit[s_ops[q]]
+            if first[u] >= 0:
+                a[first[u]] += s_bytes[s]
+                first[u] = -1
+    static = np.zeros(n_units)
+    g_tot = np.zeros(n_units)
+    a_tot = np.zeros(n_units)
+    big = np.zeros(n_units)
+    used = np.zeros(n_units, np.bool_)
+    for i in range(n):
+        u = unit[i]
+        used[u] = True
+        a[i] += LOSS_SAVED * outputs[i]
+        static[u] += params[i] + opt_factor * trainable[i] + inputs[i]
+        g_tot[u] += trainable[i]
+        a_tot[u] += a[i]
+        if largest[i] > big[u]:
+            big[u] = largest[i]
+    run_a = np.zeros(n_units)
+    run_g = np.zeros(n_units)
+    run_t = np.zeros(n_units)
+    fb0 = np.zeros(n_units)
+    fb1 = np.zeros(n_units)
+    for i in range(n):
+        for q in range(ends_ptr[i], ends_ptr[i + 1]):
+            p = ends_op[q]
+            run_t[unit[p]] -= grad[p]
+        u = unit[i]
+        run_t[u] += grad[i]
+        run_a[u] += a[i]
+        sc = scale[u]
+        act = (run_a[u] + run_t[u] + LOSS_EXTRA_GRAD * outputs[i]) * sc
+        x0 = act + g_tot[u] - run_g[u]
+        x1 = act + g_tot[u]
+        if x0 > fb0[u]:
+            fb0[u] = x0
+        if x1 > fb1[u]:
+            fb1[u] = x1
+        run_g[u] += trainable[i]
+    out = np.zeros(n_units)
+    for u in range(n_units):
+        if not used[u]:
+            continue
+        a_mb = a_tot[u] * scale[u]
+        top = (k_first[u] - 1) * a_mb + fb0[u]
+        if k_after[u] >= 1:
+            top = max(top, (k_after[u] - 1) * a_mb + fb1[u])
+        update = g_tot[u] * (1.0 + ddp[u] + temp_all[u]) + temp_largest[u] * big[u]
+        out[u] = static[u] + max(top, update)
+    return out
+
+
+class StepMemory:
+    """The placement-independent arrays of the memory terms for one (graph, cost, cluster);
+    :meth:`model_parallel` and :meth:`pipeline` give the peak per device of a placement."""
+
+    def __init__(self, graph: "OpGraph", cost: "CostModel", cluster: "Cluster", facts: Mapping[str, Any],
+                 tied: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        f64, i64 = np.float64, np.int64
+        self.tied_of, self.tied_first, self.tied_bytes = (np.ascontiguousarray(x) for x in tied)
+        n = graph.num_nodes
+        self.num_devices = cluster.num_devices
+        self.params = np.ascontiguousarray(graph.param_bytes, dtype=f64)
+        self.trainable = np.asarray(facts["trainable_bytes"], dtype=f64)
+        self.largest = np.asarray(facts["largest_param_bytes"], dtype=f64)
+        self.inputs = np.asarray(facts["input_bytes"], dtype=f64)
+        self.grad = np.asarray(facts["grad_bytes"], dtype=f64)
+        self.outputs = np.asarray(facts["output_bytes"], dtype=f64)
+        self.s_bytes = np.asarray(facts["saved_bytes"], dtype=f64)
+        self.s_ptr = np.asarray(facts["saved_ptr"], dtype=i64)
+        self.s_ops = np.asarray(facts["saved_ops"], dtype=i64)
+        # the gradient of op p's output lives over the backward of ops p .. (its last consumer)
+        last = np.arange(n, dtype=i64)
+        if graph.num_edges:
+            np.maximum.at(last, graph.edges[:, 0], graph.edges[:, 1])
+        order = np.argsort(last + 1, kind="stable")
+        self.ends_ptr = np.zeros(n + 2, dtype=i64)
+        np.add.at(self.ends_ptr, last + 2, 1)
+        self.ends_ptr = np.cumsum(self.ends_ptr)[: n + 1].astype(i64)
+        self.ends_op = order.astype(i64)
+        self.opt_factor = float(cost.optimizer_state_factor)
+        single, foreach = _TEMPS[cost.optimizer]
+        cpu = np.array([d.kind == "cpu" for d in cluster.devices])
+        self.temp_largest = np.where(cpu, single[0], foreach[0]).astype(f64)
+        self.temp_all = np.where(cpu, single[1], foreach[1]).astype(f64)
+
+    def _run(self, unit: np.ndarray, n_units: int, scale: np.ndarray, k_first: np.ndarray, k_after: np.ndarray,
+             temp_largest: np.ndarray, temp_all: np.ndarray, ddp: np.ndarray) -> np.ndarray:
+        peak = _peaks(unit, n_units, scale, k_first, k_after, self.params, self.trainable, self.largest, self.inputs,
+                      self.grad, self.outputs, self.ends_ptr, self.ends_op, self.s_bytes, self.s_ptr, self.s_ops,
+                      self.opt_factor, temp_largest, temp_all, ddp)
+        return peak + _tied_copies(unit, n_units, self.tied_of, self.tied_first, self.tied_bytes)
+
+    def model_parallel(self, dev: np.ndarray) -> np.ndarray:
+        """(D,) peak bytes per device of the model-parallel assignment ``dev``."""
+        d = self.num_devices
+        ones = np.ones(d)
+        return self._run(dev, d, ones, np.ones(d, dtype=np.int64), np.zeros(d, dtype=np.int64), self.temp_largest,
+                         self.temp_all, np.zeros(d))
+
+    def pipeline(self, stage: np.ndarray, groups: Sequence[Sequence[int]], inflight: np.ndarray,
+                 microbatches: int) -> np.ndarray:
+        """(S,) peak bytes per replica of each stage: ``inflight[s]``
+        micro-batches in flight at most, ``microbatches`` in all, ``len(groups[s])`` replicas."""
+        n_st = len(groups)
+        reps = np.array([len(g) for g in groups], dtype=np.float64)
+        first_dev = [g[0] for g in groups]
+        k = np.asarray(inflight, dtype=np.int64)
+        k_after = np.minimum(k, microbatches - 1).astype(np.int64)
+        return self._run(np.ascontiguousarray(stage, dtype=np.int64), n_st, 1.0 / (microbatches * reps), k, k_after,
+                         self.temp_largest[first_dev], self.temp_all[first_dev], (reps > 1).astype(np.float64))
+
+
+def step_memory(graph: "OpGraph", cost: "CostModel", cluster: "Cluster",
+                tied: tuple[np.ndarray, np.ndarray, np.ndarray]) -> StepMemory | None:
+    """The memory terms of ``graph``, or None when it carries no memory facts (see the module
+    docstring: the simulator then keeps its plain sum)."""
+    facts = graph.meta.get("memory")
+    if not isinstance(facts, Mapping) or facts.get("format") != FORMAT:
+        return None
+    if len(facts.get("trainable_bytes", ())) != graph.num_nodes:
+        return None
+    return StepMemory(graph, cost, cluster, facts, tied)
