@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,7 +36,8 @@ class Device:
     """One placement target.
 
     ``name`` is the torch device it maps to (``"cuda:0"``, ``"cpu"``); names may repeat
-    (``["cpu", "cpu"]`` gives two targets on one CPU, how the transparency tests run).
+    (``["cpu", "cpu"]`` gives two targets on one CPU, how the transparency tests run; there
+    :meth:`Cluster.from_devices` gives each target its share of the one memory).
     """
 
     name: str
@@ -315,7 +316,12 @@ class Cluster:
     def from_devices(cls, devices: Sequence[str] | Sequence[Any], *, name: str = "") -> "Cluster":
         """The cluster of real torch devices on this machine, e.g. ``["cuda:0", "cuda:1"]`` or
         ``["cpu", "cpu"]``. CUDA devices are read from ``torch.cuda.get_device_properties``
-        and matched to a known kind by name; unknown GPUs get estimates from their SM count."""
+        and matched to a known kind by name; unknown GPUs get estimates from their SM count.
+
+        Targets that name one device (``["cpu", "cpu"]``) share its memory: each gets ``1/k``
+        of it (``k`` targets), so plans that fit one target each fit the device together. Each
+        still counts the device's whole compute (they are placement targets, for tests and
+        trials on one machine, not a speedup)."""
         import torch
 
         if isinstance(devices, str):
@@ -351,6 +357,10 @@ class Cluster:
                 return LINKS["host-pcie4"]
             return LINKS["nvlink4"] if a.kind in ("H100", "H200") else LINKS["pcie4"]
 
+        count = [dv.name for dv in devs]  # "cuda" and "cuda:0" are one device: count the resolved names
+        share = {nm: count.count(nm) for nm in count}
+        devs = [replace(dv, memory_bytes=dv.memory_bytes / share[dv.name]) if share[dv.name] > 1 else dv
+                for dv in devs]
         return cls.from_links(devs, link_of, name=name or ",".join(names))
 
     # ---- persistence --------------------------------------------------------------------

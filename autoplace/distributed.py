@@ -74,6 +74,7 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                   **unexpected: Any) -> Any:
     """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring)."""
     from .graph.trace import trace_module
+    from .rewrite.pipeline import pipeline_module
     from .rewrite.runtime import build_pipeline_runner, init_distributed
 
     if unexpected:
@@ -130,8 +131,11 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
                               optimizer=optimizer, config=online, cost=cost, device=device)
         return pipe
-    stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in traced.op_of_fx.items()}
-    runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
+    # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
+    # returns the model's own output type (a ModelOutput with every field).
+    gm = pipeline_module(traced, inputs)
+    stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
+    runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages)
     runner.plan = plan  # type: ignore[attr-defined]

@@ -56,6 +56,9 @@ def best_single_device(graph: "OpGraph", cluster: "Cluster", *,
     return best[2], best[1], not best[0]
 
 
+_NOTE_WIDTH = 70  # a longer note goes under the table, whole
+
+
 def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
     """The planners ``plan(planner="best")`` weighed, fastest first."""
     def key(r: dict[str, Any]) -> tuple[bool, float]:
@@ -64,6 +67,7 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
 
     where = any("runs_here" in r for r in rows)
     body = []
+    notes: list[str] = []  # long notes, whole, under the table (a cut one ended mid-sentence)
     for r in sorted(rows, key=key):
         st = r.get("step_time_s")
         note = r.get("error") or ""  # why it gave no plan, or why its plan was not taken: whole, never cut
@@ -76,9 +80,12 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
                f"{r.get('plan_time_s', 0.0):.2f}"]
         if where:
             row.append("this process" if r.get("runs_here") else "torchrun")
-        body.append(row + [note[:70]])
+        if len(note) > _NOTE_WIDTH:
+            notes.append(f"[{len(notes) + 1}] {note}")
+            note = f"[{len(notes)}] (below)"
+        body.append(row + [note])
     head = ["planner", "mode", "step ms", "peak memory", "plan s"] + (["runs in"] if where else []) + ["note"]
-    return format_table(head, body, markdown=markdown)
+    return "\n".join([format_table(head, body, markdown=markdown), *notes])
 
 
 def planning_summary(meta: dict[str, Any]) -> str:
@@ -145,7 +152,8 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
     names = [dv.name for dv in cluster.devices]
     if len(set(names)) < len(names):
         lines.append("note: some targets share one physical device (" + ", ".join(sorted(set(
-            n for n in names if names.count(n) > 1))) + "); the prediction treats them as separate devices")
+            n for n in names if names.count(n) > 1))) + "); the prediction runs them as separate devices, each with the "
+            "whole compute (Cluster.from_devices gives each its share of the memory)")
     cands = plan.meta.get("candidates")
     if cands:
         lines += ["", "candidates weighed:", candidates_table(cands)]

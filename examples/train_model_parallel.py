@@ -2,6 +2,7 @@
 
     python examples/train_model_parallel.py                 # three placement targets on the CPU
     python examples/train_model_parallel.py --cuda          # every visible GPU
+    python examples/train_model_parallel.py --plan my.json  # where to save the plan (default: a temp folder)
 
 On the CPU the targets share one processor, so this shows correctness, not speed: the loss
 curve is the same as without autoplace.
@@ -10,6 +11,8 @@ curve is the same as without autoplace.
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -21,6 +24,7 @@ def main() -> None:
     ap.add_argument("--model", default="inception_v3", help="a zoo model (its small config)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--plan", default=None, help="path to save the plan to (default: a new temporary folder)")
     args = ap.parse_args()
 
     wl = autoplace.zoo.build(args.model, small=True)
@@ -35,7 +39,9 @@ def main() -> None:
         opt.step()
         print(f"step {step}: loss {loss.item():.4f}")
     print(model.report())
-    model.save_plan("plan.json")                        # reuse: autoplace.wrap(model, devices, plan="plan.json")
+    plan = Path(args.plan) if args.plan else Path(tempfile.mkdtemp(prefix="autoplace-")) / "plan.json"
+    model.save_plan(plan)                               # reuse: autoplace.wrap(model, devices, plan=plan)
+    print(f"wrote the plan to {plan}")
 
 
 if __name__ == "__main__":

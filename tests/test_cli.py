@@ -59,14 +59,20 @@ def test_trace_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_example_training_loop_runs(tmp_path: Path) -> None:
-    """examples/train_model_parallel.py as a user runs it: a few steps, a report, a saved plan."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    """examples/train_model_parallel.py as a user runs it: a few steps, a report, a saved plan,
+    written where the script says (a temporary folder), not into the folder it runs in."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "cwd").mkdir()
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_model_parallel.py"),
                            "--model", "gpt2", "--steps", "2"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path / "cwd", env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 1: loss" in proc.stdout
-    assert (tmp_path / "plan.json").exists()
+    assert not any((tmp_path / "cwd").iterdir())
+    written = Path(re.search(r"wrote the plan to (\S+)", proc.stdout)[1])  # type: ignore[index]
+    assert written.is_relative_to(tmp_path / "tmp") and autoplace.Placement.from_json(written).mode == "model"
 
 
 @pytest.mark.slow
@@ -83,6 +89,9 @@ def test_example_torchrun_pipeline(tmp_path: Path) -> None:
                            "--steps", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "loss" in proc.stdout
+    # It shows a pipeline (it ran data parallelism: one stage), and what it was chosen from.
+    assert re.search(r"pipeline placement by \S+ of \d+ ops: 2 stages", proc.stdout), proc.stdout[-3000:]
+    assert "candidates weighed:" in proc.stdout and "data-parallel" in proc.stdout and "chosen: " in proc.stdout
 
 
 # ---- every option and zoo suffix takes effect or is refused (issue 16, point 1) ----------

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from .pipeline import Split, StageSplitError, propagate_fake, split_with_boundaries
+from .pipeline import Split, model_output_loss, output_tensors, propagate_fake, split_with_boundaries
 from ..errors import AutoplaceError
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
@@ -348,19 +348,15 @@ def build_pipeline_runner(
     last = stage == n_stages - 1
     out_names = split.outputs[stage]
     if last:
-        result = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        out_val = values.get(result.name) if isinstance(result, torch.fx.Node) else None
-        if not isinstance(out_val, torch.Tensor):
-            raise StageSplitError("a pipelined model must return one tensor (what loss_fn receives); "
-                                  f"this one returns {type(result).__name__}: wrap it to return the tensor")
-        outputs: tuple[torch.Tensor, ...] = (_example(out_val, device),)
+        # The model's own output goes to loss_fn (a tensor, a ModelOutput, ...); these are its tensors.
+        outputs: tuple[torch.Tensor, ...] = tuple(_example(v, device) for v in output_tensors(gm, values))
     else:
         outputs = examples(out_names)
     inputs = tuple(_example(v, device) for v in micro) if stage == 0 else examples(split.inputs[stage])
     pipe_stage = PipelineStage(module, stage, n_stages, device, input_args=inputs, output_args=outputs,
                                group=pp_group)
     sched_cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-    sched = sched_cls(pipe_stage, microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
+    sched = sched_cls(pipe_stage, microbatches, loss_fn=model_output_loss(gm, loss_fn), scale_grads=scale_grads)
     return PipelineRunner(rank=dist.get_rank(), stage_index=stage, num_stages=n_stages, replica=replica,
                           replicas=replicas, microbatches=microbatches, batch_size=batch[0],
                           stage_module=stage_module, module=module,

@@ -216,7 +216,8 @@ class SimResult:
 
     def plot(self, path: str | Path, *, title: str | None = None) -> Path:
         """Draw the timeline as a Gantt chart (a lane per device, and per link that carried a
-        transfer) into a PNG at ``path``; returns the path."""
+        transfer) into a PNG at ``path``; returns the path. The legend names the kinds of work
+        drawn, and in a pipeline what the numbers on the bars are (micro-batches)."""
         from .plot import plot_timeline
 
         return plot_timeline(self, path, title=title)
