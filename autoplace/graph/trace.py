@@ -27,11 +27,13 @@ rewrite uses to put each fx node on its op's device.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import linecache
 import logging
 import re
+import warnings
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map_on
 
 from .calls import CallSignature
 from .coarsen import coarsen
+from .hf_cache import register_hf_caches
 from .ir import OpGraph
 from .propagate import NodeStats, TraceError, propagate
 
@@ -91,9 +94,11 @@ class Traced:
     :class:`TraceError` naming the argument when the call does not fit the traced one
     (:class:`~autoplace.graph.calls.CallSignature`)."""
     out_spec: TreeSpec | None = field(default=None, repr=False)
-    """how the flat outputs of ``gm``'s graph nest into the model's output (a Hugging Face
-    ``ModelOutput``, a dict) when ``gm`` rebuilds it with pytree code (torch.export); None when
-    the graph returns the output itself."""
+    """the model's output structure, when ``gm``'s graph does not return it as it is: a graph
+    from torch.export returns the flat leaves (``gm`` rebuilds them with pytree code), and one
+    from symbolic tracing returns dicts where the model returns a dict subclass (an
+    ``OrderedDict``, a Hugging Face ``ModelOutput``). None when the graph returns the model's
+    own output."""
 
     def bind(self, example_inputs: ExampleInputs) -> dict[str, Any]:
         """:attr:`bind_call` for example inputs in the form :func:`trace_module` takes; what a
@@ -101,9 +106,16 @@ class Traced:
         return self.bind_call(*_split_inputs(example_inputs))
 
     def output(self, flat: Any) -> Any:
-        """The model's output from what a graph copied from ``gm``'s nodes (plain calling
-        convention, as the rewrite makes) returns."""
-        return flat if self.out_spec is None else tree_unflatten(list(flat), self.out_spec)
+        """The model's output, of its own type with every field, from what a graph copied from
+        ``gm``'s nodes (plain calling convention, as the rewrite makes) returns: that graph's
+        output has the model's leaves in the model's order, in the graph's containers."""
+        if self.out_spec is None:
+            return flat
+        leaves = tree_leaves(flat)
+        if len(leaves) != self.out_spec.num_leaves:  # pragma: no cover - the graph returns the traced leaves
+            raise TraceError(f"the graph returned {len(leaves)} values; the model's output "
+                             f"({self.out_spec.type.__name__}) holds {self.out_spec.num_leaves}")
+        return tree_unflatten(leaves, self.out_spec)
 
 
 # ---- inputs and leaf modules ------------------------------------------------------------
@@ -151,12 +163,26 @@ def _leaf_sets(model: torch.nn.Module, leaf_modules: Sequence[Any]) -> tuple[tup
 
 
 class _LeafTracer(torch.fx.Tracer):
-    """The default fx tracer (torch.nn layers are leaves) plus the user's leaf modules."""
+    """The default fx tracer (torch.nn layers are leaves) plus the user's leaf modules; it
+    records the structure of what forward returns (``output_spec``)."""
 
     def __init__(self, classes: tuple[type, ...], paths: frozenset[str]) -> None:
         super().__init__()
         self.leaf_classes = classes
         self.leaf_paths = paths
+        self.output_spec: TreeSpec | None = None
+
+    def create_args_for_root(self, root_fn: Callable[..., Any], is_module: bool,
+                             concrete_args: Any = None) -> tuple[Callable[..., Any], Any]:
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+
+        @functools.wraps(fn)
+        def recorded(*a: Any) -> Any:
+            out = fn(*a)
+            self.output_spec = tree_flatten(out)[1]
+            return out
+
+        return recorded, args
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_paths or (self.leaf_classes and isinstance(m, self.leaf_classes)):
@@ -190,8 +216,19 @@ def _buffers_kept(model: torch.nn.Module) -> Iterator[list[str]]:
                         b.copy_(old)
 
 
+def _fx_rebuilds(spec: TreeSpec) -> bool:
+    """Whether an fx graph returning a structure of this spec returns it as it is: fx rebuilds
+    tuples, lists, named tuples, dicts and None, but makes a plain dict of any dict subclass."""
+    if spec.is_leaf():
+        return True
+    kept = spec.type in (tuple, list, dict, type(None)) or (
+        isinstance(spec.type, type) and issubclass(spec.type, tuple) and hasattr(spec.type, "_fields"))
+    return kept and all(_fx_rebuilds(c) for c in spec.children())
+
+
 def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-              leaves: tuple[tuple[type, ...], frozenset[str]]) -> tuple[torch.fx.GraphModule, Callable[..., Any]]:
+              leaves: tuple[tuple[type, ...], frozenset[str]]
+              ) -> tuple[torch.fx.GraphModule, Callable[..., Any], TreeSpec | None]:
     sig = inspect.signature(model.forward)
     bound = sig.bind(*args, **kwargs)
     # Tensors (and containers of them) become graph inputs; everything else, given or
@@ -240,7 +277,8 @@ def _fx_trace(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         call.check(named)
         return {ph: value if arg is None else named[arg] for ph, (arg, value) in source.items()}
 
-    return gm, bind_call
+    spec = tracer.output_spec
+    return gm, bind_call, (spec if spec is not None and not _fx_rebuilds(spec) else None)
 
 
 @contextmanager
@@ -260,6 +298,10 @@ def _quiet() -> Iterator[None]:
             lg.setLevel(lv)
 
 
+def _is_hf_model(model: torch.nn.Module) -> bool:
+    return any(c.__module__.split(".")[0] == "transformers" for c in type(model).__mro__)
+
+
 def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> tuple[torch.fx.GraphModule, Callable[..., Any]]:
     state = list(model.parameters()) + list(model.buffers())
@@ -268,25 +310,45 @@ def _export_trace(model: torch.nn.Module, args: tuple[Any, ...],
     def to_meta(v: Any) -> Any:
         return v.to("meta") if isinstance(v, torch.Tensor) and on_meta else v
 
-    # A training step keeps no KV cache: Hugging Face models return a cache object by default,
-    # which export cannot flatten, so when forward takes `use_cache` and the caller left it
-    # out, export (and every later call through `bind`) passes use_cache=False.
+    def export(extra: dict[str, Any]) -> torch.export.ExportedProgram:
+        a = tuple(to_meta(v) for v in args)
+        k = {n: to_meta(v) for n, v in {**kwargs, **extra}.items()}
+        # Every tensor dimension may vary (Dim.AUTO: export keeps symbolic what the model lets
+        # it, and fixes the rest), so the graph also runs the last, smaller batch of an epoch or
+        # a longer sequence; a model export cannot trace that way is exported at the example's
+        # shapes.
+        auto = {name: tree_map_only(torch.Tensor, lambda t: {i: torch.export.Dim.AUTO for i in range(t.dim())}, v)
+                for name, v in inspect.signature(model.forward).bind(*a, **k).arguments.items()}
+        with _quiet():
+            try:
+                return torch.export.export(model, a, k, dynamic_shapes=auto, strict=False)
+            except Exception:
+                return torch.export.export(model, a, k, strict=False)
+
+    # Hugging Face models return their KV cache by default (use_cache), in a cache object that
+    # export can flatten once its type is a pytree node (hf_cache), so the traced model returns
+    # it as the model does. Where export fails all the same and forward takes a `use_cache` the
+    # call left out, the trace is made again with use_cache=False (and every later call through
+    # `bind` passes it), with a warning that the output has no cache.
+    if _is_hf_model(model):
+        register_hf_caches()
     extra: dict[str, Any] = {}
     params = inspect.signature(model.forward).parameters
-    if "use_cache" in params and "use_cache" not in kwargs and len(args) <= list(params).index("use_cache"):
+    try:
+        ep = export(extra)
+    except Exception as with_cache:
+        if not ("use_cache" in params and "use_cache" not in kwargs
+                and len(args) <= list(params).index("use_cache")):
+            raise
         extra["use_cache"] = False
-    a = tuple(to_meta(v) for v in args)
+        ep = export(extra)
+        warnings.warn(
+            f"{type(model).__name__} is traced with use_cache=False: torch.export failed with the model's "
+            f"default ({type(with_cache).__name__}: {_first_line(with_cache)}), so the wrapped model's output has "
+            "no cache field. Pass use_cache=False in the example inputs to say that is intended, or register the "
+            "cache's type as a pytree node (torch.utils._pytree.register_pytree_node) to keep it.",
+            RuntimeWarning, stacklevel=4)
     k = {n: to_meta(v) for n, v in {**kwargs, **extra}.items()}
-    # Every tensor dimension may vary (Dim.AUTO: export keeps symbolic what the model lets it,
-    # and fixes the rest), so the graph also runs the last, smaller batch of an epoch or a
-    # longer sequence; a model export cannot trace that way is exported at the example's shapes.
-    auto = {name: tree_map_only(torch.Tensor, lambda t: {i: torch.export.Dim.AUTO for i in range(t.dim())}, v)
-            for name, v in inspect.signature(model.forward).bind(*a, **k).arguments.items()}
-    with _quiet():
-        try:
-            ep = torch.export.export(model, a, k, dynamic_shapes=auto, strict=False)
-        except Exception:
-            ep = torch.export.export(model, a, k, strict=False)
     gm = ep.module()
     if not isinstance(gm, torch.fx.GraphModule):  # pragma: no cover - export always returns one today
         raise TypeError(f"torch.export returned a {type(gm).__name__}, not a GraphModule")
@@ -575,8 +637,9 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
         raise TraceError(
             f"example_inputs do not fit {type(model).__name__}.forward{inspect.signature(model.forward)}: {bad}"
         ) from None
+    fx_spec: TreeSpec | None = None
     try:
-        gm, bind = _fx_trace(model, args, kwargs, leaves)
+        gm, bind, fx_spec = _fx_trace(model, args, kwargs, leaves)
         method = "fx"
     except Exception as fx_err:
         try:
@@ -595,7 +658,7 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
     input_names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"
                         and any(isinstance(t, torch.Tensor) for t in tree_flatten(placeholders[n.name])[0]))
     codegen = gm.graph._codegen
-    out_spec = codegen.pytree_info.out_spec if isinstance(codegen, _PyTreeCodeGen) else None
+    out_spec = codegen.pytree_info.out_spec if isinstance(codegen, _PyTreeCodeGen) else fx_spec
     return Traced(gm=gm, graph=graph, op_of_fx=op_of_fx, method=method, input_names=input_names,
                   bind_call=bind, out_spec=out_spec)
 
