@@ -374,6 +374,12 @@ def _layer_flops(layer: _Layer, path: Path) -> float | None:
             f"the module{example}") from None
 
 
+def _in_place(layer: _Layer) -> bool:
+    """An in-place layer (``ReLU(inplace)``, ``Add(inplace)``, ``inplace=True``) writes its result
+    into its input's storage: it allocates no activation of its own."""
+    return bool(re.search(r"\(inplace\b|inplace=True", layer.description))
+
+
 # ---- the loader --------------------------------------------------------------------------
 
 
@@ -383,8 +389,11 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
     - Times: milliseconds in the file, seconds in the graph (``fwd_time_s``, ``bwd_time_s``),
       as measured. The forward time of ``Input*`` nodes is data loading, not compute: it is
       counted as 0 and kept in ``meta["input_load_time_s"]``.
-    - Sizes: ``out_bytes`` is the sum of a layer's outputs; an edge into a ``__getitem__(k)``
-      node carries output ``k`` of its producer, every other edge the whole output.
+    - Sizes: ``out_bytes`` is the sum of a layer's outputs (the bytes it writes); an edge into a
+      ``__getitem__(k)`` node carries output ``k`` of its producer, every other edge the whole
+      output. ``meta["in_place"]`` names the in-place layers (``ReLU(inplace)``,
+      ``Add(inplace)``): their output is their input's storage, so the simulator charges them no
+      activation memory of their own (their writes still count as memory traffic).
     - Nodes are in topological order (ties broken by node id, node2 before node10); names are
       the node ids, kinds the description's class name (``"Conv2d"``, ``"Input"``), and
       ``meta["descriptions"]`` holds the full descriptions.
@@ -473,6 +482,7 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
         "batch_size_source": evidence or "given by the caller",
         "flops_estimated": "from layer descriptions (autoplace.graph.pipedream)",
         "flops_unestimated": unestimated,
+        "in_place": [layer.id for layer in nodes if _in_place(layer)],
     }
     return OpGraph(
         names=tuple(layer.id for layer in nodes),

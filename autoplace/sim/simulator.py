@@ -69,6 +69,16 @@ def _options(placement: Placement) -> "StageOptions | None":
     return StageOptions.of(placement)
 
 
+def _saved_bytes(graph: "OpGraph") -> np.ndarray:
+    """The activation bytes each op adds to memory in the plain sum: its ``out_bytes``, except
+    ops the graph names as in place (``meta["in_place"]``, a PipeDream profile's
+    ``ReLU(inplace)``), whose output is their input's storage."""
+    names = graph.meta.get("in_place")
+    if not names:
+        return graph.out_bytes
+    return np.where(np.isin(np.array(graph.names), list(names)), 0.0, graph.out_bytes)
+
+
 class Simulator:
     """Scores placements of ``graph`` on ``cluster`` under ``cost`` (default ``CostModel()``).
 
@@ -116,7 +126,7 @@ class Simulator:
             "edst": np.ascontiguousarray(graph.edges[:, 1], dtype=i64),
             "ebytes": np.ascontiguousarray(graph.edge_bytes, dtype=np.float64),
             "lat": self.lat, "inv_bw": self.inv_bw,
-            "out_bytes": np.ascontiguousarray(graph.out_bytes, dtype=np.float64),
+            "out_bytes": np.ascontiguousarray(_saved_bytes(graph), dtype=np.float64),
             "param_bytes": np.ascontiguousarray(graph.param_bytes, dtype=np.float64),
             "opt_factor": float(self.cost.optimizer_state_factor),
             "tied_of": tied_of, "tied_first": self.tied_first, "tied_bytes": self.tied_bytes,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import autoplace
+from autoplace import Cluster
 from autoplace.graph.pipedream import ProfileError, load_pipedream
 
 # Batch sizes worked out by hand from each file's Input (or LSTM hidden state) line:
@@ -136,6 +137,24 @@ def test_small_profile_sorted_converted_and_estimated(tmp_path: Path) -> None:
     assert g.fwd_flops[3] == 10 * 4 * 2
     assert g.param_bytes.tolist() == [0.0, 432.0, 0.0, 100.0]
     assert autoplace.load_pipedream is load_pipedream
+
+
+def test_in_place_layers_add_no_activation(tmp_path: Path) -> None:
+    # ReLU(inplace) and Add(inplace) write into their input: the simulator charges them no
+    # activation memory (the VGG-16 and ResNet profiles' in-place ReLUs were charged as new
+    # activations); their output still counts as bytes written and sent.
+    lines = [_line("node1", "Input", a="1204224.0"),
+             _line("node2", "Conv2d(3, 4, kernel_size=(1, 1), stride=(1, 1))", a="800.0", p="48.0"),
+             _line("node3", "ReLU(inplace)", a="800.0"), _line("node4", "ReLU()", a="800.0"),
+             _line("node5", "Add(inplace)", a="800.0"),
+             "\tnode1 -- node2", "\tnode2 -- node3", "\tnode3 -- node4", "\tnode4 -- node5", "\tnode2 -- node5"]
+    g = load_pipedream(_write(tmp_path, lines))
+    assert g.out_bytes.tolist() == [1204224.0, 800.0, 800.0, 800.0, 800.0]
+    assert g.meta["in_place"] == ["node3", "node5"]
+    assert g.edge_bytes.tolist() == [1204224.0, 800.0, 800.0, 800.0, 800.0]
+    c = Cluster.from_devices(["cpu"])
+    r = autoplace.simulate(g, autoplace.Placement.from_assignment(g, c, [0] * 5), c)
+    assert r.peak_memory_bytes[0] == pytest.approx(4 * 48.0 + 1204224.0 + 800.0 + 800.0)  # Adam: 4 x params
 
 
 def test_ties_broken_by_node_number_and_grouped_conv(tmp_path: Path) -> None:
