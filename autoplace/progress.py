@@ -170,12 +170,13 @@ class Status:
             if self._bar is None:
                 from tqdm.auto import tqdm
 
-                self._bar = tqdm(total=self.total, desc=self.what, unit=self.unit, file=self.stream, leave=False,
-                                 dynamic_ncols=True, initial=self.index,
-                                 bar_format="{desc}: {n_fmt}/{total_fmt} " + self.unit + " |{bar:10}| [{elapsed}] "
-                                            "{postfix}")
+                what = f"{self.what}: ".replace("{", "{{").replace("}", "}}")
+                self._bar = tqdm(total=self.total, desc=label, file=self.stream, leave=False, dynamic_ncols=True,
+                                 initial=self.index,
+                                 bar_format=what + "{n_fmt}/{total_fmt} " + self.unit + " |{bar:10}| [{elapsed}] {desc}")
+                self._bar.start_t -= elapsed  # the clock counts from the start of the work, not of the bar
             self._bar.n = self.index
-            self._bar.set_postfix_str(label, refresh=False)
+            self._bar.set_description_str(label, refresh=False)
             self._bar.refresh()
             self.lines += 1
         elif now != self._last or elapsed - self._last_t >= self.every_s:

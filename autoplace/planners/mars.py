@@ -151,19 +151,21 @@ class MarsPolicy(nn.Module):
     def __init__(self, net: MarsNet, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None) -> None:
         super().__init__()
         from ..cost.analytic import CostModel
-        from ..graph.features import to_pyg
+        from ..graph.features import edge_features, node_features
 
         if graph.num_nodes < 1:
             raise ValueError("Mars needs a graph with at least one op; this one is empty")
         self.net = net
         self.graph, self.cluster = graph, cluster
         self.cost = cost if cost is not None else CostModel()
-        data = to_pyg(graph, cluster, cost=self.cost)
-        if data.x.shape[1] != net.node_in or data.edge_attr.shape[1] != net.edge_in:
+        # to_pyg's tensors, without building a torch_geometric Data (importing PyG costs ~1 s cold)
+        self.x = torch.from_numpy(node_features(graph, cluster, cost=self.cost))
+        self.edge_index = torch.from_numpy(np.array(graph.edges.T, dtype=np.int64, order="C"))
+        self.edge_attr = torch.from_numpy(edge_features(graph))
+        if self.x.shape[1] != net.node_in or self.edge_attr.shape[1] != net.edge_in:
             raise ValueError(f"the network was built for {net.node_in} node and {net.edge_in} edge features; "
-                             f"to_pyg gives {data.x.shape[1]} and {data.edge_attr.shape[1]}: the features changed "
-                             "since the weights were made; retrain them (python -m autoplace.planners.pretrain)")
-        self.x, self.edge_index, self.edge_attr = data.x, data.edge_index, data.edge_attr
+                             f"the graph's features have {self.x.shape[1]} and {self.edge_attr.shape[1]}: they "
+                             "changed since the weights were made; retrain them (python -m autoplace.planners.pretrain)")
         self.dev_x = torch.from_numpy(device_features(graph, cluster, self.cost))
         self.tracker = StateTracker(graph, cluster, self.cost)
         self.num_ops, self.num_devices = graph.num_nodes, cluster.num_devices
