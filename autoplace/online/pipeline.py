@@ -130,11 +130,15 @@ class OnlinePipeline:
     # ---- building and moving -----------------------------------------------------------------
 
     def _build(self, plan: Placement) -> Any:
+        from ..rewrite.pipeline import pipeline_module
         from ..rewrite.runtime import build_pipeline_runner
 
         assert plan.stage_of_node is not None
-        stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in self.traced.op_of_fx.items()}
-        return build_pipeline_runner(self.traced.gm, stage_of_fx, example_inputs=self.example_inputs,
+        # Stage 0 takes the call's tensors only (flags such as use_cache fixed); loss_fn gets the
+        # model's own output type.
+        gm = pipeline_module(self.traced, self.example_inputs)
+        stage_of_fx = {n.name: int(plan.stage_of_node[self.traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
+        return build_pipeline_runner(gm, stage_of_fx, example_inputs=self.example_inputs,
                                      microbatches=plan.microbatches, loss_fn=self.loss_fn, schedule=plan.schedule,
                                      device=self.device, num_stages=plan.num_stages)
 
