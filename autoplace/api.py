@@ -425,6 +425,13 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         online: an :class:`autoplace.online.OnlineConfig` (default settings when None).
         progress: print what is being done on the slow steps (tracing, planning) to stderr
             and show the learned planners' progress; False keeps wrap silent.
+        **kwargs: for pipeline mode (under torchrun): ``loss_fn`` (required); ``timeout_s``, how
+            long a rank waits for a peer before ``PipelineTimeoutError`` names it: None (default)
+            600 s while tracing and planning, then per wait in a step ``max(30 s, 10 x the
+            predicted step)`` (first step ``max(300 s, 100 x)``), a peer stopped between steps
+            10 s; a number for one bound everywhere, or a ``autoplace.rewrite.liveness.Timeouts``;
+            ``batch_norm``: ``"sync"`` (default: BatchNorm running statistics over the whole batch,
+            replicas synchronised) or ``"local"`` (torch's, per micro-batch).
 
     Errors (:class:`WrapError`, :class:`PlacementError`) are raised before anything about the
     model changes.

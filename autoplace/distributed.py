@@ -43,6 +43,19 @@ def _uniform_replicas(p: Placement) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def _predicted_step_s(plan: Placement, graph: Any, cluster: Cluster, cost: CostModel | None) -> float | None:
+    """The plan's predicted step time: the planner's, else the simulator's; None if it cannot say."""
+    known = plan.meta.get("predicted_step_time_s") if isinstance(plan.meta, Mapping) else None
+    if isinstance(known, (int, float)) and known > 0:
+        return float(known)
+    try:
+        from .sim import simulate
+
+        return float(simulate(graph, plan, cluster, cost=cost).step_time_s)
+    except Exception:  # a plan the simulator refuses has been refused by validate(); be safe anyway
+        return None
+
+
 def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner: str = "best",
                            cost: CostModel | None = None, budget_s: float | None = None,
                            seed: int = 0) -> Placement:
@@ -56,6 +69,11 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
         used = len(p.devices_used())
         if _uniform_replicas(p) is None:
             return "stages replicated unevenly (the runtime needs the same count per stage)"
+        from .rewrite.fsdp import runtime_problems  # shard/recompute/precision: what the sharded runtime runs
+
+        sharded = runtime_problems(p, graph)
+        if sharded:
+            return sharded[0]
         return f"uses {used} of {world} ranks" if used != world else ""
 
     try:
@@ -70,15 +88,29 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                   planner: str = "best", plan: Placement | None = None, cost: CostModel | None = None,
                   budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[Any] = (),
                   loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-                  timeout_s: float = 1800.0, online: Any = None, optimizer: torch.optim.Optimizer | None = None,
-                  **unexpected: Any) -> Any:
-    """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring)."""
+                  timeout_s: Any = None, online: Any = None, optimizer: torch.optim.Optimizer | None = None,
+                  batch_norm: str = "sync", **unexpected: Any) -> Any:
+    """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring).
+
+    ``timeout_s``: how long a rank waits for a peer before it raises ``PipelineTimeoutError``
+    naming the peer. None (the default): 600 s while tracing, planning and building, then
+    ``Timeouts()``: every wait in a step ``max(30 s, 10 x the plan's predicted step)``, the first
+    step ``max(300 s, 100 x)``, a peer stopped between steps 10 s, a live one 600 s; a
+    :class:`autoplace.rewrite.liveness.Timeouts` to change those; a number: that bound for
+    every wait. ``batch_norm``: ``"sync"`` (default: whole-batch running statistics, replicas
+    synchronised) or ``"local"`` (see :mod:`autoplace.rewrite.batchnorm`).
+    """
     from .graph.trace import trace_module
     from .rewrite.pipeline import pipeline_module
+    from .rewrite.liveness import Timeouts
     from .rewrite.runtime import build_pipeline_runner, init_distributed
 
     if unexpected:
         raise PipelineWrapError(f"unexpected arguments {sorted(unexpected)} for mode='pipeline'")
+    if not dist.is_initialized() and "RANK" not in os.environ and plan is not None and (plan.shard or plan.precision):
+        raise PipelineWrapError(f"this plan ({plan.describe()}) shards parameters over {len(plan.devices_used())} "
+                                "processes, one per device: launch the script with torchrun, e.g. `torchrun "
+                                f"--nproc-per-node {len(plan.devices_used())} train.py`")
     if not dist.is_initialized() and "RANK" not in os.environ:
         raise PipelineWrapError("mode='pipeline' runs one stage per process: launch the script with torchrun, "
                                 f"e.g. `torchrun --nproc-per-node {len(devices)} train.py`")
@@ -94,7 +126,12 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         raise PipelineWrapError(f"mode='pipeline' feeds stage 0 positional inputs; example_inputs is a dict with keys "
                                 f"{sorted(example_inputs)}: pass a tuple in the order forward() takes them")
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    rank, world, _ = init_distributed(timeout_s=timeout_s)
+    if not (timeout_s is None or isinstance(timeout_s, Timeouts)
+            or (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and timeout_s > 0)):
+        raise PipelineWrapError(f"timeout_s is {timeout_s!r}; pass None (bounded by the plan), a positive number "
+                                "of seconds or an autoplace.rewrite.liveness.Timeouts")
+    fixed = None if timeout_s is None or isinstance(timeout_s, Timeouts) else float(timeout_s)
+    rank, world, _ = init_distributed(timeout_s=fixed)
     if len(devices) != world:
         raise PipelineWrapError(f"{len(devices)} devices were given but torchrun started {world} processes; "
                                 f"give one device per process (--nproc-per-node {len(devices)})")
@@ -131,13 +168,22 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
                               optimizer=optimizer, config=online, cost=cost, device=device)
         return pipe
+    if plan.shard or plan.recompute or plan.precision:  # FSDP, HSDP, checkpointing, bf16: autoplace.rewrite.fsdp
+        from .rewrite.fsdp import build_sharded_runner
+
+        runner = build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn, device=device)
+        runner.plan = plan
+        runner.graph = graph
+        return runner
     # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
     # returns the model's own output type (a ModelOutput with every field).
     gm = pipeline_module(traced, inputs)
     stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
-                                   num_stages=plan.num_stages)
+                                   num_stages=plan.num_stages, batch_norm=batch_norm,
+                                   timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
+                                   predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
     runner.plan = plan  # type: ignore[attr-defined]
     runner.graph = graph  # type: ignore[attr-defined]
     return runner

@@ -12,9 +12,12 @@ loss on the last stage (None elsewhere); the caller then steps its optimizer on
 
 Gradients equal the unsplit model's on the full batch when the loss is a mean over the batch
 (``scale_grads=True``, the default: each micro-batch's mean loss, averaged) or a sum
-(``scale_grads=False``), and the model has no batch-coupled layers (BatchNorm in train mode
-sees micro-batch statistics: the result equals running the unsplit model micro-batch by
-micro-batch with gradient accumulation).
+(``scale_grads=False``), and the model has no batch-coupled layers. BatchNorm, where the step
+splits the batch (``batch_norm="sync"``, the default, :mod:`autoplace.rewrite.batchnorm`):
+running statistics over the whole batch (deferred batch norm), replicas synchronised, so the
+running statistics, and with one micro-batch also the loss and gradients, equal the unsplit
+model's; with several micro-batches the loss and gradients equal the unsplit model run micro-batch
+by micro-batch with gradient accumulation (a warning says so).
 
 Parameters used by several stages (a tied embedding and output projection) live on each of
 those ranks; after the backward their gradients are summed over those ranks, so every copy
@@ -26,14 +29,20 @@ DistributedDataParallel over its "dp" group (PipelineStage skips DDP's all-reduc
 the last micro-batch), and replica ``j`` takes the ``j``-th share of every micro-batch, so the
 step equals the unsplit model on the full batch.
 
-A peer that stops calling ``step`` shows up as a ``PipelineTimeoutError`` naming this rank and
-stage after the process group's timeout (set it with ``init_distributed(timeout_s=...)``).
+A peer that stops answering shows up as a ``PipelineTimeoutError`` naming this rank and the
+peer (:mod:`autoplace.rewrite.liveness`): inside a step after ``max(30 s, 10 x the predicted
+step)`` (the first step ``max(300 s, 100 x)``), a peer stopped between steps after 10 s of
+silent heartbeat, a live peer that does not come to the next step after 600 s; each a field of
+:class:`~autoplace.rewrite.liveness.Timeouts` (``build_pipeline_runner(timeouts=...)``). Before
+a runner exists (tracing, planning, building) the process group's timeout holds: 600 s, or
+``init_distributed(timeout_s=...)``, which then bounds every wait of the runners as well.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,12 +54,15 @@ import torch.fx
 
 from .pipeline import Split, model_output_loss, output_tensors, propagate_fake, split_with_boundaries
 from ..errors import AutoplaceError
+from . import batchnorm as _batchnorm
+from . import liveness
+from .liveness import Timeouts
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
-           "PipelineTimeoutError", "SCHEDULES"]
+           "PipelineTimeoutError", "SCHEDULES", "Timeouts"]
 
 SCHEDULES = ("gpipe", "1f1b")
-_TIMEOUT_S: list[float | None] = [None]  # the timeout init_distributed() set, for messages
+_TIMEOUT_S: list[float | None] = [None]  # the timeout given to init_distributed(), if one was
 
 
 class PipelineError(AutoplaceError, RuntimeError):
@@ -68,7 +80,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def init_distributed(*, device: str | torch.device | None = None, timeout_s: float = 1800.0,
+def init_distributed(*, device: str | torch.device | None = None, timeout_s: float | None = None,
                      backend: str | None = None) -> tuple[int, int, torch.device]:
     """Join the process group from torchrun's environment; returns (rank, world size, device).
 
@@ -76,6 +88,11 @@ def init_distributed(*, device: str | torch.device | None = None, timeout_s: flo
     env:// rendezvous), so it works on one host or several. The device defaults to
     ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU; the backend is NCCL on CUDA and
     gloo otherwise.
+
+    ``timeout_s``: how long a rank waits for its peers. None (the default): 600 s while tracing,
+    planning and building, then the runners' :class:`Timeouts` (bounded by the predicted step);
+    a number: that bound for every wait, the runners' included. Starts this process's heartbeat
+    (:mod:`autoplace.rewrite.liveness`).
     """
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing and not dist.is_initialized():
@@ -89,9 +106,12 @@ def init_distributed(*, device: str | torch.device | None = None, timeout_s: flo
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        if timeout_s is not None and not timeout_s > 0:
+            raise PipelineError(f"timeout_s is {timeout_s!r}; it must be a positive number of seconds (or None)")
         dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"),
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=timedelta(seconds=timeout_s or liveness.SETUP_TIMEOUT_S))
         _TIMEOUT_S[0] = timeout_s
+    liveness.heartbeat()
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -139,7 +159,16 @@ class PipelineRunner:
     scale_grads: bool
     dp_group: Any = None
     tied: list[tuple[torch.nn.Parameter, Any]] = field(default_factory=list)
-    timeout_s: float | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    """How long this rank waits for its peers (see :mod:`autoplace.rewrite.liveness`)."""
+    predicted_step_s: float | None = None
+    """The plan's predicted step time, which the bounds of ``timeouts`` scale with."""
+    batch_norms: list[Any] = field(default_factory=list)
+    """This stage's BatchNorm layers with whole-batch statistics (:mod:`autoplace.rewrite.batchnorm`)."""
+    links: Any = None
+    """The process groups and heartbeat this runner waits with (:class:`_Links`)."""
+    steps: int = 0
+    """Steps this runner has run."""
 
     @property
     def is_first(self) -> bool:
@@ -175,6 +204,12 @@ class PipelineRunner:
         args = tuple(_share(x, self.microbatches, self.replicas, self.replica) for x in inputs) if self.is_first else ()
         tgt = _share(target, self.microbatches, self.replicas, self.replica) if self.is_last and target is not None else None
         losses: list[torch.Tensor] = []
+        n = self.steps + 1
+        if self.links is not None:
+            self.links.start(self, n)
+        started = time.monotonic()
+        for layer in self.batch_norms:
+            layer.discard()
         try:
             # return_outputs=False: the last stage keeps no merged output, only the losses.
             if self.is_last:
@@ -182,17 +217,23 @@ class PipelineRunner:
             else:
                 self.schedule.step(*args, return_outputs=False)
             self._finish_grads()
+            _batchnorm.commit(self.batch_norms)
             loss = self._batch_loss(losses) if self.is_last else None
         except Exception as e:
             text = str(e)
             first = text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
             if "timed out" in text.lower() or "timeout" in text.lower():
+                waited = time.monotonic() - started
+                who = self.links.who(self, n, waited) if self.links is not None else ""
+                bound = self.timeouts.explain(n, self.predicted_step_s)
                 raise PipelineTimeoutError(
-                    f"{self._where()} timed out waiting for a peer"
-                    f"{f' after {self.timeout_s:g} s' if self.timeout_s else ''} in step(): {first}. "
-                    "Every rank must call step() the same number of times; a peer that stopped, "
-                    "hung or crashed shows up here.") from e
-            raise PipelineError(f"{self._where()} failed in step(): {first}") from e
+                    f"{self._where()} timed out waiting for a peer in step {n} after {waited:.1f} s "
+                    f"({bound}): {who or first}. Every rank must call step() the same number of times; "
+                    f"a peer that stopped, hung or crashed shows up here. torch said: {first}") from e
+            raise PipelineError(f"{self._where()} failed in step {n}: {first}") from e
+        self.steps = n
+        if self.links is not None:
+            self.links.done(self, n)
         return loss
 
     def _finish_grads(self) -> None:
@@ -214,6 +255,95 @@ class PipelineRunner:
             if self.scale_grads:
                 loss = loss / self.replicas
         return loss
+
+
+_BUILT: dict[tuple[int, ...], int] = {}  # runners built over each set of ranks (the same count on every member)
+
+
+class _Links:
+    """What a runner waits on, and how long: the step gate, the point-to-point groups of its
+    bounds, the collective groups whose timeout follows the bound, and the heartbeat."""
+
+    def __init__(self, runner: PipelineRunner, members: Sequence[int], column: Sequence[int],
+                 rank_of: Callable[[int, int], int], collectives: Sequence[Any]) -> None:
+        self.members = tuple(members)
+        built = _BUILT[self.members] = _BUILT.get(self.members, 0) + 1
+        self.pipeline = f"{built}@{min(members)}-{max(members)}"
+        self.hb = liveness.heartbeat(runner.timeouts.heartbeat_s)
+        if self.hb is not None:
+            self.hb.watch(self.members)
+        self.names = {rank_of(s, j): _name(rank_of(s, j), s, runner.num_stages, j, runner.replicas)
+                      for s in range(runner.num_stages) for j in range(runner.replicas)}
+        me = runner.stage_index
+        self.adjacent = [column[s] for s in (me - 1, me + 1) if 0 <= s < len(column)]
+        self.column = tuple(column)
+        self.collectives = [g for g in collectives if g is not None]
+        self.gate = liveness.Gate(self.members, runner.timeouts, self.hb)
+        # Point-to-point waits keep the timeout their group was made with: one group per bound.
+        t = runner.timeouts
+        bounds = sorted({t.bound_s(1, runner.predicted_step_s), t.bound_s(t.first_steps + 1, runner.predicted_step_s)})
+        self.p2p = {b: liveness.group(self.column, b) for b in bounds}
+        self.stage: Any = None  # the PipelineStage, whose group follows the bound
+        self.bound: float | None = None
+
+    def name(self, rank: int) -> str:
+        return self.names.get(rank, f"rank {rank}")
+
+    def start(self, runner: PipelineRunner, step: int) -> None:
+        """Set this step's bound, then wait at the gate for every rank of the pipeline."""
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        bound = runner.timeouts.bound_s(step, runner.predicted_step_s)
+        if bound != self.bound:
+            self.stage.group = self.p2p[bound]
+            for g in self.collectives:
+                _set_pg_timeout(timedelta(seconds=bound), g)
+            self.bound = bound
+        self._state(step, "gate")
+        t0 = time.monotonic()
+
+        def describe(waited: float) -> str:
+            return liveness.who_stopped(self.hb, self.members, self.name, self.pipeline, step, waited, runner.timeouts,
+                                        at_gate=True, adjacent=self.adjacent)
+
+        try:
+            why = self.gate.wait(runner.timeouts, describe)
+        except Exception as e:
+            text = str(e).strip()
+            raise PipelineError(f"{runner._where()} failed at the start of step {step}: "
+                                f"{text.splitlines()[0][:300] if text else type(e).__name__}") from e
+        if why is not None:
+            raise PipelineTimeoutError(
+                f"{runner._where()} waited {time.monotonic() - t0:.1f} s at the start of step {step} for its peers: "
+                f"{why}. A live peer may take up to {runner.timeouts.between_steps_s:g} s between steps "
+                f"(Timeouts.between_steps_s), a silent one {runner.timeouts.stall_s:g} s (Timeouts.stall_s)")
+        self._state(step, "in")
+
+    def done(self, runner: PipelineRunner, step: int) -> None:
+        self._state(step, "done")
+
+    def who(self, runner: PipelineRunner, step: int, waited: float) -> str:
+        return liveness.who_stopped(self.hb, self.members, self.name, self.pipeline, step, waited, runner.timeouts,
+                                    adjacent=self.adjacent)
+
+    def _state(self, step: int, phase: str) -> None:
+        if self.hb is not None:
+            self.hb.state = liveness.state(self.pipeline, step, phase)
+
+
+def _name(rank: int, stage: int, stages: int, replica: int, replicas: int) -> str:
+    rep = f", replica {replica} of {replicas}" if replicas > 1 else ""
+    return f"rank {rank} (stage {stage} of {stages}{rep})"
+
+
+def _resolve_timeouts(timeouts: Timeouts | float | None) -> Timeouts:
+    if isinstance(timeouts, Timeouts):
+        return timeouts
+    if timeouts is None:
+        return Timeouts.fixed(_TIMEOUT_S[0]) if _TIMEOUT_S[0] is not None else Timeouts()
+    if isinstance(timeouts, bool) or not isinstance(timeouts, (int, float)) or not timeouts > 0:
+        raise PipelineError(f"timeouts is {timeouts!r}; pass a Timeouts, a positive number of seconds or None")
+    return Timeouts.fixed(float(timeouts))
 
 
 def _stage_ranks(num_stages: int, replicas: int, group: Any) -> Callable[[int, int], int]:
@@ -261,6 +391,9 @@ def build_pipeline_runner(
     group: Any = None,
     scale_grads: bool = True,
     num_stages: int | None = None,
+    timeouts: Timeouts | float | None = None,
+    predicted_step_s: float | None = None,
+    batch_norm: str = "sync",
 ) -> PipelineRunner:
     """This rank's ``PipelineRunner`` for ``gm`` cut by ``stage_of_fx``.
 
@@ -282,6 +415,15 @@ def build_pipeline_runner(
         group: the process group of the pipeline (replicas == 1 only; default: the world).
         scale_grads: average the micro-batch gradients (mean losses) rather than sum them.
         num_stages: the number of stages when trailing ones are empty.
+        timeouts: how long to wait for peers (:class:`Timeouts`; a number: that bound for every
+            wait). None: ``init_distributed(timeout_s=...)``'s number if one was given, else
+            ``Timeouts()``, whose bounds scale with ``predicted_step_s``.
+        predicted_step_s: the plan's predicted step time (``wrap`` passes the simulator's);
+            None leaves the floors of ``timeouts``.
+        batch_norm: ``"sync"`` (default): where the step splits the batch, BatchNorm keeps
+            running statistics over the whole batch and synchronises replicas
+            (:mod:`autoplace.rewrite.batchnorm`); ``"local"``: torch's BatchNorm per micro-batch
+            and replica (with a warning).
     """
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
@@ -293,6 +435,12 @@ def build_pipeline_runner(
     if replicas > 1 and group is not None:
         raise PipelineError("group= is for a plain pipeline; with replicas > 1 the runner builds its own "
                             "(stages x replicas) device mesh over the whole world")
+    if batch_norm not in _batchnorm.MODES:
+        raise PipelineError(f"batch_norm is {batch_norm!r}; it must be one of {_batchnorm.MODES}")
+    limits = _resolve_timeouts(timeouts)
+    hb = liveness.heartbeat(limits.heartbeat_s)
+    if hb is not None:
+        hb.state = "building"
     if device is None:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
@@ -336,6 +484,13 @@ def build_pipeline_runner(
         for t in [*module.parameters(), *module.buffers()]:
             if t.device != device:
                 t.data = t.data.to(device)
+    # Batch norm over the whole batch; the statistics of a stage's replicas meet on a group of their own.
+    first_bound = limits.bound_s(1, predicted_step_s)
+    replica_ranks = [rank_of(stage, j) for j in range(replicas)]
+    bn_group = (liveness.group(replica_ranks, first_bound) if replicas > 1 and batch_norm == "sync"
+                and _batchnorm.has_batch_norm(stage_module) else None)
+    batch_norms = _batchnorm.convert(stage_module, mode=batch_norm, microbatches=microbatches, replicas=replicas,
+                                     batch_size=batch[0], stage_index=stage, group=bn_group)
     if replicas > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -357,8 +512,14 @@ def build_pipeline_runner(
                                group=pp_group)
     sched_cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
     sched = sched_cls(pipe_stage, microbatches, loss_fn=model_output_loss(gm, loss_fn), scale_grads=scale_grads)
-    return PipelineRunner(rank=dist.get_rank(), stage_index=stage, num_stages=n_stages, replica=replica,
-                          replicas=replicas, microbatches=microbatches, batch_size=batch[0],
-                          stage_module=stage_module, module=module,
-                          schedule=sched, scale_grads=scale_grads, dp_group=dp_group, tied=tied,
-                          timeout_s=_TIMEOUT_S[0])
+    runner = PipelineRunner(rank=dist.get_rank(), stage_index=stage, num_stages=n_stages, replica=replica,
+                            replicas=replicas, microbatches=microbatches, batch_size=batch[0],
+                            stage_module=stage_module, module=module,
+                            schedule=sched, scale_grads=scale_grads, dp_group=dp_group, tied=tied,
+                            timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms)
+    members = sorted(rank_of(s, j) for s in range(n_stages) for j in range(replicas))
+    column = [rank_of(s, replica) for s in range(n_stages)]
+    runner.links = _Links(runner, members, column, rank_of,
+                          [dp_group, bn_group, *{id(g): g for _, g in tied}.values()])
+    runner.links.stage = pipe_stage
+    return runner

@@ -57,7 +57,8 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     gm = torch.fx.symbolic_trace(model)
     t0 = time.perf_counter()
     runner = build_pipeline_runner(gm, contiguous_stages(gm, stages), example_inputs=(x,), microbatches=micro,
-                                   loss_fn=loss_fn, schedule=schedule, replicas=replicas)
+                                   loss_fn=loss_fn, schedule=schedule, replicas=replicas,
+                                   batch_norm=case.get("batch_norm", "sync"))
     t_build = time.perf_counter() - t0
     mine = dict(runner.stage_module.named_parameters())
     opt_name = case.get("optimizer", "sgd")

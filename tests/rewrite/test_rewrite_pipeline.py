@@ -7,8 +7,9 @@ cuts through the branches): loss and gradients equal the unsplit model's (max ab
 
 BatchNorm: the Inception-like model used against the full batch normalises per sample
 (GroupNorm), since BatchNorm over a micro-batch differs from BatchNorm over the full batch.
-The BatchNorm variant is compared with the unsplit model run micro-batch by micro-batch with
-gradient accumulation (what pipelining promises), running statistics included.
+The BatchNorm variant with ``batch_norm="local"`` (torch's BatchNorm per micro-batch) is compared
+with the unsplit model run micro-batch by micro-batch with gradient accumulation, running
+statistics included; the default (whole-batch statistics) is tested in test_rewrite_batchnorm.py.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ CASES_2 = [
     {"model": "inception_gn", "schedule": "gpipe", "microbatches": 4, "replicas": 1},
     {"model": "inception_gn", "schedule": "1f1b", "microbatches": 2, "replicas": 1},
     {"model": "inception", "schedule": "1f1b", "microbatches": 2, "replicas": 1,
-     "reference": "microbatch_accumulation"},
+     "reference": "microbatch_accumulation", "batch_norm": "local"},
 ]
 
 
