@@ -57,8 +57,9 @@ def _same(a: Any, b: Any) -> bool:
 class CallSignature:
     """The call a model was traced on, by parameter name (tensors recorded by shape and dtype).
 
-    ``extra`` are keyword arguments the tracer added (``use_cache=False`` for Hugging Face
-    models); a later call gets them too unless it passes its own.
+    ``extra`` are keyword arguments the tracer added (``use_cache=False`` for a Hugging Face
+    model whose cache torch.export cannot return); a later call gets them too unless it passes
+    its own.
     """
 
     def __init__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -23,6 +23,12 @@ bytes (the copy it needs), so the graph never ties, say, every layer that reads 
 :func:`trace_module` returns a :class:`Traced`: the fx ``GraphModule`` that runs the model,
 the op graph, and ``op_of_fx``, which op every fx node was folded into. That is what the
 rewrite uses to put each fx node on its op's device.
+
+The traced call is the model's own, so is its output: Hugging Face models keep their default
+``use_cache`` and return their KV cache (its types are made pytree nodes for export,
+:mod:`autoplace.graph.hf_cache`), and ``Traced.output`` gives back the model's output type, an
+``OrderedDict`` or a ``ModelOutput`` with every field, where the graph returns flat leaves or
+plain dicts (``Traced.out_spec``).
 """
 
 from __future__ import annotations

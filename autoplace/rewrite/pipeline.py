@@ -139,6 +139,12 @@ def pipeline_module(traced: Any, example_inputs: Sequence[Any]) -> torch.fx.Grap
             stage takes tensors), or a non-tensor argument fx cannot write as a constant.
     """
     gm = traced.gm
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise StageSplitError(
+                f"example input {i} is {x!r:.60}; a pipeline's first stage takes tensors, one per positional "
+                "argument of forward: pass a tensor there (an attention mask of ones, say), or end the inputs "
+                "before it when it and every later argument may keep their defaults")
     values = traced.bind(tuple(example_inputs))
     g = torch.fx.Graph()
     env: dict[Node, Any] = {}

@@ -166,3 +166,48 @@ def test_a_pipeline_gives_loss_fn_the_hf_output_with_its_cache(name: str) -> Non
     want = copy.deepcopy(model)(*inputs)
     assert_same_output(seen[0], want)
     torch.testing.assert_close(loss, hm.loss_fn(want, target), rtol=0, atol=1e-6)
+
+
+class _Opaque:
+    """A cache object pytree does not know (torch.export cannot return it)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+class WithCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin2 = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_cache: bool = True) -> dict[str, Any]:
+        h = self.lin2(self.lin(x).relu())
+        return {"out": h, "cache": _Opaque(h)} if use_cache else {"out": h}
+
+
+def test_a_cache_export_cannot_return_is_left_out_with_a_warning() -> None:
+    model = WithCache()
+    x = torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match=r"traced with use_cache=False.*no cache field"):
+        placed = spread(model, (x,))
+    assert len(placed.plan.devices_used()) == 2  # the traced graph runs (one device runs the model itself)
+    assert_same_output(placed(x), copy.deepcopy(model)(x, use_cache=False))
+
+
+def test_a_pipeline_input_that_is_not_a_tensor_is_refused_with_the_fix() -> None:
+    from autoplace.rewrite.pipeline import StageSplitError
+
+    model = hm.build("t5") if _has_transformers() else pytest.skip("transformers is not installed")
+    (ids, _, dec), _ = hm.batch("t5", 2, 0)
+    traced = trace_module(model, {"input_ids": ids, "decoder_input_ids": dec})
+    with pytest.raises(StageSplitError, match=r"example input 1 is None.*tensor"):
+        pipeline_module(traced, (ids, None, dec))
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
