@@ -301,6 +301,31 @@ def _ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps
     return ready, ar_time
 
 
+def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: float, b_act: float, lat: float,
+             inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> tuple[float, float]:
+    """(gradients ready, all-reduce seconds) of one replicated DDP stage whose ops, in topological
+    order, have backward times ``b_op`` and parameter bytes ``p_op``: the bucket rule of
+    :func:`_ddp_buckets` for one stage (the sharded path's DDP stages use it)."""
+    r = int(replicas)
+    ready = last_b_start + b_act
+    if r <= 1:
+        return ready, 0.0
+    t = fill = free = ar = 0.0
+    for i in range(len(b_op) - 1, -1, -1):
+        t += float(b_op[i])
+        fill += float(p_op[i])
+        if fill >= bucket_bytes:
+            ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+            free = max(free, last_b_start + t) + ring
+            ar += ring
+            fill = 0.0
+    if fill > 0:
+        ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+        free = max(free, ready) + ring
+        ar += ring
+    return max(ready, free), ar
+
+
 @njit(cache=True)
 def _group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat: np.ndarray,
                 inv_bw: np.ndarray) -> tuple[float, float]:
