@@ -58,8 +58,8 @@ def check(ranks: list[list[dict[str, Any]]], index: int) -> dict[str, Any]:
     rows = [rows[index] for rows in ranks]
     name = rows[0]["model"]
     for row in rows:
-        assert row["grad_err"] <= TOL, (name, row["rank"] if "rank" in row else row["stage"], row["grad_err"])
-        assert row["param_err"] <= TOL, (name, row["stage"], row["param_err"])
+        assert row["grad_err"] <= TOL, (name, row["how"], row["stage"], row["grad_err"])
+        assert row["param_err"] <= TOL, (name, row["how"], row["stage"], row["param_err"])
     last = [row for row in rows if row["stage"] == row["stages"] - 1 and row["losses"]]
     assert last, f"{name}: no rank reported losses"
     for row in last:
