@@ -9,7 +9,10 @@ wraps the same blocks. Here a unit is found from ``OpGraph.module_paths`` alone:
   such children (``h.3`` of ``h.3.attn.c_attn``, ``layers.0`` of ``layers.0.attention.wq``,
   ``layer1.2`` of a ResNet's ``layer1.2.conv1``); an op belongs to the first (outermost)
   block on its path;
-- ops on no block path belong to the root (unit -1);
+- a top-level module that owns parameters and holds no block is a unit of its own (torchtitan
+  shards the token embedding and the output projection apart from the root, so each is
+  gathered only while it runs): ``tok_embeddings``, ``output``, ``norm``;
+- the other ops belong to the root (unit -1);
 - a block whose ops are not a convex set of the graph (some op outside it is both fed by the
   block and feeds it: the block could not run as one call) is dropped to the root, and so is
   every block holding a member of a tied group that reaches beyond it (FSDP shards a
@@ -106,10 +109,19 @@ def _convex(graph: "OpGraph", members: np.ndarray, in_unit: np.ndarray) -> bool:
     return True
 
 
+def _top_level(graph: "OpGraph", block: list[str]) -> list[str]:
+    """Each op's top-level module when that module owns parameters and no block ("" otherwise)."""
+    top = [p.split(".", 1)[0] if p else "" for p in graph.module_paths]
+    with_blocks = {t for t, b in zip(top, block) if b}
+    owners = {t for t, b, pb in zip(top, block, graph.param_bytes.tolist()) if t and not b and pb > 0}
+    return [t if t in owners and t not in with_blocks else "" for t in top]
+
+
 @lru_cache(maxsize=32)
 def _cached(graph: "OpGraph") -> Units:
     containers = _containers(graph.module_paths)
     block = [_block_of(p, containers) for p in graph.module_paths]
+    block = [b or t for b, t in zip(block, _top_level(graph, block))]
     order: list[str] = []
     for b in block:
         if b and b not in order:

@@ -78,9 +78,15 @@ def unit_of_fx(traced: "Traced", stage_of_node: Any = None) -> dict[str, str]:
 
 
 def _regions(gm: torch.fx.GraphModule, unit_of: Mapping[str, str],
-             like: Mapping[str, tuple[str, Any]] | None) -> dict[str, list[Node]]:
+             like: Mapping[str, tuple[str, Any]] | None) -> tuple[dict[str, list[Node]], dict[str, int]]:
+    """(nodes of each unit to outline, first node index of every unit). A unit that is one leaf
+    module (``tok_embeddings``) is called as it is: nothing to outline, its parameters are its own."""
     regions: dict[str, list[Node]] = {}
-    for n in gm.graph.nodes:
+    first: dict[str, int] = {}
+    leaves = {str(n.target) for n in gm.graph.nodes
+              if n.op == "call_module" and unit_of.get(n.name, "") == str(n.target)
+              and (like is None or like.get(n.name) == (n.op, n.target))}
+    for i, n in enumerate(gm.graph.nodes):
         if n.op in ("placeholder", "output"):
             continue
         u = unit_of.get(n.name, "")
@@ -88,22 +94,27 @@ def _regions(gm: torch.fx.GraphModule, unit_of: Mapping[str, str],
             continue  # a node the split made (a relay, a tuple, contiguous) is the root's
         if n.op == "get_attr" and not str(n.target).startswith(u + "."):
             continue  # a buffer of the root read inside the unit: passed in
+        first.setdefault(u, i)
+        if u in leaves:
+            continue
         if n.op == "call_module" and not str(n.target).startswith(u + "."):
             raise ShardedRunError(f"FSDP unit {u!r} calls module {n.target!r}, which lies outside it; a unit must "
                                   "hold the modules it calls (re-plan without sharding, or file an issue)")
         regions.setdefault(u, []).append(n)
-    return regions
+    return regions, first
 
 
 def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
                   like: Mapping[str, tuple[str, Any]] | None = None) -> list[str]:
     """Turn every unit's nodes in ``gm`` into one ``call_module`` of a GraphModule at the unit's
-    path (in place); returns the unit paths in forward order. ``unit_of``: fx node name -> unit
+    path (in place; a unit that is one leaf module stays that module's call); returns the unit
+    paths in forward order. ``unit_of``: fx node name -> unit
     ("" for the root); ``like``: the original nodes' ``(op, target)`` by name, so a node the
     stage split added under a reused name is not mistaken for the original."""
-    regions = _regions(gm, unit_of, like)
+    regions, first_of = _regions(gm, unit_of, like)
+    in_order = sorted(first_of, key=first_of.__getitem__)
     if not regions:
-        return []
+        return in_order
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     member = {n: u for u, ns in regions.items() for n in ns}
@@ -141,7 +152,6 @@ def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
 
     new = torch.fx.Graph()
     env: dict[Node, Node] = {}
-    outlined: list[str] = []
     for k in order:
         if not isinstance(k, tuple):
             env[k] = new.node_copy(k, lambda x: env[x])
@@ -172,10 +182,9 @@ def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
         else:
             for i, o in enumerate(outs):
                 env[o] = new.call_function(operator.getitem, (call, i))
-        outlined.append(path)
     gm.graph = new
     gm.recompile()
-    return outlined
+    return in_order
 
 
 # ---- sharding a stage ---------------------------------------------------------------------------

@@ -19,11 +19,13 @@ def test_transformer_blocks_are_units_and_the_rest_is_root() -> None:
     wl = zoo.build("gpt2", small=True)
     g = trace_module(wl.model, wl.example_inputs).graph
     u = block_units(g)
-    assert u.names == ("h.0", "h.1")
+    # blocks, and top-level modules with parameters of their own; the tied embedding and head
+    # share one parameter, so both stay in the root
+    assert u.names == ("wpe", "h.0", "h.1", "ln_f")
     roots = [g.names[i] for i in u.nodes(-1)]
-    assert {"wte", "wpe", "ln_f", "lm_head"} <= set(roots)
+    assert {"wte", "lm_head"} <= set(roots) and not {"wpe", "ln_f"} & set(roots)
     # every op of h.0 (its residual adds too) is in unit 0
-    assert all(u.unit_of_node[i] == 0 for i, p in enumerate(g.module_paths) if p.startswith("h.0"))
+    assert all(u.unit_of_node[i] == u.index("h.0") for i, p in enumerate(g.module_paths) if p.startswith("h.0"))
 
 
 def test_outermost_indexed_child_with_siblings_is_the_block() -> None:
@@ -32,7 +34,10 @@ def test_outermost_indexed_child_with_siblings_is_the_block() -> None:
             "encoder.layer.1.attn", "head.0"], [(i, i + 1) for i in range(5)])
     u = block_units(g)
     assert u.names == ("encoder.layer.0", "encoder.layer.1")
-    assert u.unit_of_node.tolist() == [-1, 0, 0, 0, 1, -1]
+    assert u.unit_of_node.tolist() == [-1, 0, 0, 0, 1, -1]  # emb and head own no parameters here
+    owned = OpGraph.build([f"n{i}" for i in range(3)], ["linear"] * 3, [(0, 1), (1, 2)],
+                          module_paths=("emb", "layers.0", "layers.1"), param_bytes=[4.0, 4.0, 4.0])
+    assert block_units(owned).names == ("emb", "layers.0", "layers.1")  # a top-level module with parameters
 
 
 def test_non_convex_blocks_and_tied_parameters_fall_back_to_the_root() -> None:

@@ -4,7 +4,7 @@ For each case every rank builds the same small Llama (GQA, RoPE, RMSNorm, SwiGLU
 plan, trains 5 optimizer steps (SGD with momentum) through autoplace's sharded runtime and,
 beside it, the unwrapped model on the full batch; it writes to OUT/<case>-rank<r>.json the
 losses of both, the largest difference between its parameters (full tensors of the shards it
-holds) and the unwrapped model's, how many times the first unit's first projection ran forward
+holds) and the unwrapped model's, how many times the first block's query projection ran forward
 (twice per micro-batch when the unit is recomputed) and the fraction of parameter elements
 held locally (1/shards under FSDP).
 """
@@ -78,7 +78,8 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     units = getattr(runner, "units", [])
     calls = [0]
     if units:
-        probe = runner.stage_module.get_submodule(units[0]).attention.wq
+        block = next(u for u in units if u.startswith("layers."))
+        probe = runner.stage_module.get_submodule(block).attention.wq
 
         def count(*_: object) -> None:
             calls[0] += 1

@@ -23,7 +23,7 @@ from autoplace.sim.sharding import ring_allgather, ring_allreduce, sharded_step
 def _blocks(params: list[float], *, root: float = 0.0, act: float = 0.0, edge: float = 0.0,
             batch_size: int = 64) -> OpGraph:
     """inp (root, ``root`` parameter bytes) -> [w_i -> x_i] per block -> out (root)."""
-    names, paths, fwd, bwd, pb, ob = ["inp"], ["emb"], [0.0], [0.0], [root], [0.0]
+    names, paths, fwd, bwd, pb, ob = ["inp"], [""], [0.0], [0.0], [root], [0.0]  # no module: the root
     for i, p in enumerate(params):
         names += [f"w{i}", f"x{i}"]
         paths += [f"blocks.{i}", f"blocks.{i}.mlp"]
@@ -32,7 +32,7 @@ def _blocks(params: list[float], *, root: float = 0.0, act: float = 0.0, edge: f
         pb += [p, 0.0]
         ob += [0.0, act]
     names.append("out")
-    paths.append("head")
+    paths.append("")
     fwd.append(0.0)
     bwd.append(0.0)
     pb.append(0.0)

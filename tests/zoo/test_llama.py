@@ -20,7 +20,7 @@ def test_small_trains_one_step_and_traces_into_block_units() -> None:
     attn = wl.model.layers[0].attention
     assert attn.wk.weight.shape == (2 * 16, 64) and attn.wq.weight.shape == (4 * 16, 64)  # GQA: 2 kv heads of 4
     g = trace_module(wl.model, wl.example_inputs).graph
-    assert block_units(g).names == ("layers.0", "layers.1")
+    assert block_units(g).names == ("tok_embeddings", "layers.0", "layers.1", "norm", "output")
     assert {"scaled_dot_product_attention", "silu", "rsqrt"} <= set(g.kinds) | {
         k for m in g.members for k in m}  # attention, SwiGLU, RMSNorm are in the graph
 
