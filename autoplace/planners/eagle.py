@@ -60,6 +60,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..placement import Placement
 from . import _budget
+from ._adam import Adam
 from .base import register
 from .ppo import PPOConfig
 
@@ -196,7 +197,7 @@ def imitate(score_parts: Callable[[], Sequence["torch.Tensor"]], params: Any, *,
     """
     import torch
 
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = Adam(params, lr=lr)
     probs: list[float] = []
     for step in range(steps + 1):
         parts = score_parts()

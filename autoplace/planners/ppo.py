@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from . import _budget
+from ._adam import Adam
 
 if TYPE_CHECKING:
     import torch
@@ -218,7 +219,7 @@ def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _P
 
 
 
-def ppo_update(policy: Any, optimizer: "torch.optim.Optimizer", actions: Any, old_log_prob: "torch.Tensor",
+def ppo_update(policy: Any, optimizer: "Adam | torch.optim.Optimizer", actions: Any, old_log_prob: "torch.Tensor",
                rewards: Any, baseline: float | None, config: Any, generator: "torch.Generator", *,
                params: Any = None) -> tuple[float, dict[str, float]]:
     """One PPO update on a batch of sampled ``actions`` whose rewards are known.
@@ -300,7 +301,7 @@ def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, 
         raise ValueError(f"max_samples is {max_samples}; it must be >= 1")
 
     gen = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-5)
+    optimizer = Adam(policy.parameters(), lr=config.lr, eps=1e-5)  # torch.optim's, minus its import of dynamo
     n = config.samples_per_update
     start = time.perf_counter()
     samples0 = env.num_samples

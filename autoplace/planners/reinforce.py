@@ -33,6 +33,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..placement import Placement
 from . import _budget
+from ._adam import Adam
 from .base import register
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def reinforce(policy: Any, env: "PlacementEnv", config: ReinforceConfig, *, seed
     if budget_s is None and max_samples is None:
         raise ValueError("reinforce() needs budget_s (seconds) or max_samples (placements) to know when to stop")
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    opt = Adam(policy.parameters(), lr=config.lr)
     start, samples0 = time.perf_counter(), env.num_samples
     baseline: float | None = None
     history: list[HistoryPoint] = []
