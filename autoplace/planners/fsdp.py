@@ -135,6 +135,10 @@ class _Search:
                               "oom": v.oom} for v in ranked]}
         import dataclasses
 
+        from ..export import stage_modules
+
+        meta["stage_modules"] = stage_modules(chosen.placement, self.graph)  # what export writes per stage
+        meta["batch_size"] = self.graph.batch_size
         out = dataclasses.replace(chosen.placement, meta=meta)
         out.validate(self.graph, self.cluster)
         return out
@@ -169,8 +173,9 @@ def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner:
 
 
 def _every_second_block(names: tuple[str, ...]) -> list[str]:
+    """The 2nd, 4th, ... block, as torchtitan's selective layer AC "2" picks them (it counts from 1)."""
     blocks = [u for u in names if u.rsplit(".", 1)[-1].isdigit()]
-    return blocks[::2]
+    return blocks[1::2]
 
 
 def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
