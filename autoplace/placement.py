@@ -7,7 +7,8 @@ Two modes:
   so they form a chain; ``stage_devices[s]`` are the devices that run stage s (more than one
   means the stage is replicated, data parallel inside the stage); ``microbatches`` and
   ``schedule`` ("1f1b" or "gpipe") say how a step is cut and ordered. ``device_of_node[i]``
-  is then the first device of op i's stage.
+  is then the first device of op i's stage. Every replica of every stage gets at least one
+  sample of every micro-batch: microbatches x replicas <= batch (:func:`batch_share_problems`).
 
 Like accelerate's ``device_map``, a placement can be written out, edited by hand and read back;
 ``validate`` lists every problem at once rather than stopping at the first.
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems"]
+__all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems", "batch_share_problems", "replica_samples"]
 
 SCHEDULES = ("1f1b", "gpipe")
 MODES = ("model", "pipeline")
@@ -334,13 +335,14 @@ class Placement:
 
 def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.ndarray,
                       stage_devices: Sequence[Sequence[int]], microbatches: int, schedule: str, *,
-                      every_stage_used: bool = True,
+                      every_stage_used: bool = True, even_batches: bool = False,
                       edge_ends: tuple[np.ndarray, np.ndarray] | None = None) -> list[str]:
     """Every rule a pipeline breaks, each naming the value and the rule (empty: valid). The one
     set of rules behind :meth:`Placement.validate` and the simulator's pipeline check (which
     lets a stage be empty, ``every_stage_used=False``: a planner's search may pass through one).
-    ``edge_ends``: the edges' sources and targets as contiguous arrays, where the caller keeps
-    them (the simulator's hot path)."""
+    The batch rules are :func:`batch_share_problems`'s (``even_batches``: also the runtime's
+    equal shares). ``edge_ends``: the edges' sources and targets as contiguous arrays, where the
+    caller keeps them (the simulator's hot path)."""
     out: list[str] = []
     n, d = graph.num_nodes, cluster.num_devices
     st, s = stage_of_node, len(stage_devices)
@@ -373,6 +375,9 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
         out.append(f"microbatches is {microbatches}; it must be at least 1")
     elif int(microbatches) > graph.batch_size:
         out.append(f"microbatches is {microbatches}, more than the batch size {graph.batch_size}")
+    else:
+        out.extend(batch_share_problems(graph.batch_size, int(microbatches), [len(g) for g in stage_devices],
+                                        even=even_batches))
     if schedule not in SCHEDULES:
         out.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
     if stages_ok and s > 1 and graph.num_edges:
@@ -383,6 +388,54 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
             a, b = graph.edges[back[0]]
             out.append(f"edge {graph.names[a]} (stage {st[a]}) -> {graph.names[b]} (stage {st[b]}) goes "
                        f"back a stage ({back.size} such edges); stages must not decrease along edges")
+    return out
+
+
+def replica_samples(batch_size: int, microbatches: int, replicas: int) -> tuple[int, int]:
+    """(fewest, most) samples one replica of a stage on ``replicas`` devices gets of one
+    micro-batch, when the batch is cut into ``microbatches`` and each micro-batch into
+    ``replicas`` shares as ``torch.Tensor.tensor_split`` cuts (sizes differ by at most one):
+    ``floor(B / (M r))`` and ``ceil(B / (M r))``."""
+    parts = max(int(microbatches), 1) * max(int(replicas), 1)
+    return int(batch_size) // parts, -(-int(batch_size) // parts)
+
+
+def batch_share_problems(batch_size: int, microbatches: int, replicas: Sequence[int], *,
+                         even: bool = False) -> list[str]:
+    """The batch rules of a pipeline whose stage ``s`` runs on ``replicas[s]`` devices.
+
+    Each micro-batch is ``B / M`` samples and each of a stage's ``r`` replicas takes ``1 / r`` of
+    it (data parallel inside the stage), so a replica sees ``B / (M r)`` samples. The rule:
+    **microbatches x replicas <= batch** for every stage, so every replica gets at least one
+    sample of every micro-batch (a replica with none would run on an empty tensor, and its
+    all-reduce would average a gradient that is not there).
+
+    When ``B / (M r)`` is not a whole number the shares are cut as ``tensor_split`` cuts them
+    (:func:`replica_samples`: some replicas get one sample more); the simulator prices every
+    replica at the mean share ``1 / (M r)`` of the batch. The runtime
+    (``autoplace.rewrite.runtime.build_pipeline_runner``, ``torch.distributed.pipelining``
+    with shapes fixed before the first step) needs equal shares, **batch divisible by
+    microbatches x replicas**: ``even=True`` adds that rule, as a check before running.
+    """
+    out: list[str] = []
+    b, m = int(batch_size), int(microbatches)
+    for r in sorted({int(x) for x in replicas if int(x) >= 1}, reverse=True):
+        stages = [k for k, x in enumerate(replicas) if int(x) == r]
+        which = f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages}"
+        mbs = f"{m} micro-batch{'es' if m != 1 else ''}"
+        if m * r > b:
+            fix = (f"use at most {b // r} micro-batches" if b >= r else "") + \
+                  (" or " if b >= r and b >= m else "") + \
+                  (f"at most {b // m} replicas per stage" if b >= m else "")
+            out.append(f"{which} on {r} devices with {mbs} gives each replica {b}/({m}x{r}) = "
+                       f"{b / (m * r):.3g} samples of a micro-batch (batch {b}); every replica needs at least "
+                       f"one (microbatches x replicas <= batch): {fix}")
+        elif even and b % (m * r):
+            lo, hi = replica_samples(b, m, r)
+            out.append(f"{which} on {r} devices with {mbs} cuts the batch of {b} into shares of "
+                       f"{lo} to {hi} samples; the runtime needs equal shares (batch divisible by microbatches "
+                       f"x replicas = {m * r}): choose micro-batches and replicas whose product divides {b}, or "
+                       f"a batch that is a multiple of {m * r}")
     return out
 
 

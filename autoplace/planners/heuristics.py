@@ -21,7 +21,9 @@
   device), then device 1, and so on; here the bytes are an op's training bytes.
 - ``data-parallel`` (pipeline mode): one stage replicated on every device (PyTorch DDP), the
   baseline most users start from; micro-batches are gradient accumulation, tried 1, 2, 4, ...
-  as the batch allows. Raises :class:`NoFitError` when a full model copy does not fit.
+  as the batch allows. When the batch has fewer samples than the cluster has devices, the
+  replicas are the ``batch`` fastest devices (each replica needs a sample: microbatches x
+  replicas <= batch). Raises :class:`NoFitError` when a full model copy does not fit.
 """
 
 from __future__ import annotations
@@ -170,21 +172,20 @@ def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
                         module: Any = None) -> Placement:
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
-    d = cluster.num_devices
+    # every replica needs a sample: with a batch smaller than the cluster, the fastest `batch` devices
+    k = min(cluster.num_devices, graph.batch_size)
+    group = sorted(device_orders(judge)[-1][:k])
+    devices = (tuple(group),)
     copy = float(mem.static.sum())
-    small = int(np.argmin(cluster.memory))
+    small = group[int(np.argmin(cluster.memory[group]))]
     if copy > cluster.memory[small]:
         raise no_fit(graph, cluster, mem, planner="data-parallel", mode="pipeline",
                      why=f"a full model copy (parameters, gradients, optimizer state) needs {gib(copy)}; "
                          f"device {cluster.device_label(small)} has {gib(float(cluster.memory[small]))}")
-    if graph.batch_size < d:
-        raise no_fit(graph, cluster, mem, planner="data-parallel", mode="pipeline",
-                     why=f"the batch of {graph.batch_size} cannot be split over {d} replicas")
     stage = np.zeros(graph.num_nodes, dtype=np.int64)
-    devices = (tuple(range(d)),)
     m = 1
-    while m * d <= graph.batch_size:
-        c = judge.pipeline(f"DDP over {d} devices, {m} accumulation steps", stage, devices, m, "1f1b")
+    while m * k <= graph.batch_size:
+        c = judge.pipeline(f"DDP over {k} devices, {m} accumulation steps", stage, devices, m, "1f1b")
         if not c.oom and m > 1:
             break  # more accumulation only adds overhead once it fits
         m *= 2

@@ -69,7 +69,10 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["Chain", "compress", "solve", "place_pipedream_dp", "StagePlan"]
+__all__ = ["Chain", "compress", "solve", "place_pipedream_dp", "StagePlan", "microbatch_grid"]
+
+SCHEDULES = ("1f1b", "gpipe")
+"""The synchronous schedules this planner chooses between (flushes, replicated stages allowed)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,8 @@ class _Groups:
 
 def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, static: np.ndarray,
           act: np.ndarray, cluster: Cluster, order: list[int], *, act_share: float = 1.0,
-          overlap_allreduce: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          overlap_allreduce: bool = False, max_replicas: int | None = None, duplex: bool = True,
+          alternatives: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PipeDream's DP over the chain and the ordered devices.
 
     ``work_by_r[r]``: (N, D) per-step seconds of each op for one of r replicas (cluster columns);
@@ -190,6 +194,12 @@ def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, st
     back pointers ``(k, r)``: the last stage is blocks k..j on ``r`` replicas.
     ``overlap_allreduce``: a replicated stage costs max(compute, all-reduce) rather than their
     sum (PipeDream's rule), as when DDP hides the all-reduce behind the backward pass.
+    ``max_replicas``: most replicas of a stage (the batch size: every replica needs a sample).
+    ``duplex``: a cut costs ``C_k`` (activations and gradients go opposite ways on a full-duplex
+    link, the simulator's model) rather than PipeDream's ``2 C_k``.
+    ``alternatives``: a (D+1,) int array filled with, for the whole chain on all D devices and
+    each replica count r of the last stage, the first block k of the best such last stage (-1
+    where none fits): the DP's runners-up, one per replica count.
     """
     b, d = chain.num_blocks, len(order)
     bounds = chain.bounds
@@ -205,17 +215,21 @@ def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, st
         cw = w[:, o[:cols]]
         wc[r] = np.vstack([np.zeros((1, cols)), np.cumsum(cw, axis=0)])[bounds]
     g = _Groups(cluster, order)
+    alt = alternatives if alternatives is not None else np.full(d + 1, -1, dtype=np.int64)
+    cap = d if max_replicas is None else max(1, min(d, int(max_replicas)))
     return _dp(wc, cum(params), cum(static), cum(act), chain.cut_bytes.astype(np.float64), g.bw_min, g.lat_max,
-               g.mem_min, g.in_bw, g.in_lat, float(act_share), bool(overlap_allreduce), homogeneous)
+               g.mem_min, g.in_bw, g.in_lat, float(act_share), bool(overlap_allreduce), homogeneous, cap,
+               1.0 if duplex else 2.0, alt)
 
 
 @njit(cache=True)
 def _dp(wc: np.ndarray, pc: np.ndarray, sc: np.ndarray, ac: np.ndarray, cut: np.ndarray, bw_min: np.ndarray,
         lat_max: np.ndarray, mem_min: np.ndarray, in_bw: np.ndarray, in_lat: np.ndarray, act_share: float,
-        overlap: bool, homogeneous: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        overlap: bool, homogeneous: bool, max_r: int, comm_factor: float,
+        alt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The DP's loops, compiled: for every prefix j and device count m, every last stage (k..j]
-    on r replicas. Ties keep the first found: the fewest stages (r == m first), then the
-    earliest cut."""
+    on r <= max_r replicas. Ties keep the first found: the fewest stages (r == m first), then the
+    earliest cut. ``alt[r]``: the best last stage's first block per r for j = B, m = D."""
     d = wc.shape[0] - 1
     b = wc.shape[1] - 1
     A = np.full((b + 1, d + 1), np.inf)
@@ -224,7 +238,7 @@ def _dp(wc: np.ndarray, pc: np.ndarray, sc: np.ndarray, ac: np.ndarray, cut: np.
     for j in range(1, b + 1):
         for m in range(1, d + 1):
             best, bk, br = np.inf, -1, 0
-            for r in range(m, 0, -1):
+            for r in range(min(m, max_r), 0, -1):
                 g0 = m - r
                 k_lo, k_hi = (0, 1) if g0 == 0 else (1, j)
                 rbest, rk = np.inf, -1
@@ -242,10 +256,12 @@ def _dp(wc: np.ndarray, pc: np.ndarray, sc: np.ndarray, ac: np.ndarray, cut: np.
                     if need > mem_min[g0, m]:
                         continue
                     if g0 > 0:
-                        comm = 2.0 * cut[k] / (r * in_bw[g0]) + 2.0 * in_lat[g0]
+                        comm = comm_factor * cut[k] / (r * in_bw[g0]) + 2.0 * in_lat[g0]
                         t = max(t, comm, A[k, g0])
                     if t < rbest:
                         rbest, rk = t, k
+                if j == b and m == d and np.isfinite(rbest):
+                    alt[r] = rk
                 if rbest < best * (1.0 - 1e-12):
                     best, bk, br = rbest, rk, r
             A[j, m], back_k[j, m], back_r[j, m] = best, bk, br
@@ -270,9 +286,12 @@ def _plan(stages: list[list[int]], order: tuple[int, ...]) -> StagePlan:
     return StagePlan(tuple((int(s[0]), int(s[1]), int(s[2]), int(s[3])) for s in stages), order)
 
 
-def _neighbours(plan: StagePlan, num_blocks: int) -> list[StagePlan]:
-    """Plans one move away: two neighbouring stages merged, a boundary shifted by one block, or
-    one device moved between neighbouring stages (groups stay runs of the order)."""
+def _neighbours(plan: StagePlan, num_blocks: int, work: np.ndarray, num_devices: int) -> list[StagePlan]:
+    """Plans one move away: two neighbouring stages merged, a boundary shifted by one block,
+    one device moved between neighbouring stages (groups stay runs of the order), a replicated
+    stage split in two at its balanced cut (its replicas shared r-1 | 1, 1 | r-1 or in halves),
+    or the next unused device of the order added to the last stage. ``work``: (B,) seconds of
+    each block."""
     out = []
     st = [list(s) for s in plan.stages]
     for s in range(len(st) - 1):
@@ -297,81 +316,148 @@ def _neighbours(plan: StagePlan, num_blocks: int) -> list[StagePlan]:
             new[s + 1][2] += 1
             new[s + 1][3] -= 1
             out.append(_plan(new, plan.order))
+    for s, (b0, b1, g0, r) in enumerate(st):
+        if r < 2 or b1 - b0 < 2:
+            continue
+        for r0 in sorted({r - 1, 1, r // 2}):
+            # the cut that balances the two halves' work per replica
+            cum = np.cumsum(work[b0:b1])
+            share = r0 / r
+            cut = b0 + 1 + int(np.argmin(np.abs(cum[:-1] - share * cum[-1])))
+            new = [x[:] for x in st[:s]] + [[b0, cut, g0, r0], [cut, b1, g0 + r0, r - r0]] + [x[:] for x in st[s + 1:]]
+            out.append(_plan(new, plan.order))
+    used = st[-1][2] + st[-1][3]
+    if used < num_devices:
+        new = [x[:] for x in st]
+        new[-1][3] += 1
+        out.append(_plan(new, plan.order))
     return out
 
 
+def microbatch_grid(batch_size: int, num_stages: int, widest: int) -> list[int]:
+    """Micro-batch counts the final search tries for fixed stages: 1..64, the powers of two and
+    S, 2S, 4S, 8S, each with ``M x widest replicas <= batch``."""
+    cap = batch_size // max(widest, 1)
+    grid = set(range(1, 65)) | {2**k for k in range(20)} | {num_stages * k for k in (1, 2, 4, 8)}
+    return sorted(m for m in grid if 1 <= m <= cap)
+
+
 def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                       module: Any = None, max_blocks: int | None = None, climb_evals: int = 80) -> Placement:
+                       module: Any = None, max_blocks: int | None = None, climb_evals: int = 400,
+                       climb_starts: int = 3) -> Placement:
     t_start = time.perf_counter()
     judge = Judge(graph, cluster, cost)
-    n, d = graph.num_nodes, cluster.num_devices
+    n, d, batch = graph.num_nodes, cluster.num_devices, graph.batch_size
     mem = MemoryEstimate.of(graph, judge.cost)
     base = judge.work()
     if max_blocks is None:
         max_blocks = int(np.clip(4096 // d, 24, 160))
     chain = compress(graph, base.mean(axis=1), min_candidates=max(4 * d, 32), max_blocks=max_blocks)
+    nb = chain.num_blocks
+    block_work = np.add.reduceat(base.mean(axis=1), chain.bounds[:-1]) if n else np.zeros(0)
+    max_r = min(d, batch)  # a stage on more replicas than samples leaves one without any
     work_by_r = {}
-    for r in range(1, d + 1):
+    for r in range(1, max_r + 1):
         f, bw = judge.sim.op_times(r)
         work_by_r[r] = f + bw
+    results: dict[tuple[StagePlan, int, str], Choice] = {}
 
     def evaluate(plan: StagePlan, ms: list[int], schedules: tuple[str, ...]) -> list[Choice]:
-        stage, devices = plan.assignment(chain, n)
+        """Simulate ``plan`` at each micro-batch count and schedule (once per combination)."""
+        stage, devices = None, None
         out = []
         for m in ms:
             for sch in schedules:
-                out.append(judge.pipeline(f"{len(devices)} stages, replicas {[len(x) for x in devices]}, "
-                                          f"{m} micro-batches, {sch}", stage, devices, m, sch, plan=plan))
+                key = (plan, m, sch)
+                if key not in results:
+                    if stage is None:
+                        stage, devices = plan.assignment(chain, n)
+                    results[key] = judge.pipeline(f"{len(devices)} stages, replicas {[len(x) for x in devices]}, "
+                                                  f"{m} micro-batches, {sch}", stage, devices, m, sch, plan=plan)
+                out.append(results[key])
         return out
 
-    def options(plan: StagePlan) -> list[int]:
-        widest = max(s[3] for s in plan.stages)
-        return [m for m in judge.microbatch_options(len(plan.stages)) if m * widest <= graph.batch_size] or [1]
+    def widest(plan: StagePlan) -> int:
+        return max(s[3] for s in plan.stages)
 
-    nb = chain.num_blocks
+    def options(plan: StagePlan) -> list[int]:
+        return [m for m in judge.microbatch_options(len(plan.stages)) if m * widest(plan) <= batch]
+
+    def fastest(choices: list[Choice]) -> float:
+        return min((c.step_time_s for c in choices if not c.oom), default=np.inf)
+
     plans: dict[StagePlan, None] = {}
     for share in (1.0, 0.5, 0.25, 0.125):  # activations kept per replica, as a share of the full batch
         new: dict[StagePlan, None] = {}
         for order in device_orders(judge):
             for overlap in (False, True):
-                A, bk, br = solve(chain, work_by_r, graph.param_bytes, mem.static, mem.act, cluster, order,
-                                  act_share=share, overlap_allreduce=overlap)
-                for m in range(1, d + 1):
-                    if not np.isfinite(A[nb, m]):
-                        continue
-                    new[reconstruct(bk, br, nb, m, order)] = None
-                    # and the one-stage plan over the same devices (data parallel), when it fits
-                    if bk[nb, m] != 0 and _fits_one_stage(mem, cluster, order[:m], share):
-                        new[StagePlan(((0, nb, 0, m),), tuple(order))] = None
+                for duplex in (False, True):
+                    alt = np.full(d + 1, -1, dtype=np.int64)
+                    A, bk, br = solve(chain, work_by_r, graph.param_bytes, mem.static, mem.act, cluster, order,
+                                      act_share=share, overlap_allreduce=overlap, max_replicas=max_r,
+                                      duplex=duplex, alternatives=alt)
+                    for m in range(1, d + 1):
+                        if not np.isfinite(A[nb, m]):
+                            continue
+                        new[reconstruct(bk, br, nb, m, order)] = None
+                        # and the one-stage plan over the same devices (data parallel), when it fits
+                        if m <= max_r and bk[nb, m] != 0 and _fits_one_stage(mem, cluster, order[:m], share):
+                            new[StagePlan(((0, nb, 0, m),), tuple(order))] = None
+                    # the runners-up on all devices: the best plan for each replica count of the last stage
+                    for r in range(1, max_r + 1):
+                        k = int(alt[r])
+                        if k > 0 and np.isfinite(A[k, d - r]):
+                            head = reconstruct(bk, br, k, d - r, order).stages
+                            new[StagePlan(head + ((k, nb, d - r, r),), tuple(order))] = None
         fresh = [p for p in new if p not in plans]
         plans.update(new)
         # every plan with each micro-batch count under 1F1B; the three best also under GPipe
-        scored = [(min(c.step_time_s if not c.oom else np.inf for c in evaluate(p, options(p), ("1f1b",))), k)
-                  for k, p in enumerate(fresh)]
-        for _, k in sorted(scored)[:3]:
+        scored = sorted((fastest(evaluate(p, options(p), ("1f1b",))), k) for k, p in enumerate(fresh))
+        for _, k in scored[:3]:
             evaluate(fresh[k], options(fresh[k]), ("gpipe",))
         if judge.best() is not None:
             break
-    best = judge.best()
-    if best is None:
+    if judge.best() is None:
         raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
                      why="no stage split with replication keeps every replica within its device's memory")
-    # hill climb in the simulator from the best plan, at its micro-batch count and schedule
-    current, evals = best, 0
-    improved = True
-    while improved and evals < climb_evals:
-        improved = False
-        for near in _neighbours(current.extra["plan"], nb):
-            widest = max(s[3] for s in near.stages)
-            if current.microbatches * widest > graph.batch_size:
-                continue
-            c = evaluate(near, [current.microbatches], (current.schedule,))[0]
-            evals += 1
-            if not c.oom and c.step_time_s < current.step_time_s * (1 - 1e-9):
-                current, improved = c, True
-                break
-            if evals >= climb_evals:
-                break
+
+    def research(plan: StagePlan) -> Choice | None:
+        """The plan's fastest fitting (micro-batches, schedule) over the whole grid."""
+        grid = microbatch_grid(batch, len(plan.stages), widest(plan))
+        fits = [c for c in evaluate(plan, grid, SCHEDULES) if not c.oom]
+        return min(fits, key=lambda c: c.step_time_s) if fits else None
+
+    def climb(current: Choice) -> int:
+        """First-improvement hill climb in the simulator: each neighbour under the current
+        schedule at the current micro-batch count, half and twice it, and 1, S, 2S, 4S, 8S; the
+        whole grid searched again after each move. Returns the evaluations spent."""
+        evals, improved = 0, True
+        while improved and evals < climb_evals:
+            improved = False
+            m0 = current.microbatches
+            for near in _neighbours(current.extra["plan"], nb, block_work, d):
+                ms = sorted({m for m in (m0, m0 // 2, 2 * m0) if 1 <= m and m * widest(near) <= batch}
+                            | set(options(near)))
+                tried = evaluate(near, ms, (current.schedule,))
+                evals += len(ms)
+                if fastest(tried) < current.step_time_s * (1 - 1e-9):
+                    current, improved = research(near) or current, True
+                    break
+                if evals >= climb_evals:
+                    break
+        return evals
+
+    # the best few plans (each at its best micro-batch count and schedule) each start a climb
+    by_plan: dict[StagePlan, float] = {}
+    for c in judge.tried:
+        if not c.oom:
+            key = c.extra["plan"]
+            by_plan[key] = min(by_plan.get(key, np.inf), c.step_time_s)
+    evals = 0
+    for plan in sorted(by_plan, key=by_plan.__getitem__)[:climb_starts]:
+        start = research(plan)
+        if start is not None:
+            evals += climb(start)
     chosen = judge.best()
     assert chosen is not None
     meta_extra = {"blocks": chain.num_blocks, "compression_width": chain.width, "dp_plans": len(plans),

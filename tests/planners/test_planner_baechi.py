@@ -9,7 +9,7 @@ from autoplace import Cluster
 from autoplace.cost.analytic import CostModel
 from autoplace.graph.ir import OpGraph
 from autoplace.planners import get_planner
-from autoplace.planners.baechi import favourite_children, list_schedule
+from autoplace.planners.baechi import favourite_children, favourite_lp, list_schedule
 from autoplace.planners.memory import MemoryEstimate
 from planner_graphs import branchy, chain
 
@@ -63,6 +63,63 @@ def test_favourite_children_respect_the_lp_constraints(seed: int) -> None:
     for i, c in enumerate(fav.tolist()):
         if c >= 0:
             assert c in g.successors(i).tolist()  # a favourite child is a child
+
+
+def _makespan(graph: OpGraph, p: np.ndarray, c: np.ndarray, fav: np.ndarray) -> float:
+    """Longest path when every edge but the favourite ones pays its communication."""
+    s = np.zeros(graph.num_nodes)
+    for (i, j), cost in sorted(zip(graph.edges.tolist(), c.tolist()), key=lambda e: e[0][1]):
+        s[j] = max(s[j], s[i] + p[i] + (0.0 if fav[i] == j else cost))
+    return float((s + p).max())
+
+
+def test_favourite_children_solve_baechis_lp_exactly() -> None:
+    # a -> b -> d, a -> c; p = (2, 1, 5, 3), c(a,b) = 1, c(a,c) = 5, c(b,d) = 5. a has one
+    # favourite: c (no transfer before its 5) gives max(2 + 5, 2 + 1 + 1 + 3) = 7; b would give
+    # 2 + 5 + 5 = 12. Both paths through a weigh 12 with every transfer counted, so ranking edges
+    # by that (the old one-pass approximation) could not tell; the LP's optimum is 7, integral.
+    g = _graph([(0, 1), (0, 2), (1, 3)], 4, out=1.0)
+    p, c = np.array([2.0, 1.0, 5.0, 3.0]), np.array([1.0, 5.0, 5.0])
+    x, makespan = favourite_lp(g, p, c)
+    assert makespan == pytest.approx(7.0)
+    assert x.tolist() == pytest.approx([1.0, 0.0, 0.0])
+    fav = favourite_children(g, p, c)
+    assert fav.tolist() == [2, 3, -1, -1]
+    assert _makespan(g, p, c, fav) == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_favourite_lp_is_the_full_lp(seed: int) -> None:
+    # the LP as Baechi writes it (a makespan row per op, a degree row per op with an edge),
+    # solved by HiGHS's interior point method, has the same optimum as the reduced one
+    from scipy.optimize import linprog
+
+    g = branchy(25, seed=seed)
+    rng = np.random.default_rng(seed)
+    n, e = g.num_nodes, g.num_edges
+    p, c = rng.uniform(1, 5, n), rng.uniform(0, 8, e)
+    src, dst = g.edges[:, 0], g.edges[:, 1]
+    rows, rhs = [], []
+    for k in range(e):
+        r = np.zeros(e + n + 1)
+        r[e + src[k]], r[e + dst[k]], r[k] = 1.0, -1.0, c[k]
+        rows.append(r), rhs.append(-p[src[k]])
+    for ends in (src, dst):
+        for v in range(n):
+            mine = np.nonzero(ends == v)[0]
+            if mine.size:
+                r = np.zeros(e + n + 1)
+                r[mine] = -1.0
+                rows.append(r), rhs.append(1.0 - mine.size)
+    for v in range(n):
+        r = np.zeros(e + n + 1)
+        r[e + v], r[-1] = 1.0, -1.0
+        rows.append(r), rhs.append(-p[v])
+    cost = np.zeros(e + n + 1)
+    cost[-1] = 1.0
+    full = linprog(cost, A_ub=np.array(rows), b_ub=rhs, bounds=[(0, 1)] * e + [(0, None)] * (n + 1),
+                   method="highs-ipm")
+    assert favourite_lp(g, p, c)[1] == pytest.approx(full.fun, rel=1e-7)
 
 
 def test_favourite_children_of_a_chain_are_the_next_ops() -> None:

@@ -122,9 +122,12 @@ def test_data_parallel_is_one_replicated_stage() -> None:
     assert set(p.stage_of_node.tolist()) == {0}
 
 
-def test_data_parallel_needs_a_batch_per_replica() -> None:
-    with pytest.raises(NoFitError, match="batch of 2"):
-        get_planner("data-parallel").place(chain(4, batch=2), Cluster.preset("4xV100-pcie"))
+def test_data_parallel_uses_at_most_one_replica_per_sample() -> None:
+    # a batch of 2 on 4 devices: two replicas of one sample each (four would leave two without any)
+    graph, cluster = chain(4, batch=2), Cluster.preset("4xV100-pcie")
+    p = get_planner("data-parallel").place(graph, cluster)
+    assert p.stage_devices == ((0, 1),) and p.microbatches == 1
+    assert p.problems(graph, cluster) == []
 
 
 def test_gpipe_uniform_one_device_per_stage() -> None:

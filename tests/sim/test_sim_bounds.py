@@ -71,7 +71,8 @@ def _random_pipeline(g: OpGraph, d: int, rng: np.random.Generator) -> tuple[np.n
     groups = [[perm.pop()] for _ in range(s)]
     for _ in range(extra):
         groups[int(rng.integers(0, s))].append(perm.pop())
-    return stage, groups, int(rng.integers(1, 17)), "gpipe" if rng.random() < 0.5 else "1f1b"
+    m = min(int(rng.integers(1, 17)), g.batch_size // max(len(x) for x in groups))  # microbatches x replicas <= batch
+    return stage, groups, m, "gpipe" if rng.random() < 0.5 else "1f1b"
 
 
 @pytest.mark.parametrize("preset", ["4xV100-pcie", "2xA100+2xT4", "8xV100-nvlink", "2x4xV100-25gbe"])
@@ -98,7 +99,8 @@ def test_bound_is_below_every_random_placement(preset: str, seed: int) -> None:
         stage, groups, m, sched = _random_pipeline(g, d, rng)
         step = sim.evaluate_pipeline(stage, groups, m, sched).step_time_s
         assert lb_any <= step * (1 + 1e-12), (stage, groups, m, sched)
-    data_parallel = sim.evaluate_pipeline(np.zeros(n, int), [list(range(d))], int(rng.integers(1, 9))).step_time_s
+    m = min(int(rng.integers(1, 9)), g.batch_size // d)
+    data_parallel = sim.evaluate_pipeline(np.zeros(n, int), [list(range(d))], m).step_time_s
     assert lb_any <= data_parallel * (1 + 1e-12)
     assert lb_model <= min(steps_model) * (1 + 1e-12)
     assert lb_any <= min(steps_model) * (1 + 1e-12)

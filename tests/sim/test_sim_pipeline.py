@@ -155,7 +155,8 @@ def test_data_parallel_memory_is_a_full_copy_per_device() -> None:
 def test_heterogeneous_replicas_wait_for_the_slowest() -> None:
     # Measured on V100 (15.7 TFLOPS); a T4 (8.1 TFLOPS) runs it 15.7 / 8.1 times slower. Each
     # replica gets half the batch: V100 1 + 2 ms, T4 (1 + 2) x 15.7 / 8.1 ms; the stage waits for the T4.
-    g = OpGraph.build(["x"], ["linear"], [], fwd_time_s=[2 * MS], bwd_time_s=[4 * MS], profiled_on="V100-16GB")
+    g = OpGraph.build(["x"], ["linear"], [], fwd_time_s=[2 * MS], bwd_time_s=[4 * MS], profiled_on="V100-16GB",
+                      batch_size=2)  # one sample per replica
     devs = [Device("cuda:0", "V100-16GB", 15.7e12, 900e9, 16e9), Device("cuda:1", "T4", 8.1e12, 320e9, 16e9)]
     c = Cluster.from_links(devs, lambda i, j: Link("pcie", 1e10, 0.0))
     r = autoplace.simulate(g, Placement.pipeline(g, c, [0], [[0, 1]], microbatches=1), c)
