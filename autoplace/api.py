@@ -143,7 +143,7 @@ class PlacedModule(nn.Module):
     def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from .graph.trace import trace_module
         from .planners import plan as make_plan
-        from .planners.base import plan_budget
+        from .planners.base import plan_budget, wrap_budget
         from .sim import simulate
 
         model: nn.Module = self.__dict__["_wrapped"]
@@ -164,7 +164,8 @@ class PlacedModule(nn.Module):
             planner = "single" if self.cluster.num_devices == 1 and self._planner == "best" else self._planner
             weigh = self._mode == "auto" and self.cluster.num_devices > 1
             with Step(f"autoplace: planning {graph.num_nodes} ops on {self.cluster.num_devices} devices "
-                      f"(planner {planner!r})", stream=sys.stderr), plan_budget(self._budget_s) as total:
+                      f"(planner {planner!r})", stream=sys.stderr), \
+                    plan_budget(wrap_budget(self._budget_s, self.timings["trace_s"])) as total:
                 with plan_budget(0.75 * total if weigh else total):  # the rest weighs pipeline plans
                     self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
                                           budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
@@ -412,11 +413,13 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
             properties should be overridden; by default read from ``devices``.
         cost: the cost model (default: roofline with default efficiencies).
         budget_s: seconds planning may take, all planners together (with ``mode="auto"`` a
-            quarter of it weighs the pipeline plans); None: at most 6 s
-            (``autoplace.planners.base.DEFAULT_BUDGET_S``), the learned planners in their quick
-            modes. Learned planners get what the heuristics leave and are skipped, said in
-            ``placed.report()``, when nothing is left; planning of more than 2 s shows its
-            progress on stderr.
+            quarter of it weighs the pipeline plans). None (default): the learned planners in
+            their quick modes, and planning at most 6 s and at most what tracing left of 9 s
+            (never under 2 s), so trace and plan take about 9 s at worst
+            (``autoplace.planners.base.wrap_budget``). Learned planners get what the
+            heuristics leave and are skipped, said in ``placed.report()``, when nothing is
+            left; numba's one-time compilation (the first run after installing) is not
+            counted. Planning of more than 2 s shows its progress on stderr.
         seed: makes planning reproducible.
         finetune: ``"online"`` (or True) keeps improving the placement during training from
             measured step times (:mod:`autoplace.online`); False (default) keeps the plan.

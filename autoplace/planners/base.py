@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
 
 __all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "plan", "MODES", "KINDS",
-           "DEFAULT_BUDGET_S", "MIN_LEARNED_S"]
+           "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "plan_budget", "wrap_budget"]
 
 MODES = ("model", "pipeline")
 KINDS = ("heuristic", "learned")
@@ -171,6 +171,18 @@ QUICK_RESERVE_S = 1.0
 """In quick mode (``budget_s=None``) a learned planner may run until this many seconds per
 learned planner after it are left (they usually finish early; a fine-tuning budget is split
 in equal shares instead)."""
+
+
+WRAP_TARGET_S = 9.0
+"""``wrap(budget_s=None)``: tracing and planning together in about this many seconds."""
+
+
+def wrap_budget(budget_s: float | None, trace_s: float) -> float:
+    """The planning budget of ``wrap``: ``budget_s`` when given; else :data:`DEFAULT_BUDGET_S`,
+    cut to what tracing (``trace_s``) left of :data:`WRAP_TARGET_S`, never under 2 s."""
+    if budget_s is not None:
+        return float(budget_s)
+    return min(DEFAULT_BUDGET_S, max(WRAP_TARGET_S - trace_s, 2.0))
 
 
 @contextlib.contextmanager

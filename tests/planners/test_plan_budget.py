@@ -308,3 +308,10 @@ def test_wrap_plans_its_model_and_weighs_pipelines_within_one_budget(registry: d
     assert clock.s - placed.timings["trace_s"] < 2.0 + SLACK_S  # the model plan and the pipeline comparison
     assert placed.plan.meta["budget_s"] <= 0.75 * 2.0 + 1e-6  # the model plan's part of it
     assert "planning took" in placed.report() and "s budget" in placed.report()
+
+
+def test_wraps_default_budget_leaves_tracing_its_share_of_nine_seconds() -> None:
+    assert base.wrap_budget(None, 0.5) == base.DEFAULT_BUDGET_S == 6.0
+    assert base.wrap_budget(None, 5.0) == pytest.approx(4.0)
+    assert base.wrap_budget(None, 30.0) == 2.0  # a slow trace still leaves the heuristics time
+    assert base.wrap_budget(20.0, 30.0) == 20.0  # a budget given is the budget
