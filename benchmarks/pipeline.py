@@ -108,7 +108,7 @@ def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float 
         "memory_per_device_gib": [round(float(x) / GiB, 3) for x in peak], "plan_time_s": plan_time,
         "stages": p.num_stages, "replicas": [len(s) for s in (p.stage_devices or ())],
         "stage_devices": [list(s) for s in (p.stage_devices or ())], "microbatches": p.microbatches,
-        "schedule": p.schedule,
+        "schedule": p.schedule, "problems": p.problems(graph, cluster),
     }
     if name == LEARNED:
         m = p.meta

@@ -113,6 +113,8 @@ def run_pair(graph: OpGraph, cluster: Cluster, planners: list[tuple[str, str]],
             row.update(step_time_s=res.step_time_s, oom=bool(res.oom), speedup=single / res.step_time_s,
                        gap_to_bound=res.step_time_s / bound, peak_memory_bytes=float(np.max(res.peak_memory_bytes)),
                        devices=len(out.devices_used()), plan=out.describe())
+            if out.mode == "pipeline":  # the rules every plan must keep (empty: valid)
+                row["problems"] = out.problems(graph, cluster)
         except NoFitError as e:
             row.update(plan_time_s=time.perf_counter() - t0, nofit=getattr(e, "why", "") or str(e))
         except Exception as e:  # a learned planner in progress must not stop the table

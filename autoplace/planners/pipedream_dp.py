@@ -34,19 +34,32 @@ How this code applies it, and where it departs:
   ``4 (m - 1) / m``), and ``C_k`` uses the link between the last device of the previous group and
   the first of this one. This covers the hierarchical solution's plans (stages inside a host or
   over whole hosts) and prices groups that span hosts at the slower link.
+- **Cuts**: links are full duplex in the simulator (activations go forward on one direction,
+  gradients back on the other), so a cut costs ``C_k`` once; the DP is also solved with
+  PipeDream's ``2 C_k``, and both sets of plans go on.
+- **Batch**: a stage has at most ``batch`` replicas (each needs a sample,
+  :func:`autoplace.placement.batch_share_problems`), and micro-batch counts keep
+  ``M x replicas <= batch``; with more devices than samples, plans use fewer devices.
 - **Memory**: one replica holds its stage's parameters, gradients and optimizer state and
   ``share / r`` of its activations and received tensors at the full batch, ``share = 1`` first
   (every micro-batch live: safe for GPipe and 1F1B), then 1/2, 1/4, 1/8 when nothing fits (1F1B
   with enough micro-batches).
 - **Synchronous schedules**: PipeDream's objective is the steady-state throughput of its
   asynchronous pipeline. autoplace trains with flushes (GPipe or 1F1B), where a pipeline of S
-  stages also pays a bubble. So the DP's best plan for each device count (PipeDream's "use
-  fewer machines"), solved twice (all-reduce added to compute, as PipeDream does, and hidden
-  behind it, as DDP does), and the one-stage plan over the same devices, are simulated under
-  1F1B with 1, S, 2S, 4S and 8S micro-batches (the three best also under GPipe); the fastest is
-  refined by a short hill climb in the simulator (merge two neighbouring stages, move one
-  boundary by a block, move one device between neighbouring stages), and the best plan that
-  fits wins.
+  stages also pays a bubble, and the DP's objective misjudges plans (it ignores the bubble and
+  prices all-reduce as either added to compute or hidden behind it, where DDP hides part of
+  it). So the candidates are many: the DP's best plan for each device count (PipeDream's "use
+  fewer machines"), solved with the all-reduce added to compute (PipeDream) and hidden behind
+  it (DDP), with both cut prices; on all the devices, the DP's best plan for each replica count
+  of the last stage (its runners-up: PipeDream's [3, 1] where [4] wins the objective); and the
+  one-stage plan over the same devices. Each is simulated under 1F1B with 1, S, 2S, 4S and 8S
+  micro-batches (the three best also under GPipe). The three fastest plans then each get their
+  micro-batch count and schedule searched again over :func:`microbatch_grid` (1..64, powers of
+  two, multiples of S) and start a hill climb in the simulator (merge two neighbouring stages,
+  move one boundary by a block, move one device between neighbouring stages, split a replicated
+  stage, give the last stage the next unused device; each neighbour tried at the current M,
+  half and twice it, and 1, S, 2S, 4S, 8S, and re-searched when it wins). The best plan that
+  fits among everything simulated wins.
 """
 
 from __future__ import annotations
