@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems", "batch_share_problems", "replica_samples"]
 
 SCHEDULES = ("1f1b", "gpipe")
+"""The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search)."""
+ALL_SCHEDULES = SCHEDULES + ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv")
+"""Every schedule a plan may name; those past SCHEDULES take ``virtual_stages`` per rank
+(:mod:`autoplace.sim.schedules`, run by :mod:`autoplace.rewrite.schedules`)."""
 MODES = ("model", "pipeline")
 
 
@@ -84,6 +88,10 @@ class Placement:
     recompute: tuple[Any, ...] = ()
     precision: tuple[str, ...] = ()
     reshard_after_forward: tuple[bool, ...] = ()
+    virtual_stages: int = 1
+    """stages per rank (interleaved and zero-bubble schedules): ``stage_of_node`` then holds
+    ``len(stage_devices) x virtual_stages`` stages, placed on ranks as
+    :func:`autoplace.sim.schedules.stage_ranks` says; 1 for gpipe and 1f1b."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -107,6 +115,11 @@ class Placement:
             raise PlacementError([f"microbatches is {mb!r}; it must be a whole number (the micro-batches a step is cut "
                                   "into, e.g. 4)"])
         set_(self, "microbatches", int(mb))
+        vs = self.virtual_stages
+        if isinstance(vs, bool) or not isinstance(vs, (int, np.integer)) or vs < 1:
+            raise PlacementError([f"virtual_stages is {vs!r}; it must be a whole number >= 1 (stages per rank; "
+                                  "1 unless the schedule is interleaved or zero-bubble)"])
+        set_(self, "virtual_stages", int(vs))
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
@@ -133,19 +146,24 @@ class Placement:
                  stage_devices: Sequence[int | Sequence[int]], *, microbatches: int = 4,
                  schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
                  validate: bool = True, shard: Any = None, recompute: Any = None, precision: Any = None,
-                 reshard_after_forward: Any = None) -> "Placement":
+                 reshard_after_forward: Any = None, virtual_stages: int = 1) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
         over several (a sequence of ints). ``shard``, ``recompute``, ``precision`` and
         ``reshard_after_forward``: one value for every stage or one per stage
-        (:mod:`autoplace.parallel`)."""
+        (:mod:`autoplace.parallel`). ``virtual_stages``: stages per rank for the interleaved and
+        zero-bubble schedules (``stage_devices`` then names one device per rank)."""
         sd = tuple(_device_tuple(s) for s in stage_devices)
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
-        dev = first[np.clip(st, 0, max(len(sd) - 1, 0))] if len(sd) else np.full(st.shape, -1)
+        if int(virtual_stages) > 1 and len(sd) and schedule in ALL_SCHEDULES:
+            from .sim.schedules import stage_ranks
+
+            first = first[list(stage_ranks(schedule, len(sd), int(virtual_stages)))]
+        dev = first[np.clip(st, 0, max(len(first) - 1, 0))] if len(sd) else np.full(st.shape, -1)
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
-                reshard_after_forward=reshard_after_forward)
+                reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages)
         if validate:
             p.validate(graph, cluster)
         return p
@@ -188,7 +206,8 @@ class Placement:
         st, sd = self.stage_of_node, self.stage_devices
         if st is None or sd is None:
             return ["a pipeline placement needs stage_of_node and stage_devices"]
-        return pipeline_problems(graph, cluster, st, [list(g) for g in sd], self.microbatches, self.schedule)
+        return pipeline_problems(graph, cluster, st, [list(g) for g in sd], self.microbatches, self.schedule,
+                                 virtual_stages=self.virtual_stages)
 
     def validate(self, graph: "OpGraph", cluster: "Cluster") -> "Placement":
         """Raise :class:`PlacementError` listing every problem; return self when valid."""
@@ -222,7 +241,9 @@ class Placement:
 
         opts = describe_options(self)
         return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
-                f"{self.microbatches} micro-batches, {self.schedule}" + (f", {opts}" if opts else ""))
+                f"{self.microbatches} micro-batches, {self.schedule}"
+                + (f" with {self.virtual_stages} virtual stages per rank" if self.virtual_stages != 1 else "")
+                + (f", {opts}" if opts else ""))
 
     def __repr__(self) -> str:
         if self.mode == "pipeline" and (self.stage_of_node is None or self.stage_devices is None):
@@ -254,6 +275,8 @@ class Placement:
             assert self.stage_of_node is not None and self.stage_devices is not None
             d.update(stage_of_node=self.stage_of_node.tolist(), stage_devices=[list(s) for s in self.stage_devices],
                      microbatches=self.microbatches, schedule=self.schedule)
+            if self.virtual_stages != 1:  # absent for one stage per rank: older plans' JSON is unchanged
+                d["virtual_stages"] = self.virtual_stages
             from .parallel import options_to_dict
 
             d.update(options_to_dict(self))
@@ -286,7 +309,7 @@ class Placement:
                        stage_devices=d["stage_devices"], microbatches=d["microbatches"],
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
-                       meta=d.get("meta", {}), **_options_from_dict(d))
+                       meta=d.get("meta", {}), virtual_stages=d.get("virtual_stages", 1), **_options_from_dict(d))
         return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=d.get("meta", {}))
@@ -336,16 +359,17 @@ class Placement:
 def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.ndarray,
                       stage_devices: Sequence[Sequence[int]], microbatches: int, schedule: str, *,
                       every_stage_used: bool = True, even_batches: bool = False,
-                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None) -> list[str]:
+                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None, virtual_stages: int = 1) -> list[str]:
     """Every rule a pipeline breaks, each naming the value and the rule (empty: valid). The one
     set of rules behind :meth:`Placement.validate` and the simulator's pipeline check (which
     lets a stage be empty, ``every_stage_used=False``: a planner's search may pass through one).
     The batch rules are :func:`batch_share_problems`'s (``even_batches``: also the runtime's
     equal shares). ``edge_ends``: the edges' sources and targets as contiguous arrays, where the
-    caller keeps them (the simulator's hot path)."""
+    caller keeps them (the simulator's hot path). ``virtual_stages``: stages per rank
+    (``stage_devices`` has one entry per rank, ``stage_of_node`` that many times more stages)."""
     out: list[str] = []
     n, d = graph.num_nodes, cluster.num_devices
-    st, s = stage_of_node, len(stage_devices)
+    st, s = stage_of_node, len(stage_devices) * max(int(virtual_stages), 1)
     if s == 0:
         out.append("stage_devices is empty; a pipeline needs at least one stage")
     stages_ok = st.shape == (n,)
@@ -378,8 +402,15 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
     else:
         out.extend(batch_share_problems(graph.batch_size, int(microbatches), [len(g) for g in stage_devices],
                                         even=even_batches))
-    if schedule not in SCHEDULES:
-        out.append(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
+    if schedule not in ALL_SCHEDULES:
+        out.append(f"schedule is {schedule!r}; it must be one of {ALL_SCHEDULES}")
+    elif schedule not in ("1f1b", "gpipe") or int(virtual_stages) != 1:
+        from .sim.schedules import schedule_problems
+
+        out.extend(schedule_problems(schedule, int(virtual_stages), len(stage_devices), int(microbatches)))
+        if any(len(g) > 1 for g in stage_devices):
+            out.append(f"schedule {schedule!r} runs one device per rank; stage_devices {[list(g) for g in stage_devices]} "
+                       "replicates a rank: use one device per rank, or the 1f1b/gpipe schedules for replicated stages")
     if stages_ok and s > 1 and graph.num_edges:
         src, dst = edge_ends if edge_ends is not None else (graph.edges[:, 0], graph.edges[:, 1])
         mask = st[src] > st[dst]
