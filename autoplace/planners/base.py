@@ -211,7 +211,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``budget_s=None`` the bound is :data:`DEFAULT_BUDGET_S` (6 s) and the learned planners run
     in their quick modes (a fixed number of samples, reproducible from ``seed``) unless the
     bound cuts them; with ``budget_s=B`` they fine-tune on what the heuristics leave of B,
-    in equal shares. A heuristic does not start once the budget is spent, and one that runs
+    in equal shares (when that leaves some under :data:`MIN_LEARNED_S`, the first ones in
+    ``planners()`` order share it). A heuristic does not start once the budget is spent, and one that runs
     past it stops at its next simulation; a learned planner whose share is under
     :data:`MIN_LEARNED_S` is skipped, and one that reaches the end of its share returns the
     best placement it has seen. Each skip or cut is said in its candidates row (``note``).
@@ -296,7 +297,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                     "skipped: one device (the heuristics' one-stage plans cover it)"
             elif p.kind == "learned":
                 learned_left -= 1
-                share = max(left, 0.0) / (learned_left + 1) if budget_s is not None else \
+                # equal shares among as many as the time left can give MIN_LEARNED_S (the first ones)
+                fit = max(1, min(learned_left + 1, int(left // MIN_LEARNED_S)))
+                share = max(left, 0.0) / fit if budget_s is not None else \
                     max(left - QUICK_RESERVE_S * learned_left, min(left, MIN_LEARNED_S), 0.0)
                 if share < MIN_LEARNED_S:
                     skip = (f"skipped: no time left ({max(left, 0.0):.1f} s of {limit:.3g} s; "
