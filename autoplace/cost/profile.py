@@ -1,30 +1,62 @@
-"""Measured forward and backward time of every op of a traced model on a real device.
+"""Measured forward and backward time of every op of a traced model on a real device, and the
+terms a whole training step adds to them.
 
 The model's fx graph runs node by node, like ``torch.fx.Interpreter``, with the user's real
 weights and the example inputs moved to ``device``:
 
-- **Forward**: every fx node is timed on its own (``time.perf_counter`` on a CPU; a pair of
-  CUDA events around it on a GPU, read after one synchronisation per pass), under autograd
-  as in training. An op's time is the sum of its members' times. ``warmup`` passes first,
-  then the median over ``repeats`` passes, per op.
+- **Forward**: every fx node is timed on its own, its arguments looked up before the clock
+  starts, under autograd as in training. An op's time is the sum of its members' times.
+  ``warmup`` passes first, then the median over ``repeats`` passes, per op.
 - **Backward**: per op, its members run again on detached copies of the values it reads
   from other ops (requiring grad where they did in the model), and
   ``torch.autograd.grad`` of its outputs (ones as output gradients) with respect to those
   inputs and the op's own parameters is timed: ``warmup`` runs, then the median of
   ``repeats``. ``autograd.grad`` leaves the parameters' ``.grad`` alone, so the user's model
   is not changed. An op with no output that needs a gradient gets 0.
+- **Clock** (``clock="auto"``): on a CPU with one intra-op thread (``torch.get_num_threads()
+  == 1``) the calling thread's CPU clock (``CLOCK_THREAD_CPUTIME_ID``): the op runs in that
+  thread, and a machine shared with other jobs does not charge it the time it waits for a
+  core. Otherwise the wall clock (``time.perf_counter``; CUDA events on a GPU, read after one
+  synchronisation per pass).
 
-What this leaves out: the interpreter's own Python overhead between nodes (not timed), the
-overlap of kernels across ops on a GPU (each op is timed alone), and the optimizer update
-(the cost model charges that from parameter bytes).
+Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``, read by
+:class:`autoplace.cost.host.HostCostModel`; the op times themselves stay plain seconds):
+
+``timing_overhead`` and ``whole-pass scale`` (``normalize=True``)
+    Per-op timing adds its own Python around every call and one ``autograd.grad`` call per
+    op; a real step has the interpreter's dispatch between ops instead. The first is measured
+    (the same timed path around a call that does nothing, and ``autograd.grad`` through one
+    negligible node) and taken off every timed fx node (forward) and op (backward). The whole
+    forward (the GraphModule called once) and the whole backward (``.backward()`` into the
+    parameters' ``.grad``, as a step runs it: each gradient's AccumulateGrad costs about 15 us
+    on this CPU, which ``autograd.grad`` does not run; the user's ``.grad`` is put back) are
+    timed too, and the ops are scaled to sum to them: per-op medians of a
+    loaded machine's CPU clock are noisy (cache misses from other jobs), whole passes much
+    less so.
+``batch scaling`` (``small_batch``, default ``"auto"``: a quarter of the batch, at least 2)
+    Everything above again at a smaller batch (inputs sliced along their first dimension):
+    per op, time at a fraction ``f`` of the batch is the line through the two measurements
+    (small micro-batches on one CPU thread pay each op's dispatch and cache costs, which do
+    not shrink with the batch).
+``loss`` (when ``loss_fn`` and ``target`` are given)
+    forward and backward of the loss on the model's output, at both batch sizes.
+``update`` (``optimizer="adam"``)
+    ``torch.optim.Adam``'s step (with ``zero_grad``) inside real training steps of a copy of
+    the model when the loss is given (after a backward the update runs colder than alone:
+    Inception's small config 4.4 ms in steps, 4.2 ms alone), else one step over copies of the
+    parameters; split over ops by a per-tensor and a per-byte cost measured alongside
+    (single-tensor Adam, torch's CPU default, launches about ten kernels per tensor: small
+    tensors cost their launches, not their bytes).
 
 Results are cached as JSON by graph hash and device kind, under ``cache_dir`` (default
 ``$AUTOPLACE_CACHE/profiles``, or ``~/.cache/autoplace/profiles`` when that variable is unset);
-a hit returns the stored times without running anything.
+a hit returns the stored times without running anything. The cache key includes the options
+that change what is measured (clock, batch scaling, loss, optimizer).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -41,9 +73,10 @@ from ..errors import ProfileError  # one class with graph.pipedream's: a profile
 from ..graph.ir import OpGraph
 from ..graph.trace import ExampleInputs, Traced, trace_module
 
-__all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "ProfileError"]
+__all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "clock_of", "ProfileError"]
 
-_FORMAT = "autoplace.profile/1"
+_FORMAT = "autoplace.profile/2"
+_Loss = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
 def default_cache_dir() -> Path:
@@ -70,12 +103,25 @@ def device_kind(device: str | torch.device) -> str:
 
 # ---- timing -------------------------------------------------------------------------------
 
-class _Clock:
-    """Times a sequence of calls: perf_counter on a CPU, CUDA events on a GPU."""
+def clock_of(device: torch.device, clock: str = "auto") -> str:
+    """The clock ``clock="auto"`` picks on ``device``: "thread" (the calling thread's CPU time)
+    on a CPU with one intra-op thread, else "wall"; "cuda" on a GPU."""
+    if device.type == "cuda":
+        return "cuda"
+    if clock == "auto":
+        return "thread" if torch.get_num_threads() == 1 else "wall"
+    if clock not in ("thread", "wall"):
+        raise ProfileError(f"clock is {clock!r}; use 'auto', 'thread' or 'wall'")
+    return clock
 
-    def __init__(self, device: torch.device) -> None:
+
+class _Clock:
+    """Times a sequence of calls: the thread's CPU clock or perf_counter on a CPU, CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device, clock: str = "wall") -> None:
         self.cuda = device.type == "cuda"
         self.device = device
+        self.now = time.thread_time if clock == "thread" else time.perf_counter
         self.pending: list[tuple[Any, Any]] = []
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -87,9 +133,10 @@ class _Clock:
             end.record()
             self.pending.append((start, end))
         else:
-            t0 = time.perf_counter()
+            now = self.now
+            t0 = now()
             out = fn()
-            self.pending.append((t0, time.perf_counter()))
+            self.pending.append((t0, now()))
         return out, len(self.pending) - 1
 
     def read(self) -> list[float]:
@@ -110,17 +157,20 @@ def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-def _call(gm: torch.fx.GraphModule, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+def _callable(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., Any]:
+    """What node ``node`` calls, looked up once (so the lookup is not timed)."""
     if node.op == "call_module":
-        return gm.get_submodule(str(node.target))(*args, **kwargs)
+        return gm.get_submodule(str(node.target))
     if node.op == "call_method":
-        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        name = str(node.target)
+        return lambda *a, **k: getattr(a[0], name)(*a[1:], **k)
     if node.op == "call_function":
-        return node.target(*args, **kwargs)  # type: ignore[operator]
+        return node.target  # type: ignore[return-value]
     if node.op == "get_attr":
-        return _fetch_attr(gm, str(node.target))
+        value = _fetch_attr(gm, str(node.target))
+        return lambda: value
     if node.op == "output":
-        return args[0]
+        return lambda x: x
     raise ProfileError(f"fx node {node.name!r} has op {node.op!r}, which the profiler cannot run")
 
 
@@ -129,32 +179,47 @@ def _detach(value: Any) -> Any:
                     and not isinstance(v, torch.nn.Parameter) else v, value)
 
 
-def _run(gm: torch.fx.GraphModule, node: torch.fx.Node, env: dict[str, Any]) -> Any:
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+def _invoke(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     try:
-        return _call(gm, node, args, kwargs)
+        return fn(*args, **kwargs)
     except RuntimeError as e:
         if "leaf Variable" not in str(e) and "in-place" not in str(e):
             raise
         # in-place op on a value that is a leaf here but was not in the model: run it on copies
         args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) and v.requires_grad else v,
                                 (args, kwargs))
-        return _call(gm, node, args, kwargs)
+        return fn(*args, **kwargs)
 
 
-def _forward_pass(traced: Traced, placeholders: dict[str, Any], clock: _Clock) -> tuple[dict[str, Any], list[float]]:
-    """One timed forward pass; returns every node's (detached) value and its time."""
+def _run(gm: torch.fx.GraphModule, node: torch.fx.Node, env: dict[str, Any]) -> Any:
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+    return _invoke(_callable(gm, node), args, kwargs)
+
+
+_TIMED = ("call_module", "call_method", "call_function")
+
+
+def _forward_pass(traced: Traced, placeholders: dict[str, Any], clock: _Clock,
+                  calls: dict[str, Callable[..., Any]]) -> tuple[dict[str, Any], list[float]]:
+    """One timed forward pass; returns every node's (detached) value and its time (placeholders,
+    attribute reads and the output cost nothing)."""
     env: dict[str, Any] = {}
     tickets: list[int] = []
     for node in traced.gm.graph.nodes:
         if node.op == "placeholder":
-            env[node.name], t = clock.time(lambda: placeholders[node.name])
+            env[node.name] = placeholders[node.name]
+            tickets.append(-1)
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+        fn = calls[node.name]
+        if node.op in _TIMED:
+            value, t = clock.time(lambda: _invoke(fn, args, kwargs))
         else:
-            value, t = clock.time(lambda: _run(traced.gm, node, env))
-            env[node.name] = _detach(value)
+            value, t = _invoke(fn, args, kwargs), -1
+        env[node.name] = _detach(value)
         tickets.append(t)
     times = clock.read()
-    return env, [times[t] for t in tickets]
+    return env, [times[t] if t >= 0 else 0.0 for t in tickets]
 
 
 def _op_backward(traced: Traced, op: int, env: dict[str, Any], clock: _Clock, warmup: int,
@@ -194,8 +259,7 @@ def _op_backward(traced: Traced, op: int, env: dict[str, Any], clock: _Clock, wa
     return float(statistics.median(clock.read()[warmup:]))
 
 
-def _measure(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int,
-             repeats: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_weights(traced: Traced, device: torch.device) -> None:
     state = list(traced.gm.parameters()) + list(traced.gm.buffers())
     if any(t.is_meta for t in state):
         raise ProfileError("the model's weights are on the meta device; profiling runs real kernels, so build "
@@ -204,64 +268,311 @@ def _measure(traced: Traced, example_inputs: ExampleInputs, device: torch.device
     if off:
         raise ProfileError(f"the model has weights on {off} but device={str(device)!r}; move it first "
                            f"(model.to({str(device)!r})) so its kernels run where they are timed")
-    placeholders = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
-                            traced.bind(example_inputs))
-    clock = _Clock(device)
+
+
+def _placeholders(traced: Traced, example_inputs: ExampleInputs, device: torch.device) -> dict[str, Any]:
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, traced.bind(example_inputs))
+
+
+def _measure(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int,
+             repeats: int, clock: str = "wall") -> tuple[np.ndarray, np.ndarray]:
+    """Per-op forward and backward seconds (medians), as the module docstring says."""
+    _check_weights(traced, device)
+    placeholders = _placeholders(traced, example_inputs, device)
+    timer = _Clock(device, clock)
     g = traced.graph
-    op_index = np.array([traced.op_of_fx[n.name] for n in traced.gm.graph.nodes])
+    nodes = list(traced.gm.graph.nodes)
+    calls = {n.name: _callable(traced.gm, n) for n in nodes if n.op != "placeholder"}
+    op_index = np.array([traced.op_of_fx[n.name] for n in nodes])
     runs: list[np.ndarray] = []
     env: dict[str, Any] = {}
     with torch.enable_grad():
         for r in range(warmup + repeats):
-            env, times = _forward_pass(traced, placeholders, clock)
+            env, times = _forward_pass(traced, placeholders, timer, calls)
             if r >= warmup:
                 per_op = np.zeros(g.num_nodes)
                 np.add.at(per_op, op_index, np.array(times))
                 runs.append(per_op)
     fwd = np.median(np.stack(runs), axis=0)
-    bwd = np.array([_op_backward(traced, i, env, clock, warmup, repeats) for i in range(g.num_nodes)])
+    bwd = np.array([_op_backward(traced, i, env, timer, warmup, repeats) for i in range(g.num_nodes)])
     return fwd, bwd
+
+
+# ---- whole passes, and what a step adds ------------------------------------------------------
+
+def _flat_inputs(traced: Traced, placeholders: dict[str, Any]) -> list[Any]:
+    return [placeholders[n.name] for n in traced.gm.graph.nodes if n.op == "placeholder"]
+
+
+def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int, repeats: int,
+           clock: str, loss: tuple[_Loss, torch.Tensor] | None) -> dict[str, float]:
+    """Median seconds of the whole forward (the GraphModule called once), the whole backward
+    (``.backward()`` of its outputs, ones as gradients, into every parameter's ``.grad``, which
+    is put back as it was) and, with ``loss``, the loss's forward and backward on the output."""
+    placeholders = _placeholders(traced, example_inputs, device)
+    flat = _flat_inputs(traced, placeholders)
+    timer = _Clock(device, clock)
+    params = [p for p in traced.gm.parameters() if p.requires_grad]
+    leaves = params + [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    inputs_grad = [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    out_f: list[float] = []
+    out_b: list[float] = []
+    out_l: list[float] = []
+    with torch.enable_grad():
+        for r in range(warmup + repeats):
+            out, _ = timer.time(lambda: traced.gm(*flat))
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs and leaves:
+                # as a training step runs it: .backward() into .grad (each parameter's gradient
+                # accumulated by its AccumulateGrad node), the user's .grad put back afterwards
+                grads = [torch.ones_like(t) for t in outs]
+                saved = [p.grad for p in params]
+                for p in params:
+                    p.grad = None
+                timer.time(lambda: torch.autograd.backward(outs, grads))
+                for p, g in zip(params, saved):
+                    p.grad = g
+                for t in inputs_grad:
+                    t.grad = None
+            if loss is not None:
+                fn, target = loss
+                value = traced.output(out) if traced.out_spec is not None else out
+                value = tree_map(lambda v: v.detach().requires_grad_(v.is_floating_point())
+                                 if isinstance(v, torch.Tensor) else v, value)
+                tgt = target.to(device)
+                timer.time(lambda: fn(value, tgt).backward())
+            times = timer.read()
+            if r >= warmup:
+                out_f.append(times[0])
+                if outs and leaves:
+                    out_b.append(times[1])
+                if loss is not None:
+                    out_l.append(times[-1])
+    med = lambda xs: float(statistics.median(xs)) if xs else 0.0  # noqa: E731
+    return {"fwd": med(out_f), "bwd": med(out_b), "loss": med(out_l)}
+
+
+def _timing_overhead(device: torch.device, clock: str, warmup: int, repeats: int) -> tuple[float, float]:
+    """Seconds the per-op timing itself adds to one forward call and to one backward call: the
+    same timed path around a call that does nothing, and ``autograd.grad`` through one
+    negligible node (a one-element multiply)."""
+    timer = _Clock(device, clock)
+    x = torch.ones(1, device=device, requires_grad=True)
+    noop = lambda v: v  # noqa: E731
+    for _ in range(warmup + 4 * repeats):
+        timer.time(lambda: _invoke(noop, (x,), {}))
+    fwd = float(statistics.median(timer.read()[warmup:]))
+    with torch.enable_grad():
+        y = x * 1.0
+        g = torch.ones_like(y)
+        for _ in range(warmup + 4 * repeats):
+            timer.time(lambda: torch.autograd.grad([y], [x], [g], retain_graph=True))
+    bwd = float(statistics.median(timer.read()[warmup:]))
+    return fwd, bwd
+
+
+def _normalized(traced: Traced, fwd: np.ndarray, bwd: np.ndarray, whole: dict[str, float],
+                overhead: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+    """Per-op times less the timing overhead (per timed fx node forward, per op backward), then
+    scaled so that they sum to the whole passes."""
+    timed = np.zeros(traced.graph.num_nodes)
+    for n in traced.gm.graph.nodes:
+        if n.op in _TIMED:
+            timed[traced.op_of_fx[n.name]] += 1
+    f = np.maximum(fwd - overhead[0] * timed, 0.0)
+    b = np.maximum(bwd - overhead[1] * (bwd > 0), 0.0)
+    sf = whole["fwd"] / f.sum() if f.sum() > 0 and whole["fwd"] > 0 else 1.0
+    sb = whole["bwd"] / b.sum() if b.sum() > 0 and whole["bwd"] > 0 else 1.0
+    terms = {"timing_overhead_fwd_s": overhead[0], "timing_overhead_bwd_s": overhead[1], "scale_fwd": sf,
+             "scale_bwd": sb, "raw_fwd_sum": float(fwd.sum()), "raw_bwd_sum": float(bwd.sum())}
+    return f * sf, b * sb, terms
+
+
+def _owners(traced: Traced) -> list[list[torch.nn.Parameter]]:
+    """Trainable parameters per op, each at the first op that holds it (as the tracer counts them)."""
+    out: list[list[torch.nn.Parameter]] = [[] for _ in range(traced.graph.num_nodes)]
+    seen: set[int] = set()
+    for n in traced.gm.graph.nodes:
+        if n.op == "call_module":
+            held = list(traced.gm.get_submodule(str(n.target)).parameters())
+        elif n.op == "get_attr":
+            value = _fetch_attr(traced.gm, str(n.target))
+            held = [value] if isinstance(value, torch.nn.Parameter) else []
+        else:
+            continue
+        for p in held:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out[traced.op_of_fx[n.name]].append(p)
+    return out
+
+
+def _adam_seconds(tensors: list[torch.Tensor], warmup: int, repeats: int, clock: _Clock) -> float:
+    copies = [t.detach().clone().requires_grad_(True) for t in tensors]
+    for c in copies:
+        c.grad = torch.ones_like(c)
+    opt = torch.optim.Adam(copies, lr=1e-4)
+    for _ in range(warmup + repeats):
+        clock.time(opt.step)
+    return float(statistics.median(clock.read()[warmup:]))
+
+
+def _in_step_update(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int,
+                    repeats: int, clock: str, loss: tuple[_Loss, torch.Tensor]) -> float:
+    """Median seconds of ``opt.step()`` (and ``zero_grad``) inside real training steps of a copy of
+    the model (so the user's weights do not move): after a backward has streamed the
+    activations through the caches, the update runs colder than on its own."""
+    import copy
+
+    gm = copy.deepcopy(traced.gm)
+    flat = _flat_inputs(traced, _placeholders(traced, example_inputs, device))
+    params = [p for p in gm.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-4)
+    fn, target = loss
+    tgt = target.to(device)
+    timer = _Clock(device, clock)
+    for _ in range(warmup + repeats):
+        with torch.enable_grad():
+            out = gm(*flat)
+            fn(traced.output(out) if traced.out_spec is not None else out, tgt).backward()
+
+        def update() -> None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        timer.time(update)
+    return float(statistics.median(timer.read()[warmup:]))
+
+
+def _update(traced: Traced, device: torch.device, warmup: int, repeats: int, clock: str,
+            step: tuple[ExampleInputs, tuple[_Loss, torch.Tensor]] | None = None) -> dict[str, Any]:
+    """Adam's step, split over ops by the per-tensor and per-byte costs of Adam on this device
+    (each measured on its own): inside real training steps of a copy of the model when ``step``
+    (the example inputs and the loss) is given, else one step over copies of the parameters."""
+    timer = _Clock(device, clock)
+    owners = _owners(traced)
+    every = [p for ps in owners for p in ps]
+    if not every:
+        return {"total_s": 0.0, "per_tensor_s": 0.0, "per_byte_s": 0.0, "update_s": [0.0] * len(owners),
+                "param_tensors": [0] * len(owners)}
+    alone = _adam_seconds(every, warmup, repeats, timer)
+    total = _in_step_update(traced, step[0], device, warmup, repeats, clock, step[1]) if step is not None else alone
+    small = [torch.zeros(16, device=device) for _ in range(64)]
+    per_tensor = max(_adam_seconds(small, warmup, repeats, timer) / 64, 0.0)
+    big = torch.zeros(1 << 20, device=device)
+    per_byte = max((_adam_seconds([big], warmup, repeats, timer) - per_tensor) / (big.numel() * big.element_size()),
+                   0.0)
+    share = np.array([len(ps) * per_tensor + sum(p.numel() * p.element_size() for p in ps) * per_byte
+                      for ps in owners])
+    update = share * (total / share.sum()) if share.sum() > 0 else share
+    return {"total_s": total, "alone_s": alone, "in_step": step is not None, "per_tensor_s": per_tensor,
+            "per_byte_s": per_byte, "update_s": update.tolist(), "param_tensors": [len(ps) for ps in owners]}
+
+
+def _sliced(value: Any, batch: int, small: int) -> Any:
+    return tree_map(lambda v: v[:small] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == batch
+                    else v, value)
 
 
 # ---- public --------------------------------------------------------------------------------
 
 def profile_traced(traced: Traced, example_inputs: ExampleInputs, *, device: str | torch.device = "cpu",
-                   warmup: int = 2, repeats: int = 5, cache_dir: str | Path | None = None) -> OpGraph:
+                   warmup: int = 2, repeats: int = 5, cache_dir: str | Path | None = None, clock: str = "auto",
+                   normalize: bool = True, small_batch: int | str | None = "auto", loss_fn: _Loss | None = None,
+                   target: torch.Tensor | None = None, optimizer: str | None = "adam") -> OpGraph:
     """Measured times for an already traced model (see :func:`profile`)."""
     if int(warmup) < 0 or int(repeats) < 1:
         raise ProfileError(f"warmup must be >= 0 and repeats >= 1; got warmup={warmup}, repeats={repeats}")
+    if (loss_fn is None) != (target is None):
+        raise ProfileError("loss_fn and target go together: pass both to time the loss, or neither")
+    if optimizer not in (None, "adam"):
+        raise ProfileError(f"optimizer is {optimizer!r}; the profiler times 'adam' (or None: no update)")
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
     kind = device_kind(dev)
+    how = clock_of(dev, clock)
     g = traced.graph
+    batch = g.batch_size
+    small = _small_batch(small_batch, batch)
+    options = {"clock": how, "normalize": bool(normalize), "small_batch": small, "loss": loss_fn is not None,
+               "optimizer": optimizer}
+    key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
+    options.update(warmup=int(warmup), repeats=int(repeats))
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     file = path / f"{g.hash}-{kind}.json"
     if file.exists():
         data = json.loads(file.read_text())
-        if data.get("format") == _FORMAT and data.get("names") == list(g.names):
-            return g.with_times(data["fwd_time_s"], data["bwd_time_s"], profiled_on=kind)
-    fwd, bwd = _measure(traced, example_inputs, dev, int(warmup), int(repeats))
+        if data.get("format") == _FORMAT and data.get("names") == list(g.names) and data.get("key") == key:
+            return _graph(g, data, kind)
+    loss = (loss_fn, target) if loss_fn is not None and target is not None else None
+    record: dict[str, Any] = {"format": _FORMAT, "key": key, "options": options, "hash": g.hash, "profiled_on": kind,
+                              "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                              "names": list(g.names), "batch_size": batch}
+    record.update(_at_batch(traced, example_inputs, dev, int(warmup), int(repeats), how, normalize, loss))
+    if small is not None:
+        small_inputs = _sliced(example_inputs, batch, small)
+        small_loss = (loss[0], _sliced(loss[1], batch, small)) if loss is not None else None
+        try:
+            part = _at_batch(traced, small_inputs, dev, int(warmup), int(repeats), how, normalize, small_loss)
+        except Exception as e:  # noqa: BLE001 - a model that cannot run at the smaller batch keeps the full one
+            record["small"] = {"batch_size": small, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        else:
+            record["small"] = {"batch_size": small, **part}
+    if optimizer is not None:
+        record["update"] = _update(traced, dev, int(warmup), int(repeats), how,
+                                   (example_inputs, loss) if loss is not None else None)
     path.mkdir(parents=True, exist_ok=True)
-    record = {"format": _FORMAT, "hash": g.hash, "profiled_on": kind, "device": str(dev), "warmup": warmup,
-              "repeats": repeats, "torch": torch.__version__, "names": list(g.names),
-              "fwd_time_s": fwd.tolist(), "bwd_time_s": bwd.tolist()}
     tmp = file.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(file)  # atomic: a concurrent reader sees the old file or the whole new one
-    return g.with_times(fwd, bwd, profiled_on=kind)
+    return _graph(g, record, kind)
+
+
+def _small_batch(small_batch: int | str | None, batch: int) -> int | None:
+    if small_batch is None:
+        return None
+    if small_batch == "auto":
+        return batch // 4 if batch >= 8 else None
+    if isinstance(small_batch, str) or not 1 <= int(small_batch) < batch:
+        raise ProfileError(f"small_batch is {small_batch!r}; it must be 'auto', None or an int in [1, {batch - 1}] "
+                           f"(the example batch is {batch})")
+    return int(small_batch)
+
+
+def _at_batch(traced: Traced, example_inputs: ExampleInputs, dev: torch.device, warmup: int, repeats: int,
+              clock: str, normalize: bool, loss: tuple[_Loss, torch.Tensor] | None) -> dict[str, Any]:
+    fwd, bwd = _measure(traced, example_inputs, dev, warmup, repeats, clock)
+    whole = _whole(traced, example_inputs, dev, warmup, repeats, clock, loss)
+    out: dict[str, Any] = {"whole_s": whole}
+    if normalize:
+        fwd, bwd, terms = _normalized(traced, fwd, bwd, whole, _timing_overhead(dev, clock, warmup, repeats))
+        out["normalization"] = terms
+    out["fwd_time_s"], out["bwd_time_s"] = fwd.tolist(), bwd.tolist()
+    return out
+
+
+def _graph(g: OpGraph, data: dict[str, Any], kind: str) -> OpGraph:
+    meta = {k: v for k, v in data.items() if k not in ("fwd_time_s", "bwd_time_s", "names", "format", "hash")}
+    out = g.with_times(data["fwd_time_s"], data["bwd_time_s"], profiled_on=kind)
+    return out.replace(meta={**g.meta, "profile": meta})
 
 
 def profile(model: torch.nn.Module, example_inputs: ExampleInputs, *, device: str | torch.device = "cpu",
             warmup: int = 2, repeats: int = 5, cache_dir: str | Path | None = None,
-            leaf_modules: Sequence[type | str] = ()) -> OpGraph:
+            leaf_modules: Sequence[type | str] = (), clock: str = "auto", normalize: bool = True,
+            small_batch: int | str | None = "auto", loss_fn: _Loss | None = None, target: torch.Tensor | None = None,
+            optimizer: str | None = "adam") -> OpGraph:
     """Trace ``model`` and measure every op's forward and backward seconds on ``device``.
 
     The model must have real weights already on ``device`` (``model.to(device)``); example
     inputs are copied there. Returns the traced :class:`OpGraph` with ``fwd_time_s`` and
-    ``bwd_time_s`` filled in and ``profiled_on`` set to the device kind ("cpu" or the GPU's
-    Cluster kind). Cached by graph hash and device kind (see the module docstring).
+    ``bwd_time_s`` filled in, ``profiled_on`` set to the device kind ("cpu" or the GPU's
+    Cluster kind) and ``meta["profile"]`` holding the step's other terms (see the module
+    docstring: the per-node overhead taken off, the times at ``small_batch``, the loss with
+    ``loss_fn``/``target``, Adam's update). Cached by graph hash and device kind.
     """
     traced = trace_module(model, example_inputs, leaf_modules=leaf_modules)
     return profile_traced(traced, example_inputs, device=device, warmup=warmup, repeats=repeats,
-                          cache_dir=cache_dir)
+                          cache_dir=cache_dir, clock=clock, normalize=normalize, small_batch=small_batch,
+                          loss_fn=loss_fn, target=target, optimizer=optimizer)

@@ -522,6 +522,12 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     for r in sorted({len(g) for g in groups}):
         tf, tb = sim.op_times(m_count * r)
         _stage_sums(st, stage_ptr, stage_dev, r, tf, tb, sim.upd, f_rep, b_rep, u_rep, b_op)
+    if hasattr(sim.cost, "stage_overhead_s"):  # what the runtime adds per action and per step, per stage
+        reps = np.array([len(g) for g in groups])  # (autoplace.cost.host.HostCostModel.stage_overhead_s)
+        fo, bo, uo = sim.cost.stage_overhead_s(sim.graph, st, reps, m_count, schedule)
+        f_rep += np.repeat(fo, reps)
+        b_rep += np.repeat(bo, reps)
+        u_rep += np.repeat(uo, reps)
     order, inflight = _encoded(n_st, m_count, schedule)
     mp = sim._mp
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],

@@ -1,0 +1,202 @@
+"""Cost terms of training on CPU processes of one host, from autoplace's own measurements.
+
+:class:`HostCostModel` is a :class:`~autoplace.cost.analytic.CostModel` that reads the terms
+:func:`autoplace.cost.profile.profile` stores in ``OpGraph.meta["profile"]`` for the device kind
+the graph was profiled on (elsewhere it is the plain CostModel):
+
+``batch_scaling``
+    an op's time at a fraction ``f`` of the profiled batch is the line through its times at
+    the full batch and at the profile's small batch (``f_s``): ``t(f) = t_s + (t_1 - t_s) (f -
+    f_s) / (1 - f_s)``, and below ``f_s`` never less than ``t_s f / f_s``. On one CPU thread
+    small micro-batches pay every op's dispatch and poorer cache and vector use, which the
+    plain model (the roofline's ratio, nearly linear on a CPU) leaves out. Source: the two
+    profiles; ``python benchmarks/fidelity_cpu.py`` shows the one-process micro-batch runs.
+``loss``
+    the loss's forward and backward (measured by the profiler on the model's output, at both
+    batch sizes, scaled the same way), charged to the ops that produce the model's output.
+``pipeline_action``, ``pipeline_step``
+    CPU seconds torch.distributed.pipelining adds per forward and per backward action of a
+    stage beyond its ops (schedule bookkeeping, the stage's input and output handling, the
+    send/recv calls), and per step: measured per schedule by
+    :func:`autoplace.cost.host_probe.action_overhead`; the pipeline simulator adds them to
+    every stage of a plan of two stages or more (:meth:`HostCostModel.stage_overhead_s`).
+``batchnorm``
+    the pipeline runtime's whole-batch BatchNorm (:mod:`autoplace.rewrite.batchnorm`) over
+    torch's, per call, per input byte and per step (``host_probe.batchnorm_overhead``).
+``ddp``
+    DistributedDataParallel's hooks, bucket copies and division per step of a replicated stage,
+    per parameter tensor and per gradient byte (``host_probe.ddp_overhead``); the all-reduce
+    itself is the simulator's ring over the cluster's link.
+``update``
+    Adam's step measured over copies of the parameters and split over ops by a per-tensor and
+    a per-byte cost (single-tensor Adam on a CPU launches about ten kernels per tensor: the
+    plain model's 7 bytes per parameter byte at 70% of 20 GB/s missed ResNet-18's update by
+    3x and Inception's by 20x).
+
+:func:`host_cluster` builds the cluster of ``n`` CPU processes on this host: every device is
+``"cpu"`` with the link measured between two processes (:func:`autoplace.cost.host_probe.probe`:
+gloo send/recv latency and bandwidth) and a ``time_factor`` for processes computing at the same
+time on shared cores and caches (``corun``, measured by the same probe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from .analytic import CostModel
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+
+__all__ = ["HostCostModel", "host_cluster", "profile_terms"]
+
+
+def profile_terms(graph: "OpGraph") -> Mapping[str, Any] | None:
+    """``graph.meta["profile"]`` when it holds the host terms (a profile of format 2), else None."""
+    p = graph.meta.get("profile")
+    return p if isinstance(p, Mapping) and "whole_s" in p else None
+
+
+def _output_ops(graph: "OpGraph") -> np.ndarray:
+    """Ops whose outputs the model returns (from the memory facts; else the ops nothing reads)."""
+    facts = graph.meta.get("memory")
+    if isinstance(facts, Mapping) and len(facts.get("output_bytes", ())) == graph.num_nodes:
+        out = np.asarray(facts["output_bytes"]) > 0
+        if out.any():
+            return out
+    sink = np.ones(graph.num_nodes, dtype=bool)
+    if graph.num_edges:
+        sink[graph.edges[:, 0]] = False
+    return sink
+
+
+def _line(full: np.ndarray, small: np.ndarray, fs: float, f: float) -> np.ndarray:
+    """Time at fraction ``f`` from times at 1 and at ``fs`` (see ``batch_scaling``)."""
+    if f == 1.0:
+        return full
+    slope = (full - small) / (1.0 - fs)
+    t = small + slope * (f - fs)
+    if f < fs:
+        t = np.maximum(t, small * f / fs)
+    return np.maximum(t, 0.0)
+
+
+@dataclass(frozen=True)
+class HostCostModel(CostModel):
+    """A CostModel with the profile's host terms (see the module docstring)."""
+
+    batch_scaling: bool = True
+    """time at a micro-batch from the two profiled batch sizes (else the plain model's ratio)."""
+    loss: bool = True
+    """charge the profiled loss to the output ops."""
+    measured_update: bool = True
+    """the profiled Adam step instead of the bytes-based update."""
+    pipeline_action_s: Mapping[str, float] = field(default_factory=dict)
+    """per schedule, CPU seconds torch's pipeline runtime adds to each forward and backward action
+    of a stage (``autoplace.cost.host_probe.action_overhead``)."""
+    pipeline_step_s: Mapping[str, float] = field(default_factory=dict)
+    """per schedule, CPU seconds the pipeline runtime adds per step on each rank (the same probe)."""
+    batchnorm_s: Mapping[str, float] = field(default_factory=dict)
+    """the runtime's whole-batch BatchNorm over torch's, per call (``per_call_s``), per input byte
+    (``per_byte_s``) and per step (``commit_s``) (``host_probe.batchnorm_overhead``)."""
+    ddp_s: Mapping[str, float] = field(default_factory=dict)
+    """DDP's CPU seconds per step per replica: ``per_tensor_s`` and ``per_byte_s`` of gradients
+    (``host_probe.ddp_overhead``)."""
+    fitted_action_s: float = 0.0
+    """a per-action constant fitted to measured pipeline steps (0: none fitted; see
+    ``benchmarks/fidelity_cpu.py`` for what it is fitted on and held out from)."""
+    fitted_step_s: float = 0.0
+    """a per-step, per-rank constant fitted likewise."""
+
+    def stage_overhead_s(self, graph: "OpGraph", stage_of_node: np.ndarray, replicas: np.ndarray,
+                         microbatches: int, schedule: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per stage, seconds the runtime adds to each forward action, each backward action and
+        once per step (with the update): the pipeline runtime's per action and per step costs
+        and its whole-batch BatchNorm for plans of two stages or more (one stage runs without
+        that runtime), and DDP's for replicated stages."""
+        n_st = len(replicas)
+        fo, bo, uo = np.zeros(n_st), np.zeros(n_st), np.zeros(n_st)
+        st = np.asarray(stage_of_node)
+        if n_st > 1:
+            act = float(self.pipeline_action_s.get(schedule, 0.0)) + self.fitted_action_s
+            fo += act
+            bo += act
+            uo += float(self.pipeline_step_s.get(schedule, 0.0)) + self.fitted_step_s
+            if self.batchnorm_s:
+                bn = np.array(["batchnorm" in k.lower() for k in graph.kinds])
+                in_bytes = np.zeros(graph.num_nodes)
+                if graph.num_edges:
+                    np.add.at(in_bytes, graph.edges[:, 1], graph.edge_bytes)
+                for s in range(n_st):
+                    sel = bn & (st == s)
+                    share = float(in_bytes[sel].sum()) / (microbatches * replicas[s])
+                    extra = self.batchnorm_s.get("per_call_s", 0.0) * int(sel.sum()) \
+                        + self.batchnorm_s.get("per_byte_s", 0.0) * share
+                    fo[s] += extra / 2
+                    bo[s] += extra / 2
+                    uo[s] += self.batchnorm_s.get("commit_s", 0.0) * int(sel.sum())
+        if self.ddp_s and np.any(replicas > 1):
+            p = profile_terms(graph)
+            tensors = np.asarray(p["update"]["param_tensors"], dtype=float) if p and p.get("update") and \
+                "param_tensors" in p["update"] else (graph.param_bytes > 0).astype(float)
+            facts = graph.meta.get("memory")
+            grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+            for s in np.nonzero(replicas > 1)[0]:
+                sel = st == s
+                uo[s] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
+                    + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
+        return fo, bo, uo
+
+    def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        fwd, bwd = super()._op_times(graph, cluster, batch_fraction)
+        p = profile_terms(graph)
+        if p is None or not self.use_measured:
+            return fwd, bwd
+        cols = np.array([d.kind == graph.profiled_on for d in cluster.devices])
+        if not cols.any():
+            return fwd, bwd
+        f = float(batch_fraction)
+        full_f, full_b = np.nan_to_num(graph.fwd_time_s), np.nan_to_num(graph.bwd_time_s)
+        small = p.get("small") if self.batch_scaling else None
+        fs = None
+        if small and "fwd_time_s" in small:
+            fs = small["batch_size"] / p["batch_size"]
+            tf = _line(full_f, np.asarray(small["fwd_time_s"]), fs, f)
+            tb = _line(full_b, np.asarray(small["bwd_time_s"]), fs, f)
+            fwd = np.where(cols[None, :], tf[:, None], fwd)
+            bwd = np.where(cols[None, :], tb[:, None], bwd)
+        if self.loss and p["whole_s"].get("loss", 0.0) > 0:
+            lf = np.array([p["whole_s"]["loss"]])
+            if fs is not None and small.get("whole_s", {}).get("loss", 0.0) > 0:
+                loss = float(_line(lf, np.array([small["whole_s"]["loss"]]), fs, f)[0])
+            else:
+                loss = float(lf[0]) * f
+            out = _output_ops(graph)
+            fwd = fwd + np.where(cols[None, :] & out[:, None], loss / max(int(out.sum()), 1), 0.0)
+        return fwd, bwd
+
+    def update_times(self, graph: "OpGraph", cluster: "Cluster") -> np.ndarray:
+        base = super().update_times(graph, cluster)
+        p = profile_terms(graph)
+        upd = p.get("update") if p is not None and self.measured_update and self.use_measured else None
+        if not upd or self.optimizer not in ("adam", "adamw"):
+            return base
+        cols = np.array([d.kind == graph.profiled_on for d in cluster.devices])
+        measured = np.asarray(upd["update_s"], dtype=float)[:, None] * cluster.time_factors[None, :]
+        return np.where(cols[None, :], measured, base)
+
+
+def host_cluster(processes: int, *, latency_s: float, bandwidth: float, corun: float = 1.0,
+                 name: str = "") -> "Cluster":
+    """``processes`` CPU devices (one process each) joined by a measured link; every device's
+    ``time_factor`` is ``corun`` (the slowdown of a process while the others compute too)."""
+    from ..cluster import Cluster, Link
+
+    dev = replace(Cluster.from_devices(["cpu"]).devices[0], name="cpu", time_factor=float(corun))
+    link = Link("gloo 127.0.0.1 (measured)", float(bandwidth), float(latency_s))
+    return Cluster.from_links([dev] * processes, lambda i, j: link,
+                              name=name or f"{processes} CPU processes, gloo loopback")

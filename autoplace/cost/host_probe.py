@@ -1,0 +1,338 @@
+"""Measure a CPU host's multi-process terms: gloo's link, its all-reduce, processes computing side
+by side, and what torch's pipeline runtime adds per action.
+
+Every function here runs on each rank of an initialised 2-rank gloo process group (the same
+calls, in the same order, on both), with one intra-op thread per process
+(``torch.set_num_threads(1)``, as the profiler measures). :func:`probe` spawns that group itself.
+
+``link`` (send/recv ping-pong)
+    one-way seconds of ``dist.send``/``dist.recv`` of 4 B to 16 MiB: the latency is the median
+    over messages up to 4 KiB, the bandwidth the least-squares slope over those of 256 KiB and
+    more (:func:`fit_link`). The simulator's ``latency + bytes / bandwidth`` per transfer.
+``all_reduce``
+    seconds of ``dist.all_reduce`` of the same sizes, fitted the same way: with 2 ranks the
+    simulator's ring costs ``bytes / bandwidth + 2 latency``, so the fit reports the
+    bandwidth and latency that formula needs (gloo reduces on the CPU as it goes, so it is
+    not the send/recv link's).
+``corun``
+    the calling thread's CPU seconds of a step function run by one rank while the other waits,
+    against both ranks running it at once: two processes on the cores of one host share caches
+    and memory bandwidth (and, with more processes than cores, the cores). The ratio is the
+    devices' ``time_factor`` while both compute.
+``action``
+    a 2-stage pipeline of two 8x8 linear layers (negligible compute) through
+    :func:`autoplace.rewrite.runtime.build_pipeline_runner`, at 2 and 16 micro-batches: the
+    slope of each rank's CPU seconds per step over micro-batches, halved, is what one forward or
+    backward action costs the stage beyond its ops (torch.distributed.pipelining's schedule,
+    the stage's input and output handling, the send/recv calls), per schedule; the rest at 2
+    micro-batches is the runtime's cost per step.
+``ddp``
+    CPU seconds ``DistributedDataParallel`` adds to a step (hooks, bucket copies, division),
+    per parameter tensor and per gradient byte (:func:`ddp_overhead`).
+``batchnorm``
+    what the pipeline runtime's whole-batch BatchNorm (:mod:`autoplace.rewrite.batchnorm`) adds
+    over ``nn.BatchNorm2d`` per micro-batch (per call and per input byte) and per step
+    (:func:`batchnorm_overhead`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = ["HostProbe", "ping_pong", "fit_link", "all_reduce_times", "corun_factor", "action_overhead",
+           "probe_in_group", "probe"]
+
+SIZES = (1, 256, 1024, 16_384, 65_536, 262_144, 1_048_576, 4_194_304)  # float32 elements: 4 B .. 16 MiB
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What :func:`probe_in_group` measured (seconds, bytes/s); printable and JSON-able."""
+
+    latency_s: float
+    bandwidth: float
+    allreduce_latency_s: float
+    allreduce_bandwidth: float
+    corun: float
+    """time_factor of a process while another computes beside it."""
+    action_overhead_s: dict[str, float] = field(default_factory=dict)
+    """per schedule: CPU seconds one forward or backward action of a stage adds."""
+    step_overhead_s: dict[str, float] = field(default_factory=dict)
+    """per schedule: CPU seconds a pipeline step adds per rank beyond its actions."""
+    ddp_s: dict[str, float] = field(default_factory=dict)
+    """DDP's CPU seconds per step: per parameter tensor and per gradient byte."""
+    batchnorm_s: dict[str, float] = field(default_factory=dict)
+    """the runtime's whole-batch BatchNorm over nn.BatchNorm2d: per call, per input byte, per commit."""
+    ping: list[dict[str, float]] = field(default_factory=list)
+    allreduce: list[dict[str, float]] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
+    """One-way seconds of a send/recv of each of :data:`SIZES` (half the median round trip)."""
+    import torch.distributed as dist
+
+    rows = []
+    for n in SIZES:
+        buf = torch.zeros(n)
+        reps = repeats if n < 1_000_000 else max(3, repeats // 3)
+        rtt = []
+        for k in range(reps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if k >= 2:
+                rtt.append(time.perf_counter() - t0)
+        rows.append({"bytes": float(n * 4), "seconds": _median(rtt) / 2, "min_seconds": float(np.min(rtt)) / 2})
+    return rows
+
+
+def fit_link(rows: list[dict[str, float]], *, per_byte_factor: float = 1.0) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) of ``t = latency + per_byte_factor x bytes / bandwidth``:
+    the latency is the median over messages of at most 4 KiB (divided by 2 for an all-reduce's
+    ``2 latency``: pass ``per_byte_factor=1`` and halve it yourself), the bandwidth the
+    least-squares slope over messages of 256 KiB and more."""
+    lat = _median([r["seconds"] for r in rows if r["bytes"] <= 4096])
+    big = [r for r in rows if r["bytes"] >= 262144]
+    slope = float(np.polyfit([r["bytes"] for r in big], [r["seconds"] for r in big], 1)[0])
+    if slope <= 0:
+        slope = max(r["seconds"] - lat for r in big) / max(r["bytes"] for r in big)
+    return lat, per_byte_factor / max(slope, 1e-15)
+
+
+def all_reduce_times(*, repeats: int = 20) -> list[dict[str, float]]:
+    """Seconds of a sum all-reduce of each of :data:`SIZES` (median)."""
+    import torch.distributed as dist
+
+    rows = []
+    for n in SIZES:
+        buf = torch.zeros(n)
+        reps = repeats if n < 1_000_000 else max(3, repeats // 3)
+        ts = []
+        for k in range(reps + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if k >= 2:
+                ts.append(time.perf_counter() - t0)
+        rows.append({"bytes": float(n * 4), "seconds": _median(ts), "min_seconds": float(np.min(ts))})
+    return rows
+
+
+def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dict[str, float]:
+    """CPU seconds of ``step`` on this rank alone (the other waits) and with both ranks running
+    it at once; the factor is their ratio (medians, rank 0 and 1 pooled by the caller)."""
+    import torch.distributed as dist
+
+    for _ in range(2):
+        step()
+    alone: list[float] = []
+    together: list[float] = []
+    for k in range(repeats):
+        for who in (0, 1):  # one rank alone, then the other
+            dist.barrier()
+            if rank == who:
+                c0 = time.thread_time()
+                step()
+                alone.append(time.thread_time() - c0)
+            dist.barrier()
+        dist.barrier()
+        c0 = time.thread_time()
+        step()
+        together.append(time.thread_time() - c0)
+    a, t = _median(alone), _median(together)
+    return {"alone_s": a, "together_s": t, "factor": t / a if a > 0 else 1.0}
+
+
+def action_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
+    """CPU seconds per forward or backward action that the pipeline runtime adds, per schedule."""
+    import torch.distributed as dist
+
+    from ..graph.trace import trace_module
+    from ..rewrite.runtime import build_pipeline_runner
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    traced = trace_module(model, (x,))
+    stage = {fx: int(op >= 1) for fx, op in traced.op_of_fx.items()}
+    out: dict[str, Any] = {}
+    for schedule in ("gpipe", "1f1b"):
+        cpu = {}
+        for m in (2, 16):
+            runner = build_pipeline_runner(traced.gm, stage, example_inputs=(x,), microbatches=m,
+                                           loss_fn=torch.nn.functional.mse_loss, schedule=schedule)
+            ts = []
+            for k in range(repeats + 3):
+                dist.barrier()
+                c0 = time.thread_time()
+                runner.step(x, target=y)
+                if k >= 3:
+                    ts.append(time.thread_time() - c0)
+            cpu[m] = _median(ts)
+        out[schedule] = {"cpu_s": cpu, "per_action_s": max((cpu[16] - cpu[2]) / (2 * 14), 0.0)}
+    return out
+
+
+def batchnorm_overhead(*, repeats: int = 20) -> dict[str, float]:
+    """CPU seconds the pipeline runtime's whole-batch BatchNorm
+    (:class:`autoplace.rewrite.batchnorm.BatchStatsNorm`) adds over ``nn.BatchNorm2d`` per
+    forward + backward of one micro-batch, as ``per_call_s + per_byte_s x input bytes`` (two
+    input sizes), and per step for its ``commit``. Runs in one process (no collective)."""
+    from ..rewrite.batchnorm import BatchStatsNorm
+
+    def seconds(mod: torch.nn.Module, x: torch.Tensor) -> float:
+        ts = []
+        for k in range(repeats + 3):
+            c0 = time.thread_time()
+            mod(x).sum().backward()
+            if k >= 3:
+                ts.append(time.thread_time() - c0)
+        return _median(ts)
+
+    extra = []
+    sizes = []
+    commit = []
+    for c, hw in ((8, 8), (32, 32)):
+        x = torch.randn(4, c, hw, hw, requires_grad=True)
+        plain = torch.nn.BatchNorm2d(c)
+        stats = BatchStatsNorm(torch.nn.BatchNorm2d(c))
+        extra.append(seconds(stats, x) - seconds(plain, x))
+        sizes.append(float(x.numel() * x.element_size()))
+        ts = []
+        for _ in range(repeats):
+            stats(x.detach())
+            c0 = time.thread_time()
+            stats.commit()
+            ts.append(time.thread_time() - c0)
+        commit.append(_median(ts))
+    per_byte = max((extra[1] - extra[0]) / (sizes[1] - sizes[0]), 0.0)
+    per_call = max(extra[0] - per_byte * sizes[0], 0.0)
+    return {"per_call_s": per_call, "per_byte_s": per_byte, "commit_s": float(np.mean(commit)),
+            "extra_s": extra, "bytes": sizes}
+
+
+def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, float]:
+    """CPU seconds ``DistributedDataParallel`` adds to a training step on this rank (its hooks,
+    the bucket copies and the division; the all-reduce's own time is the link's), as
+    ``per_tensor_s x parameter tensors + per_byte_s x gradient bytes``: the same step with and
+    without DDP on two stacks of linear layers (many small tensors, few large ones)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def seconds(model: torch.nn.Module, x: torch.Tensor) -> float:
+        opt_free = [p for p in model.parameters()]
+        ts = []
+        for k in range(repeats + 3):
+            import torch.distributed as dist
+
+            dist.barrier()
+            c0 = time.thread_time()
+            model(x).sum().backward()
+            if k >= 3:
+                ts.append(time.thread_time() - c0)
+            for p in opt_free:
+                p.grad = None
+        return _median(ts)
+
+    rows = []
+    for width, depth in ((16, 24), (512, 4)):
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(width, width) for _ in range(depth)]
+        plain = torch.nn.Sequential(*layers)
+        wrapped = DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)]))
+        x = torch.randn(8, width)
+        n_t = 2 * depth
+        n_b = float(sum(p.numel() * p.element_size() for p in plain.parameters()))
+        rows.append((n_t, n_b, seconds(wrapped, x) - seconds(plain, x)))
+    a = np.array([[r[0], r[1]] for r in rows])
+    y = np.array([r[2] for r in rows])
+    coef = np.linalg.solve(a, y)
+    return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
+            "rows": [list(r) for r in rows]}
+
+
+def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats: int = 20) -> HostProbe:
+    """Every term, on this rank of a 2-rank gloo group (see the module docstring); both ranks
+    get the same :class:`HostProbe` (rank 0's fits, the two ranks' CPU times pooled)."""
+    import torch.distributed as dist
+
+    ping = ping_pong(rank, repeats=repeats)
+    ar = all_reduce_times(repeats=repeats)
+    co = corun_factor(rank, step, repeats=max(4, repeats // 3)) if step is not None else None
+    act = action_overhead(rank, repeats=max(6, repeats // 2))
+    ddp = ddp_overhead(rank, repeats=max(6, repeats // 2))
+    bn = batchnorm_overhead(repeats=repeats)
+    mine = {"corun": co, "action": act, "ddp": ddp, "batchnorm": bn}
+    both: list[Any] = [None, None]
+    dist.all_gather_object(both, mine)
+    lat, bw = fit_link(ping)
+    ar_lat, ar_bw = fit_link(ar)
+    factor = float(np.mean([b["corun"]["factor"] for b in both])) if co is not None else 1.0
+    per_action = {s: float(np.mean([b["action"][s]["per_action_s"] for b in both])) for s in ("gpipe", "1f1b")}
+    per_step = {s: float(np.mean([max(b["action"][s]["cpu_s"][2] - 4 * b["action"][s]["per_action_s"], 0.0)
+                                  for b in both])) for s in ("gpipe", "1f1b")}
+    mean = lambda key, f: float(np.mean([b[key][f] for b in both]))  # noqa: E731
+    return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_lat / 2, allreduce_bandwidth=ar_bw,
+                     corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
+                     ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s")},
+                     batchnorm_s={"per_call_s": mean("batchnorm", "per_call_s"),
+                                  "per_byte_s": mean("batchnorm", "per_byte_s"),
+                                  "commit_s": mean("batchnorm", "commit_s")},
+                     ping=ping, allreduce=ar, detail={"ranks": both})
+
+
+def _worker(rank: int, port: int, out: str, repeats: int) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=300))
+    try:
+        a = torch.randn(256, 256)
+        res = probe_in_group(rank, step=lambda: [a @ a for _ in range(20)], repeats=repeats)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(res.to_dict(), f)
+    finally:
+        dist.destroy_process_group()
+
+
+def probe(*, repeats: int = 20) -> HostProbe:
+    """Spawn two processes on this host (gloo on 127.0.0.1) and measure every term; the corun
+    step is a loop of 256 x 256 matrix products (pass your own step to :func:`probe_in_group`
+    from your processes for your model's)."""
+    import json
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from ..rewrite.runtime import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "probe.json")
+        mp.spawn(_worker, args=(free_port(), out, repeats), nprocs=2, join=True)
+        with open(out) as f:
+            d = json.load(f)
+    return HostProbe(**d)

@@ -1,0 +1,560 @@
+"""Fidelity on this machine: real multi-process CPU training (gloo) against the simulator's
+prediction from autoplace's own profiler and host probe, nothing fitted per run.
+
+    python benchmarks/fidelity_cpu.py            # about 3 minutes on a quiet 2-core machine
+    python benchmarks/fidelity_cpu.py --quick    # fewer rounds, to check that it runs
+    python benchmarks/fidelity_cpu.py --render   # rewrite the markdown from the JSON
+
+For four zoo workloads at CPU sizes (GPT-2, ResNet-18, GNMT-4 unrolled, Inception-V3, small
+configs at batch 8-16), every plan below runs for real and is timed, interleaved (one step of
+each plan per round, the order rotated every round, a barrier before each), on two processes
+(``torch.multiprocessing`` spawn, gloo on 127.0.0.1, one intra-op thread each,
+``OMP_NUM_THREADS=1``):
+
+- ``eager``: the model's own training step (forward, cross-entropy, backward, Adam) on rank 0;
+- ``eager x4``: the same over 4 micro-batches with gradient accumulation, rank 0;
+- ``model-parallel``: ``autoplace.wrap(model, ["cpu", "cpu"], plan=...)`` with the ops cut in
+  two by profiled work, one process (both targets are this CPU);
+- ``ddp``: ``DistributedDataParallel`` on both ranks, half the batch each;
+- ``gpipe M2``, ``gpipe M4``, ``1f1b M4``: a 2-stage pipeline cut by profiled work
+  (``autoplace.rewrite.runtime.build_pipeline_runner``, what ``wrap(mode="pipeline")`` runs
+  under torchrun), 2 or 4 micro-batches; ``1f1b M4 skewed``: stage 0 holds 30% of the work.
+
+Each round runs ``STEPS_PER_ROUND`` steps of a plan back to back, timed from a barrier to the
+slower rank's end (the block's mean; a plan's time is the median over rounds): plans
+interleaved step by step would each start with caches full of another plan's model. Each rank's CPU seconds (its main thread's clock) are recorded too: on a machine shared
+with other jobs the wall clock includes waits for a core, the CPU clock mostly does not.
+
+Predictions, per plan, from ``autoplace.simulate`` of the same ``Placement``:
+
+- **before**: what ``benchmarks/runtime.py`` did: the profile as it was (wall clock per op, no
+  whole-pass normalisation, one batch size), ``CostModel(optimizer="adam")``, two CPU devices
+  joined by the send/recv link measured by ping-pong.
+- **after**: :func:`autoplace.cost.profile.profile` as it is now (the thread's CPU clock,
+  timing overhead removed, scaled to the whole passes, a second batch size, the loss and Adam's
+  step measured) and :class:`autoplace.cost.host.HostCostModel` with the host probe's terms
+  (:mod:`autoplace.cost.host_probe`: the gloo link, gloo's all-reduce for DDP's cluster, the
+  corun factor, the pipeline runtime's cost per action), each measured on this machine by its
+  own probe and none fitted to these runs.
+
+Fit and hold-out: two constants are fitted, on the pipeline runs of ``FIT_MODELS`` (GPT-2 and
+ResNet-18) only: what each rank's CPU spends per step beyond its predicted compute (probed
+terms included), as ``a x actions + b`` (least squares over their 4 pipeline plans x 2 ranks).
+GNMT-4 unrolled and Inception-V3 are held out; the table marks which rows were fitted on, and
+the JSON keeps the prediction with the probed terms alone (``probed_only_s``).
+
+Reported: predicted / measured per configuration (before, after), whether it is within 15%, and
+Kendall's tau between the order of plans by prediction and by measurement (the multi-process
+plans of each model, and all of them together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import autoplace  # noqa: E402
+from autoplace import Cluster, CostModel, OpGraph, Placement  # noqa: E402
+from autoplace.cost.host import HostCostModel, host_cluster  # noqa: E402
+from autoplace.cost.profile import profile  # noqa: E402
+from autoplace.rewrite.runtime import free_port  # noqa: E402
+
+from _timing import interleaved, load_average, spread  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+LR = 1e-4
+TARGET = 0.15
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt2": dict(small=True, n_layer=4, n_embd=128, n_head=4, seq_len=64, n_positions=64, batch_size=8),
+    "resnet18": dict(small=True, image_size=64, width=8, batch_size=8),
+    "gnmt4-unrolled": dict(small=True, hidden=96, seq_len=8, vocab_size=512, batch_size=16),
+    "inception_v3": dict(small=True, batch_size=8),
+}
+FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
+"""the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
+(GNMT-4 unrolled, Inception-V3) are held out."""
+SKEW = 0.3
+STEPS_PER_ROUND = 3
+"""steps of a plan per round, back to back (its time: the block's mean; its CPU: all but the first)."""
+MULTI = ("ddp", "gpipe M2", "gpipe M4", "1f1b M4", "1f1b M4 skewed")
+ONE = ("eager", "eager x4", "model-parallel")
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- plans ---------------------------------------------------------------------------------
+
+def split_at(graph: OpGraph, share: float) -> list[int]:
+    """Stage of every op: 0 up to where the profiled work's running share reaches ``share``."""
+    work = np.nan_to_num(graph.fwd_time_s) + np.nan_to_num(graph.bwd_time_s)
+    cut = int(np.searchsorted(np.cumsum(work) / work.sum(), share))
+    cut = min(max(cut, 0), graph.num_nodes - 2)
+    return (np.arange(graph.num_nodes) > cut).astype(int).tolist()
+
+
+def plans_of(graph: OpGraph) -> dict[str, dict[str, Any]]:
+    """Every timed plan: its kind, stages and micro-batches."""
+    even, skew = split_at(graph, 0.5), split_at(graph, SKEW)
+    return {
+        "eager": {"kind": "eager", "microbatches": 1},
+        "eager x4": {"kind": "accumulate", "microbatches": 4},
+        "model-parallel": {"kind": "model", "stage_of_node": even},
+        "ddp": {"kind": "ddp", "microbatches": 1},
+        "gpipe M2": {"kind": "pipeline", "stage_of_node": even, "microbatches": 2, "schedule": "gpipe"},
+        "gpipe M4": {"kind": "pipeline", "stage_of_node": even, "microbatches": 4, "schedule": "gpipe"},
+        "1f1b M4": {"kind": "pipeline", "stage_of_node": even, "microbatches": 4, "schedule": "1f1b"},
+        "1f1b M4 skewed": {"kind": "pipeline", "stage_of_node": skew, "microbatches": 4, "schedule": "1f1b"},
+    }
+
+
+def placement(graph: OpGraph, plan: dict[str, Any], cluster: Cluster) -> Placement:
+    n = graph.num_nodes
+    kind = plan["kind"]
+    if kind == "eager":
+        return Placement.single(graph, cluster)
+    if kind == "accumulate":
+        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [0], microbatches=plan["microbatches"],
+                                  schedule="gpipe")
+    if kind == "model":
+        return Placement.from_assignment(graph, cluster, plan["stage_of_node"])
+    if kind == "ddp":
+        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [[0, 1]], microbatches=1)
+    return Placement.pipeline(graph, cluster, plan["stage_of_node"], [0, 1], microbatches=plan["microbatches"],
+                              schedule=plan["schedule"])
+
+
+# ---- the two processes ---------------------------------------------------------------------
+
+def _train_step(model: torch.nn.Module, wl: Any, inputs: tuple[Any, ...], target: torch.Tensor,
+                microbatches: int = 1) -> Callable[[], None]:
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    xs = [x.tensor_split(microbatches) for x in inputs]
+    ys = target.tensor_split(microbatches)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for i in range(microbatches):
+            loss = wl.loss_fn(model(*(x[i] for x in xs)), ys[i])
+            (loss / microbatches if microbatches > 1 else loss).backward()
+        opt.step()
+
+    return step
+
+
+def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) -> None:
+    """One rank: gloo, the host probe (first model only), then every plan of the model, interleaved."""
+    import torch.distributed as dist
+
+    from autoplace.cost import host_probe
+    from autoplace.graph.trace import trace_module
+    from autoplace.rewrite.runtime import build_pipeline_runner
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    result: dict[str, Any] = {}
+    try:
+        name, config = payload["model"], payload["config"]
+        wl = autoplace.zoo.build(name, **config)
+        traced = trace_module(wl.model, wl.example_inputs)
+        if traced.graph.hash != payload["graph_hash"]:
+            raise RuntimeError(f"rank {rank} traced graph {traced.graph.hash}; the profile is of {payload['graph_hash']}")
+        probe_wl = autoplace.zoo.build(name, **config)
+        corun_step = _train_step(probe_wl.model, probe_wl, probe_wl.example_inputs, probe_wl.target)
+        t0 = time.perf_counter()
+        if payload["probe"]:
+            result["probe"] = host_probe.probe_in_group(rank, step=corun_step, repeats=payload["probe_repeats"]).to_dict()
+        else:
+            co = host_probe.corun_factor(rank, corun_step, repeats=max(4, payload["probe_repeats"] // 3))
+            both: list[Any] = [None, None]
+            dist.all_gather_object(both, co)
+            result["corun"] = {"factor": float(np.mean([b["factor"] for b in both])), "ranks": both}
+        result["probe_s"] = time.perf_counter() - t0
+        idle: Callable[[], None] = lambda: None  # noqa: E731 - the other rank waits at the next barrier
+        steps: dict[str, Callable[[], None]] = {}
+        for key, plan in payload["plans"].items():
+            kind = plan["kind"]
+            if kind in ("eager", "accumulate"):
+                m = autoplace.zoo.build(name, **config)
+                steps[key] = (_train_step(m.model, m, m.example_inputs, m.target, plan["microbatches"])
+                              if rank == 0 else idle)
+            elif kind == "model":
+                if rank == 0:
+                    m = autoplace.zoo.build(name, **config)
+                    g = autoplace.trace(m.model, m.example_inputs)
+                    two = Cluster.from_devices(["cpu", "cpu"])
+                    placed = autoplace.wrap(m.model, ["cpu", "cpu"], example_inputs=m.example_inputs,
+                                            plan=Placement.from_assignment(g, two, plan["stage_of_node"]),
+                                            mode="model", progress=False)
+                    steps[key] = _train_step(placed, m, m.example_inputs, m.target)
+                else:
+                    steps[key] = idle
+            elif kind == "ddp":
+                from torch.nn.parallel import DistributedDataParallel
+
+                m = autoplace.zoo.build(name, **config)
+                ddp = DistributedDataParallel(m.model)
+                half = tuple(x.tensor_split(world)[rank] for x in m.example_inputs)
+                steps[key] = _train_step(ddp, m, half, m.target.tensor_split(world)[rank])
+            else:
+                stage_of_fx = {fx: int(plan["stage_of_node"][op]) for fx, op in traced.op_of_fx.items()}
+                runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=wl.example_inputs,
+                                               microbatches=plan["microbatches"], loss_fn=wl.loss_fn,
+                                               schedule=plan["schedule"])
+                opt = torch.optim.Adam(runner.parameters(), lr=LR)
+
+                def step(runner: Any = runner, opt: torch.optim.Optimizer = opt) -> None:
+                    opt.zero_grad(set_to_none=True)
+                    runner.step(*wl.example_inputs, target=wl.target)
+                    opt.step()
+
+                steps[key] = step
+        cpu: dict[str, list[float]] = {k: [] for k in steps}
+
+        def counting(key: str, fn: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:  # a block of steps: the first warms the caches another plan used
+                fn()
+                c0 = time.thread_time()
+                for _ in range(STEPS_PER_ROUND - 1):
+                    fn()
+                cpu[key].append((time.thread_time() - c0) / (STEPS_PER_ROUND - 1))
+            return run
+
+        load0 = load_average()
+        wall = interleaved({k: counting(k, f) for k, f in steps.items()}, rounds=payload["rounds"],
+                           warmup=payload["warmup"], before=dist.barrier)
+        wall = {k: [block / STEPS_PER_ROUND for block in v] for k, v in wall.items()}
+        cpu = {k: v[payload["warmup"]:] for k, v in cpu.items()}
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, {"wall": wall, "cpu": cpu})
+        result["wall"] = [r["wall"] for r in every]
+        result["cpu"] = [r["cpu"] for r in every]
+        result["load"] = [load0, load_average()]
+    except Exception:
+        result["error"] = traceback.format_exc()
+        print(f"rank {rank} failed:\n{result['error']}", flush=True)
+    finally:
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+        dist.destroy_process_group()
+
+
+# ---- predictions ---------------------------------------------------------------------------
+
+def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
+    with tempfile.TemporaryDirectory() as cache:  # a fresh measurement, never an old cached one
+        return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
+
+
+def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0)) -> HostCostModel:
+    """The cost model with every probed term (and the fitted per-action and per-step constants)."""
+    return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
+                         pipeline_step_s=probe.get("step_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),
+                         ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1])
+
+
+def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
+                corun: float, fit: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, float]]:
+    """Simulated step seconds of every plan, before and after (see the module docstring)."""
+    one = Cluster.from_devices(["cpu"])
+    user_two = Cluster.from_devices(["cpu", "cpu"])
+    p2p_old = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"])
+    p2p = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"], corun=corun)
+    ring = host_cluster(2, latency_s=probe["allreduce_latency_s"], bandwidth=probe["allreduce_bandwidth"],
+                        corun=corun)
+    before_cost = CostModel(optimizer="adam")
+    after_cost = host_cost(probe, fit)
+    out: dict[str, dict[str, float]] = {}
+    for key, plan in plans.items():
+        kind = plan["kind"]
+        if kind in ("eager", "accumulate"):
+            cb = ca = one
+        elif kind == "model":
+            cb = ca = user_two  # what a user plans two targets on one CPU with
+        elif kind == "ddp":
+            cb, ca = p2p_old, ring
+        else:
+            cb, ca = p2p_old, p2p
+        before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb, cost=before_cost, timeline=False)
+        after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=after_cost, timeline=False)
+        # CPU seconds each rank's main thread computes: its ops and update (no waiting)
+        out[key] = {"before_s": float(before.step_time_s), "after_s": float(after.step_time_s),
+                    "after_compute_s": [float(x) for x in after.compute_s]}
+    return out
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two orderings (pairs tied in either count as neither)."""
+    n, s = len(a), 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += int(np.sign(a[i] - a[j]) * np.sign(b[i] - b[j]))
+    pairs = n * (n - 1) // 2
+    return s / pairs if pairs else float("nan")
+
+
+def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, probe: dict[str, Any] | None,
+              probe_repeats: int, profile_repeats: int) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    wl = autoplace.zoo.build(name, **config)
+    t0 = time.perf_counter()
+    graph = _fresh_profile(wl, repeats=profile_repeats, loss_fn=wl.loss_fn, target=wl.target,
+                           small_batch=wl.batch_size // 4)
+    old = _fresh_profile(wl, repeats=profile_repeats, clock="wall", normalize=False, small_batch=None, optimizer=None)
+    prof_s = time.perf_counter() - t0
+    plans = plans_of(graph)
+    payload = {"model": name, "config": config, "graph_hash": graph.hash, "plans": plans, "rounds": rounds,
+               "warmup": warmup, "probe": probe is None, "probe_repeats": probe_repeats}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        mp.spawn(worker, args=(2, free_port(), payload, out), nprocs=2, join=True)
+        got = json.loads(Path(out).read_text())
+    if "wall" not in got:
+        raise RuntimeError(f"{name}: the workers ended without results:\n{got.get('error', '')}")
+    probe = got.get("probe", probe)
+    assert probe is not None
+    corun = got["corun"]["factor"] if "corun" in got else probe["corun"]
+    rows = []
+    for key, plan in plans.items():
+        step = np.max(np.array([got["wall"][r][key] for r in range(2)]), axis=0)
+        s = spread(step.tolist())
+        cpu = [float(np.median(got["cpu"][r][key])) for r in range(2)]
+        rows.append({"model": name, "plan": key, "kind": plan["kind"], "multi_process": key in MULTI,
+                     "microbatches": plan.get("microbatches", 1), "measured_s": s.to_dict(), "step_s": step.tolist(),
+                     "cpu_s_per_rank": cpu, "fit_on": name in FIT_MODELS})
+    return {"model": name, "config": {k: v for k, v in wl.config.items()}, "ops": graph.num_nodes,
+            "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
+            "load": got["load"], "rows": rows, "_graphs": (old, graph, plans)}
+
+
+def predict(models: list[dict[str, Any]], fit: tuple[float, float]) -> None:
+    """Fill every row's predictions (before, after with ``fit``)."""
+    for m in models:
+        old, graph, plans = m["_graphs"]
+        pred = predictions(old, graph, plans, m["probe"], m["corun"], fit)
+        for r in m["rows"]:
+            p = pred[r["plan"]]
+            med = r["measured_s"]["median"]
+            r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
+                     ratio_before=p["before_s"] / med, ratio_after=p["after_s"] / med)
+
+
+def fit_runtime(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Least squares of each rank's CPU seconds beyond its predicted compute (probed terms
+    included) over the pipeline plans of ``FIT_MODELS``: ``residual = a x actions + b``, its
+    actions ``2 M``. Returns a, b and the residuals before and after, fitted and held out."""
+    fit_x, fit_y = [], []
+    for m in models:
+        for r in m["rows"]:
+            if r["kind"] == "pipeline" and m["model"] in FIT_MODELS:
+                for k in range(2):
+                    fit_x.append([2 * r["microbatches"], 1.0])
+                    fit_y.append(r["cpu_s_per_rank"][k] - r["after_compute_s"][k])
+    if len(fit_y) < 2:
+        return {"action_s": 0.0, "step_s": 0.0, "rows": 0}
+    (a, b), *_ = np.linalg.lstsq(np.array(fit_x), np.array(fit_y), rcond=None)
+    return {"action_s": float(a), "step_s": float(b), "rows": len(fit_y), "fit_models": list(FIT_MODELS),
+            "residual_s": fit_y}
+
+
+# ---- output --------------------------------------------------------------------------------
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    multi = [r for r in rows if r["multi_process"]]
+    med = lambda r: r["measured_s"]["median"]  # noqa: E731
+    out: dict[str, Any] = {"multi_process_configs": len(multi)}
+    held = [r for r in multi if not r["fit_on"]]
+    out["held_out"] = {"configs": len(held),
+                       "within_15pct": int(sum(abs(r["ratio_after"] - 1) <= TARGET for r in held)),
+                       "kendall_tau_all": kendall_tau([r["after_s"] for r in held], [med(r) for r in held])}
+    for which in ("before", "after"):
+        ratios = np.array([r[f"ratio_{which}"] for r in multi])
+        out[which] = {
+            "within_15pct": int(np.sum(np.abs(ratios - 1) <= TARGET)),
+            "max_abs_error": float(np.max(np.abs(ratios - 1))) if len(ratios) else float("nan"),
+            "geomean_abs_log": float(np.exp(np.mean(np.abs(np.log(ratios)))) - 1) if len(ratios) else float("nan"),
+            "kendall_tau_all": kendall_tau([r[f"{which}_s"] for r in multi], [med(r) for r in multi]),
+            "kendall_tau_per_model": {m: kendall_tau([r[f"{which}_s"] for r in multi if r["model"] == m],
+                                                     [med(r) for r in multi if r["model"] == m])
+                                      for m in sorted({r["model"] for r in multi})},
+        }
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    head = ("| model | plan | processes | fit on | measured ms (IQR) | before ms | before / meas | after ms | after / meas "
+            "| within 15% | CPU ms per rank, measured (0 / 1) | predicted compute ms (0 / 1) |")
+    out = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        m = r["measured_s"]
+        ok = "yes" if abs(r["ratio_after"] - 1) <= TARGET else "**no**"
+        comp = r["after_compute_s"]
+        pc = f"{comp[0] * 1e3:.1f} / {comp[1] * 1e3:.1f}" if len(comp) > 1 else f"{comp[0] * 1e3:.1f} / -"
+        out.append(f"| {r['model']} | {r['plan']} | {2 if r['multi_process'] else 1} "
+                   f"| {'fit' if r['fit_on'] and r['kind'] == 'pipeline' else ''} | {m['median'] * 1e3:.1f} "
+                   f"({m['iqr'] * 1e3:.1f}) | {r['before_s'] * 1e3:.1f} | {r['ratio_before']:.2f} "
+                   f"| {r['after_s'] * 1e3:.1f} | {r['ratio_after']:.2f} | {ok if r['multi_process'] else '(1 process)'} "
+                   f"| {r['cpu_s_per_rank'][0] * 1e3:.1f} / {r['cpu_s_per_rank'][1] * 1e3:.1f} | {pc} |")
+    return out
+
+
+def write_markdown(res: dict[str, Any], path: Path) -> None:
+    env = res["environment"]
+    s = res["summary"]
+    rows = [r for m in res["models"] for r in m["rows"]]
+    probe = res["models"][0]["probe"]
+    md = ["# Fidelity on this machine: multi-process CPU training against the simulator", "",
+          f"Reproduce: `{res['command']}` ({res['seconds']:.0f} s on {env['machine']}, {env['cpus']} CPUs, "
+          f"torch {env['torch']}, one intra-op thread per process). Load average (1/5/15 min) at the start "
+          f"{env['load_start'][0]:.1f} / {env['load_start'][1]:.1f} / {env['load_start'][2]:.1f}, at the end "
+          f"{env['load_end'][0]:.1f} / {env['load_end'][1]:.1f} / {env['load_end'][2]:.1f}"
+          + (" (**a shared machine: wall-clock times include waits for a core; rerun on a quiet machine**)"
+             if max(env["load_start"][0], env["load_end"][0]) > 1.5 else "") + ".", "",
+          f"Multi-process configurations: {s['multi_process_configs']}. Within 15%: before "
+          f"{s['before']['within_15pct']}, after **{s['after']['within_15pct']}**. Largest error: before "
+          f"{s['before']['max_abs_error']:.0%}, after {s['after']['max_abs_error']:.0%}; geometric mean: before "
+          f"{s['before']['geomean_abs_log']:.0%}, after {s['after']['geomean_abs_log']:.0%}. Kendall tau (all "
+          f"multi-process plans): before {s['before']['kendall_tau_all']:.2f}, after "
+          f"**{s['after']['kendall_tau_all']:.2f}**; per model after: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in s["after"]["kendall_tau_per_model"].items()) + ".", "",
+          f"Fit and hold-out: two runtime constants fitted on the pipeline runs of {', '.join(res['fit'].get('fit_models', [])) or 'none'} "
+          f"(each rank's CPU beyond its predicted compute = a x actions + b): a = {res['fit']['action_s'] * 1e6:.0f} us per "
+          f"action, b = {res['fit']['step_s'] * 1e6:.0f} us per step; rows marked 'fit' were fitted on, the rest are held "
+          "out. Every other term comes from the profiler or the host probe, measured on this machine before the "
+          "timed rounds.", "",
+          f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
+          f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", ""]
+    md += table(rows) + [""]
+    md += ["## Host probe (measured on this machine, before the timed rounds)", "",
+           f"- gloo send/recv: latency {probe['latency_s'] * 1e6:.0f} us, bandwidth {probe['bandwidth'] / 1e9:.2f} GB/s "
+           "(ping-pong; " + ", ".join(f"{r['bytes']:.0f} B {r['seconds'] * 1e6:.0f} us" for r in probe["ping"]) + ").",
+           f"- gloo all-reduce (2 ranks), as the simulator's ring needs it: latency {probe['allreduce_latency_s'] * 1e6:.0f} us, "
+           f"bandwidth {probe['allreduce_bandwidth'] / 1e9:.2f} GB/s ("
+           + ", ".join(f"{r['bytes']:.0f} B {r['seconds'] * 1e6:.0f} us" for r in probe["allreduce"]) + ").",
+           "- pipeline runtime per action (CPU): " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in
+                                                               probe["action_overhead_s"].items())
+           + "; per step: " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in probe.get("step_overhead_s", {}).items()) + ".",
+           f"- DDP per step: {probe.get('ddp_s', {}).get('per_tensor_s', 0) * 1e6:.1f} us per parameter tensor + "
+           f"{probe.get('ddp_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per gradient byte.",
+           f"- the pipeline runtime's whole-batch BatchNorm over torch's: {probe.get('batchnorm_s', {}).get('per_call_s', 0) * 1e6:.0f} us "
+           f"per call + {probe.get('batchnorm_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per input byte, "
+           f"{probe.get('batchnorm_s', {}).get('commit_s', 0) * 1e6:.0f} us per layer per step.",
+           "- corun factor (a process's CPU time while the other computes too, over alone), per model: "
+           + ", ".join(f"{m['model']} {m['corun']:.3f}" for m in res["models"]) + ".", ""]
+    md += ["## Profiles", ""]
+    for m in res["models"]:
+        p = m["profile_meta"] or {}
+        w, n = p.get("whole_s", {}), p.get("normalization", {})
+        small = p.get("small", {})
+        upd = p.get("update", {})
+        md.append(f"- {m['model']} ({m['ops']} ops, batch {m['config'].get('batch_size')}): whole forward "
+                  f"{w.get('fwd', 0) * 1e3:.2f} ms, backward {w.get('bwd', 0) * 1e3:.2f} ms, loss {w.get('loss', 0) * 1e3:.2f} ms; "
+                  f"per-op sums before scaling {n.get('raw_fwd_sum', 0) * 1e3:.2f} / {n.get('raw_bwd_sum', 0) * 1e3:.2f} ms; "
+                  f"at batch {small.get('batch_size')}: forward {small.get('whole_s', {}).get('fwd', 0) * 1e3:.2f} ms, "
+                  f"backward {small.get('whole_s', {}).get('bwd', 0) * 1e3:.2f} ms; Adam step {upd.get('total_s', 0) * 1e3:.2f} ms "
+                  f"({upd.get('per_tensor_s', 0) * 1e6:.1f} us per tensor).")
+    md += [""] + res.get("notes", []) + [""]
+    path.write_text("\n".join(md))
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    rows = [r for m in res["models"] for r in m["rows"]]
+    mp_rows = [r for r in rows if r["kind"] == "model"]
+    out = ["## Notes", "",
+           "- `model-parallel` (two targets on this one CPU, one process) is predicted on "
+           "`Cluster.from_devices(['cpu', 'cpu'])`, as a user would plan it: the simulator runs the two targets "
+           "side by side, but they are one core, so it predicts about half the time (after / measured "
+           + ", ".join(f"{r['model']} {r['ratio_after']:.2f}" for r in mp_rows)
+           + "). Targets that share a device should share its compute; that is the simulator's model-parallel "
+           "semantics (autoplace/sim/model_parallel.py), not a cost term.",
+           "- The hybrid (2 stages x 2 replicas) needs 4 processes; this machine has 2 cores, so it is not run.",
+           "- DDP is predicted on a cluster whose link is gloo's measured all-reduce (the simulator has one link per "
+           "device pair for both send/recv and collectives; gloo's all-reduce reduces on the CPU and reaches about "
+           "half the send/recv bandwidth); pipelines on the send/recv link."]
+    return out
+
+
+def render(out: Path) -> None:
+    res = json.loads((out / "fidelity_cpu.json").read_text())
+    res["notes"] = notes(res)
+    write_markdown(res, out / "fidelity_cpu.md")
+    say(f"rewrote {out / 'fidelity_cpu.md'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds per model")
+    ap.add_argument("--quick", action="store_true", help="few rounds: checks that everything runs")
+    ap.add_argument("--models", nargs="*", default=None, help=f"subset of {list(MODELS)}")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--render", action="store_true", help="only rewrite the markdown from <out>/fidelity_cpu.json")
+    ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
+    args = ap.parse_args()
+    if args.render:
+        render(args.out)
+        return
+    rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 20, 7)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    cmd = "python benchmarks/fidelity_cpu.py" + (" --quick" if args.quick else "")
+    res: dict[str, Any] = {"command": cmd, "environment": {
+        "machine": platform.node() or "this machine", "cpus": os.cpu_count(), "torch": torch.__version__,
+        "load_start": load_average()}, "models": []}
+    probe = None
+    for name in args.models or list(MODELS):
+        say(f"{name}: profiling, then 2 processes: {'host probe, ' if probe is None else ''}corun, "
+            f"{len(ONE) + len(MULTI)} plans x {rounds} rounds ...")
+        m = run_model(name, MODELS[name], rounds=rounds, warmup=warmup, probe=probe, probe_repeats=probe_repeats,
+                      profile_repeats=prof)
+        probe = m["probe"]
+        res["models"].append(m)
+        predict([m], (0.0, 0.0))
+        for r in m["rows"]:
+            say(f"  {r['plan']:16s} measured {r['measured_s']['median'] * 1e3:7.1f} ms  before {r['ratio_before']:.2f}  "
+                f"probed terms {r['ratio_after']:.2f}  cpu {r['cpu_s_per_rank'][0] * 1e3:.1f}/"
+                f"{r['cpu_s_per_rank'][1] * 1e3:.1f} pred compute {'/'.join(f'{x * 1e3:.1f}' for x in r['after_compute_s'])}")
+    predict(res["models"], (0.0, 0.0))
+    probed = {(r["model"], r["plan"]): (r["after_s"], r["ratio_after"]) for m in res["models"] for r in m["rows"]}
+    res["fit"] = fit_runtime(res["models"]) if not args.no_fit else {"action_s": 0.0, "step_s": 0.0, "rows": 0}
+    predict(res["models"], (res["fit"]["action_s"], res["fit"]["step_s"]))
+    for m in res["models"]:
+        del m["_graphs"]
+        for r in m["rows"]:
+            r["probed_only_s"], r["ratio_probed_only"] = probed[(r["model"], r["plan"])]
+    rows = [r for m in res["models"] for r in m["rows"]]
+    res["summary"] = summary(rows)
+    res["environment"]["load_end"] = load_average()
+    res["seconds"] = time.perf_counter() - start
+    res["notes"] = notes(res)
+    args.out.mkdir(parents=True, exist_ok=True)
+    say("\n" + "\n".join(table(rows)))
+    (args.out / "fidelity_cpu.json").write_text(json.dumps(res, indent=1, default=float))
+    write_markdown(res, args.out / "fidelity_cpu.md")
+    say(f"\nwrote {args.out / 'fidelity_cpu.json'} and {args.out / 'fidelity_cpu.md'} ({res['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
