@@ -17,8 +17,8 @@ timeout names no peer. Three things bound that wait and name the peer:
   n, done with step n) and reads its peers'. A peer whose counter has not moved for a while is
   stopped or hung without releasing the GIL; one whose counter moves is alive, and its state
   says whether it is in the same step.
-- :class:`Gate`: every step starts with a barrier (one all-reduce of one element on a gloo
-  group, ~0.3 ms on one host). Waiting there is not bounded by the step's bound, since a peer
+- :class:`Gate`: every step starts with a barrier (one asynchronous all-reduce of one element
+  on a gloo group, ~0.3 ms on one host). Waiting there is not bounded by the step's bound, since a peer
   may be checkpointing or evaluating between steps, but by ``between_steps_s``; a peer whose
   heartbeat stops for ``stall_s`` is reported at once.
 
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Timeouts", "Heartbeat", "Gate", "heartbeat", "group", "who_stopped", "state", "SETUP_TIMEOUT_S"]
+__all__ = ["Timeouts", "Heartbeat", "Gate", "heartbeat", "group", "pipeline_name", "who_stopped", "state",
+           "SETUP_TIMEOUT_S"]
 
 SETUP_TIMEOUT_S = 600.0
 """The process group's timeout while ranks trace, plan and build (before a plan predicts a step)."""
@@ -118,19 +119,46 @@ class Timeouts:
 # ---- process groups, one per (ranks, bound) --------------------------------------------------------
 
 _GROUPS: dict[tuple[Any, ...], Any] = {}
+_PIPELINES: dict[tuple[int, ...], int] = {}
+_WORLD: list[Any] = [None]  # the default process group the two caches above belong to
+
+
+def _this_world() -> None:
+    """Empty the caches when the default process group is not the one they were made in."""
+    world = dist.distributed_c10d._get_default_group()
+    if _WORLD[0] is not world:
+        _GROUPS.clear()
+        _PIPELINES.clear()
+        _WORLD[0] = world
 
 
 def group(ranks: Sequence[int], timeout_s: float, *, backend: str | None = None) -> Any:
     """A process group over ``ranks`` whose waits time out after ``timeout_s``; made once.
 
-    Only the members call it (``use_local_synchronization``), in the same order on each, with
-    the same arguments: then they agree on every cache hit and miss.
+    Every rank of the world calls it, members or not, in the same order with the same
+    arguments (``dist.new_group``'s rule; then the ranks also agree on every cache hit). Not
+    ``use_local_synchronization``: its group names count the groups each member holds, which
+    differ where some ranks share a tied parameter.
     """
-    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks), float(timeout_s), backend)
+    _this_world()
+    key = (tuple(ranks), float(timeout_s), backend)
     if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s), backend=backend,
-                                      use_local_synchronization=True)
+        _GROUPS[key] = dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s), backend=backend)
     return _GROUPS[key]
+
+
+def gate_timeout_s(timeouts: Timeouts) -> float:
+    """The gate group's own timeout: a backstop past the gate's own decisions."""
+    return timeouts.between_steps_s + 2 * timeouts.stall_s + 60
+
+
+def pipeline_name(members: Sequence[int]) -> str:
+    """A name for the next pipeline over ``members``, the same on each (they build pipelines in
+    the same order): its heartbeat states tell it from earlier ones."""
+    _this_world()
+    key = tuple(members)
+    _PIPELINES[key] = _PIPELINES.get(key, 0) + 1
+    return f"{_PIPELINES[key]}@{min(key)}-{max(key)}"
 
 
 # ---- heartbeat -------------------------------------------------------------------------------------
@@ -248,11 +276,10 @@ def heartbeat(interval_s: float = 0.5) -> Heartbeat | None:
 class Gate:
     """The barrier at the start of every step over a pipeline's ranks (see the module doc)."""
 
-    def __init__(self, ranks: Sequence[int], timeouts: Timeouts, hb: Heartbeat | None) -> None:
+    def __init__(self, ranks: Sequence[int], gate_group: Any, hb: Heartbeat | None) -> None:
         self.ranks = tuple(ranks)
         self.hb = hb
-        # gloo's own timeout is a backstop past ours.
-        self.group = group(self.ranks, timeouts.between_steps_s + 2 * timeouts.stall_s + 60, backend="gloo")
+        self.group = gate_group  # gloo, made with gate_timeout_s()
 
     def wait(self, timeouts: Timeouts, describe: Callable[[float], str]) -> str | None:
         """Wait for every rank; None when all came, else why not (``describe(waited_s)`` words it)."""

@@ -257,18 +257,15 @@ class PipelineRunner:
         return loss
 
 
-_BUILT: dict[tuple[int, ...], int] = {}  # runners built over each set of ranks (the same count on every member)
-
-
 class _Links:
     """What a runner waits on, and how long: the step gate, the point-to-point groups of its
     bounds, the collective groups whose timeout follows the bound, and the heartbeat."""
 
     def __init__(self, runner: PipelineRunner, members: Sequence[int], column: Sequence[int],
-                 rank_of: Callable[[int, int], int], collectives: Sequence[Any]) -> None:
+                 rank_of: Callable[[int, int], int], collectives: Sequence[Any], gate_group: Any,
+                 p2p: Mapping[float, Any]) -> None:
         self.members = tuple(members)
-        built = _BUILT[self.members] = _BUILT.get(self.members, 0) + 1
-        self.pipeline = f"{built}@{min(members)}-{max(members)}"
+        self.pipeline = liveness.pipeline_name(self.members)
         self.hb = liveness.heartbeat(runner.timeouts.heartbeat_s)
         if self.hb is not None:
             self.hb.watch(self.members)
@@ -278,11 +275,8 @@ class _Links:
         self.adjacent = [column[s] for s in (me - 1, me + 1) if 0 <= s < len(column)]
         self.column = tuple(column)
         self.collectives = [g for g in collectives if g is not None]
-        self.gate = liveness.Gate(self.members, runner.timeouts, self.hb)
-        # Point-to-point waits keep the timeout their group was made with: one group per bound.
-        t = runner.timeouts
-        bounds = sorted({t.bound_s(1, runner.predicted_step_s), t.bound_s(t.first_steps + 1, runner.predicted_step_s)})
-        self.p2p = {b: liveness.group(self.column, b) for b in bounds}
+        self.gate = liveness.Gate(self.members, gate_group, self.hb) if gate_group is not None else None
+        self.p2p = dict(p2p)  # bound -> this rank's point-to-point group made with that timeout
         self.stage: Any = None  # the PipelineStage, whose group follows the bound
         self.bound: float | None = None
 
@@ -294,20 +288,24 @@ class _Links:
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         bound = runner.timeouts.bound_s(step, runner.predicted_step_s)
-        if bound != self.bound:
+        if bound != self.bound and bound in self.p2p:
             self.stage.group = self.p2p[bound]
             for g in self.collectives:
                 _set_pg_timeout(timedelta(seconds=bound), g)
             self.bound = bound
         self._state(step, "gate")
+        if self.gate is None:  # a pipeline on the caller's group: no groups of ours, no gate
+            self._state(step, "in")
+            return
         t0 = time.monotonic()
 
         def describe(waited: float) -> str:
             return liveness.who_stopped(self.hb, self.members, self.name, self.pipeline, step, waited, runner.timeouts,
                                         at_gate=True, adjacent=self.adjacent)
 
+        gate = self.gate
         try:
-            why = self.gate.wait(runner.timeouts, describe)
+            why = gate.wait(runner.timeouts, describe)
         except Exception as e:
             text = str(e).strip()
             raise PipelineError(f"{runner._where()} failed at the start of step {step}: "
@@ -484,11 +482,26 @@ def build_pipeline_runner(
         for t in [*module.parameters(), *module.buffers()]:
             if t.device != device:
                 t.data = t.data.to(device)
-    # Batch norm over the whole batch; the statistics of a stage's replicas meet on a group of their own.
-    first_bound = limits.bound_s(1, predicted_step_s)
-    replica_ranks = [rank_of(stage, j) for j in range(replicas)]
-    bn_group = (liveness.group(replica_ranks, first_bound) if replicas > 1 and batch_norm == "sync"
-                and _batchnorm.has_batch_norm(stage_module) else None)
+    # The groups this runner waits on, made by every rank in one order (dist.new_group's rule; with
+    # group= the caller's group serves and none is made). Point-to-point waits keep the timeout their
+    # group was made with: one group per bound. BatchNorm statistics of a stage's replicas meet on
+    # a group of their own.
+    bounds = sorted({limits.bound_s(1, predicted_step_s), limits.bound_s(limits.first_steps + 1, predicted_step_s)})
+    p2p: dict[float, Any] = {}
+    gate_group = bn_group = None
+    if group is None:
+        for b in bounds:
+            for j in range(replicas):
+                g = liveness.group([rank_of(s, j) for s in range(n_stages)], b)
+                if j == replica:
+                    p2p[b] = g
+        gate_group = liveness.group(range(n_stages * replicas), liveness.gate_timeout_s(limits), backend="gloo")
+        if replicas > 1 and batch_norm == "sync":
+            for s in range(n_stages):
+                if _batchnorm.has_batch_norm(split.stages[s]):
+                    g = liveness.group([rank_of(s, j) for j in range(replicas)], bounds[0])
+                    if s == stage:
+                        bn_group = g
     batch_norms = _batchnorm.convert(stage_module, mode=batch_norm, microbatches=microbatches, replicas=replicas,
                                      batch_size=batch[0], stage_index=stage, group=bn_group)
     if replicas > 1:
@@ -520,6 +533,7 @@ def build_pipeline_runner(
     members = sorted(rank_of(s, j) for s in range(n_stages) for j in range(replicas))
     column = [rank_of(s, replica) for s in range(n_stages)]
     runner.links = _Links(runner, members, column, rank_of,
-                          [dp_group, bn_group, *{id(g): g for _, g in tied}.values()])
+                          [dp_group, bn_group, *{id(g): g for _, g in tied}.values()] if group is None else [],
+                          gate_group, p2p)
     runner.links.stage = pipe_stage
     return runner

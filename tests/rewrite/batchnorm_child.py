@@ -1,5 +1,8 @@
 """Launched by test_rewrite_batchnorm.py as `torchrun --nproc-per-node 2 batchnorm_child.py OUT MODE`.
 
+(``... OUT MODE resnet50 64 float32`` measures the zoo's full ResNet-50 on 64 x 64 images in float32
+instead: the figures of the README.)
+
 A small ResNet (the zoo's resnet18, small config: 20 BatchNorm layers), in float64 so that
 differences are the method's and not rounding amplified by BatchNorm over few samples, under
 three plans on two gloo processes, one training step and then two more:
@@ -41,6 +44,7 @@ from autoplace.rewrite import build_pipeline_runner, init_distributed  # noqa: E
 
 CASES = [("pipeline", 2, 1, 4), ("data-parallel", 1, 2, 1), ("hybrid", 1, 2, 2)]  # name, stages, replicas, M
 BATCH = 8
+MODEL, IMAGE, DTYPE = "resnet18", 32, torch.float64  # the test's; argv[3:6] override them
 
 
 def _err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -89,10 +93,12 @@ def _deferred(model: torch.nn.Module, x: torch.Tensor, micro: int) -> dict[str, 
 
 def run(name: str, stages: int, replicas: int, micro: int, mode: str) -> dict[str, Any]:
     torch.manual_seed(0)
-    wl = autoplace.zoo.build("resnet18", small=True, batch_size=BATCH)
-    model, loss_fn = wl.model.double(), wl.loss_fn
+    small = MODEL == "resnet18"
+    wl = autoplace.zoo.build(MODEL, small=small, batch_size=BATCH, **({} if small else {"image_size": IMAGE,
+                                                                                      "num_classes": 10}))
+    model, loss_fn = wl.model.to(DTYPE), wl.loss_fn
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(BATCH, 3, 32, 32, generator=g, dtype=torch.float64)
+    x = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g, dtype=DTYPE)
     y = torch.randint(0, 10, (BATCH,), generator=g)
     refs = {"full": _reference(model, x, y, loss_fn, 1), "accum": _reference(model, x, y, loss_fn, micro),
             "deferred": _deferred(model, x, micro)}
@@ -123,7 +129,7 @@ def run(name: str, stages: int, replicas: int, micro: int, mode: str) -> dict[st
         for part in everyone:
             state.update(part)
         assembled.load_state_dict(state)
-        xe = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        xe = torch.randn(BATCH, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(2), dtype=DTYPE)
         with torch.no_grad():
             got = assembled.eval()(xe)
             for ref_name, ref in refs.items():
@@ -140,7 +146,10 @@ def run(name: str, stages: int, replicas: int, micro: int, mode: str) -> dict[st
 
 
 def main() -> None:
+    global MODEL, IMAGE, DTYPE
     out, mode = Path(sys.argv[1]), sys.argv[2]
+    if len(sys.argv) > 3:
+        MODEL, IMAGE, DTYPE = sys.argv[3], int(sys.argv[4]), getattr(torch, sys.argv[5])
     rank, _, _ = init_distributed(device="cpu", timeout_s=120)
     torch.set_num_threads(1)
     results = [run(*case, mode) for case in CASES]

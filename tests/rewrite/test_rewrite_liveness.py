@@ -37,33 +37,36 @@ def _end(pid_file: Path) -> None:
             return
 
 
-def _launch(tmp_path: Path, when: str, wait_for_torchrun_s: float = 0.0) -> tuple[dict, dict, float]:
-    """Run the child; rank 0's answer, rank 1's stop record, and seconds from the error to torchrun's end."""
+def _launch(tmp_path: Path, when: str, wait_for_torchrun_s: float = 0.0, *, world: int = 2,
+            stopped_rank: int = 1) -> tuple[dict[int, dict], dict, float]:
+    """Run the child; every live rank's answer, the stop record, and seconds from rank 0's error
+    to torchrun's end (NaN if it had not ended after ``wait_for_torchrun_s``)."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           str(CHILD), str(tmp_path), when]
+    cmd = [str(torchrun), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1", "--master-port",
+           str(free_port()), str(CHILD), str(tmp_path), when, str(stopped_rank)]
+    live = [r for r in range(world) if r != stopped_rank]
     log = (tmp_path / "log.txt").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     start = time.monotonic()
     try:
-        while not (tmp_path / "rank0.json").exists():
+        while not all((tmp_path / f"rank{r}.json").exists() for r in live):
             if proc.poll() is not None or time.monotonic() - start > HARD_TIMEOUT_S:
-                raise AssertionError(f"no answer from rank 0 (torchrun rc {proc.poll()}):\n"
+                raise AssertionError(f"no answer from every live rank (torchrun rc {proc.poll()}):\n"
                                      + (tmp_path / "log.txt").read_text()[-3000:])
             time.sleep(0.1)
-        time.sleep(0.2)  # the file is written in one call; let it land
-        answer = json.loads((tmp_path / "rank0.json").read_text())
+        time.sleep(0.2)  # each file is written in one call; let it land
+        answers = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in live}
         stopped = json.loads((tmp_path / "stopped.json").read_text())
         if wait_for_torchrun_s:  # how long torchrun takes to end on its own, the stopped rank still stopped
             try:
                 proc.wait(timeout=wait_for_torchrun_s)
             except subprocess.TimeoutExpired:
                 pass
-        return answer, stopped, (time.time() - answer["t"]) if proc.poll() is not None else float("nan")
+        return answers, stopped, (time.time() - answers[live[0]]["t"]) if proc.poll() is not None else float("nan")
     finally:
-        _end(tmp_path / "pid1")
-        _end(tmp_path / "pid0")
+        for r in [stopped_rank, *live]:
+            _end(tmp_path / f"pid{r}")
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -74,7 +77,8 @@ def _launch(tmp_path: Path, when: str, wait_for_torchrun_s: float = 0.0) -> tupl
 
 @pytest.mark.parametrize("when", ["inside", "between"])
 def test_a_stopped_peer_is_named_within_the_bound(tmp_path: Path, when: str) -> None:
-    answer, stopped, _ = _launch(tmp_path, when)
+    answers, stopped, _ = _launch(tmp_path, when)
+    answer = answers[0]
     assert stopped["step"] == 3 and answer["step"] == 3, (stopped, answer)
     error = answer["error"]
     assert error.startswith("PipelineTimeoutError"), error
@@ -88,6 +92,15 @@ def test_a_stopped_peer_is_named_within_the_bound(tmp_path: Path, when: str) -> 
     else:
         assert "at the start of step 3" in error, error
         assert 2.5 <= waited <= 3.0 + 4.0, (waited, error)
+
+
+@pytest.mark.slow
+def test_four_ranks_all_name_the_stopped_one(tmp_path: Path) -> None:
+    """Rank 2 of 4 stops inside a step: its neighbours and rank 0, two stages away, all name it."""
+    answers, stopped, _ = _launch(tmp_path, "inside", world=4, stopped_rank=2)
+    for r, answer in answers.items():
+        assert "rank 2 (stage 2 of 4) stopped answering" in answer["error"], (r, answer["error"])
+        assert answer["t"] - stopped["t"] <= 2.0 + 6.0, (r, answer)
 
 
 def test_default_bounds_scale_with_the_predicted_step() -> None:
