@@ -245,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--cluster", default="4xV100-pcie", help="cluster preset (autoplace.Cluster.presets())")
     d.add_argument("--mode", default="auto", choices=["model", "pipeline", "auto"],
                    help="auto: model-parallel and pipeline/hybrid/data-parallel planners together")
-    d.add_argument("--budget-s", type=_seconds, default=None, help="seconds for learned planners to fine-tune")
+    d.add_argument("--budget-s", type=_seconds, default=None,
+                   help="seconds planning may take, every planner together; learned planners fine-tune on what "
+                        "the heuristics leave (default: at most 6 s, learned planners in quick mode)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default="autoplace_out", help="folder for the timeline PNG and the plan")
     d.set_defaults(fn=_demo)
@@ -258,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cluster", default=None, help="plan for a simulated preset instead (autoplace.Cluster.presets())")
     p.add_argument("--planner", default="best", help="a name from autoplace.planners(), or best (all of them)")
     p.add_argument("--mode", default="model", choices=["model", "pipeline", "auto"])
-    p.add_argument("--budget-s", type=_seconds, default=None, help="seconds learned planners may spend")
+    p.add_argument("--budget-s", type=_seconds, default=None,
+                   help="seconds planning may take (with --planner best: every planner together, default at most "
+                        "6 s; with a learned planner: its fine-tuning time, default its quick mode)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="plan.json")
     p.set_defaults(fn=_plan)
