@@ -123,6 +123,9 @@ def test_zoo_spec_words() -> None:
         parse_spec("gpt2:small")
     with pytest.raises(ZooError, match="names 2 configs"):
         parse_spec("gpt2:test:xl")
+    assert parse_spec("llama:70b") == ("llama", False, {"size": "70b"})
+    with pytest.raises(ZooError, match=r"'test' could be llama's preset 'test' \(size=test\) .*llama:small for the test"):
+        parse_spec("llama:test")
 
 
 def test_plan_with_an_override_takes_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -115,7 +115,7 @@ _ENTRIES: dict[str, _Entry] = {
     "gpt2": _Entry(gpt2.build_model, _tokens, _token_prediction, gpt2.GPT2_DEFAULT, gpt2.GPT2_SMALL, gpt2.resolve,
                    {size: {"size": size} for size in gpt2.PRESETS}),
     "llama": _Entry(llama.build_model, _tokens, _token_prediction, llama.LLAMA_DEFAULT, llama.LLAMA_SMALL,
-                    llama.resolve),
+                    llama.resolve, {size: {"size": size} for size in llama.PRESETS}),
     "inception_v3": _Entry(inception.build_model, _images, _inception_loss, inception.INCEPTION_V3,
                            inception.INCEPTION_V3_SMALL),
     "nasnet": _Entry(nasnet.build_model, _images, _classification, nasnet.NASNET_LARGE, nasnet.NASNET_SMALL),
@@ -165,10 +165,13 @@ def parse_spec(spec: str) -> tuple[str, bool, dict[str, Any]]:
             config[key.strip()] = _value(text.strip())
         elif word in entry.presets and word in TEST_CONFIG:
             test = next(w for w in TEST_CONFIG if w not in entry.presets)
+            preset = entry.presets[word]
+            default = all(entry.default.get(k) == v for k, v in preset.items())
             raise ZooError(f"workload spec {spec!r}: {word!r} could be {name}'s preset {word!r} "
-                           f"({_show(entry.presets[word])}, what {name!r} builds by default) or the zoo's small "
-                           f"test config; write {name!r} (or {name}:{_show(entry.presets[word], sep=':')}) for "
-                           f"the preset, {name}:{test} for the test config")
+                           f"({_show(preset)}{f', what {name!r} builds by default' if default else ''}) or the "
+                           f"zoo's small test config; write {f'{name!r} (or ' if default else ''}"
+                           f"{name}:{_show(preset, sep=':')}{')' if default else ''} for the preset, "
+                           f"{name}:{test} for the test config")
         elif word in TEST_CONFIG:
             small = True
             chosen.append(word)
