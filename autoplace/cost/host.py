@@ -145,9 +145,9 @@ class HostCostModel(CostModel):
                 "param_tensors" in p["update"] else (graph.param_bytes > 0).astype(float)
             facts = graph.meta.get("memory")
             grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
-            for s in np.nonzero(replicas > 1)[0]:
-                sel = st == s
-                uo[s] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
+            for k in np.nonzero(replicas > 1)[0]:
+                sel = st == k
+                uo[k] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
                     + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
         return fo, bo, uo
 
@@ -171,7 +171,7 @@ class HostCostModel(CostModel):
             bwd = np.where(cols[None, :], tb[:, None], bwd)
         if self.loss and p["whole_s"].get("loss", 0.0) > 0:
             lf = np.array([p["whole_s"]["loss"]])
-            if fs is not None and small.get("whole_s", {}).get("loss", 0.0) > 0:
+            if fs is not None and small is not None and small.get("whole_s", {}).get("loss", 0.0) > 0:
                 loss = float(_line(lf, np.array([small["whole_s"]["loss"]]), fs, f)[0])
             else:
                 loss = float(lf[0]) * f

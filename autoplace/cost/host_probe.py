@@ -193,7 +193,7 @@ def action_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     return out
 
 
-def batchnorm_overhead(*, repeats: int = 20) -> dict[str, float]:
+def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
     """CPU seconds the pipeline runtime's whole-batch BatchNorm
     (:class:`autoplace.rewrite.batchnorm.BatchStatsNorm`) adds over ``nn.BatchNorm2d`` per
     forward + backward of one micro-batch, as ``per_call_s + per_byte_s x input bytes`` (two
@@ -231,7 +231,7 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, float]:
             "extra_s": extra, "bytes": sizes}
 
 
-def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, float]:
+def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     """CPU seconds ``DistributedDataParallel`` adds to a training step on this rank (its hooks,
     the bucket copies and the division; the all-reduce's own time is the link's), as
     ``per_tensor_s x parameter tensors + per_byte_s x gradient bytes``: the same step with and

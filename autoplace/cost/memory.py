@@ -267,9 +267,9 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
     outputs = np.zeros(n_ops)
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
-            op = producer.get(_storage_key(t))
-            if op is not None:
-                outputs[op] += _nbytes(t)
+            made_by = producer.get(_storage_key(t))
+            if made_by is not None:
+                outputs[made_by] += _nbytes(t)
     extra = 0
     for n in gm.graph.nodes:  # oneDNN's LSTM workspace, which the fake kernel leaves empty
         if n.op == "call_module" and n.args and isinstance(n.args[0], torch.fx.Node):

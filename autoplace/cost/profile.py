@@ -407,7 +407,7 @@ def _owners(traced: Traced) -> list[list[torch.nn.Parameter]]:
     return out
 
 
-def _adam_seconds(tensors: list[torch.Tensor], warmup: int, repeats: int, clock: _Clock) -> float:
+def _adam_seconds(tensors: Sequence[torch.Tensor], warmup: int, repeats: int, clock: _Clock) -> float:
     copies = [t.detach().clone().requires_grad_(True) for t in tensors]
     for c in copies:
         c.grad = torch.ones_like(c)
