@@ -30,6 +30,7 @@ names the rank(s) whose heartbeat stopped, or the ones not in this step.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -182,6 +183,10 @@ class Heartbeat:
         self._started = time.monotonic()
         self._count = 0
         self.store_error: str | None = None
+        self.alarm: tuple[float, Callable[[], str | None]] | None = None
+        """(when, say): from ``when`` on, each beat calls ``say()``; the first text it returns is
+        printed to stderr and the alarm cleared (for backends whose timeout ends the process
+        without a Python error, NCCL's watchdog: the peer is named before that)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"autoplace-heartbeat-{rank}", daemon=True)
         self._thread.start()
@@ -214,7 +219,20 @@ class Heartbeat:
                 text = str(e).strip().splitlines()
                 self.store_error = f"{type(e).__name__}: {text[0][:200] if text else ''}"
                 backoff = min(30.0, backoff * 2)
+            self._sound_alarm()
             self._stop.wait(backoff)
+
+    def _sound_alarm(self) -> None:
+        alarm = self.alarm
+        if alarm is None or time.monotonic() < alarm[0]:
+            return
+        try:
+            text = alarm[1]()
+        except Exception:
+            return
+        if text and self.alarm is alarm:
+            self.alarm = None
+            print(f"autoplace: {text}", file=sys.stderr, flush=True)
 
     def _beat(self) -> None:
         self._count += 1

@@ -220,6 +220,8 @@ class PipelineRunner:
             _batchnorm.commit(self.batch_norms)
             loss = self._batch_loss(losses) if self.is_last else None
         except Exception as e:
+            if self.links is not None:
+                self.links.quiet()
             text = str(e)
             first = text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
             if "timed out" in text.lower() or "timeout" in text.lower():
@@ -279,6 +281,9 @@ class _Links:
         self.p2p = dict(p2p)  # bound -> this rank's point-to-point group made with that timeout
         self.stage: Any = None  # the PipelineStage, whose group follows the bound
         self.bound: float | None = None
+        # gloo's timeouts raise in step(), whose error names the peer; others' (NCCL's watchdog) may
+        # end the process instead, so the heartbeat names a silent peer on stderr first.
+        self.announce = any(dist.get_backend(g) != "gloo" for g in self.p2p.values())
 
     def name(self, rank: int) -> str:
         return self.names.get(rank, f"rank {rank}")
@@ -316,9 +321,26 @@ class _Links:
                 f"{why}. A live peer may take up to {runner.timeouts.between_steps_s:g} s between steps "
                 f"(Timeouts.between_steps_s), a silent one {runner.timeouts.stall_s:g} s (Timeouts.stall_s)")
         self._state(step, "in")
+        if self.announce and self.hb is not None:
+            self.hb.alarm = (time.monotonic() + bound, lambda: self._silent_peer(runner, step, bound))
+
+    def _silent_peer(self, runner: PipelineRunner, step: int, bound: float) -> str | None:
+        """What to print when this rank has been in the step past the bound: a silent peer, if any."""
+        assert self.hb is not None
+        if not self.hb.stopped(self.members, runner.timeouts.stall_s):
+            return None
+        who = liveness.who_stopped(self.hb, self.members, self.name, self.pipeline, step, bound, runner.timeouts,
+                                   adjacent=self.adjacent)
+        return f"{runner._where()} has been in step {step} for over {bound:g} s: {who}"
 
     def done(self, runner: PipelineRunner, step: int) -> None:
+        self.quiet()
         self._state(step, "done")
+
+    def quiet(self) -> None:
+        """The step ended (or failed): no alarm."""
+        if self.hb is not None:
+            self.hb.alarm = None
 
     def who(self, runner: PipelineRunner, step: int, waited: float) -> str:
         return liveness.who_stopped(self.hb, self.members, self.name, self.pipeline, step, waited, runner.timeouts,

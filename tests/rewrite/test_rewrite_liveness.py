@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from autoplace.rewrite.liveness import Timeouts, who_stopped
+from autoplace.rewrite.liveness import Heartbeat, Timeouts, who_stopped
 from autoplace.rewrite.runtime import free_port
 
 CHILD = Path(__file__).with_name("liveness_child.py")
@@ -116,3 +116,17 @@ def test_default_bounds_scale_with_the_predicted_step() -> None:
 def test_without_a_heartbeat_the_message_names_the_neighbours() -> None:
     text = who_stopped(None, [0, 1, 2], lambda r: f"rank {r}", "1@0-2", 3, 5.0, Timeouts(), adjacent=[0, 2])
     assert "rank 0, rank 2" in text and "cannot tell" in text
+
+
+def test_the_alarm_prints_once_when_it_has_something_to_say(capsys: pytest.CaptureFixture[str]) -> None:
+    """For backends whose timeout ends the process (NCCL), the heartbeat names the silent peer first."""
+    hb = Heartbeat.__new__(Heartbeat)  # the alarm alone: no store, no thread
+    said = iter([None, "rank 1 (stage 1 of 2) stopped answering"])
+    hb.alarm = (0.0, lambda: next(said))
+    hb._sound_alarm()
+    assert hb.alarm is not None and capsys.readouterr().err == ""  # nothing to say yet: keep watching
+    hb._sound_alarm()
+    assert hb.alarm is None and capsys.readouterr().err == "autoplace: rank 1 (stage 1 of 2) stopped answering\n"
+    hb.alarm = (time.monotonic() + 60, lambda: "too early")
+    hb._sound_alarm()
+    assert capsys.readouterr().err == ""
