@@ -225,11 +225,13 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
             continue
         from .graph.units import block_units, stage_units
 
+        stages = p.stage_of_node
+        if stages is None or stages.shape != (graph.num_nodes,):
+            continue  # the pipeline rules report the stages
         if units is None:
             units = block_units(graph)
-            st_units = stage_units(units, p.stage_of_node) if p.stage_of_node is not None and \
-                p.stage_of_node.shape == (graph.num_nodes,) else units.unit_of_node
-        own = sorted({units.names[u] for u, st in zip(st_units.tolist(), p.stage_of_node.tolist())
+            st_units = stage_units(units, stages)
+        own = sorted({units.names[u] for u, st in zip(st_units.tolist(), stages.tolist())
                       if u >= 0 and st == s}, key=units.names.index)
         bad = [x for x in v if x not in own]
         if bad:

@@ -112,6 +112,7 @@ class _Search:
         if why:
             self.refused.append(f"{label}: {why[0]}")
             return None
+        assert p.stage_of_node is not None and p.stage_devices is not None
         ev = self.sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, microbatches, "1f1b",
                                         options=StageOptions.of(p))
         v = _Variant(label, p, float(ev.step_time_s), float(np.max(ev.peak_memory_bytes)), bool(ev.oom))

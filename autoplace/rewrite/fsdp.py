@@ -122,7 +122,7 @@ def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
     def key(n: Node) -> Any:
         return ("u", member[n]) if n in member else n
 
-    first = {}
+    first: dict[Any, int] = {}
     for n in nodes:
         first.setdefault(key(n), index[n])
     succ: dict[Any, set[Any]] = {}

@@ -356,9 +356,9 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     cb = np.zeros(nb)
     for s in range(n_st - 1):
         if bnd[s] > 0:
-            a, b = stages[s], stages[s + 1]
-            shard_bytes = bnd[s] * a.c / m_count / max(a.n, b.n)
-            pairs = [(i, j) for i in a.devs for j in b.devs if i != j]
+            sa, sb = stages[s], stages[s + 1]
+            shard_bytes = bnd[s] * sa.c / m_count / max(sa.n, sb.n)
+            pairs = [(i, j) for i in sa.devs for j in sb.devs if i != j]
             back = [(j, i) for i, j in pairs]
             cf[s] = max((sim.lat[i, j] for i, j in pairs), default=0.0) + shard_bytes * max(
                 (sim.inv_bw[i, j] for i, j in pairs), default=0.0)
