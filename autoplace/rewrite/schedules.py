@@ -1,0 +1,251 @@
+"""Pipelines with several stages per rank on torch.distributed.pipelining's multi-stage
+schedules: ``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``
+(ZB-H1 with one stage per rank) and ``ScheduleZBVZeroBubble``.
+
+The model is cut into ``K = ranks x virtual_stages`` stages by autoplace's own split
+(:func:`autoplace.rewrite.pipeline.split_with_boundaries`: stages form a chain, a value that
+skips a stage is passed through it, so branchy graphs such as Inception's need no support from
+torch's tracer). Rank r builds a ``PipelineStage`` for each of its stages, as
+:func:`autoplace.sim.schedules.stage_ranks` places them (the same rule torch's
+``generate_stage_to_rank_mapping`` uses: stages ``r, r + P, ...`` for the loop schedules, ``r`` and
+``2P - 1 - r`` in ZBV's V), and one schedule object runs them. The order each rank runs is the one
+the simulator simulates (``tests/sim/test_sim_schedules.py`` checks them equal).
+
+Gradients equal the unsplit model's on the full batch when the loss is a mean over the batch
+(``scale_grads=True``) and nothing couples samples across micro-batches (BatchNorm does: use the
+1F1B/GPipe runner, :mod:`autoplace.rewrite.runtime`, whose batch-norm handling covers it; here
+BatchNorm is refused with that advice). Parameters used by stages on different ranks (a tied
+embedding and output projection) have their gradients summed over those ranks after the step;
+stages on one rank share the Parameter object, so its gradient accumulates there already (and
+the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
+parameter two stages of one rank share, as ZBV's first and last stages do with a tied head).
+
+Each rank runs on one device (no data-parallel replicas) and waits for its peers as long as the
+process group's timeout (``init_distributed(timeout_s=...)``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from ..sim.schedules import MULTI_SCHEDULES, schedule_problems, stage_ranks, torch_schedule_class
+from .pipeline import model_output_loss, output_tensors, propagate_fake, split_with_boundaries
+from .runtime import PipelineError, _example, _flat_value
+
+__all__ = ["MultiStageRunner", "build_schedule_runner"]
+
+
+@dataclass
+class MultiStageRunner:
+    """This rank's stages of a multi-stage pipeline and the torch schedule that runs them."""
+
+    rank: int
+    ranks: int
+    stage_indices: tuple[int, ...]
+    """the (global, virtual) stages this rank runs."""
+    num_stages: int
+    microbatches: int
+    batch_size: int
+    schedule_name: str
+    stage_modules: list[torch.fx.GraphModule]
+    schedule: Any
+    scale_grads: bool = True
+    tied: list[tuple[torch.nn.Parameter, Any]] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_indices
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """This rank's parameters, each once (stages on one rank may share one): give them to the optimizer."""
+        seen: set[int] = set()
+        for mod in self.stage_modules:
+            for p in mod.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+    def _where(self) -> str:
+        return f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, {self.schedule_name})"
+
+    def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One training step on a full batch; returns the batch loss on the rank of the last stage, else None."""
+        if self.has_first:
+            for i, x in enumerate(inputs):
+                if not isinstance(x, torch.Tensor) or x.shape[0] != self.batch_size:
+                    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    raise PipelineError(f"{self._where()}: input {i} is {got}; the runner was built for a batch of "
+                                        f"{self.batch_size}: pass batches of that size")
+        if self.has_last and target is None:
+            raise PipelineError(f"{self._where()}: the rank of the last stage needs target= to compute the loss")
+        args = tuple(inputs) if self.has_first else ()
+        losses: list[torch.Tensor] = []
+        try:
+            if self.has_last:
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(*args, return_outputs=False)
+            if self.scale_grads:  # once per parameter: torch scales per stage, twice for one two stages share
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(self.microbatches)
+            for p, group in self.tied:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        except Exception as e:
+            text = str(e).strip()
+            raise PipelineError(f"{self._where()} failed in step {self.steps + 1}: "
+                                f"{text.splitlines()[0][:300] if text else type(e).__name__}") from e
+        self.steps += 1
+        if not self.has_last:
+            return None
+        loss = torch.stack([x.detach() for x in losses])
+        return loss.mean() if self.scale_grads else loss.sum()
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity forward; the gradient leaves contiguous (gloo sends only contiguous tensors, and
+    an input's gradient may be a view, e.g. after a transpose in the next layer's backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return grad.contiguous()
+
+
+class _Stage(torch.nn.Module):
+    """A stage module whose floating inputs send back contiguous gradients and, with ``fresh``,
+    whose outputs are new tensors: a split backward detaches the stage's outputs in place once
+    the input gradient is made (torch's ``stage_backward_input``), which must not reach a tensor
+    the weight gradient still needs (a value relayed through the stage is also its input, one
+    made contiguous may be saved by the op that made it)."""
+
+    def __init__(self, mod: torch.fx.GraphModule, fresh: bool) -> None:
+        super().__init__()
+        self.mod = mod
+        self.fresh = fresh
+
+    def forward(self, *args: Any) -> Any:
+        out = self.mod(*(_ContiguousGrad.apply(a) if isinstance(a, torch.Tensor) and a.requires_grad else a
+                         for a in args))
+        if not self.fresh:
+            return out
+        if isinstance(out, torch.Tensor):
+            return out.clone()
+        if isinstance(out, tuple):
+            return tuple(x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in out)
+        return out
+
+
+def _tied(stage_modules: Sequence[torch.nn.Module], ranks_of_stage: Sequence[int],
+          rank: int) -> list[tuple[torch.nn.Parameter, Any]]:
+    """(parameter, group) for each parameter this rank shares with stages on other ranks; every
+    rank creates every group in the same order, as torch.distributed requires."""
+    users: dict[int, tuple[torch.nn.Parameter, set[int]]] = {}
+    for k, mod in enumerate(stage_modules):
+        for p in mod.parameters():
+            users.setdefault(id(p), (p, set()))[1].add(ranks_of_stage[k])
+    shared = sorted(((p, tuple(sorted(rs))) for p, rs in users.values() if len(rs) > 1), key=lambda x: x[1])
+    groups: dict[tuple[int, ...], Any] = {}
+    out = []
+    for p, rs in shared:
+        if rs not in groups:
+            groups[rs] = dist.new_group(list(rs))
+        if rank in rs:
+            out.append((p, groups[rs]))
+    return out
+
+
+def build_schedule_runner(
+    gm: torch.fx.GraphModule,
+    stage_of_fx: Mapping[str, int],
+    *,
+    example_inputs: Sequence[torch.Tensor],
+    microbatches: int,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+    schedule: str,
+    virtual_stages: int,
+    device: str | torch.device | None = None,
+    scale_grads: bool = True,
+) -> MultiStageRunner:
+    """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
+    ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
+
+    Call it on every rank after ``init_distributed()``, with the same model and arguments.
+    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``.
+    """
+    if not dist.is_initialized():
+        raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
+                            "(under torchrun) or torch.distributed.init_process_group first")
+    if schedule not in MULTI_SCHEDULES:
+        raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b: "
+                            "autoplace.rewrite.build_pipeline_runner)")
+    ranks, rank = dist.get_world_size(), dist.get_rank()
+    problems = schedule_problems(schedule, virtual_stages, ranks, microbatches)
+    if problems:
+        raise PipelineError("; ".join(problems))
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in gm.modules()):
+        raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
+                            "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
+                            "there) or one micro-batch")
+    if device is None:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    batch = [x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor)]
+    if len(batch) != len(example_inputs) or not batch:
+        raise PipelineError("example_inputs must be a non-empty tuple of tensors with the batch in dim 0")
+    if any(b != batch[0] for b in batch) or batch[0] % microbatches:
+        raise PipelineError(f"batch sizes {batch} must be equal and divisible by microbatches = {microbatches}: "
+                            f"pick a batch of a multiple of {microbatches}")
+    k_count = ranks * virtual_stages
+    micro = tuple(x[: batch[0] // microbatches] for x in example_inputs)
+    values = propagate_fake(gm, micro)
+    split = split_with_boundaries(gm, stage_of_fx, values=values, num_stages=k_count)
+    if len(split.stages) != k_count:
+        raise PipelineError(f"the stage assignment has {len(split.stages)} stages; {ranks} ranks x {virtual_stages} "
+                            f"virtual stages need {k_count}: plan again with virtual_stages={virtual_stages}")
+    rank_of = stage_ranks(schedule, ranks, virtual_stages)
+    mine = tuple(k for k in range(k_count) if rank_of[k] == rank)
+
+    from torch.distributed.pipelining import PipelineStage
+
+    cls = torch_schedule_class(schedule)
+    assert cls is not None  # schedule_problems checked it
+    stages = []
+    modules = []
+    for k in mine:
+        mod = split.stages[k]
+        with torch.no_grad():
+            for t in [*mod.parameters(), *mod.buffers()]:
+                if t.device != device:
+                    t.data = t.data.to(device)
+        inputs = (tuple(_example(v, device) for v in micro) if k == 0
+                  else tuple(_example(_flat_value(values, n), device) for n in split.inputs[k]))
+        outputs = (tuple(_example(v, device) for v in output_tensors(gm, values)) if k == k_count - 1
+                   else tuple(_example(_flat_value(values, n), device) for n in split.outputs[k]))
+        split_bw = schedule in ("zb-h1", "zbv")
+        wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
+        stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs))
+        modules.append(mod)
+    sched = cls(stages, microbatches, loss_fn=model_output_loss(gm, loss_fn), scale_grads=False)
+    tied = _tied(split.stages, rank_of, rank)
+    return MultiStageRunner(rank=rank, ranks=ranks, stage_indices=mine, num_stages=k_count, microbatches=microbatches,
+                            batch_size=batch[0], schedule_name=schedule, stage_modules=modules, schedule=sched,
+                            scale_grads=scale_grads, tied=tied)

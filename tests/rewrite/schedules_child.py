@@ -1,0 +1,65 @@
+"""Launched by test_rewrite_schedules.py as `torchrun --nproc-per-node P schedules_child.py OUT CASES_JSON`.
+
+For every case (model, schedule, virtual stages, micro-batches): trace, build this rank's
+multi-stage runner, train 5 steps with SGD, and save the losses (rank of the last stage) and this
+rank's parameters after the steps to OUT/<case>-rank<r>.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import pipeline_workers as pw  # noqa: E402
+import rewrite_models as rm  # noqa: E402
+
+from autoplace.rewrite import init_distributed  # noqa: E402
+from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
+
+STEPS = 5
+
+
+def run(case: dict, rank: int, world: int, out: Path) -> None:
+    name = case["model"]
+    model, _, _ = rm.build(name, 0)
+    gm = torch.fx.symbolic_trace(model)
+    x, _ = pw.batch(name, 8, 0)
+    k = world * case["v"]
+    runner = build_schedule_runner(gm, pw.contiguous_stages(gm, k), example_inputs=(x,),
+                                   microbatches=case["microbatches"], loss_fn=rm.loss_fn(name),
+                                   schedule=case["schedule"], virtual_stages=case["v"])
+    opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        x, y = pw.batch(name, 8, step)
+        loss = runner.step(x, target=y)
+        opt.step()
+        opt.zero_grad()
+        if loss is not None:
+            losses.append(loss.item())
+    params = {n: p.detach().clone() for mod in runner.stage_modules for n, p in mod.named_parameters()}
+    torch.save({"losses": losses, "params": params, "stages": list(runner.stage_indices)},
+               out / f"{case['id']}-rank{rank}.pt")
+
+
+def main() -> None:
+    rank, world, _ = init_distributed(timeout_s=60)
+    out = Path(sys.argv[1])
+    for case in json.loads(sys.argv[2]):
+        try:
+            run(case, rank, world, out)
+        except Exception:
+            (out / f"{case['id']}-rank{rank}.err").write_text(traceback.format_exc())
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
