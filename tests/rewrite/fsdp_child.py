@@ -40,6 +40,7 @@ CASES = {
     "pp-ddp-ac": (2, dict(recompute=True), 2, 1),
     "bf16": (1, dict(shard="fsdp", precision="bf16"), 2, 1),
     "pp-fsdp-bf16": (2, dict(shard="fsdp", precision="bf16"), 2, 1),
+    "gpt2-fsdp-ac": (1, dict(shard="fsdp", recompute=True), 2, 1),  # tied embedding and head: the root's
 }
 VIA_WRAP = {"fsdp", "hsdp", "pp-fsdp"}
 STEPS = 5
@@ -53,7 +54,8 @@ def cluster(world: int, hosts: int) -> Cluster:
 
 def run(out: Path, case: str, rank: int, world: int) -> None:
     n_stages, opts, m_count, hosts = CASES[case]
-    wl = zoo.build("llama", small=True, batch_size=8, n_layers=4)
+    wl = zoo.build("gpt2", small=True, batch_size=8) if case.startswith("gpt2") else \
+        zoo.build("llama", small=True, batch_size=8, n_layers=4)
     model, loss_fn = wl.model, wl.loss_fn
     ref = copy.deepcopy(model)
     traced = trace_module(model, wl.example_inputs)
@@ -78,8 +80,8 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     units = getattr(runner, "units", [])
     calls = [0]
     if units:
-        block = next(u for u in units if u.startswith("layers."))
-        probe = runner.stage_module.get_submodule(block).attention.wq
+        block = next(u for u in units if u.rsplit(".", 1)[-1].isdigit())
+        probe = next(m for m in runner.stage_module.get_submodule(block).modules() if isinstance(m, torch.nn.Linear))
 
         def count(*_: object) -> None:
             calls[0] += 1
@@ -89,8 +91,8 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     losses, ref_losses = [], []
     t0 = time.perf_counter()
     for _ in range(STEPS):
-        x = torch.randint(0, 256, (8, 32), generator=gen)
-        y = torch.randint(0, 256, (8, 32), generator=gen)
+        x = torch.randint(0, 256, tuple(wl.example_inputs[0].shape), generator=gen)
+        y = torch.randint(0, 256, tuple(wl.target.shape), generator=gen)
         loss = runner.step(x, target=y)
         opt.step()
         opt.zero_grad()

@@ -54,12 +54,13 @@ def _check(rows: list[dict], *, tol: float, shards: int, recompute: bool) -> Non
 
 
 def test_fsdp_on_two_processes_equals_the_unwrapped_model(tmp_path: Path) -> None:
-    got = _launch(tmp_path, 2, ["fsdp", "fsdp-ac", "fsdp-noreshard", "bf16"])
+    got = _launch(tmp_path, 2, ["fsdp", "fsdp-ac", "fsdp-noreshard", "bf16", "gpt2-fsdp-ac"])
     _check(got["fsdp"], tol=1e-5, shards=2, recompute=False)
     _check(got["fsdp-ac"], tol=1e-5, shards=2, recompute=True)
     # layers.1 recomputed only: the probe on layers.0 runs once per micro-batch
     _check(got["fsdp-noreshard"], tol=1e-5, shards=2, recompute=False)
     _check(got["bf16"], tol=2e-3, shards=2, recompute=False)
+    _check(got["gpt2-fsdp-ac"], tol=1e-5, shards=2, recompute=True)  # GPT-2's tied embedding and head stay tied
     assert max(r["param_err"] for r in got["bf16"]) > 1e-6  # it did compute in bf16
 
 
