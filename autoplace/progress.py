@@ -171,9 +171,9 @@ class Status:
                 from tqdm.auto import tqdm
 
                 what = f"{self.what}: ".replace("{", "{{").replace("}", "}}")
+                fmt = what + "{n_fmt}/{total_fmt} " + self.unit + " |{bar:10}| [{elapsed}] {desc}"
                 self._bar = tqdm(total=self.total, desc=label, file=self.stream, leave=False, dynamic_ncols=True,
-                                 initial=self.index,
-                                 bar_format=what + "{n_fmt}/{total_fmt} " + self.unit + " |{bar:10}| [{elapsed}] {desc}")
+                                 initial=self.index, bar_format=fmt)
                 self._bar.start_t -= elapsed  # the clock counts from the start of the work, not of the bar
             self._bar.n = self.index
             self._bar.set_description_str(label, refresh=False)

@@ -210,17 +210,20 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``budget_s`` bounds the whole call, in seconds. With ``planner="best"`` and
     ``budget_s=None`` the bound is :data:`DEFAULT_BUDGET_S` (6 s) and the learned planners run
     in their quick modes (a fixed number of samples, reproducible from ``seed``) unless the
-    bound cuts them; with ``budget_s=B`` they fine-tune on what the heuristics leave of B,
-    in equal shares (when that leaves some under :data:`MIN_LEARNED_S`, the first ones in
-    ``planners()`` order share it). A heuristic does not start once the budget is spent, and one that runs
-    past it stops at its next simulation; a learned planner whose share is under
+    bound cuts them; with ``budget_s=B`` they fine-tune on what the heuristics leave of B, in
+    equal shares (when that cannot give each :data:`MIN_LEARNED_S`, the first ones in
+    ``planners()`` order share it). A heuristic does not start once the budget is spent, and
+    one that runs past it stops at its next simulation; a learned planner whose share is under
     :data:`MIN_LEARNED_S` is skipped, and one that reaches the end of its share returns the
-    best placement it has seen. Each skip or cut is said in its candidates row (``note``).
-    The call returns within the budget plus about one simulation and one policy update (the
-    benchmark ``benchmarks/plan_time.py`` measures the slack) — except that the first
-    heuristic to find a placement that fits always finishes, so there is always an answer.
-    A one-device cluster has one model-parallel placement: only ``single`` runs there.
-    A named planner gets ``budget_s`` as its own (None: its quick mode, unbounded).
+    best placement it has seen. Each skip or cut is said in its candidates row (``why`` or
+    ``note``) and in :func:`autoplace.report.planning_summary`. The call returns within the
+    budget plus about one simulation and one policy update (``benchmarks/plan_time.py``
+    measures the slack), except that the first heuristic to find a placement that fits always
+    finishes, so there is always an answer. numba's one-time compilation (the first run after
+    installing or editing autoplace, until its on-disk cache holds the kernels) is not counted:
+    the deadline moves back by it (``meta["compile_s"]``). A one-device cluster has one
+    model-parallel placement: only ``single`` runs there. A named planner gets ``budget_s`` as
+    its own (None: its quick mode, bounded only inside :func:`plan_budget`).
 
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,

@@ -70,7 +70,8 @@ def _sleepy(seconds: float) -> FunctionPlanner:
     """A heuristic that takes ``seconds`` without simulating anything (so nothing can cut it)."""
     def place(graph: Any, cluster: Cluster, **kw: Any) -> Placement:
         time.sleep(seconds)
-        return Placement.from_assignment(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64), planner="test-sleepy")
+        return Placement.from_assignment(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64),
+                                         planner="test-sleepy")
 
     return FunctionPlanner("test-sleepy", ("model",), place)
 
