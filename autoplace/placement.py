@@ -234,7 +234,12 @@ class Placement:
             per = ", ".join(f"dev{i}: {c}" for i, c in enumerate(counts) if c)
             return f"model-parallel placement{who} of {n} ops over {len(self.devices_used())} devices ({per})"
         assert self.stage_of_node is not None and self.stage_devices is not None
-        sizes = np.bincount(self.stage_of_node, minlength=self.num_stages)
+        ranks = self.stage_of_node
+        if self.virtual_stages != 1 and self.schedule in ALL_SCHEDULES:  # ops per rank, over its virtual stages
+            from .sim.schedules import stage_ranks
+
+            ranks = np.asarray(stage_ranks(self.schedule, self.num_stages, self.virtual_stages))[self.stage_of_node]
+        sizes = np.bincount(ranks, minlength=self.num_stages)
         stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
                            for k, devs in enumerate(self.stage_devices))
         from .parallel import describe_options

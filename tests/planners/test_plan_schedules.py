@@ -1,0 +1,74 @@
+"""autoplace.planners.schedules.best_schedule: the fastest runnable schedule for a pipeline plan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import OpGraph, Placement
+from autoplace.planners.schedules import balanced_cut, best_schedule
+from autoplace.rewrite.schedules import MULTI_SCHEDULES
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "sim"))
+from sim_helpers import cluster, graph  # noqa: E402
+
+RUNNABLE = ("1f1b", "gpipe", *MULTI_SCHEDULES)  # what build_pipeline_runner / build_schedule_runner run
+
+
+def _chain(n: int, kinds: str = "linear") -> OpGraph:
+    g = graph(n, [(i, i + 1) for i in range(n - 1)], [1.0] * n, [2.0] * n, edge_bytes=[1e3] * (n - 1),
+              param_bytes=[1e3] * n, out_bytes=[1e4] * n)
+    if kinds == "linear":
+        return g
+    return OpGraph.build(list(g.names), ["BatchNorm2d" if i == 3 else "linear" for i in range(n)],
+                         [tuple(e) for e in g.edges.tolist()], edge_bytes=g.edge_bytes, out_bytes=g.out_bytes,
+                         param_bytes=g.param_bytes, fwd_time_s=g.fwd_time_s, bwd_time_s=g.bwd_time_s,
+                         profiled_on="toy", batch_size=64, name="toy")
+
+
+def test_balanced_cut_is_contiguous_balanced_and_never_empty() -> None:
+    assert balanced_cut(np.ones(8), 4).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert balanced_cut(np.array([6.0, 1, 1, 1, 1, 1, 1]), 2).tolist() == [0, 1, 1, 1, 1, 1, 1]
+    assert balanced_cut(np.array([0.0, 0, 0, 10]), 4).tolist() == [0, 1, 2, 3]  # no chunk left empty
+    c = balanced_cut(np.random.default_rng(0).random(50), 7)
+    assert (np.diff(c) >= 0).all() and sorted(set(c.tolist())) == list(range(7))
+
+
+def test_a_deep_uniform_pipeline_gets_a_smaller_bubble_than_1f1b() -> None:
+    g, c = _chain(32), cluster(4)
+    plan = Placement.pipeline(g, c, balanced_cut(np.ones(32), 4), [0, 1, 2, 3], microbatches=8)
+    choice = best_schedule(g, c, plan)
+    base = autoplace.simulate(g, plan, c).step_time_s
+    got = choice.placement
+    assert got.schedule in MULTI_SCHEDULES and got.validate(g, c) is got
+    assert autoplace.simulate(g, got, c).step_time_s < 0.9 * base
+    assert min(s for _, _, s in choice.candidates if s is not None) == pytest.approx(
+        autoplace.simulate(g, got, c).step_time_s)
+    assert {(s, v) for s, v, _ in choice.candidates} >= {("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2),
+                                                         ("zbv", 2)}
+    assert Placement.from_dict(got.to_dict()) == got
+
+
+def test_every_returned_schedule_is_one_the_runtime_runs() -> None:
+    for n, ranks, m in [(32, 4, 8), (12, 2, 4), (6, 3, 5), (9, 2, 3)]:
+        g, c = _chain(n), cluster(ranks)
+        plan = Placement.pipeline(g, c, balanced_cut(np.ones(n), ranks), list(range(ranks)), microbatches=m)
+        p = best_schedule(g, c, plan).placement
+        assert p.schedule in RUNNABLE and all(len(d) == 1 for d in p.stage_devices)
+        assert not p.problems(g, c)
+
+
+def test_not_offered_with_batch_norm_or_replicas() -> None:
+    g, c = _chain(16, kinds="bn"), cluster(4)
+    plan = Placement.pipeline(g, c, balanced_cut(np.ones(16), 4), [0, 1, 2, 3], microbatches=8)
+    choice = best_schedule(g, c, plan)
+    assert choice.placement.schedule in ("1f1b", "gpipe")
+    assert any("BatchNorm" in n for n in choice.notes)
+    g2 = _chain(16)
+    rep = Placement.pipeline(g2, c, balanced_cut(np.ones(16), 2), [[0, 1], [2, 3]], microbatches=8)
+    choice = best_schedule(g2, c, rep)
+    assert choice.placement.schedule in ("1f1b", "gpipe") and any("replicated" in n for n in choice.notes)
