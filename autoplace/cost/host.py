@@ -25,7 +25,8 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     torch's, per call, per input byte and per step (``host_probe.batchnorm_overhead``).
 ``ddp``
     DistributedDataParallel's hooks, bucket copies and division per step of a replicated stage,
-    per parameter tensor and per gradient byte (``host_probe.ddp_overhead``); the all-reduce
+    per parameter tensor and per gradient byte, and its broadcast of buffers (BatchNorm's
+    running statistics) before every forward (``host_probe.ddp_overhead``); the all-reduce
     itself is the simulator's ring over the cluster's link.
 ``update``
     Adam's step measured over copies of the parameters and split over ops by a per-tensor and
@@ -104,8 +105,8 @@ class HostCostModel(CostModel):
     """the runtime's whole-batch BatchNorm over torch's, per call (``per_call_s``), per input byte
     (``per_byte_s``) and per step (``commit_s``) (``host_probe.batchnorm_overhead``)."""
     ddp_s: Mapping[str, float] = field(default_factory=dict)
-    """DDP's CPU seconds per step per replica: ``per_tensor_s`` and ``per_byte_s`` of gradients
-    (``host_probe.ddp_overhead``)."""
+    """DDP's CPU seconds per step per replica: ``per_tensor_s`` and ``per_byte_s`` of gradients,
+    and ``buffers_s`` for its broadcast of buffers before each forward (``host_probe.ddp_overhead``)."""
     fitted_action_s: float = 0.0
     """a per-action constant fitted to measured pipeline steps (0: none fitted; see
     ``benchmarks/fidelity_cpu.py`` for what it is fitted on and held out from)."""
@@ -145,8 +146,11 @@ class HostCostModel(CostModel):
                 "param_tensors" in p["update"] else (graph.param_bytes > 0).astype(float)
             facts = graph.meta.get("memory")
             grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+            buffers = graph.param_bytes - grads
             for k in np.nonzero(replicas > 1)[0]:
                 sel = st == k
+                if float(buffers[sel].sum()) > 0:  # DDP broadcasts them before every forward
+                    fo[k] += self.ddp_s.get("buffers_s", 0.0) / microbatches
                 uo[k] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
                     + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
         return fo, bo, uo

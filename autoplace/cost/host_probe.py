@@ -5,6 +5,9 @@ Every function here runs on each rank of an initialised 2-rank gloo process grou
 calls, in the same order, on both), with one intra-op thread per process
 (``torch.set_num_threads(1)``, as the profiler measures). :func:`probe` spawns that group itself.
 
+Every time is the lower quartile of its repeats (on a machine shared with other jobs they only
+ever add time).
+
 ``link`` (send/recv ping-pong)
     one-way seconds of ``dist.send``/``dist.recv`` of 4 B to 16 MiB: the latency is the median
     over messages up to 4 KiB, the bandwidth the least-squares slope over those of 256 KiB and
@@ -28,7 +31,8 @@ calls, in the same order, on both), with one intra-op thread per process
     micro-batches is the runtime's cost per step.
 ``ddp``
     CPU seconds ``DistributedDataParallel`` adds to a step (hooks, bucket copies, division),
-    per parameter tensor and per gradient byte (:func:`ddp_overhead`).
+    per parameter tensor and per gradient byte, and the seconds its broadcast of buffers before
+    every forward takes (wall clock: the step waits for it) (:func:`ddp_overhead`).
 ``batchnorm``
     what the pipeline runtime's whole-batch BatchNorm (:mod:`autoplace.rewrite.batchnorm`) adds
     over ``nn.BatchNorm2d`` per micro-batch (per call and per input byte) and per step
@@ -82,8 +86,15 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+def _low(xs: list[float]) -> float:
+    """The lower quartile: other jobs on a shared machine only ever add time to a measurement,
+    so the lower quartile is the steadier estimate of what the operation itself costs (on a
+    quiet machine it is within noise of the median)."""
+    return float(np.percentile(xs, 25))
+
+
 def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
-    """One-way seconds of a send/recv of each of :data:`SIZES` (half the median round trip)."""
+    """One-way seconds of a send/recv of each of :data:`SIZES` (half the round trip's lower quartile)."""
     import torch.distributed as dist
 
     rows = []
@@ -102,7 +113,8 @@ def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
                 dist.send(buf, 0)
             if k >= 2:
                 rtt.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "seconds": _median(rtt) / 2, "min_seconds": float(np.min(rtt)) / 2})
+        rows.append({"bytes": float(n * 4), "seconds": _low(rtt) / 2, "median_seconds": _median(rtt) / 2,
+                     "min_seconds": float(np.min(rtt)) / 2})
     return rows
 
 
@@ -120,7 +132,7 @@ def fit_link(rows: list[dict[str, float]], *, per_byte_factor: float = 1.0) -> t
 
 
 def all_reduce_times(*, repeats: int = 20) -> list[dict[str, float]]:
-    """Seconds of a sum all-reduce of each of :data:`SIZES` (median)."""
+    """Seconds of a sum all-reduce of each of :data:`SIZES` (lower quartile)."""
     import torch.distributed as dist
 
     rows = []
@@ -134,13 +146,14 @@ def all_reduce_times(*, repeats: int = 20) -> list[dict[str, float]]:
             dist.all_reduce(buf)
             if k >= 2:
                 ts.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "seconds": _median(ts), "min_seconds": float(np.min(ts))})
+        rows.append({"bytes": float(n * 4), "seconds": _low(ts), "median_seconds": _median(ts),
+                     "min_seconds": float(np.min(ts))})
     return rows
 
 
 def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dict[str, float]:
     """CPU seconds of ``step`` on this rank alone (the other waits) and with both ranks running
-    it at once; the factor is their ratio (medians, rank 0 and 1 pooled by the caller)."""
+    it at once; the factor is their ratio (lower quartiles; the caller pools the two ranks)."""
     import torch.distributed as dist
 
     for _ in range(2):
@@ -159,7 +172,7 @@ def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dic
         c0 = time.thread_time()
         step()
         together.append(time.thread_time() - c0)
-    a, t = _median(alone), _median(together)
+    a, t = _low(alone), _low(together)
     return {"alone_s": a, "together_s": t, "factor": t / a if a > 0 else 1.0}
 
 
@@ -188,7 +201,7 @@ def action_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 runner.step(x, target=y)
                 if k >= 3:
                     ts.append(time.thread_time() - c0)
-            cpu[m] = _median(ts)
+            cpu[m] = _low(ts)
         out[schedule] = {"cpu_s": cpu, "per_action_s": max((cpu[16] - cpu[2]) / (2 * 14), 0.0)}
     return out
 
@@ -207,7 +220,7 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             mod(x).sum().backward()
             if k >= 3:
                 ts.append(time.thread_time() - c0)
-        return _median(ts)
+        return _low(ts)
 
     extra = []
     sizes = []
@@ -224,7 +237,7 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             c0 = time.thread_time()
             stats.commit()
             ts.append(time.thread_time() - c0)
-        commit.append(_median(ts))
+        commit.append(_low(ts))
     per_byte = max((extra[1] - extra[0]) / (sizes[1] - sizes[0]), 0.0)
     per_call = max(extra[0] - per_byte * sizes[0], 0.0)
     return {"per_call_s": per_call, "per_byte_s": per_byte, "commit_s": float(np.mean(commit)),
@@ -251,7 +264,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 ts.append(time.thread_time() - c0)
             for p in opt_free:
                 p.grad = None
-        return _median(ts)
+        return _low(ts)
 
     rows = []
     for width, depth in ((16, 24), (512, 4)):
@@ -266,8 +279,30 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     a = np.array([[r[0], r[1]] for r in rows])
     y = np.array([r[2] for r in rows])
     coef = np.linalg.solve(a, y)
+    # buffers (BatchNorm's running statistics) are broadcast from rank 0 before every forward
+    # (broadcast_buffers=True, the default): a collective the step waits for, so the wall clock
+    import torch.distributed as dist
+
+    def wall(model: torch.nn.Module, x: torch.Tensor) -> float:
+        ts = []
+        for k in range(repeats + 3):
+            dist.barrier()
+            t0 = time.perf_counter()
+            model(x).sum().backward()
+            if k >= 3:
+                ts.append(time.perf_counter() - t0)
+            for p in model.parameters():
+                p.grad = None
+        return _low(ts)
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 64)
+    synced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)))
+    unsynced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)),
+                                       broadcast_buffers=False)
+    buffers = max(wall(synced, x) - wall(unsynced, x), 0.0)
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
-            "rows": [list(r) for r in rows]}
+            "buffers_s": buffers, "rows": [list(r) for r in rows]}
 
 
 def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats: int = 20) -> HostProbe:
@@ -293,7 +328,8 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     mean = lambda key, f: float(np.mean([b[key][f] for b in both]))  # noqa: E731
     return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_lat / 2, allreduce_bandwidth=ar_bw,
                      corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
-                     ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s")},
+                     ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s"),
+                            "buffers_s": mean("ddp", "buffers_s")},
                      batchnorm_s={"per_call_s": mean("batchnorm", "per_call_s"),
                                   "per_byte_s": mean("batchnorm", "per_byte_s"),
                                   "commit_s": mean("batchnorm", "commit_s")},
