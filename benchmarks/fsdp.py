@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import autoplace  # noqa: E402
-from autoplace import Cluster  # noqa: E402
+from autoplace import Cluster, CostModel  # noqa: E402
+from autoplace.parallel import NO_BF16_KINDS  # noqa: E402
 from autoplace.graph.trace import trace_module  # noqa: E402
 from autoplace.planners import NoFitError  # noqa: E402
 
@@ -81,18 +82,22 @@ def run_case(case: str, zoo_name: str, config: dict[str, Any], cluster_name: str
     trace_s = time.perf_counter() - t0
     c = cluster(cluster_name)
     cap = float(c.memory.min())
+    # where every device has bf16 tensor cores, everyone trains in 16 bits (op times at the tensor
+    # peak for every planner; the sharded ones then plan bf16 mixed precision); elsewhere fp32
+    half = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in c.devices)
+    cost = CostModel(dtype_bytes=2) if half else None
     rows: dict[str, dict[str, Any]] = {}
     for name in BASELINES + ["best"]:
         t1 = time.perf_counter()
         try:
-            p = autoplace.plan(g, c, planner=name, mode="pipeline", kinds=("heuristic",))
-            res = autoplace.simulate(g, p, c, timeline=False)
+            p = autoplace.plan(g, c, planner=name, mode="pipeline", kinds=("heuristic",), cost=cost)
+            res = autoplace.simulate(g, p, c, timeline=False, cost=cost)
             rows[name] = dict(step_time_s=float(res.step_time_s), peak_gib=float(res.peak_memory_bytes.max()) / GiB,
                               oom=bool(res.oom), plan=p.describe(), plan_time_s=time.perf_counter() - t1,
                               chose=p.planner, plan_json=p.to_dict() if name == "best" else None)
             if name == "best":  # the same plan in fp32: how much of its gain is bf16's
                 f32 = dataclasses.replace(p, precision=())
-                r32 = autoplace.simulate(g, f32, c, timeline=False)
+                r32 = autoplace.simulate(g, f32, c, timeline=False)  # and an fp32 cost model
                 rows["best-fp32"] = dict(step_time_s=float(r32.step_time_s), oom=bool(r32.oom),
                                          peak_gib=float(r32.peak_memory_bytes.max()) / GiB, same=not p.precision)
         except NoFitError as e:
@@ -108,7 +113,7 @@ def run_case(case: str, zoo_name: str, config: dict[str, Any], cluster_name: str
     old = [times[n] for n in ("data-parallel", "pipedream-dp") if n in times]
     every = [times[n] for n in BASELINES if n in times]
     best = times.get("best")
-    return dict(case=case, zoo=zoo_name, config=config, cluster=cluster_name, nodes=g.num_nodes,
+    return dict(case=case, zoo=zoo_name, config=config, cluster=cluster_name, nodes=g.num_nodes, bits=16 if half else 32,
                 params=float(g.param_bytes.sum() / 4), device_gib=cap / GiB, trace_s=trace_s, rows=rows,
                 gain_over_ddp_pipedream=(min(old) / best) if best and old else None,
                 gain_over_baselines=(min(every) / best) if best and every else None,
@@ -119,11 +124,14 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
     out = ["# Sharded baselines (fsdp, fsdp+ac, torchtitan) beside DDP and pipedream-dp", "",
            f"Written by `{command}`; the simulator's step time and the peak memory of the fullest device "
            "(models traced on the meta device, one training step, Adam). `best` is every pipeline heuristic, "
-           "the fastest plan that fits. *no fit*: the planner found no plan within memory. DDP and pipedream-dp "
-           "plan fp32 only; the sharded planners use bf16 where every device has it (A100, H100), so the last "
-           "column simulates the best plan in fp32 to separate the gain of the plan from the gain of bf16.", ""]
-    head = "| case | cluster | params | device | " + " | ".join(BASELINES + ["best"]) + " | best plan | best plan in fp32 |"
-    out += [head, "|" + "---|" * (len(BASELINES) + 6)]
+           "the fastest plan that fits. *no fit*: the planner found no plan within memory. Where every device has "
+           "bf16 tensor cores (A100, H100: `bits` 16) every planner is judged by `CostModel(dtype_bytes=2)` (op "
+           "times at the tensor-core peak) and the sharded planners plan bf16 mixed precision (fp32 master weights "
+           "and optimizer state); elsewhere (V100: no bf16) everything is fp32. The last column simulates the best "
+           "plan in fp32 with the fp32 cost model.", ""]
+    head = ("| case | cluster | params | device | bits | " + " | ".join(BASELINES + ["best"])
+            + " | best plan | best plan in fp32 |")
+    out += [head, "|" + "---|" * (len(BASELINES) + 7)]
     for r in results:
         cells = []
         for n in BASELINES + ["best"]:
@@ -135,7 +143,7 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
         f32 = r["rows"].get("best-fp32")
         f32_text = ("(is fp32)" if f32["same"] else f"{f32['step_time_s']:.3g} s, {f32['peak_gib']:.1f} GiB"
                     + (" OOM" if f32["oom"] else "")) if f32 else ""
-        out.append(f"| {r['case']} | {r['cluster']} | {r['params'] / 1e9:.2f} B | {r['device_gib']:.0f} GiB | "
+        out.append(f"| {r['case']} | {r['cluster']} | {r['params'] / 1e9:.2f} B | {r['device_gib']:.0f} GiB | {r['bits']} | "
                    + " | ".join(cells) + f" | {bp.get('chose', '')}: {desc} | {f32_text} |")
     out += ["", "Gain of `best` (geometric mean over a cluster's cases; `-` where no baseline fits):", "",
             "| cluster | cases | over best of DDP, pipedream-dp | over best of all five | best never slower |",

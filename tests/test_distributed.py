@@ -24,7 +24,11 @@ def test_data_parallel_is_chosen_where_it_wins() -> None:
     plan = runnable_pipeline_plan(graph, cluster, 4, planner="best")
     assert plan.num_stages == 1 and plan.stage_devices == ((0, 1, 2, 3),)
     rows = {r["planner"]: r for r in plan.meta["candidates"]}
-    assert rows["data-parallel"]["step_time_s"] == pytest.approx(plan.meta["predicted_step_time_s"])
+    # data parallel, plain (DDP) or sharded (FSDP: the same step, with the optimizer on 1/4 of the
+    # parameters, a few microseconds less here)
+    dp_family = min(rows[n]["step_time_s"] for n in ("data-parallel", "fsdp"))
+    assert dp_family == pytest.approx(plan.meta["predicted_step_time_s"])
+    assert rows["data-parallel"]["step_time_s"] == pytest.approx(dp_family, rel=1e-3)
 
 
 def test_a_staged_plan_where_a_full_copy_does_not_fit() -> None:

@@ -4,8 +4,10 @@ checkpointing, and torchtitan's pipeline x FSDP composition.
 - ``fsdp``: one stage on every device with ``shard="fsdp"`` (FSDP2's ``fully_shard`` over all
   devices, torchtitan's default ``data_parallel_shard_degree=-1``), one unit per block
   (:mod:`autoplace.graph.units`), ``reshard_after_forward`` as torchtitan's default (True
-  without pipelining), bf16 where every device has bf16 tensor cores (torchtitan's
-  ``mixed_precision_param="bfloat16"``), else fp32. Gradient accumulation (micro-batches) as
+  without pipelining), in the precision the cost model says the model trains in: fp32 by default
+  (a plan never changes the user's numerics unasked), bf16 when ``CostModel(dtype_bytes=2)``
+  and every device has bf16 tensor cores (torchtitan's ``mixed_precision_param="bfloat16"``:
+  MixedPrecisionPolicy, fp32 master weights). Gradient accumulation (micro-batches) as
   the data-parallel baseline: 1, 2, 4, ... until it fits.
 - ``fsdp+ac``: the same with activation checkpointing, torchtitan's ``activation_checkpoint.mode``
   "full" (every block) and "selective" per layer (every second block); the fastest that fits.
@@ -44,10 +46,11 @@ if TYPE_CHECKING:
 __all__ = ["place_fsdp", "place_fsdp_ac", "place_torchtitan", "block_stages"]
 
 
-def _bf16(cluster: Cluster) -> str:
-    """"bf16" when every device has bf16 tensor cores, else "fp32"."""
+def _precision(cluster: Cluster, cost: "CostModel") -> str:
+    """"bf16" when the cost model trains in 16 bits (``dtype_bytes=2``) and every device has
+    bf16 tensor cores, else "fp32"."""
     ok = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in cluster.devices)
-    return "bf16" if ok else "fp32"
+    return "bf16" if ok and cost.dtype_bytes <= 2 else "fp32"
 
 
 def _accumulation(batch: int, replicas: int, *, at_least: int = 1) -> list[int]:
@@ -156,7 +159,7 @@ def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner:
     search = _Search(graph, cluster, cost, planner)
     st, devs = _whole(graph, cluster)
     n = cluster.num_devices
-    precision = _bf16(cluster)
+    precision = _precision(cluster, search.cost)
     names = block_units(graph).names
     if not _accumulation(graph.batch_size, n):
         raise no_fit(graph, cluster, MemoryEstimate.of(graph, search.cost), planner=planner, mode="pipeline",
@@ -198,7 +201,7 @@ def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | N
                      module: Any = None) -> Placement:
     search = _Search(graph, cluster, cost, "torchtitan")
     d = cluster.num_devices
-    precision = _bf16(cluster)
+    precision = _precision(cluster, search.cost)
     for pp in _pp_degrees(cluster):
         st = np.zeros(graph.num_nodes, dtype=np.int64) if pp == 1 else block_stages(graph, pp)
         if st is None:

@@ -40,8 +40,10 @@ every activation it makes, and while its backward runs its activations exist aga
 at a time: the largest such unit is added to the peak).
 
 Mixed precision: bf16 op times are the fp32 op times scaled by the roofline's ratio of bf16
-(tensor-core peak, half the bytes) to fp32 time, so a measured profile keeps its shape; the
-optimizer updates fp32 master parameters (update time as in fp32, over the local shard).
+(tensor-core peak, half the bytes) to fp32 time, so a measured profile keeps its shape (with a
+cost model that already computes in 16 bits, ``CostModel(dtype_bytes=2)``, only the bytes
+halve); the optimizer updates fp32 master parameters (update time as in fp32, over the local
+shard).
 
 The two regimes the runtime runs (:mod:`autoplace.rewrite.fsdp`):
 

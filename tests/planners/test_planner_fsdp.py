@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import autoplace.zoo as zoo
-from autoplace import Cluster, plan, simulate
+from autoplace import Cluster, CostModel, plan, simulate
 from autoplace.graph.trace import trace_module
 from autoplace.planners import planners
 from autoplace.planners.base import NoFitError
@@ -49,12 +49,16 @@ def test_plans_are_valid_runnable_and_as_predicted(llama, name: str) -> None:  #
     p = plan(llama, c, planner=name, mode="pipeline")
     p.validate(llama, c)
     assert runtime_problems(p, llama, world=4) == []
-    assert set(p.shard) <= {"fsdp", "hsdp"} and p.precision == ("bf16",) * p.num_stages  # A100: bf16
+    assert set(p.shard) <= {"fsdp", "hsdp"} and not p.precision  # fp32 unless the user trains in 16 bits
     assert simulate(llama, p, c).step_time_s == pytest.approx(p.meta["predicted_step_time_s"])
+    half = CostModel(dtype_bytes=2)
+    b = plan(llama, c, planner=name, mode="pipeline", cost=half)
+    assert b.precision == ("bf16",) * b.num_stages  # A100 has bf16 tensor cores
+    assert simulate(llama, b, c, cost=half).step_time_s == pytest.approx(b.meta["predicted_step_time_s"])
     if name == "fsdp+ac":
         assert p.recompute and p.recompute[0]
-    v100 = plan(llama, Cluster.preset("4xP100-pcie"), planner=name, mode="pipeline")
-    assert not v100.precision  # no bf16 tensor cores: fp32, the default
+    p100 = plan(llama, Cluster.preset("4xP100-pcie"), planner=name, mode="pipeline", cost=half)
+    assert not p100.precision  # no bf16 tensor cores: fp32
 
 
 def test_sharding_fits_what_no_replica_holds(wide) -> None:  # type: ignore[no-untyped-def]
@@ -65,7 +69,7 @@ def test_sharding_fits_what_no_replica_holds(wide) -> None:  # type: ignore[no-u
     whole = (np.zeros(wide.num_nodes, dtype=int), [[0, 1, 2, 3]])
 
     def peak(m: int, **kw: object) -> float:
-        opts = StageOptions.resolve(1, shard="fsdp", precision="bf16", **kw)
+        opts = StageOptions.resolve(1, shard="fsdp", **kw)
         return float(sim.evaluate_pipeline(*whole, m, options=opts).peak_memory_bytes.max())
 
     fsdp_leanest = peak(2)  # the most accumulation the batch of 8 allows on 4 devices
