@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .placement import Placement
 
 __all__ = ["SHARDS", "PRECISIONS", "StageOptions", "option_problems", "normalize", "options_to_dict",
-           "options_from_dict"]
+           "options_from_dict", "split_recompute"]
 
 SHARDS = ("ddp", "fsdp", "hsdp")
 PRECISIONS = ("fp32", "bf16")
@@ -164,8 +164,33 @@ def options_to_dict(placement: "Placement") -> dict[str, Any]:
 
 
 def options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for Placement from a plan's JSON (absent fields: the defaults)."""
-    return {f: tuple(tuple(x) if isinstance(x, list) else x for x in d[f]) for f in FIELDS if f in d}
+    """Keyword arguments for Placement from a plan's JSON (absent fields: the defaults; a single
+    value, ``"shard": "fsdp"``, is every stage's)."""
+    out: dict[str, Any] = {}
+    for f in FIELDS:
+        if f in d:
+            v = d[f]
+            out[f] = tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+    return out
+
+
+def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recompute: Any) -> Any:
+    """A flat list of unit paths for a pipeline becomes one list per stage (each unit in the stage
+    that holds it; a path that is no unit stays in every stage, where validation names it)."""
+    import numpy as np
+
+    if num_stages <= 1 or not isinstance(recompute, (list, tuple)) or not recompute \
+            or not all(isinstance(x, str) for x in recompute):
+        return recompute
+    from .graph.units import block_units, stage_units
+
+    units = block_units(graph)
+    st = np.asarray(stage_of_node)
+    if st.shape != (graph.num_nodes,):
+        return recompute
+    unit = stage_units(units, st)
+    where = {units.names[int(u)]: int(s) for u, s in zip(unit.tolist(), st.tolist()) if u >= 0}
+    return [tuple(x for x in recompute if where.get(x, s) == s) for s in range(num_stages)]
 
 
 def _hosts_of(cluster: "Cluster", devs: Sequence[int]) -> list[int]:

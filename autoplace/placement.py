@@ -160,6 +160,9 @@ class Placement:
 
             first = first[list(stage_ranks(schedule, len(sd), int(virtual_stages)))]
         dev = first[np.clip(st, 0, max(len(first) - 1, 0))] if len(sd) else np.full(st.shape, -1)
+        from .parallel import split_recompute  # unit paths for a pipeline: each in its own stage
+
+        recompute = split_recompute(graph, st, len(sd), recompute)
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,

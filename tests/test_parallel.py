@@ -57,6 +57,10 @@ def test_per_stage_values(g) -> None:  # type: ignore[no-untyped-def]
     assert opts.shard == ("ddp", "fsdp") and opts.recompute == (True, True)
     assert opts.reshard_after_forward == (False, False)  # torchtitan: no reshard in a pipeline
     assert "s0: recompute; s1: fsdp, recompute" in repr(p)
+    named = Placement.pipeline(g, c, st, [[0, 1], [2, 3]], microbatches=2, recompute=["h.0", "h.1"])
+    assert named.recompute == (("h.0",), ("h.1",))  # each unit goes to the stage that holds it
+    one = Placement.from_dict({**p.to_dict(), "shard": "fsdp"})  # a single value in JSON: every stage's
+    assert one.shard == ("fsdp", "fsdp")
 
 
 def test_bad_options_name_the_value_the_rule_and_the_fix(g) -> None:  # type: ignore[no-untyped-def]
