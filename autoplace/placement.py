@@ -33,7 +33,7 @@ __all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems", "bat
 
 SCHEDULES = ("1f1b", "gpipe")
 """The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search)."""
-ALL_SCHEDULES = SCHEDULES + ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv")
+ALL_SCHEDULES = SCHEDULES + ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
 """Every schedule a plan may name; those past SCHEDULES take ``virtual_stages`` per rank
 (:mod:`autoplace.sim.schedules`, run by :mod:`autoplace.rewrite.schedules`)."""
 MODES = ("model", "pipeline")

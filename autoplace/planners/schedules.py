@@ -7,7 +7,7 @@ Candidates, for a plan whose stages each run on one device (``P`` ranks):
 - the plan as given, and the other of gpipe/1f1b;
 - ``zb-h1`` with the plan's own stages (``v = 1``);
 - ``interleaved-1f1b``, ``looped-bfs`` and ``zb-h1`` with ``v`` in ``virtual_stages`` (default
-  2, 3, 4) and ``zbv`` with ``v = 2``, on ``P x v`` stages cut from the ops in topological order
+  2, 3, 4) and ``zbv`` and ``dualpipev`` with ``v = 2``, on ``P x v`` stages cut from the ops in topological order
   so that every stage has about the same forward + backward time (each op priced at the mean of
   its time on the ranks' devices: the cut is a balanced contiguous split, Megatron-LM's uniform
   layer chunks for a uniform model). Contiguous in topological order, so stages never decrease
@@ -129,7 +129,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         work = (tf[:, devs] + tb[:, devs]).mean(axis=1)
         shapes: list[tuple[str, int]] = [("zb-h1", 1)]
         shapes += [(s, v) for v in virtual_stages if v > 1 for s in MULTI]
-        shapes.append(("zbv", 2))
+        shapes += [("zbv", 2), ("dualpipev", 2)]
         for schedule, v in shapes:
             if schedule_problems(schedule, v, ranks, m):
                 notes.append(f"{schedule} with v={v} not offered: {schedule_problems(schedule, v, ranks, m)[0]}")

@@ -1,6 +1,6 @@
 """Pipelines with several stages per rank on torch.distributed.pipelining's multi-stage
 schedules: ``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``
-(ZB-H1 with one stage per rank) and ``ScheduleZBVZeroBubble``.
+(ZB-H1 with one stage per rank), ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``.
 
 The model is cut into ``K = ranks x virtual_stages`` stages by autoplace's own split
 (:func:`autoplace.rewrite.pipeline.split_with_boundaries`: stages form a chain, a value that
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from ..sim.schedules import MULTI_SCHEDULES, schedule_problems, stage_ranks, torch_schedule_class
+from ..sim.schedules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
 from .pipeline import model_output_loss, output_tensors, propagate_fake, split_with_boundaries
 from .runtime import PipelineError, _example, _flat_value
 
@@ -188,7 +188,7 @@ def build_schedule_runner(
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
 
     Call it on every rank after ``init_distributed()``, with the same model and arguments.
-    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``.
+    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``.
     """
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
@@ -240,7 +240,7 @@ def build_schedule_runner(
                   else tuple(_example(_flat_value(values, n), device) for n in split.inputs[k]))
         outputs = (tuple(_example(v, device) for v in output_tensors(gm, values)) if k == k_count - 1
                    else tuple(_example(_flat_value(values, n), device) for n in split.outputs[k]))
-        split_bw = schedule in ("zb-h1", "zbv")
+        split_bw = SPECS[schedule].split_backward
         wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
         stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs))
         modules.append(mod)

@@ -30,7 +30,7 @@ import numpy as np
 from ..placement import PlacementError, pipeline_problems
 from .pipeline import PipelineOutcome, _boundary_bytes, _groups
 from .result import Evaluation, Event, SimResult
-from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, stage_ranks, weight_fraction
+from .schedules import SPECS, OrderTimes, actions, bubble_fraction, simulate_order, stage_ranks, weight_fraction
 
 if TYPE_CHECKING:
     from ..parallel import StageOptions
@@ -101,7 +101,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
     act = (out_b + recv) / m
     order = actions(schedule, p, v, m)
-    split = schedule in ("zb-h1", "zbv")
+    split = SPECS[schedule].split_backward
     t: OrderTimes = simulate_order(order, rank_of, f, b, w if split else None, cf=cf, cb=cb, act=act, microbatches=m)
     if not t.ok:  # the orders of schedules.actions never deadlock; a guard on that code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {p} ranks x {v} virtual stages and "

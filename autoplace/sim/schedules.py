@@ -38,6 +38,13 @@ computes, so what is simulated is what runs):
   (second chunk F, first chunk F), ``P - r`` triples (F, I, W) of the second chunk; a steady
   phase of (F, I, W) on chunk 0 then chunk 1; a cool-down of I's with the W's after.
   Orders are built for ``max(2P - 1, M)`` micro-batches and those past M dropped, as torch does.
+- ``dualpipev`` (DeepSeek-AI, "DeepSeek-V3 Technical Report", 2024, section 3.2.1, DualPipe, in
+  its V form; ``ScheduleDualPipeV``): two stages per rank in a V, ``M >= 2P``; warm-up forwards,
+  then pairs of one chunk's forward with the other chunk's full backward, then backwards split
+  into I and W for the second half of the cool-down. torch 2.13 runs each pair's two actions one
+  after the other, and so does this simulator: the compute/communication overlap DualPipe is
+  built for is not modelled (on these orders it gives ZBV's bubble with one more chunk of
+  activations in flight).
 
 Split backward: ``I`` takes the input-gradient share of each op's backward and ``W`` the rest:
 for an op with parameters (linear, convolution, normalisation) half of its backward each (the
@@ -105,6 +112,7 @@ SPECS: dict[str, ScheduleSpec] = {
     "looped-bfs": ScheduleSpec("looped-bfs", "ScheduleLoopedBFS", "loop", False, (1, None)),
     "zb-h1": ScheduleSpec("zb-h1", "ScheduleInterleavedZeroBubble", "loop", True, (1, None)),
     "zbv": ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", True, (2, 2)),
+    "dualpipev": ScheduleSpec("dualpipev", "ScheduleDualPipeV", "v", True, (2, 2)),
 }
 MULTI_SCHEDULES = tuple(k for k in SPECS if k not in ("gpipe", "1f1b"))
 """The schedules this module simulates (gpipe and 1f1b stay in :mod:`.pipeline`)."""
@@ -139,6 +147,9 @@ def schedule_problems(schedule: str, virtual_stages: int, ranks: int, microbatch
         out.append(f"schedule {schedule!r} needs torch.distributed.pipelining.{spec.torch_class}, which torch "
                    f"{torch.__version__} lacks: upgrade torch or choose one of "
                    f"{tuple(k for k in SPECS if torch_schedule_class(k) is not None)}")
+    if schedule == "dualpipev" and microbatches < 2 * ranks:
+        out.append(f"schedule 'dualpipev' needs at least as many micro-batches as stages: microbatches={microbatches} "
+                   f"< {2 * ranks} stages ({ranks} ranks x 2); use microbatches >= {2 * ranks}")
     if schedule in ("interleaved-1f1b", "zb-h1") and ranks >= 1 and microbatches >= 1:
         rounds = max(1, microbatches // ranks)
         if microbatches % rounds:
@@ -251,6 +262,67 @@ def _zbv(p: int, m: int, rank: int) -> list[Action]:
     return [a for a in out if a.microbatch < m]
 
 
+def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
+    """DualPipeV on one rank, its overlapped forward+backward pairs run one after the other (as
+    torch 2.13's runtime runs the pair's sub-actions)."""
+    c0, c1 = rank, 2 * p - 1 - rank
+    nxt: dict[tuple[int, str], int] = {}
+    weights: list[tuple[int, int]] = []
+    out: list[Action] = []
+
+    def act(c: int, k: str) -> None:
+        key = (c, "F") if k == "F" else (c, "I")
+        i = nxt.get(key, 0)
+        nxt[key] = i + 1
+        out.append(Action(c, k, i))
+        if k == "I":
+            weights.append((c, i))
+
+    def weight() -> None:
+        if weights:
+            c, i = weights.pop(0)
+            out.append(Action(c, "W", i))
+
+    def overlap(fc: int, bc: int) -> None:
+        act(fc, "F")
+        act(bc, "B")
+
+    for _ in range(2 * (p - rank - 1)):
+        act(c0, "F")
+    for _ in range(rank + 1):
+        act(c0, "F")
+        act(c1, "F")
+    for _ in range(p - rank - 1):
+        act(c1, "I")
+        weight()
+        act(c1, "F")
+    for i in range(m - 2 * p + rank + 1):
+        if i == 0 and rank == p - 1:
+            act(c0, "F")
+            act(c1, "B")
+        else:
+            overlap(c0, c1)
+        overlap(c1, c0)
+    for _ in range(p - rank - 1):
+        act(c1, "B")
+        overlap(c1, c0)
+    zb = False
+    steps = rank + 1
+    for i in range(steps):
+        if i == steps // 2 and rank % 2 == 1:
+            zb = True
+        act(c1, "I" if zb else "B")
+        if i == steps // 2 and rank % 2 == 0:
+            zb = True
+        act(c0, "I" if zb else "B")
+    for _ in range(p - rank - 1):
+        weight()
+        act(c0, "I" if zb else "B")
+    for _ in range(rank + 1):
+        weight()
+    return out
+
+
 @lru_cache(maxsize=256)
 def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
     """Each rank's actions in the order it runs them (stages are global virtual-stage indices)."""
@@ -272,8 +344,10 @@ def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -
         rows = [_depth_first(p, v, m, r, True) for r in range(p)]
     elif schedule == "looped-bfs":
         rows = [_looped_bfs(p, v, m, r) for r in range(p)]
-    else:
+    elif schedule == "zbv":
         rows = [_zbv(p, m, r) for r in range(p)]
+    else:
+        rows = [_dualpipev(p, m, r) for r in range(p)]
     return tuple(tuple(r) for r in rows)
 
 

@@ -19,7 +19,7 @@ import pipeline_workers as pw
 import rewrite_models as rm
 
 CHILD = Path(__file__).with_name("schedules_child.py")
-SCHEDULES = [("interleaved-1f1b", 2), ("looped-bfs", 2), ("zb-h1", 1), ("zb-h1", 2), ("zbv", 2)]
+SCHEDULES = [("interleaved-1f1b", 2), ("looped-bfs", 2), ("zb-h1", 1), ("zb-h1", 2), ("zbv", 2), ("dualpipev", 2)]
 MODELS = ["gpt", "inception_gn"]  # GroupNorm: per-sample statistics, so micro-batches change nothing
 
 
