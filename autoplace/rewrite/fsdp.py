@@ -97,6 +97,9 @@ def _regions(gm: torch.fx.GraphModule, unit_of: Mapping[str, str],
         first.setdefault(u, i)
         if u in leaves:
             continue
+        if n.op == "call_module" and not str(n.target).startswith(u + ".") and not any(
+                True for _ in gm.get_submodule(str(n.target)).parameters()):
+            continue  # a parameterless module (a Flatten) folded into the unit's op: the root may call it
         if n.op == "call_module" and not str(n.target).startswith(u + "."):
             raise ShardedRunError(f"FSDP unit {u!r} calls module {n.target!r}, which lies outside it; a unit must "
                                   "hold the modules it calls (re-plan without sharding, or file an issue)")

@@ -136,3 +136,22 @@ def test_shards_that_do_not_divide_are_refused_before_running() -> None:
     with pytest.raises(PlacementError, match="do not divide"):
         Placement.pipeline(traced.graph, hosts, np.zeros(traced.graph.num_nodes, dtype=int), [[0, 1, 2, 4]],
                            microbatches=1, shard="hsdp")
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_every_zoo_model_outlines_its_units_into_the_same_function(name: str) -> None:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from autoplace.graph.units import block_units
+    from autoplace.rewrite.pipeline import split_with_boundaries
+
+    wl = zoo.build(name, small=True)
+    traced = trace_module(wl.model, wl.example_inputs)
+    stage = split_with_boundaries(traced.gm, {n: 0 for n in traced.op_of_fx}).stages[0]
+    want = stage(*wl.example_inputs)
+    like = {n.name: (n.op, n.target) for n in traced.gm.graph.nodes}
+    units = outline_units(stage, unit_of_fx(traced), like=like)
+    assert units == list(block_units(traced.graph).names)  # the simulator's units, in order
+    got = stage(*wl.example_inputs)
+    assert all(torch.equal(a, b) for a, b in zip(tree_leaves(got), tree_leaves(want)))
