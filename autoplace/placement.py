@@ -92,6 +92,10 @@ class Placement:
     """stages per rank (interleaved and zero-bubble schedules): ``stage_of_node`` then holds
     ``len(stage_devices) x virtual_stages`` stages, placed on ranks as
     :func:`autoplace.sim.schedules.stage_ranks` says; 1 for gpipe and 1f1b."""
+    tp: int = 1
+    """tensor-parallel degree of every stage (inside one host): ``stage_devices[s]`` then names
+    the stage's ``tp`` devices, which split its column/row linear pairs
+    (:mod:`autoplace.sim.tensor_parallel`); 1: no tensor parallelism."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -120,6 +124,9 @@ class Placement:
             raise PlacementError([f"virtual_stages is {vs!r}; it must be a whole number >= 1 (stages per rank; "
                                   "1 unless the schedule is interleaved or zero-bubble)"])
         set_(self, "virtual_stages", int(vs))
+        if isinstance(self.tp, bool) or not isinstance(self.tp, (int, np.integer)) or self.tp < 1:
+            raise PlacementError([f"tp is {self.tp!r}; it must be a whole number >= 1 (devices splitting each layer)"])
+        set_(self, "tp", int(self.tp))
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
@@ -146,7 +153,7 @@ class Placement:
                  stage_devices: Sequence[int | Sequence[int]], *, microbatches: int = 4,
                  schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
                  validate: bool = True, shard: Any = None, recompute: Any = None, precision: Any = None,
-                 reshard_after_forward: Any = None, virtual_stages: int = 1) -> "Placement":
+                 reshard_after_forward: Any = None, virtual_stages: int = 1, tp: int = 1) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
         over several (a sequence of ints). ``shard``, ``recompute``, ``precision`` and
         ``reshard_after_forward``: one value for every stage or one per stage
@@ -166,7 +173,7 @@ class Placement:
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
-                reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages)
+                reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages, tp=tp)
         if validate:
             p.validate(graph, cluster)
         return p
@@ -210,7 +217,7 @@ class Placement:
         if st is None or sd is None:
             return ["a pipeline placement needs stage_of_node and stage_devices"]
         return pipeline_problems(graph, cluster, st, [list(g) for g in sd], self.microbatches, self.schedule,
-                                 virtual_stages=self.virtual_stages)
+                                 virtual_stages=self.virtual_stages, tp=self.tp)
 
     def validate(self, graph: "OpGraph", cluster: "Cluster") -> "Placement":
         """Raise :class:`PlacementError` listing every problem; return self when valid."""
@@ -251,6 +258,7 @@ class Placement:
         return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
                 f"{self.microbatches} micro-batches, {self.schedule}"
                 + (f" with {self.virtual_stages} virtual stages per rank" if self.virtual_stages != 1 else "")
+                + (f", tensor parallel x{self.tp}" if self.tp != 1 else "")
                 + (f", {opts}" if opts else ""))
 
     def __repr__(self) -> str:
@@ -285,6 +293,8 @@ class Placement:
                      microbatches=self.microbatches, schedule=self.schedule)
             if self.virtual_stages != 1:  # absent for one stage per rank: older plans' JSON is unchanged
                 d["virtual_stages"] = self.virtual_stages
+            if self.tp != 1:
+                d["tp"] = self.tp
             from .parallel import options_to_dict
 
             d.update(options_to_dict(self))
@@ -317,7 +327,7 @@ class Placement:
                        stage_devices=d["stage_devices"], microbatches=d["microbatches"],
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
-                       meta=d.get("meta", {}), virtual_stages=d.get("virtual_stages", 1), **_options_from_dict(d))
+                       meta=d.get("meta", {}), virtual_stages=d.get("virtual_stages", 1), tp=d.get("tp", 1), **_options_from_dict(d))
         return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=d.get("meta", {}))
@@ -367,7 +377,8 @@ class Placement:
 def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.ndarray,
                       stage_devices: Sequence[Sequence[int]], microbatches: int, schedule: str, *,
                       every_stage_used: bool = True, even_batches: bool = False,
-                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None, virtual_stages: int = 1) -> list[str]:
+                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None, virtual_stages: int = 1,
+                      tp: int = 1) -> list[str]:
     """Every rule a pipeline breaks, each naming the value and the rule (empty: valid). The one
     set of rules behind :meth:`Placement.validate` and the simulator's pipeline check (which
     lets a stage be empty, ``every_stage_used=False``: a planner's search may pass through one).
@@ -408,17 +419,28 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
     elif int(microbatches) > graph.batch_size:
         out.append(f"microbatches is {microbatches}, more than the batch size {graph.batch_size}")
     else:
-        out.extend(batch_share_problems(graph.batch_size, int(microbatches), [len(g) for g in stage_devices],
+        out.extend(batch_share_problems(graph.batch_size, int(microbatches),
+                                        [max(len(g) // max(int(tp), 1), 1) for g in stage_devices],
                                         even=even_batches))
     if schedule not in ALL_SCHEDULES:
         out.append(f"schedule is {schedule!r}; it must be one of {ALL_SCHEDULES}")
-    elif schedule not in ("1f1b", "gpipe") or int(virtual_stages) != 1:
+    elif schedule not in ("1f1b", "gpipe") or int(virtual_stages) != 1 or int(tp) != 1:
         from .sim.schedules import schedule_problems
 
         out.extend(schedule_problems(schedule, int(virtual_stages), len(stage_devices), int(microbatches)))
-        if any(len(g) > 1 for g in stage_devices):
-            out.append(f"schedule {schedule!r} runs one device per rank; stage_devices {[list(g) for g in stage_devices]} "
-                       "replicates a rank: use one device per rank, or the 1f1b/gpipe schedules for replicated stages")
+        t = max(int(tp), 1)
+        if any(len(g) != t for g in stage_devices):
+            what = "one device per rank" if t == 1 else f"one TP group of tp={t} devices per rank"
+            out.append(f"schedule {schedule!r} with tp={t} runs {what}; stage_devices {[list(g) for g in stage_devices]} "
+                       f"{'replicates a rank' if t == 1 else 'does not'}: give each rank {t} device(s), or use the "
+                       "1f1b/gpipe schedules with tp=1 for replicated stages")
+        if t > 1:
+            from .sim.tensor_parallel import linear_pairs, tp_problems
+
+            pairs = linear_pairs(graph)
+            for g in stage_devices:
+                if len(g) == t:
+                    out.extend(tp_problems(cluster, list(g), t, pairs))
     if stages_ok and s > 1 and graph.num_edges:
         src, dst = edge_ends if edge_ends is not None else (graph.edges[:, 0], graph.edges[:, 1])
         mask = st[src] > st[dst]

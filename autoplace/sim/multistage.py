@@ -17,8 +17,12 @@ the peak activation walk of :mod:`.schedules` (+ 2 x each tied copy). With a tra
 memory facts (:mod:`autoplace.cost.memory`), each virtual stage's terms at its own micro-batches
 in flight, summed over the rank's stages (conservative: their peaks need not coincide).
 
-Each rank runs on one device here (no replicas) and the stages keep the default data-parallel
-options: the plan's validation says so for anything else.
+Tensor parallelism (``tp > 1``): each rank is a TP group of ``tp`` devices of one host; the
+column/row pairs inside a stage run at ``1/tp`` of their time and parameters, plus their
+all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not used then (the
+plain sum, with sharded parameters and whole activations). Each rank is one device or one TP
+group (no replicas) and the stages keep the default data-parallel options: the plan's
+validation says so for anything else. gpipe and 1f1b with ``tp > 1`` run here too.
 """
 
 from __future__ import annotations
@@ -40,16 +44,37 @@ __all__ = ["multistage_step", "stage_times"]
 
 
 def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(K,) forward, backward, weight-gradient and update seconds of every virtual stage."""
+                tp_groups: Sequence[Sequence[int]] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(K,) forward, backward, weight-gradient and update seconds and parameter bytes per device
+    of every virtual stage; with ``tp_groups`` (the TP group of each virtual stage) the stage's
+    column/row pairs are split over its group and their all-reduces added, the forward one to F,
+    the backward one to the input-gradient part of B (:mod:`.tensor_parallel`)."""
     k = dev_of_stage.shape[0]
     tf, tb = sim.op_times(int(microbatches))
     dev = dev_of_stage[st]
     rows = np.arange(st.shape[0])
     f_op, b_op, u_op = tf[rows, dev], tb[rows, dev], sim.upd[rows, dev]
     w_op = b_op * weight_fraction(sim.graph.param_bytes)
-    return (np.bincount(st, f_op, minlength=k), np.bincount(st, b_op, minlength=k),
-            np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k))
+    p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
+    ar = np.zeros(k)
+    if tp_groups is not None and len(tp_groups[0]) > 1:
+        from .tensor_parallel import linear_pairs, tp_stage_cost
+
+        pairs = linear_pairs(sim.graph)
+        t = len(tp_groups[0])
+        scale = np.ones(st.shape[0])
+        for p in pairs:
+            if len({int(st[i]) for i in p.ops}) == 1:  # a pair cut by a stage boundary stays whole
+                scale[list(p.ops)] = 1.0 / t
+        for s in range(k):
+            ops = np.nonzero(st == s)[0]
+            if ops.size:
+                ar[s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
+                                      int(microbatches), pairs)[2]
+        f_op, b_op, w_op, u_op, p_op = f_op * scale, b_op * scale, w_op * scale, u_op * scale, p_op * scale
+    return (np.bincount(st, f_op, minlength=k) + ar / 2, np.bincount(st, b_op, minlength=k) + ar / 2,
+            np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
 
 
 def _inflight(order: tuple, n_stages: int) -> np.ndarray:
@@ -69,14 +94,14 @@ def _inflight(order: tuple, n_stages: int) -> np.ndarray:
 def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                     stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                     virtual_stages: int = 1, *, result: bool, timeline: bool = True,
-                    options: "StageOptions | None" = None) -> PipelineOutcome:
+                    options: "StageOptions | None" = None, tp: int = 1) -> PipelineOutcome:
     """Simulate one step of ``schedule`` (one of :data:`~autoplace.sim.schedules.MULTI_SCHEDULES`)."""
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64).copy()
     groups = _groups(stage_devices)
     v = int(virtual_stages)
     mp = sim._mp
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
-                                 edge_ends=(mp["esrc"], mp["edst"]), virtual_stages=v)
+                                 edge_ends=(mp["esrc"], mp["edst"]), virtual_stages=v, tp=tp)
     if options is not None and not options.is_default:
         problems.append(f"schedule {schedule!r} is simulated and run with the default stage options (ddp, no "
                         f"recompute, fp32); this plan sets {options.describe()}: drop them or use 1f1b/gpipe")
@@ -88,7 +113,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     rank_of = np.array(stage_ranks(schedule, p, v), dtype=np.int64)
     dev_rank = np.array([g[0] for g in groups], dtype=np.int64)
     dev_of_stage = dev_rank[rank_of]
-    f, b, w, u = stage_times(sim, st, dev_of_stage, m)
+    f, b, w, u, p_stage = stage_times(sim, st, dev_of_stage, m,
+                                      [groups[r] for r in rank_of] if int(tp) > 1 else None)
     bnd = _boundary_bytes(st, mp["succ_ptr"], mp["succ_eid"], mp["edst"], mp["ebytes"], k)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
@@ -134,17 +160,18 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             step = max(step, float(x1))
 
     # memory
-    params = np.bincount(rank_of[st], mp["param_bytes"], minlength=p)
+    params = np.bincount(rank_of, p_stage, minlength=p)
     tied_extra = np.zeros(p)
     for _, others, nbytes in holders:
         for r in others:
             tied_extra[r] += 2.0 * nbytes
     peak = np.zeros(sim.num_devices)
-    if sim.memory is not None:
+    if sim.memory is not None and int(tp) == 1:
         per_stage = sim.memory.pipeline(st, [[int(d)] for d in dev_of_stage], _inflight(order, k), m)
         peak[dev_rank] = np.bincount(rank_of, per_stage, minlength=p)
     else:
-        peak[dev_rank] = params * (2.0 + mp["opt_factor"]) + t.peak_act + tied_extra
+        for r, grp in enumerate(groups):  # every device of a TP group holds its shard and whole activations
+            peak[grp] = params[r] * (2.0 + mp["opt_factor"]) + t.peak_act[r] + tied_extra[r]
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     evaluation = Evaluation(step, peak, excess)
     if not result:
@@ -152,7 +179,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
 
     n_dev = sim.num_devices
     compute = np.zeros(n_dev)
-    compute[dev_rank] = t.busy + u_rank
+    for r, grp in enumerate(groups):
+        compute[grp] = t.busy[r] + u_rank[r]
     link_busy = np.zeros((n_dev, n_dev))
     comm = 0.0
     events: list[Event] = []

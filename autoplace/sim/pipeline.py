@@ -493,17 +493,17 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                   *, result: bool, timeline: bool = True, options: "StageOptions | None" = None,
-                  virtual_stages: int = 1) -> PipelineOutcome:
+                  virtual_stages: int = 1, tp: int = 1) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``). ``options``: the stages' shard, recompute and precision
     (:mod:`autoplace.parallel`); any that is not the default is simulated by :mod:`.sharding`.
     Schedules past gpipe and 1f1b (``virtual_stages`` per rank, split backward) are simulated by
     :mod:`.multistage`."""
-    if schedule not in SCHEDULES or int(virtual_stages) != 1:
+    if schedule not in SCHEDULES or int(virtual_stages) != 1 or int(tp) != 1:
         from .multistage import multistage_step
 
         return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
-                               result=result, timeline=timeline, options=options)
+                               result=result, timeline=timeline, options=options, tp=tp)
     st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
     if options is not None and not options.is_default:
         from .sharding import sharded_step, stage_options

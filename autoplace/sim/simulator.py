@@ -206,12 +206,12 @@ class Simulator:
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
                           schedule: str = "1f1b", *, options: "StageOptions | None" = None,
-                          virtual_stages: int = 1) -> Evaluation:
+                          virtual_stages: int = 1, tp: int = 1) -> Evaluation:
         """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule;
         ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`);
         raises :class:`PlacementError` naming the problem when the pipeline is not valid."""
         return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False,
-                             options=options, virtual_stages=virtual_stages).evaluation
+                             options=options, virtual_stages=virtual_stages, tp=tp).evaluation
 
     # ---- full result --------------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class Simulator:
             assert placement.stage_of_node is not None and placement.stage_devices is not None
             out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
                                 placement.schedule, result=True, timeline=timeline, options=_options(placement),
-                                virtual_stages=placement.virtual_stages)
+                                virtual_stages=placement.virtual_stages, tp=placement.tp)
             assert out.result is not None
             return out.result
         dev = self._as_assignment(placement.device_of_node)

@@ -61,3 +61,25 @@ def test_tp_across_hosts_and_indivisible_degree_are_refused() -> None:
     (msg,) = tp_problems(c, [2, 3, 4, 5], 4, pairs)
     assert "spans hosts [0, 1]" in msg and "inside one host" in msg
     assert "does not divide the hidden width of blk.fc (64)" in tp_problems(c, [0, 1, 2], 3, pairs)[0]
+
+
+def test_plans_with_tp_simulate_validate_and_round_trip() -> None:
+    from autoplace import Placement
+    from autoplace.placement import PlacementError
+
+    m, ex, _ = rm.build("gpt", 0)
+    g = autoplace.trace(m, ex)
+    c = Cluster.preset("2x4xV100-25gbe")
+    half = [0 if i < g.num_nodes // 2 else 1 for i in range(g.num_nodes)]
+    one = Placement.pipeline(g, c, half, [0, 1], microbatches=2)
+    two = Placement.pipeline(g, c, half, [[0, 1], [2, 3]], microbatches=2, tp=2)
+    assert Placement.from_dict(two.to_dict()) == two and two.to_dict()["tp"] == 2 and "tp" not in one.to_dict()
+    r1, r2 = autoplace.simulate(g, one, c), autoplace.simulate(g, two, c)
+    # the MLP pairs' weights are halved on each device of a TP group; their all-reduces cost time
+    assert r2.peak_memory_bytes[0] < r1.peak_memory_bytes[0]
+    assert r2.peak_memory_bytes[1] == r2.peak_memory_bytes[0]
+    assert r2.step_time_s != r1.step_time_s
+    with pytest.raises(PlacementError, match=r"spans hosts \[0, 1\]"):
+        Placement.pipeline(g, c, half, [[0, 1], [3, 4]], microbatches=2, tp=2)
+    with pytest.raises(PlacementError, match=r"one TP group of tp=2 devices per rank"):
+        Placement.pipeline(g, c, half, [[0, 1], [2]], microbatches=2, tp=2)
