@@ -199,6 +199,13 @@ def _show(args: argparse.Namespace) -> int:
     from autoplace.report import candidates_table
 
     p = Placement.from_json(args.plan)
+    if args.as_ is not None:
+        from autoplace import Cluster
+        from autoplace.export import render
+
+        cluster = Cluster.preset(args.cluster) if args.cluster else None
+        print(render(p, args.as_, cluster=cluster))
+        return 0
     _say(p.describe())
     _say(f"graph {p.graph_hash}, cluster {p.cluster_fingerprint}")
     st = p.meta.get("predicted_step_time_s")
@@ -269,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     s = sub.add_parser("show", help="print a saved plan")
     s.add_argument("plan")
+    s.add_argument("--as", dest="as_", choices=["torchtitan", "accelerate"], default=None,
+                   help="print the plan as a torchtitan job config (TOML) or an accelerate FSDP config (YAML)")
+    s.add_argument("--cluster", default=None, help="cluster preset the plan was made for (hosts, for HSDP degrees)")
     s.set_defaults(fn=_show)
 
     t = sub.add_parser("trace", help="print a zoo model's op graph summary")

@@ -85,3 +85,17 @@ def test_what_a_tool_cannot_say_is_refused(wl_g) -> None:  # type: ignore[no-unt
         to_torchtitan(Placement.single(g, c), g)
     with pytest.raises(ExportError, match="unknown export format"):
         render(odd, "deepspeed", g)
+
+
+def test_cli_show_as_torchtitan(wl_g, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from autoplace.cli import main
+
+    wl, g = wl_g
+    p = plan(g, Cluster.preset("4xA100-nvlink"), planner="fsdp", mode="pipeline")
+    path = tmp_path / "plan.json"
+    p.to_json(path)
+    assert main(["show", "--as", "torchtitan", str(path)]) == 0
+    cfg = tomllib.loads(capsys.readouterr().out)
+    assert cfg["parallelism"]["data_parallel_shard_degree"] == 4
+    assert main(["show", "--as", "accelerate", str(path)]) == 0
+    assert "fsdp_version: 2" in capsys.readouterr().out
