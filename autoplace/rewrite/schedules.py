@@ -154,9 +154,10 @@ class _Stage(torch.nn.Module):
 
 
 def _tied(stage_modules: Sequence[torch.nn.Module], ranks_of_stage: Sequence[int],
-          rank: int) -> list[tuple[torch.nn.Parameter, Any]]:
-    """(parameter, group) for each parameter this rank shares with stages on other ranks; every
-    rank creates every group in the same order, as torch.distributed requires."""
+          rank: int, tp: int = 1) -> list[tuple[torch.nn.Parameter, Any]]:
+    """(parameter, group) for each parameter this rank shares with stages on other pipeline
+    ranks (with ``tp > 1``, one group per TP index: global rank ``pp x tp + j``); every rank
+    creates every group in the same order, as torch.distributed requires."""
     users: dict[int, tuple[torch.nn.Parameter, set[int]]] = {}
     for k, mod in enumerate(stage_modules):
         for p in mod.parameters():
@@ -165,10 +166,12 @@ def _tied(stage_modules: Sequence[torch.nn.Module], ranks_of_stage: Sequence[int
     groups: dict[tuple[int, ...], Any] = {}
     out = []
     for p, rs in shared:
-        if rs not in groups:
-            groups[rs] = dist.new_group(list(rs))
-        if rank in rs:
-            out.append((p, groups[rs]))
+        for j in range(tp):
+            ranks = tuple(r * tp + j for r in rs)
+            if ranks not in groups:
+                groups[ranks] = dist.new_group(list(ranks))
+            if rank in ranks:
+                out.append((p, groups[ranks]))
     return out
 
 
@@ -183,20 +186,39 @@ def build_schedule_runner(
     virtual_stages: int,
     device: str | torch.device | None = None,
     scale_grads: bool = True,
+    tp: int = 1,
+    tp_pairs: Sequence[tuple[str, str]] = (),
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
 
     Call it on every rank after ``init_distributed()``, with the same model and arguments.
-    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``.
+    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``
+    (and ``gpipe``/``1f1b`` with ``tp > 1``). ``tp``: tensor-parallel degree; the world is then a
+    (pipeline ranks x tp) DeviceMesh ("pp", "tp"), global rank ``r x tp + j`` runs pipeline rank r's
+    stages as TP rank j, and every (column path, row path) of ``tp_pairs`` that lies inside one
+    stage is sharded over the "tp" dimension (:mod:`autoplace.rewrite.tensor_parallel`; the
+    pairs :func:`autoplace.sim.tensor_parallel.linear_pairs` finds).
     """
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
                             "(under torchrun) or torch.distributed.init_process_group first")
-    if schedule not in MULTI_SCHEDULES:
-        raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b: "
-                            "autoplace.rewrite.build_pipeline_runner)")
-    ranks, rank = dist.get_world_size(), dist.get_rank()
+    if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
+        raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b with tp > 1; "
+                            "with tp=1: autoplace.rewrite.build_pipeline_runner)")
+    world = dist.get_world_size()
+    if tp < 1 or world % tp:
+        raise PipelineError(f"tp={tp} does not divide the {world} processes: launch tp x pipeline ranks processes")
+    ranks = world // tp
+    mesh = None
+    if tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dev_type = "cuda" if torch.cuda.is_available() else "cpu"
+        mesh = init_device_mesh(dev_type, (ranks, tp), mesh_dim_names=("pp", "tp"))
+        rank = mesh.get_local_rank("pp")
+    else:
+        rank = dist.get_rank()
     problems = schedule_problems(schedule, virtual_stages, ranks, microbatches)
     if problems:
         raise PipelineError("; ".join(problems))
@@ -226,12 +248,20 @@ def build_schedule_runner(
 
     from torch.distributed.pipelining import PipelineStage
 
+    from .tensor_parallel import apply_tensor_parallel
+
     cls = torch_schedule_class(schedule)
     assert cls is not None  # schedule_problems checked it
     stages = []
     modules = []
     for k in mine:
         mod = split.stages[k]
+        if mesh is not None:
+            here = {n for n, _ in mod.named_modules()}
+            layout = {path: style for a, b in tp_pairs if a in here and b in here
+                      for path, style in ((a, "colwise"), (b, "rowwise"))}
+            if layout:
+                apply_tensor_parallel(mod, layout, mesh["tp"])
         with torch.no_grad():
             for t in [*mod.parameters(), *mod.buffers()]:
                 if t.device != device:
@@ -242,10 +272,14 @@ def build_schedule_runner(
                    else tuple(_example(_flat_value(values, n), device) for n in split.outputs[k]))
         split_bw = SPECS[schedule].split_backward
         wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
-        stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs))
+        stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
+                                    group=mesh.get_group("pp") if mesh is not None else None))
         modules.append(mod)
-    sched = cls(stages, microbatches, loss_fn=model_output_loss(gm, loss_fn), scale_grads=False)
-    tied = _tied(split.stages, rank_of, rank)
-    return MultiStageRunner(rank=rank, ranks=ranks, stage_indices=mine, num_stages=k_count, microbatches=microbatches,
+    loss = model_output_loss(gm, loss_fn)
+    sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if schedule in ("gpipe", "1f1b")
+             else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
+    tied = _tied(split.stages, rank_of, dist.get_rank() if mesh is None else rank * tp + mesh.get_local_rank("tp"),
+                 tp)
+    return MultiStageRunner(rank=dist.get_rank(), ranks=ranks, stage_indices=mine, num_stages=k_count, microbatches=microbatches,
                             batch_size=batch[0], schedule_name=schedule, stage_modules=modules, schedule=sched,
                             scale_grads=scale_grads, tied=tied)

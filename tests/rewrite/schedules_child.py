@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_workers as pw  # noqa: E402
 import rewrite_models as rm  # noqa: E402
 
+import autoplace  # noqa: E402
 from autoplace.rewrite import init_distributed  # noqa: E402
+from autoplace.sim.tensor_parallel import linear_pairs  # noqa: E402
 from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
 
 STEPS = 5
@@ -28,13 +30,15 @@ STEPS = 5
 
 def run(case: dict, rank: int, world: int, out: Path) -> None:
     name = case["model"]
-    model, _, _ = rm.build(name, 0)
+    model, example, _ = rm.build(name, 0)
     gm = torch.fx.symbolic_trace(model)
     x, _ = pw.batch(name, 8, 0)
-    k = world * case["v"]
+    tp = case.get("tp", 1)
+    k = world // tp * case["v"]
+    pairs = [(p.column_path, p.row_path) for p in linear_pairs(autoplace.trace(model, example))] if tp > 1 else []
     runner = build_schedule_runner(gm, pw.contiguous_stages(gm, k), example_inputs=(x,),
                                    microbatches=case["microbatches"], loss_fn=rm.loss_fn(name),
-                                   schedule=case["schedule"], virtual_stages=case["v"])
+                                   schedule=case["schedule"], virtual_stages=case["v"], tp=tp, tp_pairs=pairs)
     params = list(runner.parameters())  # a rank of a small model cut in 8 may hold no parameters
     opt = torch.optim.SGD(params, lr=0.1) if params else None
     losses = []
@@ -46,8 +50,10 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
             opt.zero_grad()
         if loss is not None:
             losses.append(loss.item())
-    params = {n: p.detach().clone() for mod in runner.stage_modules for n, p in mod.named_parameters()}
-    torch.save({"losses": losses, "params": params, "stages": list(runner.stage_indices)},
+    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+              for mod in runner.stage_modules for n, p in mod.named_parameters()}
+    sharded = [n for mod in runner.stage_modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")]
+    torch.save({"losses": losses, "params": params, "stages": list(runner.stage_indices), "sharded": sharded},
                out / f"{case['id']}-rank{rank}.pt")
 
 

@@ -53,9 +53,9 @@ def _check(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
     for c in cases:
         parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)]
         want_losses, want_params = refs[c["model"]]
-        k = ranks * c["v"]
+        k = ranks // c.get("tp", 1) * c["v"]
         last = [p for p in parts if k - 1 in p["stages"]]
-        assert len(last) == 1 and len(last[0]["losses"]) == 5, c
+        assert len(last) == c.get("tp", 1) and len(last[0]["losses"]) == 5, c
         assert max(abs(a - b) for a, b in zip(last[0]["losses"], want_losses)) <= 1e-5, (c, last[0]["losses"],
                                                                                           want_losses)
         got: dict[str, torch.Tensor] = {}
@@ -64,7 +64,9 @@ def _check(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
         assert set(got) == set(want_params), c
         err = max((got[n] - want_params[n]).abs().max().item() for n in want_params)
         assert err <= 1e-5, (c, err)
-        assert sorted(s for p in parts for s in p["stages"]) == list(range(k))
+        assert sorted(s for p in parts for s in p["stages"]) == sorted(list(range(k)) * c.get("tp", 1))
+        if c.get("tp", 1) > 1:  # the MLP pairs inside a stage are sharded
+            assert any("fc.weight" in n for p in parts for n in p["sharded"]), c
 
 
 def _cases(ranks: int) -> list[dict]:
@@ -81,5 +83,14 @@ def test_schedules_two_ranks_equal_the_unsplit_model(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_schedules_four_ranks_equal_the_unsplit_model(tmp_path: Path) -> None:
     cases = [dict(c, microbatches=8) for c in _cases(4)]
+    _launch(tmp_path, 4, cases, timeout=900)
+    _check(tmp_path, 4, cases)
+
+
+@pytest.mark.slow
+def test_pipeline_times_tensor_parallel_equals_the_unsplit_model(tmp_path: Path) -> None:
+    # 4 processes: 2 pipeline ranks x TP 2 (gloo, CPU)
+    cases = [{"id": f"gpt-{s}-v{v}-tp2", "model": "gpt", "schedule": s, "v": v, "microbatches": 4, "tp": 2}
+             for s, v in [("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2)]]
     _launch(tmp_path, 4, cases, timeout=900)
     _check(tmp_path, 4, cases)
