@@ -63,11 +63,12 @@ def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
         mid = (np.cumsum(work) - work / 2.0) / total
     chunk = np.minimum((mid * parts).astype(np.int64), parts - 1)
     chunk = np.maximum.accumulate(chunk)
-    if n >= parts:  # no empty chunk: ops i >= n - (parts - k) must be in chunk >= k; op i <= k in chunk <= i
-        idx = np.arange(n)
-        chunk = np.maximum(chunk, parts - (n - idx))
-        chunk = np.minimum(chunk, idx)
-        chunk = np.maximum.accumulate(chunk)
+    if n >= parts:  # no empty chunk: step at most one chunk per op, and reach the last in time
+        raw = chunk
+        chunk = np.zeros(n, dtype=np.int64)
+        for i in range(1, n):
+            want = max(int(raw[i]), int(chunk[i - 1]), parts - (n - i))
+            chunk[i] = min(want, int(chunk[i - 1]) + 1)
     return chunk
 
 
@@ -122,7 +123,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if plan.virtual_stages != 1 or ranks < 2:
         reasons.append("the plan already has virtual stages or a single stage")
     if reasons:
-        notes.append("interleaved, looped-bfs, zb-h1 and zbv not offered: " + "; ".join(reasons))
+        notes.append("interleaved-1f1b, looped-bfs, zb-h1, zbv and dualpipev not offered: " + "; ".join(reasons))
     else:
         tf, tb = sim.op_times(m)
         devs = [g[0] for g in plan.stage_devices]

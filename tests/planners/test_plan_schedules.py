@@ -34,6 +34,7 @@ def test_balanced_cut_is_contiguous_balanced_and_never_empty() -> None:
     assert balanced_cut(np.ones(8), 4).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert balanced_cut(np.array([6.0, 1, 1, 1, 1, 1, 1]), 2).tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert balanced_cut(np.array([0.0, 0, 0, 10]), 4).tolist() == [0, 1, 2, 3]  # no chunk left empty
+    assert balanced_cut(np.array([1.0, 1, 50, 1, 1, 1]), 4).tolist() == [0, 0, 1, 2, 3, 3]  # a heavy op skips none
     c = balanced_cut(np.random.default_rng(0).random(50), 7)
     assert (np.diff(c) >= 0).all() and sorted(set(c.tolist())) == list(range(7))
 
