@@ -238,11 +238,12 @@ def build_schedule_runner(
                             f"pick a batch of a multiple of {microbatches}")
     k_count = ranks * virtual_stages
     micro = tuple(x[: batch[0] // microbatches] for x in example_inputs)
+    used = max((int(s) for s in stage_of_fx.values()), default=0) + 1
+    if used > k_count:
+        raise PipelineError(f"the stage assignment has {used} stages; {ranks} ranks x {virtual_stages} virtual stages "
+                            f"need {k_count}: plan again for {ranks} ranks with virtual_stages={virtual_stages}")
     values = propagate_fake(gm, micro)
     split = split_with_boundaries(gm, stage_of_fx, values=values, num_stages=k_count)
-    if len(split.stages) != k_count:
-        raise PipelineError(f"the stage assignment has {len(split.stages)} stages; {ranks} ranks x {virtual_stages} "
-                            f"virtual stages need {k_count}: plan again with virtual_stages={virtual_stages}")
     rank_of = stage_ranks(schedule, ranks, virtual_stages)
     mine = tuple(k for k in range(k_count) if rank_of[k] == rank)
 

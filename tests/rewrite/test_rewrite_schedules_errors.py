@@ -1,0 +1,58 @@
+"""build_schedule_runner refuses bad shapes with the rule and the fix (one gloo process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.fx
+
+import pipeline_workers as pw
+import rewrite_models as rm
+from autoplace.rewrite.runtime import PipelineError
+from autoplace.rewrite.schedules import build_schedule_runner
+
+
+@pytest.fixture()
+def one_process(tmp_path: Path) -> Iterator[None]:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _build(name: str = "gpt", stages: int = 2, **kw: object):  # type: ignore[no-untyped-def]
+    model, _, _ = rm.build(name, 0)
+    gm = torch.fx.symbolic_trace(model)
+    x, _ = pw.batch(name, 8, 0)
+    args = dict(example_inputs=(x,), microbatches=4, loss_fn=rm.loss_fn(name), schedule="interleaved-1f1b",
+                virtual_stages=2)
+    args.update(kw)
+    return build_schedule_runner(gm, pw.contiguous_stages(gm, stages), **args)  # type: ignore[arg-type]
+
+
+def test_bad_shapes(one_process: None) -> None:
+    with pytest.raises(PipelineError, match=r"'zbv' with virtual_stages=3.*set virtual_stages=2"):
+        _build(stages=3, schedule="zbv", virtual_stages=3)
+    with pytest.raises(PipelineError, match=r"build_pipeline_runner"):
+        _build(stages=1, schedule="1f1b", virtual_stages=1)
+    with pytest.raises(PipelineError, match=r"tp=3 does not divide the 1 processes"):
+        _build(tp=3)
+    with pytest.raises(PipelineError, match=r"has 3 stages; 1 ranks x 2 virtual stages need 2"):
+        _build(stages=3)
+    with pytest.raises(PipelineError, match=r"BatchNorm.*use the 1f1b or gpipe schedule"):
+        _build("inception")
+    with pytest.raises(PipelineError, match=r"divisible by microbatches = 3"):
+        _build(microbatches=3)
+
+
+def test_one_rank_two_virtual_stages_runs(one_process: None) -> None:
+    runner = _build()
+    assert runner.stage_indices == (0, 1) and runner.has_first and runner.has_last
+    x, y = pw.batch("gpt", 8, 0)
+    assert runner.step(x, target=y) is not None
