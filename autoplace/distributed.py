@@ -179,6 +179,18 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     # returns the model's own output type (a ModelOutput with every field).
     gm = pipeline_module(traced, inputs)
     stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
+    if plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or plan.tp != 1:
+        # virtual stages, split backward, tensor parallelism: autoplace.rewrite.schedules
+        from .rewrite.schedules import build_schedule_runner
+        from .sim.tensor_parallel import linear_pairs
+
+        pairs = [(p.column_path, p.row_path) for p in linear_pairs(graph)] if plan.tp > 1 else []
+        multi = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
+                                      loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
+                                      device=device, tp=plan.tp, tp_pairs=pairs)
+        multi.plan = plan  # type: ignore[attr-defined]
+        multi.graph = graph  # type: ignore[attr-defined]
+        return multi
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages, batch_norm=batch_norm,

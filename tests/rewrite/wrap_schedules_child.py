@@ -1,0 +1,58 @@
+"""Launched by test_rewrite_schedules.py: `torchrun --nproc-per-node N wrap_schedules_child.py OUT SCHEDULE V TP`.
+
+A user's script: plan by hand (Placement.pipeline with schedule, virtual_stages, tp), then
+autoplace.wrap(mode="pipeline", plan=...) and 5 SGD steps; saves losses and parameters."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+import pipeline_workers as pw  # noqa: E402
+import rewrite_models as rm  # noqa: E402
+
+import autoplace  # noqa: E402
+
+
+def main() -> None:
+    out, schedule, v, tp = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    import os
+
+    world = int(os.environ["WORLD_SIZE"])
+    model, example, _ = rm.build("gpt", 0)
+    x, _ = pw.batch("gpt", 8, 0)
+    graph = autoplace.trace(model, (x,))
+    cluster = autoplace.Cluster.from_devices(["cpu"] * world)
+    ranks = world // tp
+    k = ranks * v
+    n = graph.num_nodes
+    plan = autoplace.Placement.pipeline(graph, cluster, [i * k // n for i in range(n)],
+                                        [list(range(r * tp, (r + 1) * tp)) for r in range(ranks)], microbatches=4,
+                                        schedule=schedule, virtual_stages=v, tp=tp)
+    runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x,),
+                            loss_fn=rm.loss_fn("gpt"), timeout_s=60, progress=False)
+    params = list(runner.parameters())
+    opt = torch.optim.SGD(params, lr=0.1) if params else None
+    losses = []
+    for step in range(5):
+        x, y = pw.batch("gpt", 8, step)
+        loss = runner.step(x, target=y)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+        if loss is not None:
+            losses.append(loss.item())
+    got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+           for mod in runner.stage_modules for n, p in mod.named_parameters()}
+    torch.save({"losses": losses, "params": got, "stages": list(runner.stage_indices),
+                "sharded": [n for mod in runner.stage_modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")]},
+               out / f"wrap-rank{dist.get_rank()}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
