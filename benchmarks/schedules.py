@@ -13,7 +13,8 @@ Per (workload, cluster), three plans and each with its best schedule:
 - ``torchtitan``: autoplace's torchtitan-style baseline plan.
 
 ``+sched`` is ``best_schedule`` of that plan: the fastest of the plan's own schedule and every
-runnable alternative (virtual stages 2-4 on a balanced re-cut, zero bubble, ZBV, DualPipeV).
+runnable alternative (virtual stages 2-4 on a balanced re-cut, zero bubble, ZBV, DualPipeV,
+and tensor-parallel groups of 2, 4 or 8 devices inside a host with the stages re-cut).
 Speedups are step-time ratios. The issue's target: 1.3x over PipeDream's planner on deep
 pipelines (8 and 16 stages) and on multi-host 25 GbE; the summary says whether it is met.
 Simulated only: the numbers are the simulator's (autoplace.sim), not measurements.
@@ -91,7 +92,8 @@ def run_one(workload: str, cname: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         ch = best_schedule(g, c, p, sim=sim)
         row[f"{name}+sched"] = _step(sim, ch.placement)
-        row[f"{name}+sched_choice"] = f"{ch.placement.schedule} v={ch.placement.virtual_stages}"
+        row[f"{name}+sched_choice"] = (f"{ch.placement.schedule} v={ch.placement.virtual_stages}"
+                                       + (f" tp={ch.placement.tp}" if ch.placement.tp > 1 else ""))
         row[f"{name}+sched_s"] = time.perf_counter() - t0
         row[f"{name}_desc"] = f"{p.num_stages} stages, M={p.microbatches}, {p.schedule}"
         row[f"{name}+sched_notes"] = list(ch.notes)

@@ -18,6 +18,11 @@ multi-stage schedule when a stage is replicated (the multi-stage runner runs one
 rank), when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe runner keeps
 whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and
 ``v`` that leaves a stage without ops. Each skipped family is named in the result's notes.
+
+Tensor parallelism: with ``tp_degrees``, the plan's devices are also regrouped into TP groups of
+``t`` consecutive devices inside one host (``P / t`` ranks), the ops re-cut into ``P / t x v``
+balanced stages, and 1f1b, zb-h1, the interleaved schedules and ZBV tried on them (the graph
+needs column/row pairs; each pair cut by a stage boundary stays unsplit).
 """
 
 from __future__ import annotations
@@ -73,9 +78,13 @@ def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
 
 
 def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None,
-                  sim: "Simulator | None" = None, virtual_stages: Sequence[int] = (2, 3, 4)) -> ScheduleChoice:
+                  sim: "Simulator | None" = None, virtual_stages: Sequence[int] = (2, 3, 4),
+                  tp_degrees: Sequence[int] = (2, 4, 8)) -> ScheduleChoice:
     """The fastest runnable schedule for ``plan``'s ranks (see the module docstring); the plan
-    itself when nothing beats it. ``sim``: a Simulator of ``graph`` and ``cluster`` to reuse."""
+    itself when nothing beats it. ``sim``: a Simulator of ``graph`` and ``cluster`` to reuse.
+    ``tp_degrees``: also regroup the plan's devices into tensor-parallel groups of t consecutive
+    devices of one host (``P / t`` ranks, stages re-cut) for each t that divides P, when the graph
+    has column/row pairs (:func:`autoplace.sim.tensor_parallel.linear_pairs`)."""
     from ..sim.simulator import Simulator
 
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
@@ -144,6 +153,38 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                 tried.append((schedule, v, None))
                 continue
             consider(p)
+    if not reasons and tp_degrees:
+        from ..sim.tensor_parallel import linear_pairs
+
+        pairs = linear_pairs(graph)
+        devs = [g[0] for g in plan.stage_devices]
+        hosts = cluster.hosts
+        if not pairs:
+            notes.append("tensor parallelism not offered: the graph has no column/row linear pairs")
+        for t in tp_degrees:
+            if t < 2 or ranks % t or ranks // t < 1:
+                continue
+            groups = [devs[i * t:(i + 1) * t] for i in range(ranks // t)]
+            if not pairs or any(len({hosts[d] for d in g}) > 1 for g in groups):
+                continue
+            n_ranks = len(groups)
+            shapes_tp: list[tuple[str, int]] = [("1f1b", 1), ("zb-h1", 1)]
+            if n_ranks > 1:
+                shapes_tp += [(s, v) for v in virtual_stages if v > 1 for s in MULTI] + [("zbv", 2)]
+            tf, tb = sim.op_times(m)
+            work = (tf[:, [g[0] for g in groups]] + tb[:, [g[0] for g in groups]]).mean(axis=1)
+            for schedule, v in shapes_tp:
+                if schedule_problems(schedule, v, n_ranks, m) or n_ranks * v > graph.num_nodes:
+                    continue
+                try:
+                    p = Placement.pipeline(graph, cluster, balanced_cut(work, n_ranks * v), groups, microbatches=m,
+                                           schedule=schedule, planner=plan.planner, meta=dict(plan.meta),
+                                           virtual_stages=v, tp=t)
+                except PlacementError:
+                    tried.append((f"{schedule} tp={t}", v, None))
+                    continue
+                consider(p)
+                tried[-1] = (f"{schedule} tp={t}", v, tried[-1][2])
     chosen = best[1] if best is not None else plan
     meta = dict(chosen.meta)
     meta["schedule_candidates"] = [list(c) for c in tried]
@@ -152,5 +193,6 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                              planner=chosen.planner, meta=meta, virtual_stages=chosen.virtual_stages,
                              shard=chosen.shard or None, recompute=chosen.recompute or None,
                              precision=chosen.precision or None,
-                             reshard_after_forward=chosen.reshard_after_forward or None, validate=False)
+                             reshard_after_forward=chosen.reshard_after_forward or None, tp=chosen.tp,
+                             validate=False)
     return ScheduleChoice(out, tuple(tried), tuple(notes))

@@ -73,3 +73,21 @@ def test_not_offered_with_batch_norm_or_replicas() -> None:
     rep = Placement.pipeline(g2, c, balanced_cut(np.ones(16), 2), [[0, 1], [2, 3]], microbatches=8)
     choice = best_schedule(g2, c, rep)
     assert choice.placement.schedule in ("1f1b", "gpipe") and any("replicated" in n for n in choice.notes)
+
+
+def test_tensor_parallel_groups_are_tried_inside_hosts() -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rewrite"))
+    import rewrite_models as rm
+
+    m, ex, _ = rm.build("gpt", 0)
+    g = autoplace.trace(m, ex)
+    c = autoplace.Cluster.preset("2x4xV100-25gbe")
+    plan = Placement.pipeline(g, c, balanced_cut(np.ones(g.num_nodes), 4), [0, 1, 2, 3], microbatches=4)
+    choice = best_schedule(g, c, plan)
+    names = {s for s, _, _ in choice.candidates}
+    assert {"1f1b tp=2", "1f1b tp=4", "interleaved-1f1b tp=2"} <= names
+    got = choice.placement
+    assert not got.problems(g, c) and (got.tp == 1 or all(len(d) == got.tp for d in got.stage_devices))
+    # across the two hosts no TP group is formed
+    cross = Placement.pipeline(g, c, balanced_cut(np.ones(g.num_nodes), 4), [2, 3, 4, 5], microbatches=4)
+    assert not any("tp=4" in s for s, _, _ in best_schedule(g, c, cross).candidates)
