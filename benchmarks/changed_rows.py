@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="the git revision of the old results (and of the old m-SCT)")
     ap.add_argument("--msct-isolated", action="store_true", help="also run m-SCT with the old and new favourite children")
+    ap.add_argument("--msct-from", default="", help="take the m-SCT comparison from this earlier output JSON")
     ap.add_argument("--out", default=str(RESULTS / "issue16_changed_rows"), help="output path without extension")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"command": "python benchmarks/changed_rows.py " + " ".join(argv or sys.argv[1:]),
@@ -203,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                         "impossible_old": [{"key": list(k), "old": v, "new": new.get(k)} for k, v in old.items()
                                            if v["impossible"]],
                         "impossible_new": [list(k) for k, v in new.items() if v["impossible"]]}
-    if args.msct_isolated:
+    if args.msct_from:
+        report["msct_isolated"] = json.loads(Path(args.msct_from).read_text())["msct_isolated"]
+    elif args.msct_isolated:
         cases = sorted({(k[0], k[1]) for k in placement_rows(json.loads((RESULTS / "placement.json").read_text()))
                         if k[2] == "m-sct"})
         report["msct_isolated"] = msct_isolated(args.old, cases)
