@@ -43,7 +43,7 @@ class _Clock:
 
 @dataclass
 class _Trainer:
-    """A learned planner whose quick mode is 40,000 PPO samples (tens of seconds): only plan()'s
+    """A learned planner whose quick mode is 400,000 PPO samples (half a minute or more): only plan()'s
     deadline, read by ppo.train between updates, stops it early."""
 
     name: str = "test-trainer"
@@ -62,7 +62,7 @@ class _Trainer:
         env = PlacementEnv(graph, cluster, cost, "model")
         policy = IndependentPolicy(graph.num_nodes, cluster.num_devices)
         train(policy, env, PPOConfig(samples_per_update=8, num_minibatches=1, update_epochs=1), budget_s=budget_s,
-              max_samples=40_000, progress=False)
+              max_samples=400_000, progress=False)
         return env.placement(planner=self.name)
 
 
@@ -99,16 +99,16 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_a_learned_planner_in_quick_mode_stops_at_the_default_budget(registry: dict[str, Any],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 2.5)
+    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 4.0)
     trainer = _Trainer()
     register(trainer)
     with _Clock() as clock, shown(False):
         p = autoplace.plan(chain(6), CLUSTER)
-    assert clock.s < 2.5 + SLACK_S
+    assert clock.s < 4.0 + SLACK_S
     assert trainer.seen[0]["budget_s"] is None  # quick mode: only the deadline stops it
     row = next(r for r in p.meta["candidates"] if r["planner"] == "test-trainer")
     assert row["cut"] and "cut at its" in row["note"]
-    assert p.meta["budget_s"] == pytest.approx(2.5)
+    assert p.meta["budget_s"] == pytest.approx(4.0)
 
 
 def test_budget_s_bounds_the_whole_call_and_learned_planners_get_what_is_left(registry: dict[str, Any]) -> None:
@@ -116,10 +116,10 @@ def test_budget_s_bounds_the_whole_call_and_learned_planners_get_what_is_left(re
     register(trainer)
     register(_sleepy(0.6))
     with _Clock() as clock, shown(False):
-        p = autoplace.plan(chain(6), CLUSTER, budget_s=2.0)
-    assert clock.s < 2.0 + SLACK_S
+        p = autoplace.plan(chain(6), CLUSTER, budget_s=3.0)
+    assert clock.s < 3.0 + SLACK_S
     share = trainer.seen[0]["budget_s"]
-    assert share is not None and share <= 2.0 - 0.6 + 0.05  # what the heuristics left
+    assert share is not None and share <= 3.0 - 0.6 + 0.05  # what the heuristics left
     assert any(r["planner"] == "test-trainer" and r["step_time_s"] is not None for r in p.meta["candidates"])
 
 
@@ -141,10 +141,10 @@ def test_learned_planners_are_skipped_with_a_reason_when_no_time_is_left(registr
 def test_a_slow_heuristic_is_cut_once_another_has_an_answer(registry: dict[str, Any]) -> None:
     register(FunctionPlanner("test-endless", ("model",), _endless))
     with _Clock() as clock, shown(False):
-        p = autoplace.plan(chain(6), CLUSTER, budget_s=1.0)
-    assert clock.s < 1.0 + SLACK_S
+        p = autoplace.plan(chain(6), CLUSTER, budget_s=3.0)
+    assert clock.s < 3.0 + SLACK_S
     row = next(r for r in p.meta["candidates"] if r["planner"] == "test-endless")
-    assert row["cut"] and row["why"].startswith("stopped after") and "1 s budget ran out" in row["why"]
+    assert row["cut"] and row["why"].startswith("stopped after") and "3 s budget ran out" in row["why"]
     assert p.planner != "test-endless"
 
 
@@ -181,7 +181,7 @@ def test_torch_runs_on_one_thread_while_planning_and_the_setting_comes_back(regi
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 2.0)
+    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 3.0)
     trainer = _Trainer()
     register(trainer)
     before = torch.get_num_threads()
@@ -198,7 +198,7 @@ def test_torch_runs_on_one_thread_while_planning_and_the_setting_comes_back(regi
 def test_progress_shows_on_stderr_when_planning_takes_over_two_seconds(registry: dict[str, Any],
                                                                        capsys: pytest.CaptureFixture[str],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 3.0)
+    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 4.0)
     register(_Trainer())
     autoplace.plan(chain(6), CLUSTER)
     err = capsys.readouterr().err
@@ -274,6 +274,7 @@ def test_model_planning_imports_neither_torch_geometric_nor_dynamo() -> None:
     # both cost seconds in a cold process: PyG for Mars's GNN, torch._dynamo for torch.optim
     code = ("import sys, autoplace; from autoplace.progress import shown\n"
             "sys.path.insert(0, 'tests/planners'); from planner_graphs import chain\n"
+            "from autoplace.planners import base; base.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
             "with shown(False): p = autoplace.plan(chain(8), '4xV100-pcie')\n"
             "rows = {r['planner']: r for r in p.meta['candidates']}\n"
             "print(all(rows[n]['step_time_s'] is not None for n in ('eagle', 'mars', 'reinforce')),\n"
