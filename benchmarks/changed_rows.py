@@ -2,7 +2,8 @@
 (issue 16: impossible pipeline plans, pipedream-dp's final search, m-SCT's exact LP).
 
     python benchmarks/changed_rows.py --old fcc4e91                 # old results from git, new from the tree
-    python benchmarks/changed_rows.py --old fcc4e91 --msct-isolated  # and m-SCT, old LP rounding vs new, same simulator
+    python benchmarks/changed_rows.py --old fcc4e91 --msct-isolated --pdp-isolated  # and m-SCT and
+                                                     # pipedream-dp, old code vs new, on today's simulator
 
 A row is one (workload, cluster, planner[, mode]). It changed when its step time moved by more than
 1e-9 (relative), or it went from a plan to none (or back), or its OOM flag flipped. A pipeline row
@@ -129,6 +130,51 @@ def msct_isolated(rev: str, cases: list[tuple[str, str]]) -> list[dict[str, Any]
     return out
 
 
+def pdp_isolated(rev: str, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """pipedream-dp of ``rev`` (its module, read from git, loaded beside today's) and today's on
+    each case, both judged by today's simulator."""
+    import importlib.util
+
+    from autoplace import Cluster
+    from autoplace.planners import NoFitError, get_planner
+    from autoplace.sim import simulator_for
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from placement import load_workload
+
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:autoplace/planners/pipedream_dp.py"],
+                         capture_output=True, text=True, check=True).stdout
+    src = src[:src.rindex("register(FunctionPlanner(")]  # not registered again
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="pipedream-dp-old-")) / "pipedream_dp_old.py"
+    path.write_text(src)  # a file: numba caches its compiled DP beside it
+    spec = importlib.util.spec_from_file_location("autoplace.planners._pipedream_dp_old", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    out, graphs = [], {}
+    for workload, cname in cases:
+        if workload not in graphs:
+            graphs[workload] = load_workload(workload).replace(name=workload)
+        g, c = graphs[workload], Cluster.preset(cname)
+        sim = simulator_for(g, c)
+        times: dict[str, float | None] = {}
+        for label, place in (("old", mod.place_pipedream_dp), ("new", get_planner("pipedream-dp").place)):
+            try:
+                res = sim.run(place(g, c), timeline=False)
+                times[label] = None if res.oom else float(res.step_time_s)
+            except NoFitError:
+                times[label] = None
+            except Exception as e:  # the old code may refuse today's plans (the batch rule): say so
+                times[label] = None
+                print(f"pipedream-dp ({label}) {workload} {cname}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        out.append({"workload": workload, "cluster": cname, **{f"{k}_s": v for k, v in times.items()}})
+        print(f"pipedream-dp {workload:24s} {cname:14s} old {times['old']} new {times['new']}", flush=True)
+    return out
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
@@ -171,6 +217,22 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {r['key'][0]} | {r['key'][1]} | {r['key'][2]} | {_ms(o.get('step_time_s'))} | "
                          f"{_ms(n.get('step_time_s'))} | {ratio} | {r['change']} | {'yes' if o.get('impossible') else ''} |")
         lines += ["", "</details>", ""]
+    pdp = report.get("pdp_isolated")
+    if pdp:
+        both = [x for x in pdp if x.get("old_s") and x.get("new_s")]
+        r = [x["new_s"] / x["old_s"] for x in both]
+        lines += ["## pipedream-dp: the old planner against the new, today's simulator", "",
+                  f"{len(pdp)} cases; {len(both)} with a plan from both. new / old step time: geometric mean "
+                  f"{np.exp(np.mean(np.log(r))):.4f}, best {min(r):.3f}, worst {max(r):.3f}; faster in "
+                  f"{sum(x < 1 - 1e-9 for x in r)}, slower in {sum(x > 1 + 1e-9 for x in r)}, equal in "
+                  f"{sum(abs(x - 1) <= 1e-9 for x in r)}. The old planner's plans that break the batch rule are "
+                  "refused by today's simulator (no time).", "",
+                  "| workload | cluster | old ms | new ms | new / old |", "|---|---|---|---|---|"]
+        for x in pdp:
+            if x.get("old_s") != x.get("new_s"):
+                ratio = f"{x['new_s'] / x['old_s']:.3f}" if x.get("old_s") and x.get("new_s") else "-"
+                lines.append(f"| {x['workload']} | {x['cluster']} | {_ms(x.get('old_s'))} | {_ms(x.get('new_s'))} | {ratio} |")
+        lines += ["", "(rows where both are equal are left out)", ""]
     iso = report.get("msct_isolated")
     if iso:
         r = [x["new_s"] / x["old_s"] for x in iso if x.get("old_s") and x.get("new_s")]
@@ -191,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", required=True, help="the git revision of the old results (and of the old m-SCT)")
     ap.add_argument("--msct-isolated", action="store_true", help="also run m-SCT with the old and new favourite children")
+    ap.add_argument("--pdp-isolated", action="store_true", help="also run the old and the new pipedream-dp")
     ap.add_argument("--msct-from", default="", help="take the m-SCT comparison from this earlier output JSON")
     ap.add_argument("--out", default=str(RESULTS / "issue16_changed_rows"), help="output path without extension")
     args = ap.parse_args(argv)
@@ -204,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                         "impossible_old": [{"key": list(k), "old": v, "new": new.get(k)} for k, v in old.items()
                                            if v["impossible"]],
                         "impossible_new": [list(k) for k, v in new.items() if v["impossible"]]}
+    if args.pdp_isolated:
+        cases = sorted({(k[0], k[1]) for k in placement_rows(json.loads((RESULTS / "placement.json").read_text()))
+                        if k[2] == "pipedream-dp"})
+        report["pdp_isolated"] = pdp_isolated(args.old, cases)
     if args.msct_from:
         report["msct_isolated"] = json.loads(Path(args.msct_from).read_text())["msct_isolated"]
     elif args.msct_isolated:
