@@ -208,15 +208,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["Changed rows per planner:", "", "| planner | changes |", "|---|---|"]
         for planner, counts in sorted(per.items()):
             lines.append(f"| {planner} | " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + " |")
-        lines += ["", "<details><summary>every changed row</summary>", "",
-                  "| workload | cluster | planner | old ms | new ms | new / old | change | impossible before |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in d["changed"]:
-            o, n = r["old"] or {}, r["new"] or {}
-            ratio = f"{r['ratio']:.3f}" if r.get("ratio") else "-"
-            lines.append(f"| {r['key'][0]} | {r['key'][1]} | {r['key'][2]} | {_ms(o.get('step_time_s'))} | "
-                         f"{_ms(n.get('step_time_s'))} | {ratio} | {r['change']} | {'yes' if o.get('impossible') else ''} |")
-        lines += ["", "</details>", ""]
+        lines += ["", f"Every changed row, old and new: `{name}.changed` in the JSON beside this file.", ""]
     pdp = report.get("pdp_isolated")
     if pdp:
         both = [x for x in pdp if x.get("old_s") and x.get("new_s")]
@@ -243,9 +235,11 @@ def markdown(report: dict[str, Any]) -> str:
                   "| workload | cluster | old (one-pass approximation) ms | new (HiGHS LP) ms | new / old |",
                   "|---|---|---|---|---|"]
         for x in iso:
-            ratio = f"{x['new_s'] / x['old_s']:.3f}" if x.get("old_s") and x.get("new_s") else "-"
-            lines.append(f"| {x['workload']} | {x['cluster']} | {_ms(x.get('old_s'))} | {_ms(x.get('new_s'))} | {ratio} |")
-        lines.append("")
+            if x.get("old_s") != x.get("new_s"):
+                ratio = f"{x['new_s'] / x['old_s']:.3f}" if x.get("old_s") and x.get("new_s") else "-"
+                lines.append(f"| {x['workload']} | {x['cluster']} | {_ms(x.get('old_s'))} | {_ms(x.get('new_s'))} | "
+                             f"{ratio} |")
+        lines += ["", "(rows where both are equal are left out)", ""]
     return "\n".join(lines)
 
 
@@ -254,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old", required=True, help="the git revision of the old results (and of the old m-SCT)")
     ap.add_argument("--msct-isolated", action="store_true", help="also run m-SCT with the old and new favourite children")
     ap.add_argument("--pdp-isolated", action="store_true", help="also run the old and the new pipedream-dp")
-    ap.add_argument("--msct-from", default="", help="take the m-SCT comparison from this earlier output JSON")
+    ap.add_argument("--isolated-from", default="", help="take the m-SCT and pipedream-dp comparisons from this "
+                    "earlier output JSON (where not run again)")
     ap.add_argument("--out", default=str(RESULTS / "issue16_changed_rows"), help="output path without extension")
     args = ap.parse_args(argv)
     report: dict[str, Any] = {"command": "python benchmarks/changed_rows.py " + " ".join(argv or sys.argv[1:]),
@@ -271,16 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         cases = sorted({(k[0], k[1]) for k in placement_rows(json.loads((RESULTS / "placement.json").read_text()))
                         if k[2] == "pipedream-dp"})
         report["pdp_isolated"] = pdp_isolated(args.old, cases)
-    if args.msct_from:
-        report["msct_isolated"] = json.loads(Path(args.msct_from).read_text())["msct_isolated"]
-    elif args.msct_isolated:
+    earlier = json.loads(Path(args.isolated_from).read_text()) if args.isolated_from else {}
+    for key in ("msct_isolated", "pdp_isolated"):
+        if key in earlier and key not in report:
+            report[key] = earlier[key]
+    if args.msct_isolated:
         cases = sorted({(k[0], k[1]) for k in placement_rows(json.loads((RESULTS / "placement.json").read_text()))
                         if k[2] == "m-sct"})
         report["msct_isolated"] = msct_isolated(args.old, cases)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report).split("<details>")[0])
+    print(markdown(report))
     return 0
 
 
