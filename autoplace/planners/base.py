@@ -341,7 +341,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                     continue
             row = _judge(sim, p, out, time.perf_counter() - t0)
             row["mode"] = m
-            if dl is not None and dl.hit and p.kind == "learned":
+            if dl is not None and dl.hit and p.kind == "learned" and budget_s is None:
+                # (with a budget a learned planner is meant to use its whole share: no cut to say)
                 row.update(cut=True, note=f"cut at its {share:.1f} s share of {limit:.3g} s (best so far)")
             if p.kind == "heuristic":
                 seeds[m][name] = out
