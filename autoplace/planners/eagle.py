@@ -107,8 +107,8 @@ class EagleConfig:
     heuristic before the warm start, on each new best before re-centring on it, and on the
     final best. False: the policy alone (with its self-imitation re-centring)."""
     polish_top: int = 4
-    """with ``refine`` on: the best this many samples of each batch are polished by
-    ``refine`` restricted to the ops they moved off the centre and those ops' neighbours (two
+    """with ``refine`` on: the best this many samples of each batch that moved off the centre
+    are polished by ``refine`` restricted to the ops they moved off the centre and those ops' neighbours (two
     passes), and rewarded for the polished step time, so the policy learns perturbations that
     pay off after local search (Baldwinian learning); 0 turns it off."""
     refine_share: float = 0.15
@@ -270,11 +270,14 @@ class _Polished:
         rewards, evals = self.env.evaluate_many(candidates)
         if self.centre is None or self.top <= 0:
             return rewards, evals
-        for k in np.argsort(-rewards, kind="stable")[:self.top]:
+        # the best samples that moved off the centre (the centre itself is polished by refine
+        # when the policy is re-centred; a batch whose best samples are all the centre would
+        # otherwise polish nothing)
+        differs = [k for k in np.argsort(-rewards, kind="stable")
+                   if np.any(np.asarray(candidates[int(k)]) != self.centre)]
+        for k in differs[:self.top]:
             cand = np.asarray(candidates[int(k)])
             moved = np.nonzero(cand != self.centre)[0]
-            if moved.size == 0:
-                continue
             r = refine(self.env, cand, ops=neighbourhood(self.env.graph, moved), max_passes=2,
                        seed=self.seed + self.polished)
             self.polished += 1
