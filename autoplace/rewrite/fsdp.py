@@ -244,12 +244,13 @@ def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = No
                    "same count per stage")
     if world is not None and len(plan.devices_used()) != world:
         out.append(f"the plan uses {len(plan.devices_used())} devices; torchrun started {world} processes")
-    if opts.is_default:
-        return out
     from ..placement import batch_share_problems
 
+    # build_pipeline_runner splits the batch evenly for plain (DDP) stages too
     out.extend(batch_share_problems(graph.batch_size, plan.microbatches, [len(s) for s in plan.stage_devices],
                                     even=True))
+    if opts.is_default:
+        return out
     kinds = set(opts.shard)
     if len(kinds) > 1:
         out.append(f"stages use shard kinds {list(opts.shard)}; the runtime runs one kind for every stage")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import autoplace.zoo as zoo
-from autoplace import Cluster, CostModel, plan, simulate
+from autoplace import Cluster, CostModel, OpGraph, Placement, plan, simulate
 from autoplace.graph.trace import trace_module
 from autoplace.planners import planners
 from autoplace.planners.base import NoFitError
@@ -117,3 +117,18 @@ def test_no_fit_says_why(llama) -> None:  # type: ignore[no-untyped-def]
     tiny = _with_memory(Cluster.preset("4xA100-nvlink"), 1e5)
     with pytest.raises(NoFitError, match="the leanest"):
         plan(llama, tiny, planner="fsdp+ac", mode="pipeline")
+
+
+def test_runtime_needs_even_batch_shares_for_plain_stages_too() -> None:
+    # the pipeline runner splits every micro-batch evenly over a stage's replicas, DDP or not
+    n = 4
+    f = np.full(n, 1e9)
+    g = OpGraph.build([f"x{i}" for i in range(n)], ["Linear"] * n, [(i, i + 1) for i in range(n - 1)],
+                      out_bytes=np.full(n, 1e6), param_bytes=np.full(n, 1e6), fwd_flops=f, bwd_flops=2 * f,
+                      batch_size=6)
+    c = Cluster.preset("4xV100-pcie")
+    uneven = Placement.pipeline(g, c, np.zeros(n, dtype=int), [[0, 1, 2, 3]], microbatches=1)
+    assert uneven.problems(g, c) == []  # valid: shares of 2, 2, 1, 1 samples
+    assert any("divisible" in p or "even" in p for p in runtime_problems(uneven, g)), runtime_problems(uneven, g)
+    even = Placement.pipeline(g, c, np.zeros(n, dtype=int), [[0, 1, 2]], microbatches=1)
+    assert runtime_problems(even, g) == []
