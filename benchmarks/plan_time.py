@@ -308,12 +308,20 @@ def markdown(doc: dict[str, Any]) -> str:
                       f"{worst['wrap_s']:.1f} s (load {worst['load'][0]:.1f})."]
     f = doc["first_run"]
     if "error" not in f:
+        warm = next((r for r in doc["wrap"] if r["model"] == f["model"] and r["target"] == f["target"]
+                     and "error" not in r), None)
+        same = ""
+        if warm is not None:
+            cut = [c["planner"] for c in f["candidates"] if c.get("cut")]
+            same = (f" The plan: {f['planner']}, predicted {f['predicted_step_time_s'] * 1e3:.3f} ms; with a warm "
+                    f"cache {warm['planner']}, {warm['predicted_step_time_s'] * 1e3:.3f} ms"
+                    + (f" (cut here: {', '.join(cut)})" if cut else "") + ".")
         lines += ["", "## First run after installing (empty numba cache)", "",
-                  f"inception_v3 on 4xV100-pcie with `NUMBA_CACHE_DIR` empty: wrap {f['wrap_s']:.1f} s, of which "
-                  f"{f['compile_s']:.1f} s compiling the simulator's kernels (once: later processes load them from "
-                  "the cache, in autoplace's `__pycache__` folders or `NUMBA_CACHE_DIR`). The budget does not count "
-                  f"compilation, so the plan is the same: {f['planner']}, predicted "
-                  f"{f['predicted_step_time_s'] * 1e3:.3f} ms."]
+                  f"{f['model']} on {f['target']} with `NUMBA_CACHE_DIR` empty: wrap {f['wrap_s']:.1f} s, of which "
+                  f"{f['compile_s']:.1f} s compiling the simulator's kernels in the model plan (once: later "
+                  "processes load them from the cache, in autoplace's `__pycache__` folders or `NUMBA_CACHE_DIR`; "
+                  "`python -m autoplace.sim.warmup` compiles them ahead). The budget does not count compilation, "
+                  "so a first run plans as the next ones do." + same]
     lines += ["", "## plan(budget_s=B): the whole call against B", "",
               "NASNet on 4xV100-pcie, mode='auto', in a fresh process (its first plan). slack = wall - B - compile "
               "(numba compilation, outside the budget; 0 with a warm cache).", ""]
