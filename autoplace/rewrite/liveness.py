@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+import atexit
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -206,6 +207,15 @@ class Heartbeat:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the thread and wait for it (at most ``timeout_s``): run at interpreter exit, so
+        the thread is never inside a store call while the process tears down (a C++ store
+        call cut off by finalisation aborts the process: "terminate called without an
+        active exception", seen at exit of torchrun workers on a loaded machine)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
     def _run(self) -> None:
         backoff = self.interval_s
         while not self._stop.is_set():
@@ -284,9 +294,24 @@ def heartbeat(interval_s: float = 0.5) -> Heartbeat | None:
         store.set_timeout(timedelta(seconds=max(2.0, 4 * interval_s)))
     except Exception:  # a store without clone(): no heartbeat; messages fall back to the stage adjacency
         return None
+    old = _HEARTBEAT[0]
+    if old is not None:
+        old.stop()
     hb = Heartbeat(store, dist.get_rank(), interval_s)
     _HEARTBEAT[0] = hb
+    if not _AT_EXIT[0]:
+        atexit.register(_stop_heartbeat)
+        _AT_EXIT[0] = True
     return hb
+
+
+_AT_EXIT = [False]
+
+
+def _stop_heartbeat() -> None:
+    hb = _HEARTBEAT[0]
+    if hb is not None:
+        hb.stop()
 
 
 # ---- the barrier that starts a step ------------------------------------------------------------
