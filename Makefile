@@ -9,6 +9,9 @@ $(VENV)/.installed: pyproject.toml
 	# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# compile the simulator's numba kernels into their on-disk cache now (about 15 s), so the
+	# first plan does not pay it (autoplace/sim/warmup.py)
+	$(PY) -m autoplace.sim.warmup
 	touch $@
 
 .PHONY: demo test install bench
