@@ -20,6 +20,9 @@ call paid there), one after another, with the default planner (``"best"``) and `
   (:mod:`autoplace.planners._budget`), and the plan it gives (the same as with a warm cache).
 - **budget**: ``plan(graph, "4xV100-pcie", mode="auto", budget_s=B)`` on NASNet (1,231 ops)
   for a few B: the call's wall time against B (slack = wall - B).
+- **busy**: wrap of three models again while as many processes as there are cores spin
+  (``while True: pass``): a machine shared with other work, where torch's thread pool used to
+  wait for descheduled workers (minutes of planning before planning ran on one thread).
 - **mars**: ``plan(graph, cluster, planner="mars")`` (zero-shot: heuristic seeds, GNN, greedy
   decode, 16 samples) as the first call of a process, then again in the same process; seconds
   per 1,000 ops. Goal: at most 5 s per 1,000 ops cold.
@@ -59,6 +62,7 @@ BUDGETS = [1.0, 2.0, 5.0, 10.0]
 BUDGET_GRAPH = ("nasnet", {})
 MARS_GRAPHS = [("inception_v3", {}), ("transformer-xl", {}), ("nasnet", {}), ("gnmt8-unrolled", {})]
 QUICK_MODELS = ["gnmt4", "resnet50", "inception_v3", "nasnet"]
+BUSY_MODELS = ["gpt2", "resnet50", "nasnet"]
 REAL_WEIGHTS_BYTES = 8e9
 """Models whose fp32 weights are larger are traced on the meta device (wrap needs real weights)."""
 
@@ -243,6 +247,19 @@ def main() -> None:
         budgets.append(r)
         _say(f"budget {b:4.1f} s: " + (r.get("error") or f"plan() {r['wall_s']:.2f} s, slack "
              f"{r['wall_s'] - b - r['compile_s']:+.2f} s, learned {r['learned']}"))
+    busy = []
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        for name in BUSY_MODELS[1:2] if args.quick else BUSY_MODELS:
+            r = _run("wrap", {"model": name, "zoo": name, "config": {}, "target": "4xV100-pcie",
+                              "spinners": len(spinners)})
+            busy.append(r)
+            _say(f"busy {name:16s} " + (r.get("error") or f"wrap {r['wrap_s']:.1f} s (trace {r['trace_s']:.1f}, "
+                 f"plan {r['plan_s']:.1f}) with {len(spinners)} spinning processes, load {r['load'][0]:.1f}"))
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
     mars = []
     for g in (MARS_GRAPHS[2:] if args.quick else MARS_GRAPHS):
         r = _run("mars", {"graph": list(g)})
@@ -260,7 +277,7 @@ def main() -> None:
            "minutes": (time.time() - started) / 60,
            "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                        "load_at_end": _load()},
-           "wrap": wraps, "first_run": first, "budget": budgets, "mars": mars}
+           "wrap": wraps, "first_run": first, "budget": budgets, "busy": busy, "mars": mars}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
@@ -336,6 +353,15 @@ def markdown(doc: dict[str, Any]) -> str:
         worst = max(r["wall_s"] - r["budget_s"] - r["compile_s"] for r in done)
         lines += ["", f"Largest slack: {worst:+.2f} s (the stated bound: B + 0.5 s, numba's one-time compilation "
                       "apart)."]
+    if doc.get("busy"):
+        n = doc["busy"][0].get("spinners", "?")
+        lines += ["", f"## wrap on a busy machine ({n} processes spinning on the {m['cores']} cores)", "",
+                  "The same call while other work holds every core (planning runs torch on one thread: with two, "
+                  "torch's pool waited for descheduled workers and planning took minutes).", ""]
+        body = [[r["model"], r["ops"], f"{r['wrap_s']:.1f}", f"{r['trace_s']:.1f}", f"{r['plan_s']:.1f}", r["planner"]]
+                for r in doc["busy"] if "error" not in r]
+        lines.append(format_table(["model (4xV100-pcie)", "ops", "wrap s", "trace s", "plan s", "plan by"],
+                                  body, markdown=True))
     lines += ["", "## Mars zero-shot, first call in a process", "",
               "`plan(graph, '4xV100-pcie', planner='mars')`: heuristic seeds, GNN, greedy decode, 16 samples. "
               "Goal: at most 5 s per 1,000 ops cold.", ""]
