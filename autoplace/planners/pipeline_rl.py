@@ -129,7 +129,10 @@ def _imitate(policy: Any, target: Any, cfg: PipelineRLConfig) -> tuple[int, floa
     ``imitation_prob`` or the steps run out. Returns (steps, final probability)."""
     import torch
 
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.imitation_lr)
+    from . import _budget
+    from ._adam import Adam
+
+    opt = Adam(policy.parameters(), lr=cfg.imitation_lr)  # torch.optim's first step imports torch._dynamo (seconds cold)
     goal = math.log(cfg.imitation_prob)
     lp = float("-inf")
     steps = 0
@@ -139,6 +142,8 @@ def _imitate(policy: Any, target: Any, cfg: PipelineRLConfig) -> tuple[int, floa
         lp = float(logp[0].detach())
         if lp >= goal:
             steps -= 1
+            break
+        if _budget.expired():  # planning's deadline: a cut imitation still leans towards the target
             break
         opt.zero_grad()
         (-logp.mean()).backward()

@@ -317,3 +317,16 @@ def test_wraps_default_budget_leaves_tracing_its_share_of_nine_seconds() -> None
     assert base.wrap_budget(None, 5.0) == pytest.approx(4.0)
     assert base.wrap_budget(None, 30.0) == 2.0  # a slow trace still leaves the heuristics time
     assert base.wrap_budget(20.0, 30.0) == 20.0  # a budget given is the budget
+
+
+def test_pipeline_planning_does_not_import_dynamo() -> None:
+    # pipeline-rl's imitation of its seed trains with the planners' own Adam, as the others do
+    code = ("import sys, autoplace; from autoplace.progress import shown\n"
+            "sys.path.insert(0, 'tests/planners'); from planner_graphs import chain\n"
+            "from autoplace.planners import base; base.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
+            "with shown(False): p = autoplace.plan(chain(8), '4xV100-pcie', mode='pipeline')\n"
+            "rows = {r['planner']: r for r in p.meta['candidates']}\n"
+            "print(rows['pipeline-rl']['step_time_s'] is not None, 'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
