@@ -93,7 +93,6 @@ PIPE_MODEL = ("gpt2", dict(small=True, n_layer=4, n_embd=128, n_head=4, seq_len=
                            batch_size=8))
 PIPE_MICROBATCHES = 4
 SKEW_FRACTION = 0.3
-PING_ELEMENTS = (1, 256, 1024, 16_384, 65_536, 262_144, 1_048_576, 4_194_304)  # float32: 4 B .. 16 MiB
 
 
 def say(msg: str) -> None:
@@ -200,28 +199,12 @@ def overhead_case(name: str, config: dict[str, Any], *, rounds: int, warmup: int
 
 
 def _ping_pong(rank: int, *, repeats: int) -> list[dict[str, float]]:
-    """One-way seconds of a gloo send/recv of each size (half the median round trip)."""
-    import torch.distributed as dist
+    """One-way seconds of a gloo send/recv of each size (half the median round trip), measured by
+    the cost model's own probe (:func:`autoplace.cost.host_probe.ping_pong`)."""
+    from autoplace.cost.host_probe import ping_pong
 
-    rows = []
-    for n in PING_ELEMENTS:
-        buf = torch.zeros(n)
-        reps = repeats if n < 1_000_000 else max(3, repeats // 3)
-        rtt = []
-        for k in range(reps + 2):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            if k >= 2:
-                rtt.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "one_way_s": float(np.median(rtt)) / 2,
-                     "one_way_min_s": float(np.min(rtt)) / 2, "repeats": reps})
-    return rows
+    return [{"bytes": r["bytes"], "one_way_s": r["median_seconds"], "one_way_min_s": r["min_seconds"],
+             "repeats": int(r["repeats"])} for r in ping_pong(rank, repeats=repeats)]
 
 
 def fit_link(rows: list[dict[str, float]]) -> tuple[float, float]:

@@ -114,7 +114,7 @@ def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
             if k >= 2:
                 rtt.append(time.perf_counter() - t0)
         rows.append({"bytes": float(n * 4), "seconds": _low(rtt) / 2, "median_seconds": _median(rtt) / 2,
-                     "min_seconds": float(np.min(rtt)) / 2})
+                     "min_seconds": float(np.min(rtt)) / 2, "repeats": float(reps)})
     return rows
 
 
