@@ -143,7 +143,7 @@ class PlacedModule(nn.Module):
     def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from .graph.trace import trace_module
         from .planners import plan as make_plan
-        from .planners.base import plan_budget, wrap_budget
+        from .planners.planning import plan_budget, wrap_budget
         from .sim import simulate
 
         model: nn.Module = self.__dict__["_wrapped"]
@@ -205,7 +205,7 @@ class PlacedModule(nn.Module):
         from dataclasses import replace
 
         from .planners import plan as make_plan
-        from .planners.base import NoFitError
+        from .errors import NoFitError
 
         rows = [dict(r, runs_here=True) for r in chosen.meta.get("candidates", [])]
         n = self.cluster.num_devices
@@ -416,7 +416,7 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
             quarter of it weighs the pipeline plans). None (default): the learned planners in
             their quick modes, and planning at most 6 s and at most what tracing left of 9 s
             (never under 2 s), so trace and plan take about 9 s at worst
-            (``autoplace.planners.base.wrap_budget``). Learned planners get what the
+            (``autoplace.planners.planning.wrap_budget``). Learned planners get what the
             heuristics leave and are skipped, said in ``placed.report()``, when nothing is
             left; numba's one-time compilation (the first run after installing) is not
             counted. Planning of more than 2 s shows its progress on stderr.

@@ -63,7 +63,7 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
     replicated the same number of times, all ranks used. ``plan(mode="pipeline")`` chooses,
     with the plans the runtime cannot run recorded in ``meta["candidates"]`` with the reason."""
     from .planners import plan as make_plan
-    from .planners.base import NoFitError
+    from .errors import NoFitError
 
     def runs_here(p: Placement) -> str:
         used = len(p.devices_used())

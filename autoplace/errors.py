@@ -13,7 +13,7 @@ This module imports nothing of autoplace's, so every module can import it.
 
 from __future__ import annotations
 
-__all__ = ["AutoplaceError", "ProfileError", "UnknownPlannerError"]
+__all__ = ["AutoplaceError", "ProfileError", "UnknownPlannerError", "NoFitError"]
 
 
 class AutoplaceError(Exception):
@@ -34,3 +34,12 @@ class UnknownPlannerError(AutoplaceError, KeyError, ValueError):
     def __str__(self) -> str:
         # KeyError's own __str__ shows the repr of its argument (quotes, escaped newlines).
         return str(self.args[0]) if self.args else ""
+
+
+class NoFitError(AutoplaceError, RuntimeError):
+    """No placement of this planner fits the devices' memory; the message says what was
+    needed and what is available, and ``why`` the planner's own reason ("" when it has none)."""
+
+    def __init__(self, message: str, *, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why

@@ -3,7 +3,7 @@
 ``wrap(..., progress=False)`` (or ``with autoplace.progress.shown(False):``) silences every
 progress display autoplace would show inside it: the status lines of :class:`Step`, the live
 display of :class:`Status` (what ``plan()`` shows while it runs its planners) and the learned
-planners' bars (:func:`autoplace.planners.ppo.progress_bar`). The switch is a context
+planners' bars (:func:`autoplace.planners.learned.ppo.progress_bar`). The switch is a context
 variable, so it holds for the code inside the ``with`` block and for nothing else.
 
 :class:`Status` shows nothing for work that ends within ``delay_s`` (2 s); past that it shows,

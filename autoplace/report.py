@@ -42,7 +42,7 @@ def best_single_device(graph: "OpGraph", cluster: "Cluster", *,
                        cost: "CostModel | None" = None) -> tuple[int, float, bool]:
     """(device, simulated step seconds, fits) of the fastest one-device placement, preferring
     devices where the whole model fits."""
-    from .planners.heuristics import distinct_devices
+    from .planners.heuristic.by_hand import distinct_devices
     from .sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)

@@ -96,7 +96,7 @@ def msct_isolated(rev: str, cases: list[tuple[str, str]]) -> list[dict[str, Any]
     """m-SCT on each case with the old favourite children (from git) and today's, today's simulator."""
     import autoplace
     from autoplace import Cluster
-    from autoplace.planners import baechi
+    from autoplace.planners.heuristic import baechi
     from autoplace.sim import simulator_for
 
     sys.path.insert(0, str(ROOT / "benchmarks"))

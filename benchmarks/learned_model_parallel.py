@@ -115,15 +115,15 @@ def run_heuristics(graph: OpGraph, cluster: Cluster) -> dict[str, dict[str, Any]
 
 
 def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed: int) -> dict[str, Any]:
-    from autoplace.planners.eagle import EagleConfig, place_eagle
-    from autoplace.planners.reinforce import ReinforceConfig, place_reinforce
+    from autoplace.planners.learned.eagle.planner import EagleConfig, place_eagle
+    from autoplace.planners.learned.reinforce import ReinforceConfig, place_reinforce
 
     t0 = time.perf_counter()
     if kind == "ils":
         return iterated_local_search(graph, cluster, budget, seed)
     if kind == "refine-only":
-        from autoplace.planners.env import PlacementEnv
-        from autoplace.planners.refine import refine
+        from autoplace.planners.learned.env import PlacementEnv
+        from autoplace.planners.learned.refine import refine
 
         env = PlacementEnv(graph, cluster)
         start = env.best_candidate
@@ -151,8 +151,8 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
 
 def iterated_local_search(graph: OpGraph, cluster: Cluster, budget: float, seed: int) -> dict[str, Any]:
     """The ``ils`` control (see the module doc)."""
-    from autoplace.planners.env import PlacementEnv
-    from autoplace.planners.refine import neighbourhood, refine
+    from autoplace.planners.learned.env import PlacementEnv
+    from autoplace.planners.learned.refine import neighbourhood, refine
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ The papers' claim (Mars, ICPP 2021; EAGLE, IPDPS 2021) is that a pre-trained gra
 gets to a good placement with far fewer samples than learning from scratch. Each planner
 fine-tunes on the target for ``--samples`` samples (``max_samples``: reproducible from the
 seed), and every placement its policy samples is recorded as the simulator scores it (a
-wrapper around :meth:`autoplace.planners.env.PlacementEnv.evaluate`, benchmark only). The
+wrapper around :meth:`autoplace.planners.learned.env.PlacementEnv.evaluate`, benchmark only). The
 curve is the best step time among the policy's own samples that fit, so far, over the best
 heuristic's step time (the heuristic seeds are left out of the curve; every planner returns
 at most 1 because it also keeps them).
@@ -42,18 +42,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+PIPEDREAM = str(ROOT.parent / "shared" / "data" / "pipedream")  # the profiles beside the repository
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
 from autoplace import Cluster  # noqa: E402
-from autoplace.planners.corpus import CorpusGraph  # noqa: E402
-from autoplace.planners.env import PlacementEnv  # noqa: E402
-from autoplace.planners.mars import WEIGHTS_PATH, MarsPlanner, new_net, save_net  # noqa: E402
+from autoplace.planners.learned.corpus import CorpusGraph  # noqa: E402
+from autoplace.planners.learned.env import PlacementEnv  # noqa: E402
+from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsPlanner, new_net, save_net  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 WORKLOADS = {"gnmt": [CorpusGraph("zoo", "gnmt8-unrolled")], "bert": [CorpusGraph("zoo", "bert-base")],
-             "inception": [CorpusGraph("pipedream", "inception_v3"), CorpusGraph("zoo", "inception_v3")]}
+             "inception": [CorpusGraph("pipedream", "inception_v3", root=PIPEDREAM), CorpusGraph("zoo", "inception_v3")]}
 CLUSTERS = ["4xV100-pcie", "2xA100+2xT4"]
 PLANNERS = ["mars", "mars-dgi", "mars-untrained", "eagle", "reinforce"]
 WEIGHTS = WEIGHTS_PATH
@@ -79,8 +80,8 @@ def recording() -> Iterator[list[tuple[float, bool, str]]]:
 
 
 def runner(name: str, samples: int, untrained: Path) -> Callable[[Any, Cluster, int], Any]:
-    from autoplace.planners.eagle import EagleConfig, place_eagle
-    from autoplace.planners.reinforce import ReinforceConfig, place_reinforce
+    from autoplace.planners.learned.eagle.planner import EagleConfig, place_eagle
+    from autoplace.planners.learned.reinforce import ReinforceConfig, place_reinforce
 
     big = 1e9  # the run stops on samples, not on time
     if name == "mars":
@@ -141,7 +142,7 @@ def first_below(c: list[float | None], level: float) -> int | None:
 
 
 def run(workloads: list[str], clusters: list[str], planners: list[str], samples: int, seed: int) -> dict[str, Any]:
-    from autoplace.planners.env import heuristic_seeds
+    from autoplace.planners.learned.env import heuristic_seeds
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -294,7 +295,7 @@ def main() -> None:
     WEIGHTS = args.weights
     torch.set_num_threads(1)
     if not WEIGHTS.exists() and any(p.startswith("mars") for p in args.planners.split(",")):
-        sys.exit(f"no weights at {WEIGHTS}; run python -m autoplace.planners.pretrain first")
+        sys.exit(f"no weights at {WEIGHTS}; run python -m autoplace.planners.learned.pretrain first")
     start = time.perf_counter()
     result = run(args.workloads.split(","), args.clusters.split(","), args.planners.split(","), args.samples,
                  args.seed)

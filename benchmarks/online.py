@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import autoplace  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
-from autoplace.planners.env import candidate_of  # noqa: E402
+from autoplace.planners.learned.env import candidate_of  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 

@@ -129,8 +129,8 @@ def hill_climb(graph: OpGraph, cluster: Cluster, evals: int, *, seed: int) -> di
     keeps an op), a device between stages or in/out of use (no stage left empty), another
     micro-batch count from pipeline-rl's options (``M x replicas <= batch``), the other schedule."""
     from autoplace.placement import SCHEDULES
-    from autoplace.planners.env import heuristic_seeds
-    from autoplace.planners.pipeline_rl import SEED_PLANNERS
+    from autoplace.planners.learned.env import heuristic_seeds
+    from autoplace.planners.learned.pipeline.planner import SEED_PLANNERS
 
     t0 = time.perf_counter()
     sim = simulator_for(graph, cluster)

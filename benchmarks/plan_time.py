@@ -17,7 +17,7 @@ call paid there), one after another, with the default planner (``"best"``) and `
   reported apart. The goal: at most 10 s on 2 cores for graphs up to 1,000 ops.
 - **first run**: one wrap with an empty numba cache (``NUMBA_CACHE_DIR`` a new folder): the
   one-time compilation a fresh install pays, which the budget does not count
-  (:mod:`autoplace.planners._budget`), and the plan it gives (the same as with a warm cache).
+  (:mod:`autoplace.planners.budget`), and the plan it gives (the same as with a warm cache).
 - **budget**: ``plan(graph, "4xV100-pcie", mode="auto", budget_s=B)`` on NASNet (1,231 ops)
   for a few B: the call's wall time against B (slack = wall - B).
 - **busy**: wrap of three models again while as many processes as there are cores spin
@@ -110,7 +110,7 @@ def _meta_wrap(wl: Any, target: dict[str, Any], params: int, t_import: float) ->
     """A model too large to build with real weights here: ``trace`` on the meta device, then
     the two plans ``wrap`` makes (model mode, then pipeline plans weighed) under wrap's budget."""
     import autoplace
-    from autoplace.planners.base import plan_budget, wrap_budget
+    from autoplace.planners.planning import plan_budget, wrap_budget
     from autoplace.progress import shown
 
     cluster = autoplace.Cluster.preset(target["cluster"]) if target["cluster"] else \

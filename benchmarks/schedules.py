@@ -1,5 +1,5 @@
 """Pipeline schedules in the simulator: what interleaved 1F1B, looped BFS, ZB-H1, ZBV and
-DualPipeV (autoplace.planners.schedules.best_schedule) add to a pipeline plan.
+DualPipeV (autoplace.planners.heuristic.schedules.best_schedule) add to a pipeline plan.
 
     python benchmarks/schedules.py            # writes benchmarks/results/schedules.{json,md}
     python benchmarks/schedules.py --quick    # two workloads, two clusters
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import autoplace  # noqa: E402
 from autoplace import Cluster, Placement  # noqa: E402
-from autoplace.planners.schedules import balanced_cut, best_schedule  # noqa: E402
+from autoplace.planners.heuristic.schedules import balanced_cut, best_schedule  # noqa: E402
 from autoplace.sim.simulator import Simulator  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -12,7 +12,7 @@ kernels initialised);
 the first call of a fresh process (imports, weights, numba cache) is timed separately in a
 subprocess. ``seed_s`` is the heuristics' share, ``policy_s`` the network's.
 
-Quality, per held-out graph (:func:`autoplace.planners.corpus.held_out_graphs`) and cluster:
+Quality, per held-out graph (:func:`autoplace.planners.learned.corpus.held_out_graphs`) and cluster:
 step time over the best heuristic's (lower is better; below 1 beats every heuristic) of
 
 - ``greedy``: the shipped policy's greedy decode alone;
@@ -45,18 +45,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+PIPEDREAM = str(ROOT.parent / "shared" / "data" / "pipedream")  # the profiles beside the repository
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
 from autoplace import Cluster  # noqa: E402
-from autoplace.planners.corpus import CorpusGraph, held_out_graphs, layered_network  # noqa: E402
-from autoplace.planners.mars import WEIGHTS_PATH, MarsPlanner, new_net, save_net  # noqa: E402
+from autoplace.planners.learned.corpus import CorpusGraph, held_out_graphs, layered_network  # noqa: E402
+from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsPlanner, new_net, save_net  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2xA100+2xT4", "2x4xV100-25gbe"]
 TIMING_GRAPHS = [CorpusGraph("zoo", "nasnet"), CorpusGraph("zoo", "gnmt8-unrolled"),
-                 CorpusGraph("pipedream", "nasnetalarge"), CorpusGraph("zoo", "gnmt8-unrolled", {"seq_len": 60})]
+                 CorpusGraph("pipedream", "nasnetalarge", root=PIPEDREAM), CorpusGraph("zoo", "gnmt8-unrolled", {"seq_len": 60})]
 TIMING_CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2x8xH100-ib"]
 WEIGHTS = WEIGHTS_PATH
 
@@ -88,8 +89,8 @@ def timing(graphs: list[Any], clusters: list[str], repeats: int) -> list[dict[st
 def cold_start(entry: CorpusGraph, cluster: str) -> float:
     """Seconds of a fresh ``python -c`` process: import, load, plan (graph read from the cache)."""
     code = ("import time; t=time.perf_counter(); import torch; torch.set_num_threads(2); "
-            "from autoplace.planners.corpus import CorpusGraph; import autoplace; "
-            f"g = CorpusGraph({entry.source!r}, {entry.family!r}, {entry.config!r}).load(); "
+            "from autoplace.planners.learned.corpus import CorpusGraph; import autoplace; "
+            f"g = CorpusGraph({entry.source!r}, {entry.family!r}, {entry.config!r}, root={entry.root!r}).load(); "
             f"autoplace.plan(g, {cluster!r}, planner='mars'); print(time.perf_counter()-t)")
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
@@ -200,11 +201,11 @@ def main() -> None:
     torch.set_num_threads(2)
     start = time.perf_counter()
     if not WEIGHTS.exists():
-        sys.exit(f"no weights at {WEIGHTS}; run python -m autoplace.planners.pretrain first")
+        sys.exit(f"no weights at {WEIGHTS}; run python -m autoplace.planners.learned.pretrain first")
     record = WEIGHTS.parent / "mars.json"
     made = json.loads(record.read_text()) if record.exists() else {}
     clusters = args.clusters.split(",")
-    held = held_out_graphs()
+    held = held_out_graphs(PIPEDREAM)
     timing_entries = TIMING_GRAPHS
     if args.quick:
         held, clusters, timing_entries = held[:2], clusters[:1], TIMING_GRAPHS[:1]

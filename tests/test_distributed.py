@@ -71,15 +71,16 @@ def test_pipeline_mode_names_a_dict_of_inputs(monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_failing_learned_planner_does_not_stop_rank_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     """Planning under torchrun goes through plan(): a learned planner's failure is a warning."""
-    from autoplace.planners import FunctionPlanner, base
+    from autoplace.planners import FunctionPlanner
+    from autoplace.planners import registry
 
     def broken(*a: object, **k: object) -> autoplace.Placement:
         raise RuntimeError("weights not found")
 
     autoplace.planners()
-    registry = dict(base._REGISTRY)
-    registry["test-broken-pipe"] = FunctionPlanner("test-broken-pipe", ("pipeline",), broken, kind="learned")
-    monkeypatch.setattr(base, "_REGISTRY", registry)
+    entries = dict(registry._REGISTRY)
+    entries["test-broken-pipe"] = FunctionPlanner("test-broken-pipe", ("pipeline",), broken, kind="learned")
+    monkeypatch.setattr(registry, "_REGISTRY", entries)
     graph = _chain(12, flops=2e12, params=1e6, act=1e6)
     with pytest.warns(RuntimeWarning, match="'test-broken-pipe' failed"):
         plan = runnable_pipeline_plan(graph, autoplace.Cluster.preset("4xA100-nvlink"), 4, planner="best")

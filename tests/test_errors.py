@@ -39,7 +39,7 @@ def test_every_exception_class_derives_from_autoplace_error() -> None:
 
 def test_builtin_bases_are_kept() -> None:
     from autoplace.placement import PlacementError
-    from autoplace.planners.base import NoFitError
+    from autoplace.errors import NoFitError
     from autoplace.rewrite.runtime import PipelineTimeoutError
 
     assert issubclass(PlacementError, ValueError) and issubclass(NoFitError, RuntimeError)

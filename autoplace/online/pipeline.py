@@ -45,7 +45,7 @@ from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
 from .search import TuningSearch, candidate_key
-from ..planners.env import candidate_of
+from ..planners.learned.env import candidate_of
 from .state import stays_on_cpu
 from ..placement import Placement
 

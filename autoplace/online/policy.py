@@ -2,10 +2,10 @@
 
 Model parallel (:func:`model_policy`): in order of preference,
 
-1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.eagle`; Lan, Chen, Li, IPDPS 2021)
+1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.learned.eagle.planner`; Lan, Chen, Li, IPDPS 2021)
    centred on the current placement by the planner's own warm start (its samples differ from
    the placement by about one op and two groups, whole runs of ops moved to another device);
-2. ``"independent"``: :func:`autoplace.planners.ppo.IndependentPolicy`, one categorical per op
+2. ``"independent"``: :func:`autoplace.planners.learned.ppo.IndependentPolicy`, one categorical per op
    whose logits put probability ``1 - perturb_ops / N`` on the op's current device: a sample is
    the placement with about ``perturb_ops`` ops moved. This is the documented fallback when
    the EAGLE policy cannot be built (the reason is recorded).
@@ -18,8 +18,8 @@ order; the sorted cuts give every op its stage (``stage = number of cuts at or b
 so stages never decrease along an edge. Two equal cuts would leave a stage empty; such a
 sample decodes to ``None`` and is never tried.
 
-Both are trained by :func:`autoplace.planners.ppo.ppo_update`, the update that
-:func:`autoplace.planners.ppo.train` runs, here on batches whose rewards arrive later, from
+Both are trained by :func:`autoplace.planners.learned.ppo.ppo_update`, the update that
+:func:`autoplace.planners.learned.ppo.train` runs, here on batches whose rewards arrive later, from
 live steps, rather than from the simulator.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..planners.ppo import PolicySample
+from ..planners.learned.ppo import PolicySample
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -76,7 +76,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
     note = ""
     if kind in ("auto", "eagle"):
         try:
-            from ..planners.eagle import EagleConfig, build_policy, center
+            from ..planners.learned.eagle.planner import EagleConfig, build_policy, center
 
             cfg = EagleConfig(warm_op_moves=max(perturb_ops / 2, 0.5), warm_group_moves=max(perturb_ops, 1.0))
             pol = build_policy(graph, cluster, cost, cfg, seed)
@@ -88,7 +88,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
             if kind == "eagle":
                 raise
             note = f"EAGLE policy not usable ({type(e).__name__}: {str(e)[:120]}); "
-    from ..planners.ppo import IndependentPolicy
+    from ..planners.learned.ppo import IndependentPolicy
 
     pol = IndependentPolicy(graph.num_nodes, cluster.num_devices,
                             init_logits=centred_logits(device_of_node, cluster.num_devices, perturb_ops))
@@ -98,7 +98,7 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
 def recentre(policy: Any, name: str, device_of_node: np.ndarray, *, perturb_ops: float) -> None:
     """Centre ``policy`` on ``device_of_node`` again (after a new best was measured)."""
     if name == "eagle":
-        from ..planners.eagle import center
+        from ..planners.learned.eagle.planner import center
 
         center(policy, np.asarray(device_of_node), policy.__dict__["_online_eagle_config"])
     elif name == "independent":

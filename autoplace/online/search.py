@@ -14,7 +14,7 @@ gets ``-failure_penalty``. Every measurement refits the calibration
 machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
 before the first round.
 
-A candidate is what :class:`autoplace.planners.env.PlacementEnv` scores: a ``device_of_node``
+A candidate is what :class:`autoplace.planners.learned.env.PlacementEnv` scores: a ``device_of_node``
 array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``.
 """
 
@@ -29,8 +29,8 @@ import torch
 
 from .calibrate import StepCalibration, fit_step_calibration
 from .policy import recentre
-from ..planners.env import candidate_key, evaluate_candidate
-from ..planners.ppo import ppo_update
+from ..planners.learned.env import candidate_key, evaluate_candidate
+from ..planners.learned.ppo import ppo_update
 from ..report import format_table
 from ..sim import Simulator
 

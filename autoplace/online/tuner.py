@@ -52,7 +52,7 @@ from .policy import model_policy
 from .search import TuningSearch, candidate_key
 from .state import snapshot
 from ..placement import Placement
-from ..planners.ppo import PPOConfig
+from ..planners.learned.ppo import PPOConfig
 from ..errors import AutoplaceError
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import NoFitError
+from ..errors import NoFitError
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -99,6 +99,5 @@ def no_fit(graph: "OpGraph", cluster: "Cluster", mem: MemoryEstimate, *, planner
     text = f"{planner}: no placement fits{': ' + why if why else ''}. {needs(graph, cluster, mem)}"
     if "no placement splits an op" not in text:
         text += " " + fix
-    err = NoFitError(text)
-    err.why = why  # type: ignore[attr-defined]
+    err = NoFitError(text, why=why)
     return err

@@ -27,7 +27,7 @@ def warm_up(*, verbose: bool = False) -> float:
     """Call every simulator kernel once; returns the seconds numba spent compiling (0 when the
     cache already held them all)."""
     import autoplace
-    from autoplace.planners import _budget
+    from autoplace.planners import budget as _budget
     from autoplace.progress import shown
 
     wl = autoplace.zoo.build("inception_v3", small=True, device="meta")

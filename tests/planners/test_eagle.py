@@ -12,7 +12,7 @@ import autoplace  # noqa: E402
 from autoplace.cluster import Cluster  # noqa: E402
 from autoplace.graph.ir import OpGraph  # noqa: E402
 from autoplace.planners import NoFitError, get_planner  # noqa: E402
-from autoplace.planners.eagle import EagleConfig, EaglePlanner, build_policy, center, warm_start_actions  # noqa: E402
+from autoplace.planners.learned.eagle.planner import EagleConfig, EaglePlanner, build_policy, center, warm_start_actions  # noqa: E402
 from autoplace.sim import simulate  # noqa: E402
 
 from planner_graphs import branchy  # noqa: E402

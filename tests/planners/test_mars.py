@@ -13,10 +13,10 @@ import autoplace
 from autoplace.cluster import Cluster, Device
 from autoplace.cost.analytic import CostModel
 from autoplace.graph.ir import OpGraph
-from autoplace.planners.base import NoFitError
-from autoplace.planners.corpus import corpus, random_dag
-from autoplace.planners.mars import WEIGHTS_PATH, MarsPlanner, MarsPolicy, load_pretrained, new_net
-from autoplace.planners.mars_state import STATE_FEATURES, StateTracker
+from autoplace.errors import NoFitError
+from autoplace.planners.learned.corpus import corpus, random_dag
+from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsPlanner, MarsPolicy, load_pretrained, new_net
+from autoplace.planners.learned.mars.decoder import STATE_FEATURES, StateTracker
 from autoplace.sim import simulator_for
 
 from planner_graphs import branchy, chain, fork_join

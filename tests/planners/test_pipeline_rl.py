@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 from autoplace import Cluster, Placement, plan  # noqa: E402
 from autoplace.graph.ir import OpGraph  # noqa: E402
 from autoplace.planners import NoFitError, get_planner, planners  # noqa: E402
-from autoplace.planners._pipeline_policy import PipelinePolicy, device_features, summary_features  # noqa: E402
-from autoplace.planners.pipeline_rl import PipelineRLConfig, place_pipeline_rl  # noqa: E402
-from autoplace.planners.pipeline_space import Candidate, PipelineActions, PipelineSpace  # noqa: E402
+from autoplace.planners.learned.pipeline.policy import PipelinePolicy, device_features, summary_features  # noqa: E402
+from autoplace.planners.learned.pipeline.planner import PipelineRLConfig, place_pipeline_rl  # noqa: E402
+from autoplace.planners.learned.pipeline.space import Candidate, PipelineActions, PipelineSpace  # noqa: E402
 from autoplace.graph.features import node_features  # noqa: E402
 from autoplace.sim import simulator_for  # noqa: E402
 
@@ -110,7 +110,7 @@ def test_probabilities_of_all_action_sequences_sum_to_one() -> None:
         rows.append((count, [d0, d1], [0, o1, o2], micro, sched))
     acts = PipelineActions(*(np.array([r[k] for r in rows], dtype=np.int64) for k in range(5)))
     # keep the canonical ones: masked decisions hold 0 (replay the walk to know which are masked)
-    from autoplace.planners.pipeline_space import MODE_REPLAY, walk
+    from autoplace.planners.learned.pipeline.space import MODE_REPLAY, walk
 
     share = sp.shares(acts.devices, acts.stage_count)
     _, _, can, _ = walk(MODE_REPLAY, acts.opens, np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)),

@@ -19,8 +19,11 @@ import pytest
 
 import autoplace
 from autoplace import Cluster, Placement
-from autoplace.planners import FunctionPlanner, _budget, base, register
-from autoplace.planners.select import Judge
+from autoplace.planners import FunctionPlanner, register
+from autoplace.planners import budget as _budget
+from autoplace.planners import planning
+from autoplace.planners import registry as reg
+from autoplace.planners.judge import Judge
 from autoplace.progress import Status, Step, shown
 from autoplace.report import placement_report
 from planner_graphs import chain
@@ -55,8 +58,8 @@ class _Trainer:
               seed: int = 0, module: Any = None) -> Placement:
         import torch
 
-        from autoplace.planners.env import PlacementEnv
-        from autoplace.planners.ppo import IndependentPolicy, PPOConfig, train
+        from autoplace.planners.learned.env import PlacementEnv
+        from autoplace.planners.learned.ppo import IndependentPolicy, PPOConfig, train
 
         self.seen.append({"budget_s": budget_s, "threads": torch.get_num_threads()})
         env = PlacementEnv(graph, cluster, cost, "model")
@@ -92,14 +95,14 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Three quick heuristics (the others and the real learned planners have their own tests);
     tests add their planners."""
     autoplace.planners()
-    only = {k: v for k, v in base._REGISTRY.items() if k in ("single", "expert", "m-etf", "data-parallel")}
-    monkeypatch.setattr(base, "_REGISTRY", only)
+    only = {k: v for k, v in reg._REGISTRY.items() if k in ("single", "expert", "m-etf", "data-parallel")}
+    monkeypatch.setattr(reg, "_REGISTRY", only)
     return only
 
 
 def test_a_learned_planner_in_quick_mode_stops_at_the_default_budget(registry: dict[str, Any],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 4.0)
+    monkeypatch.setattr(planning, "DEFAULT_BUDGET_S", 4.0)
     trainer = _Trainer()
     register(trainer)
     with _Clock() as clock, shown(False):
@@ -150,7 +153,7 @@ def test_a_slow_heuristic_is_cut_once_another_has_an_answer(registry: dict[str, 
 
 def test_the_first_answer_is_never_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     # the only planner: even past a tiny budget it finishes, so plan() always has an answer
-    monkeypatch.setattr(base, "_REGISTRY", {"test-endless-short": FunctionPlanner(
+    monkeypatch.setattr(reg, "_REGISTRY", {"test-endless-short": FunctionPlanner(
         "test-endless-short", ("model",), lambda g, c, **k: _short(g, c))})
     with shown(False):
         p = autoplace.plan(chain(4), CLUSTER, budget_s=0.01)
@@ -181,7 +184,7 @@ def test_torch_runs_on_one_thread_while_planning_and_the_setting_comes_back(regi
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 3.0)
+    monkeypatch.setattr(planning, "DEFAULT_BUDGET_S", 3.0)
     trainer = _Trainer()
     register(trainer)
     before = torch.get_num_threads()
@@ -198,7 +201,7 @@ def test_torch_runs_on_one_thread_while_planning_and_the_setting_comes_back(regi
 def test_progress_shows_on_stderr_when_planning_takes_over_two_seconds(registry: dict[str, Any],
                                                                        capsys: pytest.CaptureFixture[str],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 4.0)
+    monkeypatch.setattr(planning, "DEFAULT_BUDGET_S", 4.0)
     register(_Trainer())
     autoplace.plan(chain(6), CLUSTER)
     err = capsys.readouterr().err
@@ -208,7 +211,7 @@ def test_progress_shows_on_stderr_when_planning_takes_over_two_seconds(registry:
 
 def test_switched_off_progress_prints_nothing(registry: dict[str, Any], capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base, "DEFAULT_BUDGET_S", 2.5)
+    monkeypatch.setattr(planning, "DEFAULT_BUDGET_S", 2.5)
     register(_Trainer())
     with shown(False):
         autoplace.plan(chain(6), CLUSTER)
@@ -274,7 +277,7 @@ def test_model_planning_imports_neither_torch_geometric_nor_dynamo() -> None:
     # both cost seconds in a cold process: PyG for Mars's GNN, torch._dynamo for torch.optim
     code = ("import sys, autoplace; from autoplace.progress import shown\n"
             "sys.path.insert(0, 'tests/planners'); from planner_graphs import chain\n"
-            "from autoplace.planners import base; base.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
+            "from autoplace.planners import planning; planning.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
             "with shown(False): p = autoplace.plan(chain(8), '4xV100-pcie')\n"
             "rows = {r['planner']: r for r in p.meta['candidates']}\n"
             "print(all(rows[n]['step_time_s'] is not None for n in ('eagle', 'mars', 'reinforce')),\n"
@@ -288,7 +291,7 @@ def test_mean_conv_is_pyg_sage_conv() -> None:
     import torch
     from torch_geometric.nn import SAGEConv
 
-    from autoplace.planners.encoders import MeanConv
+    from autoplace.planners.learned.mars.encoders import MeanConv
 
     torch.manual_seed(0)
     x, edges = torch.randn(30, 8), torch.randint(0, 30, (2, 70))
@@ -313,17 +316,17 @@ def test_wrap_plans_its_model_and_weighs_pipelines_within_one_budget(registry: d
 
 
 def test_wraps_default_budget_leaves_tracing_its_share_of_nine_seconds() -> None:
-    assert base.wrap_budget(None, 0.5) == base.DEFAULT_BUDGET_S == 6.0
-    assert base.wrap_budget(None, 5.0) == pytest.approx(4.0)
-    assert base.wrap_budget(None, 30.0) == 2.0  # a slow trace still leaves the heuristics time
-    assert base.wrap_budget(20.0, 30.0) == 20.0  # a budget given is the budget
+    assert planning.wrap_budget(None, 0.5) == planning.DEFAULT_BUDGET_S == 6.0
+    assert planning.wrap_budget(None, 5.0) == pytest.approx(4.0)
+    assert planning.wrap_budget(None, 30.0) == 2.0  # a slow trace still leaves the heuristics time
+    assert planning.wrap_budget(20.0, 30.0) == 20.0  # a budget given is the budget
 
 
 def test_pipeline_planning_does_not_import_dynamo() -> None:
     # pipeline-rl's imitation of its seed trains with the planners' own Adam, as the others do
     code = ("import sys, autoplace; from autoplace.progress import shown\n"
             "sys.path.insert(0, 'tests/planners'); from planner_graphs import chain\n"
-            "from autoplace.planners import base; base.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
+            "from autoplace.planners import planning; planning.DEFAULT_BUDGET_S = 600.0  # all run, however busy\n"
             "with shown(False): p = autoplace.plan(chain(8), '4xV100-pcie', mode='pipeline')\n"
             "rows = {r['planner']: r for r in p.meta['candidates']}\n"
             "print(rows['pipeline-rl']['step_time_s'] is not None, 'torch._dynamo' in sys.modules)")

@@ -1,4 +1,4 @@
-"""autoplace.planners.schedules.best_schedule: the fastest runnable schedule for a pipeline plan."""
+"""autoplace.planners.heuristic.schedules.best_schedule: the fastest runnable schedule for a pipeline plan."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import autoplace
 from autoplace import OpGraph, Placement
-from autoplace.planners.schedules import balanced_cut, best_schedule
+from autoplace.planners.heuristic.schedules import balanced_cut, best_schedule
 from autoplace.rewrite.schedules import MULTI_SCHEDULES
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sim"))

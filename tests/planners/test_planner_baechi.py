@@ -9,7 +9,7 @@ from autoplace import Cluster
 from autoplace.cost.analytic import CostModel
 from autoplace.graph.ir import OpGraph
 from autoplace.planners import get_planner
-from autoplace.planners.baechi import favourite_children, favourite_lp, list_schedule
+from autoplace.planners.heuristic.baechi import favourite_children, favourite_lp, list_schedule
 from autoplace.planners.memory import MemoryEstimate
 from planner_graphs import branchy, chain
 

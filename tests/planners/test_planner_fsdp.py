@@ -12,9 +12,9 @@ import autoplace.zoo as zoo
 from autoplace import Cluster, CostModel, OpGraph, Placement, plan, simulate
 from autoplace.graph.trace import trace_module
 from autoplace.planners import planners
-from autoplace.planners.base import NoFitError
+from autoplace.errors import NoFitError
 from autoplace.parallel import StageOptions
-from autoplace.planners.fsdp import block_stages
+from autoplace.planners.heuristic.fsdp import block_stages
 from autoplace.sim import Simulator
 from autoplace.rewrite.fsdp import runtime_problems
 

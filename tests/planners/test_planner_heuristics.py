@@ -9,7 +9,7 @@ import pytest
 import autoplace
 from autoplace import Cluster, Placement
 from autoplace.planners import NoFitError, get_planner
-from autoplace.planners.heuristics import greedy_by_bytes
+from autoplace.planners.heuristic.by_hand import greedy_by_bytes
 from autoplace.planners.memory import MemoryEstimate
 from autoplace.cost.analytic import CostModel
 from planner_graphs import GiB, branchy, chain, fork_join

@@ -14,7 +14,7 @@ from autoplace.graph.ir import OpGraph
 from autoplace.placement import SCHEDULES
 from autoplace.planners import get_planner
 from autoplace.planners.memory import MemoryEstimate
-from autoplace.planners.pipedream_dp import compress, live_tensors, solve
+from autoplace.planners.heuristic.pipedream_dp import compress, live_tensors, solve
 from planner_graphs import chain
 
 

@@ -8,7 +8,7 @@ import pytest
 import autoplace
 from autoplace import Cluster
 from autoplace.planners import NoFitError, get_planner
-from autoplace.planners.pipedream_dp import live_tensors
+from autoplace.planners.heuristic.pipedream_dp import live_tensors
 from conftest import pipedream_path
 
 HEURISTICS = ["single", "expert", "accelerate", "metis", "m-topo", "m-etf", "m-sct",

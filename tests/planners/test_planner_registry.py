@@ -11,7 +11,7 @@ import pytest
 import autoplace
 from autoplace import Cluster, Placement
 from autoplace.planners import FunctionPlanner, NoFitError, get_planner, register
-from autoplace.planners import base
+from autoplace.planners import planning, registry
 from planner_graphs import GiB, branchy, chain
 
 
@@ -120,7 +120,7 @@ class _Sampler:
 def test_learned_planners_join_best_with_a_share_of_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     # only the heuristics and a stand-in learned planner (the real learned ones have their own tests)
     autoplace.planners()
-    monkeypatch.setattr(base, "_REGISTRY", {k: v for k, v in base._REGISTRY.items() if v.kind == "heuristic"})
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if v.kind == "heuristic"})
     sampler = _Sampler(seen_budget=[])
     register(sampler)
     assert autoplace.planners("model")[-1] == "test-sampler"  # heuristics first
@@ -134,10 +134,10 @@ def test_a_failing_learned_planner_is_skipped_with_a_warning() -> None:
         raise RuntimeError("weights not found")
 
     autoplace.planners()
-    only = {k: v for k, v in base._REGISTRY.items() if v.kind == "heuristic"}
+    only = {k: v for k, v in registry._REGISTRY.items() if v.kind == "heuristic"}
     only["test-broken"] = FunctionPlanner("test-broken", ("model",), broken, kind="learned")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(base, "_REGISTRY", only)
+        mp.setattr(registry, "_REGISTRY", only)
         with pytest.warns(RuntimeWarning, match="'test-broken' failed"):
             p = autoplace.plan(chain(5), Cluster.preset("4xV100-pcie"))
     row = next(r for r in p.meta["candidates"] if r["planner"] == "test-broken")
@@ -154,7 +154,7 @@ def test_a_failing_heuristic_is_a_bug_and_propagates() -> None:
         with pytest.raises(RuntimeError, match="bug"):
             autoplace.plan(chain(5), Cluster.preset("4xV100-pcie"), kinds=("heuristic",))
     finally:
-        base._REGISTRY.pop("test-broken-h")
+        registry._REGISTRY.pop("test-broken-h")
 
 
 def test_a_named_planner_over_memory_names_the_device_and_the_ways_out() -> None:
@@ -168,4 +168,4 @@ def test_a_named_planner_over_memory_names_the_device_and_the_ways_out() -> None
         with pytest.raises(NoFitError, match=want):
             autoplace.plan(big, Cluster.preset("4xV100-pcie"), planner="test-zero")
     finally:
-        base._REGISTRY.pop("test-zero")
+        registry._REGISTRY.pop("test-zero")

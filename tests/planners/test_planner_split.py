@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from autoplace.planners.split import Infeasible, contiguous_split
+from autoplace.planners.heuristic.split import Infeasible, contiguous_split
 
 
 def _brute(work: np.ndarray, mem: np.ndarray, caps: np.ndarray) -> float:

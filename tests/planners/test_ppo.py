@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 from autoplace.cluster import Cluster  # noqa: E402
 from autoplace.graph.ir import OpGraph  # noqa: E402
 from autoplace.placement import PlacementError  # noqa: E402
-from autoplace.planners.env import PlacementEnv, SeedPlacement  # noqa: E402
-from autoplace.planners.ppo import IndependentPolicy, PPOConfig, train  # noqa: E402
+from autoplace.planners.learned.env import PlacementEnv, SeedPlacement  # noqa: E402
+from autoplace.planners.learned.ppo import IndependentPolicy, PPOConfig, train  # noqa: E402
 from autoplace.sim import Simulator  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def test_progress_without_a_terminal(problem: tuple[OpGraph, Cluster, dict[tuple
     stream = io.StringIO()  # no terminal: no tqdm bar, log lines instead
     monkeypatch.setattr(sys, "stderr", stream)
     env = PlacementEnv(graph, cluster, reference_s=1.0)
-    with caplog.at_level(logging.INFO, logger="autoplace.planners.ppo"):
+    with caplog.at_level(logging.INFO, logger="autoplace.planners.learned.ppo"):
         res = train(IndependentPolicy(7, 3), env, PPOConfig(), max_samples=64, progress=True)
     assert res.samples == 64
     assert "\r" not in stream.getvalue()

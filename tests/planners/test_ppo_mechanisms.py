@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from autoplace.planners.ppo import PPOConfig, ppo_update
+from autoplace.planners.learned.ppo import PPOConfig, ppo_update
 
 
 class _Categorical(torch.nn.Module):

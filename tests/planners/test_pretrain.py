@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import PIPEDREAM_DIR
 
 from autoplace.graph.features import to_pyg
-from autoplace.planners.corpus import (HELD_OUT, corpus, held_out_graphs, layered_network, random_dag,
-                                       training_clusters, training_graphs)
-from autoplace.planners.mars import load_net, new_net
-from autoplace.planners.pretrain import PretrainConfig, dgi_model, pretrain
+from autoplace.planners.learned.corpus import (HELD_OUT, corpus, held_out_graphs, layered_network, random_dag,
+                                               training_clusters, training_graphs)
+from autoplace.planners.learned.mars.planner import load_net, new_net
+from autoplace.planners.learned.pretrain import PretrainConfig, dgi_model, pretrain
 
 
 def test_dgi_objective_decreases_on_a_tiny_corpus() -> None:
@@ -54,7 +55,7 @@ def _tiny(**kw: object) -> PretrainConfig:
 
 def _small_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Generated graphs of at most ~60 ops, so the test stays fast."""
-    import autoplace.planners.corpus as corpus_mod
+    import autoplace.planners.learned.corpus as corpus_mod
 
     real = corpus_mod._generated
 
@@ -101,18 +102,32 @@ def test_resume_continues_exactly_from_a_checkpoint(tmp_path: Path, monkeypatch:
 
 
 def test_held_out_graphs_never_enter_the_corpus() -> None:
-    train = training_graphs(generated=6)
+    pd = PIPEDREAM_DIR if PIPEDREAM_DIR.exists() else None
+    train = training_graphs(generated=6, pipedream=pd)
     keys = {e.key for e in train}
     assert len(keys) == len(train)
     for e in train:
         assert e.family not in HELD_OUT.get(e.source, ())
     zoo_train = {e.family for e in train if e.source == "zoo"}
     assert not zoo_train & {"inception_v3", "bert-base", "nasnet", "gnmt8", "gnmt8-unrolled"}
-    held = {e.key for e in held_out_graphs()}
+    held = {e.key for e in held_out_graphs(pd)}
     assert {"zoo/inception_v3", "zoo/bert-base", "zoo/nasnet", "zoo/gnmt8-unrolled"} <= held
     assert not held & keys
-    everything = {e.key for e in corpus(generated=6, include_held_out=True)}
+    everything = {e.key for e in corpus(generated=6, include_held_out=True, pipedream=pd)}
     assert held <= everything
+
+
+def test_the_corpus_reads_pipedream_profiles_only_from_a_folder_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed package guesses no path of its own (it used to read ../shared from beside itself)."""
+    monkeypatch.delenv("AUTOPLACE_PIPEDREAM_DIR", raising=False)
+    assert not [e for e in corpus(generated=0) if e.source == "pipedream"]
+    assert not [e for e in held_out_graphs() if e.source == "pipedream"]
+    if not PIPEDREAM_DIR.exists():
+        pytest.skip(f"PipeDream profiles not found at {PIPEDREAM_DIR}")
+    given = [e for e in corpus(generated=0, pipedream=PIPEDREAM_DIR) if e.source == "pipedream"]
+    assert given and all(e.available() and Path(e.root) == PIPEDREAM_DIR for e in given)
+    monkeypatch.setenv("AUTOPLACE_PIPEDREAM_DIR", str(PIPEDREAM_DIR))
+    assert {e.key for e in corpus(generated=0) if e.source == "pipedream"} == {e.key for e in given}
 
 
 @pytest.mark.parametrize("make", [random_dag, layered_network])

@@ -9,8 +9,8 @@ import pytest
 
 from autoplace.cluster import Cluster
 from autoplace.graph.ir import OpGraph
-from autoplace.planners.env import PlacementEnv
-from autoplace.planners.refine import refine
+from autoplace.planners.learned.env import PlacementEnv
+from autoplace.planners.learned.refine import refine
 from autoplace.sim import Simulator
 
 from test_ppo import three_branch_graph

@@ -14,8 +14,8 @@ import autoplace  # noqa: E402
 from autoplace.cluster import Cluster  # noqa: E402
 from autoplace.graph.features import node_features  # noqa: E402
 from autoplace.planners import NoFitError, get_planner  # noqa: E402
-from autoplace.planners.env import PlacementEnv  # noqa: E402
-from autoplace.planners.reinforce import (ReinforceConfig, ReinforcePlanner, build_policy, chunk_items,  # noqa: E402
+from autoplace.planners.learned.env import PlacementEnv  # noqa: E402
+from autoplace.planners.learned.reinforce import (ReinforceConfig, ReinforcePlanner, build_policy, chunk_items,  # noqa: E402
                                           reinforce, topological_chunks)
 from autoplace.sim import Simulator, simulate  # noqa: E402
 

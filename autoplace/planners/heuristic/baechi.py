@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from .base import FunctionPlanner, register
-from .heuristics import greedy_by_bytes
-from .memory import MemoryEstimate, no_fit
-from .select import Choice, Judge, fit
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from ..registry import FunctionPlanner, register
+from .by_hand import greedy_by_bytes
+from ..memory import MemoryEstimate, no_fit
+from ..judge import Choice, Judge, fit
 from .split import Infeasible
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_m_topo", "place_m_etf", "place_m_sct", "list_schedule", "favourite_children", "favourite_lp"]
 

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from .base import FunctionPlanner, register
-from .heuristics import device_counts, device_orders
-from .memory import MemoryEstimate, no_fit
-from .select import Choice, Judge, fit
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from ..registry import FunctionPlanner, register
+from .by_hand import device_counts, device_orders
+from ..memory import MemoryEstimate, no_fit
+from ..judge import Choice, Judge, fit
 from .split import Infeasible
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_metis", "metis_parts", "repair_memory"]
 

@@ -10,11 +10,11 @@ IPDPS 2021 (after the hierarchical planner of Mirhoseini et al., ICLR 2018):
   weights for g (its column of the last layer and its bias), the grouper's hidden states
   averaged under its soft assignment P[:, g], and the sampled group's statistics. Gradients of
   the placer's log-probability reach the grouper through it, so the two learn as one.
-- **placer**: :class:`autoplace.planners._seq2seq.AttentionPlacer`, a bidirectional LSTM
+- **placer**: :class:`autoplace.planners.learned.seq2seq.AttentionPlacer`, a bidirectional LSTM
   encoder over the group embeddings and an attention decoder choosing a device per group.
 
 log pi(placement) = sum_i log P[i, g_i] + sum_g log pi_placer(d_g | ...): the grouper's and
-the placer's, as in the paper, trained jointly with PPO (:mod:`autoplace.planners.ppo`).
+the placer's, as in the paper, trained jointly with PPO (:mod:`autoplace.planners.learned.ppo`).
 
 Departures (each says why):
 
@@ -24,7 +24,7 @@ Departures (each says why):
 - The grouper's logits get a per-op residual table B (N x G, zero at start): z_i = FFN(x_i) +
   B_i, and the placer's a per-group one (G x D). A small FFN cannot tell 1,000 ops apart by
   their features alone; the tables let the policy express any grouping and any placement of
-  the groups, which the heuristic warm start (:mod:`autoplace.planners.eagle`) writes into.
+  the groups, which the heuristic warm start (:mod:`autoplace.planners.learned.eagle.planner`) writes into.
 - Group statistics of a sample (the placer's view of what it places): op count, forward and
   backward compute shares on the fastest device, parameter and output byte shares, mean
   topological position, and the share of edge bytes crossing the group's boundary.
@@ -39,10 +39,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..graph.features import FEATURE_NAMES
-from ..graph.ir import OpGraph
-from ..planners.ppo import PolicySample
-from ._seq2seq import AttentionPlacer
+from autoplace.graph.features import FEATURE_NAMES
+from autoplace.graph.ir import OpGraph
+from ..ppo import PolicySample
+from ..seq2seq import AttentionPlacer
 
 __all__ = ["EaglePolicy", "group_statistics_columns"]
 

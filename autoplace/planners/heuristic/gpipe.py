@@ -4,7 +4,7 @@ Huang et al., "GPipe: Efficient Training of Giant Neural Networks using Pipeline
 NeurIPS 2019: K consecutive cells per partition, partitions balanced by estimated cost, every
 micro-batch's forward then every backward (the "gpipe" schedule). Two ways to cut, as people
 do it: equal numbers of ops per stage, and equal compute per stage (the bottleneck-minimising
-contiguous split of :mod:`autoplace.planners.split`, which also keeps each stage within its
+contiguous split of :mod:`autoplace.planners.heuristic.split`, which also keeps each stage within its
 device's memory with every micro-batch's activations live, as GPipe holds them). One device per
 stage, all devices in cluster order (fewer when there are fewer ops than devices); the number of
 micro-batches is chosen by simulation among 1, S, 2S, 4S, 8S.
@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from .base import FunctionPlanner, register
-from .memory import MemoryEstimate, no_fit
-from .select import Choice, Judge, fit
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from ..registry import FunctionPlanner, register
+from ..memory import MemoryEstimate, no_fit
+from ..judge import Choice, Judge, fit
 from .split import contiguous_split
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_gpipe_uniform", "stages_from_parts"]
 

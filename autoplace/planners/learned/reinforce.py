@@ -2,7 +2,7 @@
 
 Mirhoseini, Pham, Le, Steiner, Larsen, Zhou, Kumar, Norouzi, Bengio, Dean, "Device Placement
 Optimization with Reinforcement Learning", ICML 2017. The policy
-(:class:`autoplace.planners._seq2seq.Seq2SeqPolicy`) reads the ops (in topological chunks when
+(:class:`autoplace.planners.learned.seq2seq.Seq2SeqPolicy`) reads the ops (in topological chunks when
 the graph is large) with an LSTM encoder and places each with an attention LSTM decoder. It
 is trained from random weights by REINFORCE (Williams, 1992) with a moving-average baseline,
 one gradient step per batch of K sampled placements:
@@ -12,7 +12,7 @@ one gradient step per batch of K sampled placements:
     B <- decay * B + (1 - decay) * mean_k R(P_k)
 
 Departures: the reward is the environment's (-log(step time / best heuristic's), an OOM
-penalty; :mod:`autoplace.planners.env`) instead of -sqrt(run time) (the log is scale free);
+penalty; :mod:`autoplace.planners.learned.env`) instead of -sqrt(run time) (the log is scale free);
 hidden size 64 instead of 256 (CPU); no distributed sampling. No warm start: this is the
 baseline EAGLE and Mars are measured against. Like every learned planner it returns the best
 that fits among its samples and the heuristic seeds (``placement.meta`` says which:
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from . import _budget
-from ._adam import Adam
-from .base import register
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from .. import budget as _budget
+from .adam import Adam
+from ..registry import register
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
     from .env import PlacementEnv
     from .ppo import TrainResult
 
@@ -95,7 +95,7 @@ def topological_chunks(num_nodes: int, max_items: int) -> np.ndarray:
 def chunk_items(x: np.ndarray, chunk_of_node: np.ndarray) -> np.ndarray:
     """(L, F + S) chunk embeddings: the mean features of the chunk's ops, and its summed
     shares (compute, parameter and output bytes; see :func:`group_statistics_columns`) times L."""
-    from ._eagle_net import group_statistics_columns
+    from .eagle.network import group_statistics_columns
 
     k = int(chunk_of_node.max()) + 1 if chunk_of_node.size else 0
     stats = group_statistics_columns(x)[:, 1:-1]
@@ -112,8 +112,8 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
     """A freshly initialised :class:`Seq2SeqPolicy` (initialisation seeded by ``seed``)."""
     import torch
 
-    from ..graph.features import node_features
-    from ._seq2seq import Seq2SeqPolicy
+    from autoplace.graph.features import node_features
+    from .seq2seq import Seq2SeqPolicy
 
     x = node_features(graph, cluster, cost=cost)
     chunks = topological_chunks(graph.num_nodes, config.max_items)
@@ -125,7 +125,7 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
 def reinforce(policy: Any, env: "PlacementEnv", config: ReinforceConfig, *, seed: int = 0,
               budget_s: float | None = None, max_samples: int | None = None, progress: bool = True
               ) -> "TrainResult":
-    """Train ``policy`` (the :mod:`autoplace.planners.ppo` policy protocol) with REINFORCE on
+    """Train ``policy`` (the :mod:`autoplace.planners.learned.ppo` policy protocol) with REINFORCE on
     ``env`` until ``max_samples`` samples or ``budget_s`` seconds (see the module doc)."""
     import torch
 
@@ -187,7 +187,7 @@ def place_reinforce(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | No
                     budget_s: float | None = None, seed: int = 0,
                     config: ReinforceConfig = ReinforceConfig()) -> Placement:
     """See the module doc: seeds, REINFORCE from random weights, the best placement that fits."""
-    from ._learned import LearnedRun
+    from .run import LearnedRun
 
     run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
     policy = build_policy(graph, cluster, cost, config, seed)

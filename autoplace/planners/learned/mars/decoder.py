@@ -3,7 +3,7 @@ and the features of the partial placement made so far.
 
 One network has to place on clusters of 2 to 64 devices of any kinds, so the placer does not
 have one output per device: it scores each device from that device's features (a pointer
-over devices, :mod:`autoplace.planners.mars`). Two kinds of features:
+over devices, :mod:`autoplace.planners.learned.mars.planner`). Two kinds of features:
 
 Static, per device ``d`` (:func:`device_features`, :data:`DEVICE_FEATURES`): its speed,
 memory bandwidth and memory (log scale and relative to the cluster's largest), the
@@ -42,7 +42,7 @@ are estimates for the policy to read; the simulator stays the judge.
 Sampling (:func:`decode`) runs the whole op-by-op loop of the Mars decoder in one compiled
 function on the network's weights (copied out as float64 arrays): as a Python loop of torch
 calls it costs about a millisecond an op, compiled a few microseconds. Per op and sample it
-computes the equations of :mod:`autoplace.planners.mars` (LSTM gates in PyTorch's order:
+computes the equations of :mod:`autoplace.planners.learned.mars.planner` (LSTM gates in PyTorch's order:
 input, forget, cell, output; attention within the op's segment; pointer logits) and draws
 ``a_i = argmax(log p + g)`` with Gumbel noise ``g = -log(-log u)`` from uniforms drawn
 beforehand by a seeded ``torch.Generator`` (``greedy`` drops the noise).
@@ -60,9 +60,9 @@ import numba
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["DEVICE_FEATURES", "STATE_FEATURES", "device_features", "StateTracker", "features_at", "commit", "decode",
            "MASK"]

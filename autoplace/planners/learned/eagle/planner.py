@@ -2,8 +2,8 @@
 
 Lan, Chen, Li, "EAGLE: Expedited Device Placement with Automatic Grouping for Large Models",
 IPDPS 2021. The network (grouper FFN with a softmax over G groups, linking LSTM, bi-LSTM
-encoder and attention decoder over the groups) is :class:`autoplace.planners._eagle_net.EaglePolicy`;
-PPO is :mod:`autoplace.planners.ppo`; the reward is the simulator's (:mod:`autoplace.planners.env`).
+encoder and attention decoder over the groups) is :class:`autoplace.planners.learned.eagle.network.EaglePolicy`;
+PPO is :mod:`autoplace.planners.learned.ppo`; the reward is the simulator's (:mod:`autoplace.planners.learned.env`).
 
     autoplace.plan(graph, cluster, planner="eagle")                 # quick: warm start + a few hundred samples
     autoplace.plan(graph, cluster, planner="eagle", budget_s=120)   # PPO for about two minutes
@@ -32,7 +32,7 @@ What ``place`` does, in order:
    (self-imitation: Oh, Guo, Singh, Lee, "Self-Imitation Learning", ICML 2018, imitate
    one's own best past actions).
 4. **Refine** (``EagleConfig.refine``, a named post-processing step:
-   :mod:`autoplace.planners.refine`, single-op local search on the simulator): on the best
+   :mod:`autoplace.planners.learned.refine`, single-op local search on the simulator): on the best
    heuristic before the warm start, on every new best before the policy is re-centred on
    it (so the policy searches around local optima, a memetic scheme), on the few best
    samples of each batch, restricted to the ops they moved (``polish_top``; they are
@@ -41,7 +41,7 @@ What ``place`` does, in order:
 5. Returns the best placement that fits among the samples, the refined placements and the
    seeds: never slower than the seeding heuristics in the simulator. ``placement.meta`` tells which won
    (``source``) and the policy's own best (``policy_step_time_s``); see
-   :mod:`autoplace.planners._learned`.
+   :mod:`autoplace.planners.learned.run`.
 
 Reproducibility: the same seed gives the same plan when the run stops on samples (no budget,
 or ``max_samples`` reached before the budget); with a time budget the stopping point, hence
@@ -57,19 +57,19 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from . import _budget
-from ._adam import Adam
-from .base import register
-from .ppo import PPOConfig
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from autoplace.planners import budget as _budget
+from ..adam import Adam
+from autoplace.planners.registry import register
+from ..ppo import PPOConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
-    from .env import PlacementEnv
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
+    from ..env import PlacementEnv
 
 __all__ = ["EagleConfig", "EaglePlanner", "place_eagle", "warm_start_actions", "imitate"]
 
@@ -103,7 +103,7 @@ class EagleConfig:
     recenter_every: int = 4
     """PPO updates per segment between re-centrings."""
     refine: bool = True
-    """the named local-search step (:func:`autoplace.planners.refine.refine`): on the best
+    """the named local-search step (:func:`autoplace.planners.learned.refine.refine`): on the best
     heuristic before the warm start, on each new best before re-centring on it, and on the
     final best. False: the policy alone (with its self-imitation re-centring)."""
     polish_top: int = 4
@@ -222,8 +222,8 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
     """A freshly initialised :class:`EaglePolicy` (initialisation seeded by ``seed``)."""
     import torch
 
-    from ..graph.features import node_features
-    from ._eagle_net import EaglePolicy
+    from autoplace.graph.features import node_features
+    from .network import EaglePolicy
 
     x = node_features(graph, cluster, cost=cost)
     with torch.random.fork_rng(devices=[]):
@@ -265,7 +265,7 @@ class _Polished:
         return getattr(self.env, name)
 
     def evaluate_many(self, candidates: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
-        from .refine import neighbourhood, refine
+        from ..refine import neighbourhood, refine
 
         rewards, evals = self.env.evaluate_many(candidates)
         if self.centre is None or self.top <= 0:
@@ -291,9 +291,9 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     """See the module doc."""
     import dataclasses
 
-    from ._learned import LearnedRun
-    from .ppo import TrainResult, merge_results, train
-    from .refine import refine
+    from ..run import LearnedRun
+    from ..ppo import TrainResult, merge_results, train
+    from ..refine import refine
 
     run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
     env = run.env

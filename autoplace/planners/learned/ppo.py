@@ -5,7 +5,7 @@ arXiv:1707.06347, 2017; the training loop follows CleanRL (Huang et al., JMLR 20
 (Lan, Chen, Li, IPDPS 2021) and Mars (ICPP 2021) train their placers with it.
 
 An episode is one action: the policy samples a whole placement, the simulator scores it
-(:class:`autoplace.planners.env.PlacementEnv`), and that one reward ends the episode. So
+(:class:`autoplace.planners.learned.env.PlacementEnv`), and that one reward ends the episode. So
 there is no value network and no GAE: the advantage of sample ``k`` is
 
     A_k = (r_k - b) / std(r)        b: moving average of past batch mean rewards
@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from . import _budget
-from ._adam import Adam
+from .. import budget as _budget
+from .adam import Adam
 
 if TYPE_CHECKING:
     import torch
@@ -175,7 +175,7 @@ class _Progress:
     own: it tells the display how far it is (``ppo 64/256 samples, best 1.92 ms``)."""
 
     def __init__(self, enabled: bool, total: float | None, unit: str, desc: str) -> None:
-        from ..progress import status
+        from autoplace.progress import status
 
         self.bar: Any = None
         self.enabled = enabled
@@ -213,7 +213,7 @@ class _Progress:
 def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _Progress:
     """The progress display :func:`train` uses: ``update(n, **postfix)``, ``close()``; shown
     only if ``enabled`` and progress is not switched off (:func:`autoplace.progress.shown`)."""
-    from ..progress import enabled as progress_enabled
+    from autoplace.progress import enabled as progress_enabled
 
     return _Progress(enabled and progress_enabled(), total, unit, desc)
 

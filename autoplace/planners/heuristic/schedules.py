@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..placement import Placement, PlacementError
-from ..sim.schedules import schedule_problems
+from autoplace.placement import Placement, PlacementError
+from autoplace.sim.schedules import schedule_problems
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
-    from ..sim.simulator import Simulator
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
+    from autoplace.sim.simulator import Simulator
 
 __all__ = ["ScheduleChoice", "best_schedule", "balanced_cut"]
 
@@ -85,7 +85,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     ``tp_degrees``: also regroup the plan's devices into tensor-parallel groups of t consecutive
     devices of one host (``P / t`` ranks, stages re-cut) for each t that divides P, when the graph
     has column/row pairs (:func:`autoplace.sim.tensor_parallel.linear_pairs`)."""
-    from ..sim.simulator import Simulator
+    from autoplace.sim.simulator import Simulator
 
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
         raise PlacementError([f"best_schedule takes a pipeline plan; this one is mode {plan.mode!r}"])
@@ -154,7 +154,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                 continue
             consider(p)
     if not reasons and tp_degrees:
-        from ..sim.tensor_parallel import linear_pairs
+        from autoplace.sim.tensor_parallel import linear_pairs
 
         pairs = linear_pairs(graph)
         devs = [g[0] for g in plan.stage_devices]

@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..placement import Placement
+from autoplace.placement import Placement
 from .env import PlacementEnv, heuristic_seeds
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
     from .ppo import TrainResult
 
 __all__ = ["LearnedRun"]
@@ -50,7 +50,7 @@ class LearnedRun:
         seeds = heuristic_seeds(graph, cluster, cost, "model", names=seed_planners)
         reference = None
         if not seeds:  # no heuristic fits: the reward's reference is the lower bound
-            from ..sim import simulator_for
+            from autoplace.sim import simulator_for
 
             reference = max(simulator_for(graph, cluster, cost).lower_bound(mode="model"), 1e-9)
         env = PlacementEnv(graph, cluster, cost, "model", seeds=seeds, oom_coef=oom_coef, reference_s=reference)

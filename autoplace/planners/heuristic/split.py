@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import AutoplaceError
+from autoplace.errors import AutoplaceError
 
 __all__ = ["contiguous_split", "Infeasible"]
 

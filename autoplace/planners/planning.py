@@ -1,163 +1,34 @@
-"""The planner protocol, the registry, and :func:`plan`, which runs them.
+""":func:`plan`: run the registered planners, judge their plans in the simulator, keep the best.
 
-A planner is any object with
-
-- ``name``: the registry key (``"m-etf"``, ``"eagle"``);
-- ``modes``: the placement modes it returns, a tuple of ``"model"`` and/or ``"pipeline"``;
-- ``kind``: ``"heuristic"`` or ``"learned"``;
-- ``place(graph, cluster, *, cost=None, budget_s=None, seed=0, module=None) -> Placement``
-  (``module`` is the user's ``nn.Module`` when there is one; only planners that read modules,
-  such as ``accelerate``, look at it). A planner with more than one mode also takes ``mode=``.
-
-``register(planner)`` adds one; every module of this package is imported on first use of the
-registry, so a planner module that calls ``register`` at import time is found without
-editing anything else. ``plan(graph, cluster, planner="best")`` runs every registered planner
-of the mode, simulates each placement and returns the fastest one that fits in memory, with
-the candidates it weighed in ``placement.meta["candidates"]``: it is never slower in the
-simulator than any heuristic it ran.
+``plan(graph, cluster, planner="best")`` runs every registered planner of the mode (see
+:mod:`autoplace.planners.registry`), simulates each placement and returns the fastest one that
+fits in memory, with the candidates it weighed in ``placement.meta["candidates"]``: it is never
+slower in the simulator than any heuristic it ran. ``planner="NAME"`` runs one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import inspect
-import pkgutil
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from ..cluster import Cluster
+from ..errors import AutoplaceError, NoFitError
 from ..placement import Placement
-from ..errors import AutoplaceError, UnknownPlannerError
 from ..progress import Status
-from . import _budget
+from . import budget as _budget
+from .registry import KINDS, MODES, Planner, as_cluster, call_planner, get_planner, planners
 
 if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "plan", "MODES", "KINDS",
-           "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "plan_budget", "wrap_budget"]
+__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "plan_budget", "wrap_budget"]
 
-MODES = ("model", "pipeline")
-KINDS = ("heuristic", "learned")
-# Modules that hold the built-in heuristics: imported strictly (an error there is a bug).
-_BUILTIN = ("heuristics", "metis", "baechi", "pipedream_dp", "gpipe")
-
-
-class NoFitError(AutoplaceError, RuntimeError):
-    """No placement of this planner fits the devices' memory; the message says what was
-    needed and what is available."""
-
-
-@runtime_checkable
-class Planner(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def modes(self) -> tuple[str, ...]: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionPlanner:
-    """A planner made of a function ``fn(graph, cluster, *, cost, seed, module) -> Placement``
-    (how the heuristics are written: the algorithm is the function, this is its registry entry)."""
-
-    name: str
-    modes: tuple[str, ...]
-    fn: Callable[..., Placement]
-    kind: str = "heuristic"
-    summary: str = ""
-
-    def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
-        return self.fn(graph, _as_cluster(cluster), cost=cost, seed=seed, module=module)
-
-
-_REGISTRY: dict[str, Planner] = {}
-_loaded = False
-
-
-def register(planner: Planner, *, replace: bool = False) -> Planner:
-    """Add ``planner`` to the registry (``replace=True`` to swap one of the same name)."""
-    missing = [a for a in ("name", "modes", "kind", "place") if not hasattr(planner, a)]
-    if missing:
-        raise TypeError(f"{planner!r} is not a planner: it lacks {', '.join(missing)} "
-                        "(see autoplace.planners.Planner)")
-    bad_modes = [m for m in planner.modes if m not in MODES]
-    if not planner.modes or bad_modes:
-        raise ValueError(f"planner {planner.name!r} has modes {planner.modes!r}; each must be one of {MODES}")
-    if planner.kind not in KINDS:
-        raise ValueError(f"planner {planner.name!r} has kind {planner.kind!r}; it must be one of {KINDS}")
-    if planner.name == "best":
-        raise ValueError("'best' is reserved: plan(planner='best') runs every planner")
-    if planner.name in _REGISTRY and not replace and _REGISTRY[planner.name] is not planner:
-        raise ValueError(f"a planner named {planner.name!r} is already registered; "
-                         "pass replace=True to swap it")
-    _REGISTRY[planner.name] = planner
-    return planner
-
-
-def _load() -> None:
-    """Import the planner modules of this package once, so their ``register`` calls run."""
-    global _loaded
-    if _loaded:
-        return
-    package = __name__.rsplit(".", 1)[0]
-    for name in _BUILTIN:
-        importlib.import_module(f"{package}.{name}")
-    _loaded = True  # set after the built-ins, so a failure there shows again on the next call
-    pkg = importlib.import_module(package)
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name in _BUILTIN or info.name.startswith("_") or info.name == "base":
-            continue
-        try:
-            importlib.import_module(f"{package}.{info.name}")
-        except Exception as e:  # a learned planner still being written must not break the heuristics
-            warnings.warn(f"planner module {package}.{info.name} failed to import ({type(e).__name__}: {e}); "
-                          "its planners are not registered", RuntimeWarning, stacklevel=3)
-
-
-def get_planner(name: str) -> Planner:
-    """The registered planner called ``name``."""
-    _load()
-    if name not in _REGISTRY:
-        raise UnknownPlannerError(f"no planner named {name!r}; registered planners: "
-                                  f"{', '.join(sorted(_REGISTRY))} (or 'best' in plan())")
-    return _REGISTRY[name]
-
-
-def planners(mode: str | None = None) -> list[str]:
-    """Names of the registered planners, heuristics first, optionally only those of ``mode``."""
-    _load()
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"mode is {mode!r}; it must be one of {MODES} or None")
-    chosen = [p for p in _REGISTRY.values() if mode is None or mode in p.modes]
-    return [p.name for p in sorted(chosen, key=lambda p: (KINDS.index(p.kind), list(_REGISTRY).index(p.name)))]
-
-
-def _call(p: Planner, graph: "OpGraph", cluster: Cluster, mode: str, **kw: Any) -> Placement:
-    if len(p.modes) > 1 and "mode" in inspect.signature(p.place).parameters:
-        kw["mode"] = mode
-    out = p.place(graph, cluster, **kw)
-    if not isinstance(out, Placement):
-        raise TypeError(f"planner {p.name!r} returned {type(out).__name__}, not a Placement")
-    return out
-
-
-def _as_cluster(cluster: Cluster | str) -> Cluster:
-    return Cluster.preset(cluster) if isinstance(cluster, str) else cluster
 
 
 DEFAULT_BUDGET_S = 6.0
@@ -243,7 +114,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     from ..sim import simulator_for
 
     start = time.perf_counter()
-    cluster = _as_cluster(cluster)
+    cluster = as_cluster(cluster)
     modes = MODES if mode == "auto" else (mode,)
     if mode != "auto" and mode not in MODES:
         raise ValueError(f"mode is {mode!r}; it must be 'model', 'pipeline' or 'auto'")
@@ -260,7 +131,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                              f"planners for {mode!r}: {', '.join(n for m in modes for n in planners(m))}")
         t0 = time.perf_counter()
         with _one_thread(), _budget.within(budget_s):
-            out = _call(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
+            out = call_planner(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
         row = _judge(sim, p, out, time.perf_counter() - t0)
         why = accept(out) if accept is not None and not row["oom"] else ""
         if why:
@@ -277,20 +148,20 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     if outer is not None:  # inside plan_budget(): at most what is left of it
         limit = min(limit, outer.left_s() + (time.perf_counter() - start))
     # Heuristics of every mode first (each mode then has an answer), then the learned planners.
-    jobs = [(m, n) for k in KINDS if k in kinds for m in modes for n in planners(m) if _REGISTRY[n].kind == k]
+    jobs = [(m, n) for k in KINDS if k in kinds for m in modes for n in planners(m) if get_planner(n).kind == k]
     if not jobs:
         raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
     rows: list[dict[str, Any]] = []
     best: tuple[float, Placement, dict[str, Any]] | None = None
     one_device = cluster.num_devices == 1
-    learned_left = sum(1 for m, n in jobs if _REGISTRY[n].kind == "learned" and not one_device)
+    learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device)
     seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
     compiled0 = _budget.compile_s()
     with _one_thread(), Status("autoplace: planning", len(jobs), note=_compile_note) as status, \
             _budget.within(limit - (time.perf_counter() - start)) as overall:
         assert overall is not None
         for k, (m, name) in enumerate(jobs):
-            p = _REGISTRY[name]
+            p = get_planner(name)
             status.part(k, name)
             left = overall.left_s()
             share: float | None = None
@@ -317,7 +188,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             budget = (share if budget_s is not None else None) if p.kind == "learned" else budget_s
             with _budget.within(share if share is not None else max(left, 0.0), hard=best is not None) as dl:
                 try:
-                    out = _call(p, graph, cluster, m, budget_s=budget, **kw)
+                    out = call_planner(p, graph, cluster, m, budget_s=budget, **kw)
                 except _budget.OutOfTime:
                     why = f"stopped after {time.perf_counter() - t0:.1f} s: the {limit:.3g} s budget ran out"
                     rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,
@@ -352,7 +223,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             rows.append(row)
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
-            if p.kind == "heuristic" and k + 1 < len(jobs) and _REGISTRY[jobs[k + 1][1]].kind == "learned":
+            if p.kind == "heuristic" and k + 1 < len(jobs) and get_planner(jobs[k + 1][1]).kind == "learned":
                 _share_seeds(graph, cluster, cost, seeds)
     if best is None:
         from .memory import MemoryEstimate, needs
@@ -395,10 +266,10 @@ def _share_seeds(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None",
     with the same heuristics), so those do not run again; only a mode whose every heuristic
     ran to the end is handed over (``found[name]``: its placement, False when nothing fit,
     None when it was cut)."""
-    from .env import remember_seeds
+    from .learned.env import remember_seeds
 
     for m, found in seeds.items():
-        names = [n for n in planners(m) if _REGISTRY[n].kind == "heuristic"]
+        names = [n for n in planners(m) if get_planner(n).kind == "heuristic"]
         if names and all(found.get(n) is not None for n in names):
             remember_seeds(graph, cluster, cost, m, names,
                            {n: p for n in names if isinstance(p := found[n], Placement)})

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _budget
+from .. import budget as _budget
 
 if TYPE_CHECKING:
-    from ..graph.ir import OpGraph
+    from autoplace.graph.ir import OpGraph
     from .env import PlacementEnv
 
 __all__ = ["RefineResult", "refine", "neighbourhood"]

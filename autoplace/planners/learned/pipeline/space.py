@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import numpy as np
 from numba import njit
 
-from ..placement import SCHEDULES
+from autoplace.placement import SCHEDULES
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..graph.ir import OpGraph
-    from ..sim import Simulator
+    from autoplace.cluster import Cluster
+    from autoplace.graph.ir import OpGraph
+    from autoplace.sim import Simulator
 
 __all__ = ["PipelineSpace", "PipelineActions", "Candidate", "CONTEXT", "walk", "device_mask", "MODE_SAMPLE",
            "MODE_REPLAY", "MODE_TEACHER"]

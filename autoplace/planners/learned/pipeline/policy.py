@@ -47,9 +47,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .pipeline_space import (CONTEXT, MODE_REPLAY, MODE_SAMPLE, Candidate, PipelineActions, PipelineSpace,
+from .space import (CONTEXT, MODE_REPLAY, MODE_SAMPLE, Candidate, PipelineActions, PipelineSpace,
                              device_mask, walk)
-from .ppo import PolicySample
+from ..ppo import PolicySample
 
 __all__ = ["PipelinePolicy", "device_features", "summary_features"]
 

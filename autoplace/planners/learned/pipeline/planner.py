@@ -9,8 +9,8 @@ the stage count, which devices replicate which stage (issue 7: hybrid pipeline x
 plain data parallelism as one stage on every device, and on mixed clusters which device kind
 runs which stage), the number of micro-batches and the schedule (GPipe, Huang et al. 2019, or
 1F1B, Narayanan et al. 2021). The network is in :mod:`._pipeline_policy`; training is
-:func:`autoplace.planners.ppo.train` (Schulman et al. 2017) in
-:class:`autoplace.planners.env.PlacementEnv`, reward ``-log(step / best heuristic's step)``.
+:func:`autoplace.planners.learned.ppo.train` (Schulman et al. 2017) in
+:class:`autoplace.planners.learned.env.PlacementEnv`, reward ``-log(step / best heuristic's step)``.
 
 What :func:`place_pipeline_rl` does, in order (each step named, so results can say which one
 found the plan):
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..placement import Placement
-from .base import register
-from .ppo import PPOConfig
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from autoplace.planners.registry import register
+from ..ppo import PPOConfig
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["PipelineRLConfig", "PipelineRL", "place_pipeline_rl", "SEED_PLANNERS"]
 
@@ -119,7 +119,7 @@ class PipelineRLConfig:
 
 
 def _op_features(graph: "OpGraph", cluster: Cluster, cost: "CostModel") -> np.ndarray:
-    from ..graph.features import node_features
+    from autoplace.graph.features import node_features
 
     return np.asarray(node_features(graph, cluster, cost=cost), dtype=np.float32)
 
@@ -129,8 +129,8 @@ def _imitate(policy: Any, target: Any, cfg: PipelineRLConfig) -> tuple[int, floa
     ``imitation_prob`` or the steps run out. Returns (steps, final probability)."""
     import torch
 
-    from . import _budget
-    from ._adam import Adam
+    from autoplace.planners import budget as _budget
+    from ..adam import Adam
 
     opt = Adam(policy.parameters(), lr=cfg.imitation_lr)  # torch.optim's first step imports torch._dynamo (seconds cold)
     goal = math.log(cfg.imitation_prob)
@@ -164,11 +164,11 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
 
     import torch
 
-    from ..cost.analytic import CostModel
-    from ._pipeline_policy import PipelinePolicy, device_features, summary_features
-    from .env import PlacementEnv, heuristic_seeds
-    from .pipeline_space import Candidate, PipelineSpace
-    from .ppo import train
+    from autoplace.cost.analytic import CostModel
+    from .policy import PipelinePolicy, device_features, summary_features
+    from ..env import PlacementEnv, heuristic_seeds
+    from .space import Candidate, PipelineSpace
+    from ..ppo import train
 
     cfg = config if config is not None else PipelineRLConfig()
     if budget_s is not None and not budget_s > 0:
@@ -177,7 +177,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     cost = cost if cost is not None else CostModel()
     seeds = heuristic_seeds(graph, cluster, cost, "pipeline", names=cfg.seeds)
     fitting = [s.step_time_s for s in seeds if not s.oom]
-    from ..sim import simulator_for
+    from autoplace.sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)
     space = PipelineSpace.of(graph, cluster, sim, max_stages=cfg.max_stages,

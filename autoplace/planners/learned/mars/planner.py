@@ -2,9 +2,9 @@
 
 Lan, Chen, Li, "Accelerated Device Placement Optimization with Contrastive Learning", ICPP
 2021. Mars embeds every op with a GraphSAGE-style GNN pre-trained by Deep Graph Infomax
-(:mod:`autoplace.planners.encoders`, :mod:`autoplace.planners.pretrain`), then places the
+(:mod:`autoplace.planners.learned.mars.encoders`, :mod:`autoplace.planners.learned.pretrain`), then places the
 ops in topological order, cut into segments, with a sequence-to-sequence network, trained
-with PPO (:mod:`autoplace.planners.ppo`). What this module computes, for ``N`` ops in
+with PPO (:mod:`autoplace.planners.learned.ppo`). What this module computes, for ``N`` ops in
 segments of ``S`` (``K = ceil(N / S)`` segments), ``D`` devices, width ``H``:
 
     z        = GNN(x, edges)                                   (N, H)  op embeddings
@@ -20,7 +20,7 @@ segments of ``S`` (``K = ceil(N / S)`` segments), ``D`` devices, width ``H``:
     a_i      ~ softmax_d(logit_i)
 
 ``f_id`` are the placement-state features of op ``i`` on device ``d`` given the devices
-chosen for ops ``0..i-1`` (:mod:`autoplace.planners.mars_state`: earliest finish time, input
+chosen for ops ``0..i-1`` (:mod:`autoplace.planners.learned.mars.decoder`: earliest finish time, input
 transfer time, memory after placing, load, ...). ``u_{a_{-1}}`` is a learned start vector.
 Devices the op would overflow (by the simulator's memory sum) get ``MASK`` added to their
 logit while another device has room, so samples fit by construction.
@@ -42,16 +42,16 @@ Departures from the paper, and why:
   slower than any heuristic), and PPO starts from there.
 - The GNN is fine-tuned with the placer by PPO (its gradients flow from the placer's loss), as
   in the paper; pretraining also runs PPO across many (graph, cluster) pairs of the corpus so
-  the shipped weights place graphs zero-shot (:mod:`autoplace.planners.pretrain`).
+  the shipped weights place graphs zero-shot (:mod:`autoplace.planners.learned.pretrain`).
 
 The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
 (``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples;
 with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
 ``(1 - refine_share) N`` seconds, then polishes the best placement with the named
 post-processing step ``refine`` (local search on the simulator,
-:mod:`autoplace.planners.refine`) for the rest. Either way it returns the best placement that
+:mod:`autoplace.planners.learned.refine`) for the rest. Either way it returns the best placement that
 fits among its samples, the refined one and the heuristic placements it was seeded with
-(:class:`autoplace.planners.env.PlacementEnv`); ``placement.meta["policy_step_time_s"]`` is
+(:class:`autoplace.planners.learned.env.PlacementEnv`); ``placement.meta["policy_step_time_s"]`` is
 the policy's own best, before any post-processing.
 """
 
@@ -69,23 +69,23 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .base import register
+from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
-from .mars_state import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
+from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
-    from ..placement import Placement
-    from .ppo import PolicySample
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
+    from autoplace.placement import Placement
+    from ..ppo import PolicySample
 
 __all__ = ["MarsNet", "MarsPolicy", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
            "PRIOR"]
 
 _OVER = STATE_FEATURES.index("over_memory")
-WEIGHTS_PATH = Path(__file__).resolve().parents[1] / "weights" / "mars.pt"
-"""The shipped pretrained weights (made by ``python -m autoplace.planners.pretrain``)."""
+WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "mars.pt"
+"""The shipped pretrained weights (made by ``python -m autoplace.planners.learned.pretrain``)."""
 
 PRIOR: dict[str, float] = {"log_rel_finish": -4.0, "log_comm": -1.0, "over_memory": -4.0, "input_bytes_here": 1.0}
 """Initial weights of the state features in the device logits (the rest start at 0)."""
@@ -145,13 +145,13 @@ class _Context:
 
 class MarsPolicy(nn.Module):
     """A :class:`MarsNet` bound to one (graph, cluster, cost): the PPO policy protocol of
-    :mod:`autoplace.planners.ppo` (``sample``, ``score``, ``decode``). Actions are an
+    :mod:`autoplace.planners.learned.ppo` (``sample``, ``score``, ``decode``). Actions are an
     ``(n, N)`` long tensor of device indices, one row per sampled placement."""
 
     def __init__(self, net: MarsNet, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None) -> None:
         super().__init__()
-        from ..cost.analytic import CostModel
-        from ..graph.features import edge_features, node_features
+        from autoplace.cost.analytic import CostModel
+        from autoplace.graph.features import edge_features, node_features
 
         if graph.num_nodes < 1:
             raise ValueError("Mars needs a graph with at least one op; this one is empty")
@@ -165,7 +165,7 @@ class MarsPolicy(nn.Module):
         if self.x.shape[1] != net.node_in or self.edge_attr.shape[1] != net.edge_in:
             raise ValueError(f"the network was built for {net.node_in} node and {net.edge_in} edge features; "
                              f"the graph's features have {self.x.shape[1]} and {self.edge_attr.shape[1]}: they "
-                             "changed since the weights were made; retrain them (python -m autoplace.planners.pretrain)")
+                             "changed since the weights were made; retrain them (python -m autoplace.planners.learned.pretrain)")
         self.dev_x = torch.from_numpy(device_features(graph, cluster, self.cost))
         self.tracker = StateTracker(graph, cluster, self.cost)
         self.num_ops, self.num_devices = graph.num_nodes, cluster.num_devices
@@ -187,7 +187,7 @@ class MarsPolicy(nn.Module):
 
     def _logits(self, ctx: _Context, q: Tensor, feats: Tensor) -> Tensor:
         """Device logits from queries ``q`` (..., H) and state features ``feats`` (..., D, F),
-        with the memory mask of :mod:`autoplace.planners.mars_state`."""
+        with the memory mask of :mod:`autoplace.planners.learned.mars.decoder`."""
         pointer = q @ ctx.dev_keys.T
         logits = pointer + (self.net.coef(q).unsqueeze(-2) * feats).sum(-1)
         over = feats[..., _OVER] != 0
@@ -198,9 +198,9 @@ class MarsPolicy(nn.Module):
 
     def sample(self, n: int, generator: torch.Generator, *, greedy: bool = False) -> "PolicySample":
         """Draw ``n`` placements op by op (``greedy``: the most likely device at every op), in
-        the compiled loop :func:`autoplace.planners.mars_state.decode`."""
-        from .mars_state import decode
-        from .ppo import PolicySample
+        the compiled loop :func:`autoplace.planners.learned.mars.decoder.decode`."""
+        from .decoder import decode
+        from ..ppo import PolicySample
 
         if n < 1:
             raise ValueError(f"sample(n={n}): n must be >= 1")
@@ -216,7 +216,7 @@ class MarsPolicy(nn.Module):
                             torch.from_numpy(entropy).float())
 
     def _decoder_arrays(self) -> tuple:
-        """What :func:`~autoplace.planners.mars_state.decode` reads, as float64 arrays; kept
+        """What :func:`~autoplace.planners.learned.mars.decoder.decode` reads, as float64 arrays; kept
         until a parameter changes (consecutive samplings share one GNN pass)."""
         net, h = self.net, self.net.hidden
         versions = tuple(p._version for p in net.parameters())
@@ -276,7 +276,7 @@ class MarsPolicy(nn.Module):
 
 def new_net(**overrides: Any) -> MarsNet:
     """A freshly initialised network sized for the current feature definitions."""
-    from ..graph.features import EDGE_FEATURE_NAMES, FEATURE_NAMES
+    from autoplace.graph.features import EDGE_FEATURE_NAMES, FEATURE_NAMES
 
     return MarsNet(len(FEATURE_NAMES), len(EDGE_FEATURE_NAMES), **overrides)
 
@@ -292,7 +292,7 @@ def load_net(path: str | Path) -> MarsNet:
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("format") != "autoplace.MarsNet/1":
         raise ValueError(f"{path} is not a Mars weights file (expected format 'autoplace.MarsNet/1'); "
-                         "make one with python -m autoplace.planners.pretrain --out DIR")
+                         "make one with python -m autoplace.planners.learned.pretrain --out DIR")
     net = MarsNet(**blob["config"])
     net.load_state_dict(blob["state_dict"])
     return net
@@ -309,7 +309,7 @@ def load_pretrained(path: str | Path | None = None) -> MarsNet:
     p = Path(path) if path is not None else WEIGHTS_PATH
     if not p.exists():
         raise FileNotFoundError(f"Mars weights not found at {p}; make them with "
-                                f"python -m autoplace.planners.pretrain --out {p.parent}")
+                                f"python -m autoplace.planners.learned.pretrain --out {p.parent}")
     return copy.deepcopy(_cached(str(p.resolve()), p.stat().st_mtime))
 
 
@@ -327,7 +327,7 @@ class MarsPlanner:
     refine_share: float = 0.25
     """share of a fine-tuning run (of ``budget_s``; and up to ``max_samples`` more simulator
     calls) given to the named post-processing step ``refine`` (single-op moves on the
-    simulator, :mod:`autoplace.planners.refine`) on the best placement found; 0 turns it off.
+    simulator, :mod:`autoplace.planners.learned.refine`) on the best placement found; 0 turns it off.
     Zero-shot plans are never refined."""
     summary: str = "Mars: DGI-pretrained GraphSAGE + segment seq2seq placer, PPO"
 
@@ -336,7 +336,7 @@ class MarsPlanner:
               max_samples: int | None = None, ppo: Any = None, progress: bool = False) -> "Placement":
         """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement.
         ``max_samples`` bounds fine-tuning by simulated samples instead of seconds (then the
-        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.ppo.PPOConfig`.
+        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.learned.ppo.PPOConfig`.
 
         ``placement.meta``: ``policy_step_time_s`` (the best of the policy's own samples that
         fit, greedy decode included), ``greedy_step_time_s``, ``reference_s`` (the best
@@ -344,8 +344,8 @@ class MarsPlanner:
         ``samples``, and for fine-tuning ``updates``, ``history`` and ``refine``."""
         import time
 
-        from ..cost.analytic import CostModel
-        from .ppo import PPOConfig, train
+        from autoplace.cost.analytic import CostModel
+        from ..ppo import PPOConfig, train
 
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for zero-shot placement")
@@ -358,7 +358,7 @@ class MarsPlanner:
             if weights is not None:
                 raise
             warnings.warn(f"Mars has no pretrained weights at {WEIGHTS_PATH}; placing with an untrained network "
-                          "(run python -m autoplace.planners.pretrain)", RuntimeWarning, stacklevel=2)
+                          "(run python -m autoplace.planners.learned.pretrain)", RuntimeWarning, stacklevel=2)
             torch.manual_seed(seed)
             net, source = new_net(), "none (untrained)"
         t_seed = time.perf_counter()
@@ -380,7 +380,7 @@ class MarsPlanner:
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
             meta["policy_s"] = time.perf_counter() - t_policy
         else:
-            from .refine import refine
+            from ..refine import refine
 
             config = ppo if ppo is not None else PPOConfig(seed=seed, lr=3e-3, samples_per_update=16,
                                                            num_minibatches=1, ent_coef=0.001)
@@ -409,7 +409,7 @@ def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any
     """The PlacementEnv seeded with the heuristics (as every learned planner's,
     :meth:`LearnedRun.start`: when no heuristic gives a placement, the reward is scaled by the
     simulator's lower bound, and only a sample that fits can be returned, else NoFitError)."""
-    from ._learned import LearnedRun
+    from ..run import LearnedRun
 
     return LearnedRun.start(graph, cluster, cost, None, None).env
 

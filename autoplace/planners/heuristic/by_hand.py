@@ -7,7 +7,7 @@
   topological order into consecutive blocks of equal compute, one per device, in device
   order. Tried on the first ``k`` devices for several ``k`` (and fastest devices first on
   mixed clusters); the simulator keeps the best. "Equal" is the bottleneck-minimising
-  contiguous split of :mod:`autoplace.planners.split`, under each device's memory.
+  contiguous split of :mod:`autoplace.planners.heuristic.split`, under each device's memory.
 - ``accelerate``: Hugging Face accelerate's ``infer_auto_device_map`` (accelerate docs, "Big
   model inference"). With the user's module it runs for real on the module (meta tensors are
   fine) with ``max_memory`` from the cluster, and its ``device_map`` becomes a placement via
@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..device_map import from_device_map
-from ..placement import Placement
-from .base import FunctionPlanner, register
-from .memory import MemoryEstimate, gib, no_fit
-from .select import Choice, Judge, fit
+from autoplace.cluster import Cluster
+from autoplace.device_map import from_device_map
+from autoplace.placement import Placement
+from ..registry import FunctionPlanner, register
+from ..memory import MemoryEstimate, gib, no_fit
+from ..judge import Choice, Judge, fit
 from .split import Infeasible, contiguous_split
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_single", "place_expert", "place_accelerate", "place_data_parallel", "device_orders",
            "device_counts"]

@@ -1,13 +1,13 @@
 """Pretraining of the Mars policy: Deep Graph Infomax on the corpus, then PPO across many
 (graph, cluster) pairs, so the shipped weights place graphs they have never seen.
 
-    python -m autoplace.planners.pretrain --out autoplace/weights/          # a full run
-    python -m autoplace.planners.pretrain --out autoplace/weights/ --resume # continue it
-    python -m autoplace.planners.pretrain --out /tmp/w --dgi-steps 20 --ppo-updates 4 --generated 4
+    python -m autoplace.planners.learned.pretrain --out autoplace/weights/          # a full run
+    python -m autoplace.planners.learned.pretrain --out autoplace/weights/ --resume # continue it
+    python -m autoplace.planners.learned.pretrain --out /tmp/w --dgi-steps 20 --ppo-updates 4 --generated 4
 
 Phase 1, Deep Graph Infomax (Velickovic et al., "Deep Graph Infomax", ICLR 2019), as Mars
 (Lan, Chen, Li, ICPP 2021) pre-trains its encoder: for a graph with features ``X`` and
-encoder ``E`` (:class:`autoplace.planners.encoders.SAGEEncoder`),
+encoder ``E`` (:class:`autoplace.planners.learned.mars.encoders.SAGEEncoder`),
 
     H = E(X, A)                 positive patches (N, H)
     H~ = E(X[perm], A)          corruption: node features shuffled over the nodes
@@ -20,11 +20,11 @@ cluster's fastest device).
 
 Phase 2, PPO (Schulman et al., 2017) of the whole Mars network (encoder included) across
 pairs drawn from the corpus graphs and the training clusters
-(:func:`autoplace.planners.corpus.training_clusters`): each update draws a pair, samples a
+(:func:`autoplace.planners.learned.corpus.training_clusters`): each update draws a pair, samples a
 batch of placements, scores them in the simulator (reward ``-log(step / best heuristic)``,
-OOM penalised: :class:`autoplace.planners.env.PlacementEnv`) and runs the clipped update
-of :mod:`autoplace.planners.ppo`. The baseline is kept per pair (rewards of different
-pairs are not comparable), which is why this loop is not :func:`autoplace.planners.ppo.train`
+OOM penalised: :class:`autoplace.planners.learned.env.PlacementEnv`) and runs the clipped update
+of :mod:`autoplace.planners.learned.ppo`. The baseline is kept per pair (rewards of different
+pairs are not comparable), which is why this loop is not :func:`autoplace.planners.learned.ppo.train`
 (one environment); the update itself is the same clipped objective. Pairs where no heuristic
 fits in memory are skipped.
 
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .corpus import CorpusGraph, describe_split, training_clusters, training_graphs
-from .mars import MarsNet, MarsPolicy, new_net, save_net
+from .mars.planner import MarsNet, MarsPolicy, new_net, save_net
 
 __all__ = ["PretrainConfig", "pretrain", "dgi_model", "main"]
 
@@ -75,6 +75,8 @@ class PretrainConfig:
     """ops per segment of the placer."""
     sources: str = "zoo,pipedream,generated"
     """corpus sources, comma separated (tests use "generated" alone: no tracing)."""
+    pipedream_dir: str = ""
+    """the folder of PipeDream profiles ("": ``$AUTOPLACE_PIPEDREAM_DIR``, else none are read)."""
     generated: int = 40
     """generated graphs in the corpus (random DAGs and layered networks)."""
     random_clusters: int = 8
@@ -146,7 +148,7 @@ class _Run:
         self.config, self.work, self.log = config, work, log
         torch.manual_seed(config.seed)
         self.graphs = training_graphs(generated=config.generated, seed=config.seed,
-                                      sources=tuple(config.sources.split(",")))
+                                      sources=tuple(config.sources.split(",")), pipedream=config.pipedream_dir)
         if not self.graphs:
             raise ValueError(f"the corpus is empty for sources={config.sources!r} and generated={config.generated}")
         self.clusters = training_clusters(random=config.random_clusters, seed=config.seed)
@@ -221,7 +223,7 @@ class _Run:
     # ---- phase 1 ------------------------------------------------------------------------
 
     def dgi_step(self) -> dict[str, Any]:
-        from ..graph.features import to_pyg
+        from autoplace.graph.features import to_pyg
 
         entry = self.graphs[int(self.rng.integers(len(self.graphs)))]
         cluster = self.clusters[int(self.rng.integers(len(self.clusters)))]
@@ -324,7 +326,7 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
     start = time.perf_counter()
     steps_done = 0
     sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "phase": run.phase, "step": run.step,
-               "command": "python -m autoplace.planners.pretrain " + " ".join(sys.argv[1:])}
+               "command": "python -m autoplace.planners.learned.pretrain " + " ".join(sys.argv[1:])}
     run.sittings.append(sitting)
 
     def out_of_time() -> bool:
@@ -390,12 +392,12 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
         log_file.close()
     record = _record(run)
     if run.phase == "done":
-        save_net(run.net, out / "mars.pt", made_by="autoplace.planners.pretrain", seed=config.seed)
+        save_net(run.net, out / "mars.pt", made_by="autoplace.planners.learned.pretrain", seed=config.seed)
         torch.manual_seed(config.seed + 4)  # the untrained placer of the DGI-only variant
         dgi_net = new_net(hidden=config.hidden, gnn_layers=config.gnn_layers, segment=config.segment)
         if run.dgi_state is not None:
             dgi_net.encoder.load_state_dict(run.dgi_state)
-        save_net(dgi_net, out / "mars_dgi.pt", made_by="autoplace.planners.pretrain (phase 1 only)",
+        save_net(dgi_net, out / "mars_dgi.pt", made_by="autoplace.planners.learned.pretrain (phase 1 only)",
                  seed=config.seed)
         (out / "mars.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -426,7 +428,7 @@ def _git_commit() -> str:
 def _record(run: _Run) -> dict[str, Any]:
     split = describe_split(run.graphs)
     return {
-        "made_by": "python -m autoplace.planners.pretrain " + " ".join(sys.argv[1:]),
+        "made_by": "python -m autoplace.planners.learned.pretrain " + " ".join(sys.argv[1:]),
         "config": asdict(run.config), "phase": run.phase, "step": run.step,
         "corpus": split["corpus"], "held_out": split["held_out"], "held_out_families": split["held_out_families"],
         "clusters": [c.name for c in run.clusters], "skipped_pairs": len(run.skipped),
@@ -437,7 +439,7 @@ def _record(run: _Run) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autoplace.planners.pretrain", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autoplace.planners.learned.pretrain", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="where mars.pt, mars_dgi.pt and mars.json go")
     parser.add_argument("--work", type=Path, default=Path(".cache/pretrain"), help="checkpoint and log folder")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")

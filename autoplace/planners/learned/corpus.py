@@ -8,7 +8,7 @@ keeps a documented set out so that generalisation is measured honestly.
 Sources (``CorpusGraph.source``):
 
 - ``"zoo"``: :mod:`autoplace.zoo` models traced on the meta device at several sizes;
-- ``"pipedream"``: the PipeDream layer profiles in ``../shared/data/pipedream`` (measured
+- ``"pipedream"``: the PipeDream layer profiles in a folder the caller names (measured
   V100 times; skipped when the folder is absent);
 - ``"generated"``: random DAGs (:func:`random_dag`) and layered networks
   (:func:`layered_network`: chains, residual blocks, multi-branch cells, attention blocks and
@@ -40,15 +40,22 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
-from ..graph.ir import OpGraph
+from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
+from autoplace.graph.ir import OpGraph
 
 __all__ = ["CorpusGraph", "HELD_OUT", "corpus", "training_graphs", "held_out_graphs", "random_dag",
-           "layered_network", "random_cluster", "training_clusters", "cache_dir", "describe_split", "PIPEDREAM_DIR",
+           "layered_network", "random_cluster", "training_clusters", "cache_dir", "describe_split", "pipedream_dir",
            "SOURCES"]
 
-PIPEDREAM_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "pipedream"
-"""Where the PipeDream profiles live (beside the repository); absent folders are skipped."""
+PIPEDREAM_ENV = "AUTOPLACE_PIPEDREAM_DIR"
+"""The environment variable that names the PipeDream profiles' folder when a caller gives none."""
+
+
+def pipedream_dir(given: str | Path | None = None) -> Path | None:
+    """The folder of PipeDream profiles to read: ``given``, else ``$AUTOPLACE_PIPEDREAM_DIR``, else
+    None (no PipeDream entries). The installed package never guesses a path of its own."""
+    chosen = given if given not in (None, "") else os.environ.get(PIPEDREAM_ENV) or None
+    return Path(chosen) if chosen is not None else None
 
 HELD_OUT: dict[str, tuple[str, ...]] = {
     "zoo": ("inception_v3", "bert-base", "nasnet", "gnmt8", "gnmt8-unrolled"),
@@ -75,6 +82,8 @@ class CorpusGraph:
     """zoo name, profile name, or generator (``"dag"``, ``"layered"``)."""
     config: dict[str, Any] = field(default_factory=dict)
     """zoo config overrides, or the generator's arguments (``n``, ``seed``, ...)."""
+    root: str = field(default="", compare=False)
+    """For a PipeDream entry: the folder that holds its profile (not part of :attr:`key`)."""
 
     @property
     def key(self) -> str:
@@ -88,7 +97,7 @@ class CorpusGraph:
 
     def available(self) -> bool:
         """False for a PipeDream profile whose file is absent."""
-        return self.source != "pipedream" or (PIPEDREAM_DIR / f"{self.family}.txt").exists()
+        return self.source != "pipedream" or (bool(self.root) and (Path(self.root) / f"{self.family}.txt").exists())
 
     def load(self, *, cache: bool = True) -> OpGraph:
         """The op graph (traced, read or generated; cached as JSON when ``cache``)."""
@@ -98,16 +107,16 @@ class CorpusGraph:
         if cache and path.exists():
             return OpGraph.from_json(path)
         if self.source == "pipedream":
-            from ..graph.pipedream import load_pipedream
+            from autoplace.graph.pipedream import load_pipedream
 
-            profile = PIPEDREAM_DIR / f"{self.family}.txt"
+            profile = Path(self.root or ".") / f"{self.family}.txt"
             if not profile.exists():
-                raise FileNotFoundError(f"PipeDream profile {profile} is absent; corpus entries from it need "
-                                        f"../shared/data/pipedream (filter with CorpusGraph.available())")
+                raise FileNotFoundError(f"PipeDream profile {profile} is absent; give its folder as pipedream_dir= "
+                                        f"or ${PIPEDREAM_ENV} (filter with CorpusGraph.available())")
             graph = load_pipedream(profile)
         elif self.source == "zoo":
-            from .. import zoo
-            from ..graph.trace import trace
+            from autoplace import zoo
+            from autoplace.graph.trace import trace
 
             wl = zoo.build(self.family, device="meta", **self.config)
             graph = trace(wl.model, wl.example_inputs)
@@ -180,9 +189,9 @@ SOURCES = ("zoo", "pipedream", "generated")
 
 
 def corpus(*, generated: int = 40, seed: int = 0, include_held_out: bool = False,
-           sources: tuple[str, ...] = SOURCES) -> list[CorpusGraph]:
-    """Every corpus entry of ``sources``: zoo training configs, the PipeDream profiles that are
-    present, and ``generated`` generated graphs drawn from ``seed``. Held-out entries only
+           sources: tuple[str, ...] = SOURCES, pipedream: str | Path | None = None) -> list[CorpusGraph]:
+    """Every corpus entry of ``sources``: zoo training configs, the PipeDream profiles present in
+    the folder ``pipedream`` (see :func:`pipedream_dir`), and ``generated`` generated graphs drawn from ``seed``. Held-out entries only
     with ``include_held_out`` (for listing the split; :func:`training_graphs` never has them)."""
     if generated < 0:
         raise ValueError(f"generated is {generated}; it must be >= 0 (the number of generated graphs)")
@@ -192,25 +201,29 @@ def corpus(*, generated: int = 40, seed: int = 0, include_held_out: bool = False
     zoo_entries = [CorpusGraph("zoo", n, dict(c)) for n, c in _ZOO_TRAIN]
     if include_held_out:
         zoo_entries += [CorpusGraph("zoo", n, dict(c)) for n, c in _ZOO_HELD_OUT]
-    pd = [CorpusGraph("pipedream", n) for n in _PIPEDREAM_ALL]
+    folder = pipedream_dir(pipedream)
+    pd = [CorpusGraph("pipedream", n, root=str(folder)) for n in _PIPEDREAM_ALL] if folder else []
     out = zoo_entries + [e for e in pd if e.available()] + _generated(generated, seed)
     return [e for e in out if (include_held_out or not e.held_out) and e.source in sources]
 
 
-def training_graphs(*, generated: int = 40, seed: int = 0, sources: tuple[str, ...] = SOURCES) -> list[CorpusGraph]:
+def training_graphs(*, generated: int = 40, seed: int = 0, sources: tuple[str, ...] = SOURCES,
+                    pipedream: str | Path | None = None) -> list[CorpusGraph]:
     """The corpus without the held-out families (what pretraining reads)."""
-    out = corpus(generated=generated, seed=seed, sources=sources)
+    out = corpus(generated=generated, seed=seed, sources=sources, pipedream=pipedream)
     leaked = [e.key for e in out if e.held_out]
     if leaked:  # a guard on this module's own lists
         raise RuntimeError(f"held-out graphs leaked into the corpus: {leaked}")
     return out
 
 
-def held_out_graphs() -> list[CorpusGraph]:
+def held_out_graphs(pipedream: str | Path | None = None) -> list[CorpusGraph]:
     """The graphs kept out of the corpus, at the configs the benchmarks evaluate (PipeDream
-    profiles only when present)."""
+    profiles only when present in the folder ``pipedream``, see :func:`pipedream_dir`)."""
     out = [CorpusGraph("zoo", n, dict(c)) for n, c in _ZOO_HELD_OUT]
-    out += [CorpusGraph("pipedream", n) for n in HELD_OUT["pipedream"]]
+    folder = pipedream_dir(pipedream)
+    if folder is not None:
+        out += [CorpusGraph("pipedream", n, root=str(folder)) for n in HELD_OUT["pipedream"]]
     return [e for e in out if e.available()]
 
 
@@ -401,7 +414,7 @@ def describe_split(entries: list[CorpusGraph]) -> dict[str, Any]:
             "held_out_families": {k: list(v) for k, v in HELD_OUT.items()}}
 
 
-def _selfcheck() -> str:  # pragma: no cover - a manual listing: python -m autoplace.planners.corpus
+def _selfcheck() -> str:  # pragma: no cover - a manual listing: python -m autoplace.planners.learned.corpus
     return json.dumps(describe_split(training_graphs()), indent=1)
 
 

@@ -4,7 +4,7 @@
 runs (a learned planner gets its share of what is left). Code that loops (PPO, REINFORCE,
 local search, the simulator judge of the heuristics) asks :func:`expired` between steps and
 stops there: a learned planner returns the best placement it has seen so far, and
-:meth:`Judge <autoplace.planners.select.Judge>` raises :class:`OutOfTime` so a heuristic is
+:meth:`Judge <autoplace.planners.judge.Judge>` raises :class:`OutOfTime` so a heuristic is
 cut between two variants. Outside ``plan()`` there is no deadline and nothing changes.
 
     with within(2.0):              # at most 2 s from now (and never past an outer deadline)

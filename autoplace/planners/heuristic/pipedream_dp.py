@@ -71,16 +71,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from ..cluster import Cluster
-from ..placement import Placement
-from .base import FunctionPlanner, register
-from .heuristics import device_orders
-from .memory import MemoryEstimate, no_fit
-from .select import Choice, Judge
+from autoplace.cluster import Cluster
+from autoplace.placement import Placement
+from ..registry import FunctionPlanner, register
+from .by_hand import device_orders
+from ..memory import MemoryEstimate, no_fit
+from ..judge import Choice, Judge
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["Chain", "compress", "solve", "place_pipedream_dp", "StagePlan", "microbatch_grid"]
 

@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import numpy as np
 
-from ..placement import Placement
-from .base import NoFitError, get_planner, planners
+from autoplace.placement import Placement
+from ..registry import get_planner, planners
+from autoplace.errors import NoFitError
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
-    from ..sim import Evaluation, Simulator
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
+    from autoplace.sim import Evaluation, Simulator
 
 __all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "remember_seeds", "candidate_of",
            "candidate_key", "evaluate_candidate", "ENV_MODES"]
@@ -118,7 +119,7 @@ _SEEDS: "OrderedDict[tuple[Any, ...], tuple[OpGraph, list[SeedPlacement]]]" = Or
 
 def _seed_key(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
               chosen: Sequence[str]) -> tuple[Any, ...]:
-    from ..cost.analytic import CostModel
+    from autoplace.cost.analytic import CostModel
 
     return (id(graph), graph.hash, cluster.fingerprint, repr(cost if cost is not None else CostModel()), mode,
             tuple((n, id(get_planner(n))) for n in chosen))
@@ -137,7 +138,7 @@ def remember_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None
     a name without one found nothing that fits) as :func:`heuristic_seeds` would have
     computed it, so the learned planners that follow in ``plan("best")`` seed themselves
     without running the heuristics again."""
-    from ..sim import simulator_for
+    from autoplace.sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)
     out: list[SeedPlacement] = []
@@ -156,7 +157,7 @@ def _copy_candidate(c: Candidate) -> Candidate:
 
 def _run_heuristics(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
                     chosen: list[str]) -> list[SeedPlacement]:
-    from ..sim import simulator_for
+    from autoplace.sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)
     out: list[SeedPlacement] = []
@@ -188,8 +189,8 @@ class PlacementEnv:
     def __init__(self, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, mode: str = "model",
                  *, reference_s: float | None = None, seeds: Sequence[SeedPlacement] | None = None,
                  oom_coef: float = 1.0) -> None:
-        from ..cost.analytic import CostModel
-        from ..sim import simulator_for
+        from autoplace.cost.analytic import CostModel
+        from autoplace.sim import simulator_for
 
         if mode not in ENV_MODES:
             raise ValueError(f"mode is {mode!r}; it must be one of {ENV_MODES}")

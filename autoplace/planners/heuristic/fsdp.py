@@ -22,7 +22,7 @@ checkpointing, and torchtitan's pipeline x FSDP composition.
 Every plan returned is one the runtime (:mod:`autoplace.rewrite.fsdp`) runs: variants it would
 refuse (:func:`autoplace.rewrite.fsdp.runtime_problems`: parameters tied across stages, a batch
 that does not split evenly, a model traced with torch.export) are never chosen. Nothing fits:
-:class:`~autoplace.planners.base.NoFitError` with what was needed.
+:class:`~autoplace.errors.NoFitError` with what was needed.
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..parallel import NO_BF16_KINDS, StageOptions, hsdp_shape
-from ..placement import Placement
-from . import _budget
-from .base import FunctionPlanner, register
-from .memory import MemoryEstimate, gib, no_fit
+from autoplace.cluster import Cluster
+from autoplace.parallel import NO_BF16_KINDS, StageOptions, hsdp_shape
+from autoplace.placement import Placement
+from .. import budget as _budget
+from ..registry import FunctionPlanner, register
+from ..memory import MemoryEstimate, gib, no_fit
 
 if TYPE_CHECKING:
-    from ..cost.analytic import CostModel
-    from ..graph.ir import OpGraph
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_fsdp", "place_fsdp_ac", "place_torchtitan", "block_stages"]
 
@@ -62,7 +62,7 @@ def block_stages(graph: "OpGraph", pp: int) -> np.ndarray | None:
     """Stage of every op when the blocks (indexed units) are cut into ``pp`` equal runs: ops
     outside blocks follow their inputs (the embedding in the first stage, the head in the last).
     None when there are fewer blocks than stages or the cut would go back along an edge."""
-    from ..graph.units import block_units
+    from autoplace.graph.units import block_units
 
     units = block_units(graph)
     blocks = [k for k, name in enumerate(units.names) if name.rsplit(".", 1)[-1].isdigit()]
@@ -95,8 +95,8 @@ class _Search:
     """Build, check (valid, runnable) and simulate variants; keep the fastest that fits."""
 
     def __init__(self, graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner: str) -> None:
-        from ..cost.analytic import CostModel
-        from ..sim import simulator_for
+        from autoplace.cost.analytic import CostModel
+        from autoplace.sim import simulator_for
 
         self.graph, self.cluster, self.planner = graph, cluster, planner
         self.cost = cost if cost is not None else CostModel()
@@ -106,7 +106,7 @@ class _Search:
 
     def run(self, label: str, stage_of_node: np.ndarray, stage_devices: list[list[int]], microbatches: int,
             **options: Any) -> _Variant | None:
-        from ..rewrite.fsdp import runtime_problems
+        from autoplace.rewrite.fsdp import runtime_problems
 
         _budget.check()
         p = Placement.pipeline(self.graph, self.cluster, stage_of_node, stage_devices, microbatches=microbatches,
@@ -139,7 +139,7 @@ class _Search:
                               "oom": v.oom} for v in ranked]}
         import dataclasses
 
-        from ..export import stage_modules
+        from autoplace.export import stage_modules
 
         meta["stage_modules"] = stage_modules(chosen.placement, self.graph)  # what export writes per stage
         meta["batch_size"] = self.graph.batch_size
@@ -154,7 +154,7 @@ def _whole(graph: "OpGraph", cluster: Cluster) -> tuple[np.ndarray, list[list[in
 
 def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner: str,
           recompute_options: list[tuple[str, Any]]) -> Placement:
-    from ..graph.units import block_units
+    from autoplace.graph.units import block_units
 
     search = _Search(graph, cluster, cost, planner)
     st, devs = _whole(graph, cluster)

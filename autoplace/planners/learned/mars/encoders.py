@@ -2,7 +2,7 @@
 
 GraphSAGE: Hamilton, Ying, Leskovec, "Inductive Representation Learning on Large Graphs",
 NeurIPS 2017 (mean aggregator). Mars (Lan, Chen, Li, ICPP 2021) encodes the op graph with a
-GraphSAGE-style GNN pre-trained by Deep Graph Infomax (:mod:`autoplace.planners.pretrain`).
+GraphSAGE-style GNN pre-trained by Deep Graph Infomax (:mod:`autoplace.planners.learned.pretrain`).
 
 Input: ``x`` (N, F) node features and ``edge_attr`` (E, F_e) edge features from
 :func:`autoplace.graph.features.to_pyg`, ``edge_index`` (2, E) with row 0 the producer and

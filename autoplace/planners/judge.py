@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from . import _budget
-from .split import Infeasible
+from . import budget as _budget
+from .heuristic.split import Infeasible
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -121,7 +121,7 @@ class Judge:
 def fit(judge: Judge, build: Callable[[np.ndarray], Choice], caps: np.ndarray, *, tries: int = 6) -> Choice | None:
     """Build and evaluate a variant with ``build(caps)`` (caps: bytes per device), lowering the
     caps of devices the simulator finds over memory until it fits, ``tries`` runs out, or
-    ``build`` raises :class:`~autoplace.planners.split.Infeasible`. Returns the last variant
+    ``build`` raises :class:`~autoplace.planners.heuristic.split.Infeasible`. Returns the last variant
     built (check ``.oom``) or None."""
     caps = np.asarray(caps, dtype=float).copy()
     capacity = judge.cluster.memory
