@@ -61,7 +61,6 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +68,7 @@ import numpy as np
 
 from ..errors import ProfileError
 from .ir import OpGraph
-from .kinds import normalize_kind
+from .pipedream_layers import DTYPE_BYTES, Layer, in_place, ints, layer_args, layer_flops
 
 __all__ = ["load_pipedream", "ProfileError"]
 
@@ -85,24 +84,6 @@ _NODE = re.compile(
 )
 _EDGE = re.compile(r"^\s+(?P<src>\S+) -- (?P<dst>\S+)\s*$")
 _IMAGE_SIDES = (224, 299)
-_DTYPE_BYTES = 4
-
-
-@dataclass(frozen=True)
-class _Layer:
-    id: str
-    description: str
-    fwd_ms: float
-    bwd_ms: float
-    outputs: tuple[float, ...]
-    param_bytes: float
-    line: int
-
-    @property
-    def kind(self) -> str:
-        if re.fullmatch(r"Input\d*", self.description.strip()):
-            return "Input"
-        return normalize_kind(self.description)
 
 
 # ---- parsing -----------------------------------------------------------------------------
@@ -121,8 +102,8 @@ def _number(text: str, *, where: str, field: str, path: Path, line: int) -> floa
     return value
 
 
-def _parse(path: Path) -> tuple[list[_Layer], list[tuple[str, str, int]]]:
-    layers: list[_Layer] = []
+def _parse(path: Path) -> tuple[list[Layer], list[tuple[str, str, int]]]:
+    layers: list[Layer] = []
     edges: list[tuple[str, str, int]] = []
     try:
         text = path.read_text()
@@ -155,7 +136,7 @@ def _parse(path: Path) -> tuple[list[_Layer], list[tuple[str, str, int]]]:
             outputs = tuple(num(p, f"activation_size[{k}]") for k, p in enumerate(parts))
         else:
             outputs = (num(act, "activation_size"),)
-        layers.append(_Layer(m["id"], m["desc"].strip(), num(m["fwd"], "forward_compute_time"),
+        layers.append(Layer(m["id"], m["desc"].strip(), num(m["fwd"], "forward_compute_time"),
                              num(m["bwd"], "backward_compute_time"), outputs,
                              num(m["params"], "parameter_size"), lineno))
     if not layers:
@@ -207,177 +188,29 @@ def _find_cycle(ids: list[str], adj: list[list[int]], indeg: list[int]) -> list[
 # ---- batch size --------------------------------------------------------------------------
 
 
-def _infer_batch_size(layers: list[_Layer]) -> tuple[int | None, str]:
+def _infer_batch_size(layers: list[Layer]) -> tuple[int | None, str]:
     for layer in layers:
         if layer.kind == "Input" and len(layer.outputs) == 1 and layer.outputs[0] > 0:
             a = layer.outputs[0]
-            fits = [(s, int(a) // (3 * s * s * _DTYPE_BYTES)) for s in _IMAGE_SIDES
-                    if a % (3 * s * s * _DTYPE_BYTES) == 0]
+            fits = [(s, int(a) // (3 * s * s * DTYPE_BYTES)) for s in _IMAGE_SIDES
+                    if a % (3 * s * s * DTYPE_BYTES) == 0]
             if len(fits) == 1:
                 s, b = fits[0]
                 return b, f"input {layer.id}: {a:.0f} bytes = {b} x 3x{s}x{s} fp32 images"
     for layer in layers:
         if layer.kind == "LSTM" and len(layer.outputs) == 3 and layer.outputs[1] == layer.outputs[2] > 0:
-            args, kw = _args(layer.description)
-            if len(args) < 2 or not _ints(args[1]) or not _ints(kw.get("num_layers", "1")):
+            args, kw = layer_args(layer.description)
+            if len(args) < 2 or not ints(args[1]) or not ints(kw.get("num_layers", "1")):
                 continue  # a malformed LSTM description is reported where its FLOPs are read
-            h = _ints(args[1])[0]
-            width = h * _ints(kw.get("num_layers", "1"))[0] * (2 if kw.get("bidirectional") == "True" else 1)
+            h = ints(args[1])[0]
+            width = h * ints(kw.get("num_layers", "1"))[0] * (2 if kw.get("bidirectional") == "True" else 1)
             if width <= 0:
                 continue
-            per = width * _DTYPE_BYTES
+            per = width * DTYPE_BYTES
             if layer.outputs[1] % per == 0:
                 b = int(layer.outputs[1]) // per
                 return b, f"LSTM {layer.id}: hidden state of {layer.outputs[1]:.0f} bytes = {b} x {width} fp32"
     return None, ""
-
-
-# ---- FLOPs -------------------------------------------------------------------------------
-
-
-def _split_top(s: str) -> list[str]:
-    out: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in s:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        out.append("".join(cur).strip())
-    return out
-
-
-def _args(desc: str) -> tuple[list[str], dict[str, str]]:
-    """Positional and keyword arguments of a flat module repr ``Name(a, b, k=v)``."""
-    open_ = desc.find("(")
-    if open_ < 0 or not desc.rstrip().endswith(")"):
-        return [], {}
-    pos: list[str] = []
-    kw: dict[str, str] = {}
-    for part in _split_top(desc[open_ + 1 : desc.rstrip().rfind(")")]):
-        if "=" in part and not part.startswith("("):
-            k, v = part.split("=", 1)
-            kw[k.strip()] = v.strip()
-        else:
-            pos.append(part)
-    return pos, kw
-
-
-def _ints(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"-?\d+", v))
-
-
-def _children(desc: str) -> list[tuple[str, str]]:
-    """``(name, repr)`` of the direct sub-modules printed in a composite module's repr."""
-    out = []
-    for m in re.finditer(r"\((\w+)\): (\w+)\(", desc):
-        depth, j = 0, m.end() - 1
-        for j in range(m.end() - 1, len(desc)):
-            depth += {"(": 1, ")": -1}.get(desc[j], 0)
-            if depth == 0:
-                break
-        out.append((m[1], desc[m.start(2) : j + 1]))
-    return out
-
-
-def _window(kind: str, kw: dict[str, str]) -> float:
-    """Kernel area of a conv or pool layer (``kernel_size=3`` of a 2d layer is 3x3)."""
-    k = _ints(kw.get("kernel_size", "1"))
-    if not k:
-        raise ValueError(f"kernel_size={kw['kernel_size']!r} holds no size")
-    dims = int(kind[-2]) if kind[-2:-1].isdigit() else len(k)
-    return float(k[0] ** dims if len(k) == 1 else math.prod(k))
-
-
-def _lstm_flops(desc: str, tokens_out_bytes: float) -> float:
-    args, kw = _args(desc)
-    x, h = _ints(args[0])[0], _ints(args[1])[0]
-    layers = _ints(kw.get("num_layers", "1"))[0]
-    dirs = 2 if kw.get("bidirectional") == "True" else 1
-    tokens = tokens_out_bytes / _DTYPE_BYTES / (h * dirs)
-    total = 0.0
-    for layer in range(layers):
-        width = x if layer == 0 else h * dirs
-        total += 2.0 * tokens * dirs * 4 * h * (width + h)
-    return total
-
-
-def _forward_flops(layer: _Layer) -> float | None:
-    """Forward FLOPs of one layer, or None when the description says too little."""
-    kind, desc = layer.kind, layer.description
-    elems = [o / _DTYPE_BYTES for o in layer.outputs]
-    out = sum(elems)
-    if kind in ("Input", "Concat", "View", "Size", "getitem", "hidden", "Flatten"):
-        return 0.0
-    if re.fullmatch(r"Conv(Transpose)?[123]d", kind):
-        args, kw = _args(desc)
-        groups = _ints(kw.get("groups", "1"))[0]
-        return 2.0 * out * _ints(args[0])[0] / groups * _window(kind, kw)
-    if kind == "Linear":
-        _, kw = _args(desc)
-        return 2.0 * out * _ints(kw["in_features"])[0]
-    if kind in ("LSTM",):
-        return _lstm_flops(desc, layer.outputs[0])
-    if kind.startswith("BatchNorm"):
-        return 4.0 * out
-    if re.fullmatch(r"(Max|Avg)Pool[123]d", kind):
-        return _window(kind, _args(desc)[1]) * out
-    if kind in ("ReLU", "ReLU6", "Dropout", "Add", "Mul", "Sigmoid", "Tanh", "Hardtanh", "ELU", "GELU"):
-        return out
-    children = _children(desc)
-    if kind == "EmuBidirLSTM":
-        bidir = [c for name, c in children if name == "bidir"]
-        return _lstm_flops(bidir[0], layer.outputs[0]) if bidir else None
-    if kind == "RecurrentAttention":
-        rnn = [c for name, c in children if name == "rnn"]
-        if not rnn or len(layer.outputs) != 5:
-            return None
-        h = _ints(_args(rnn[0])[0][1])[0]
-        batch = layer.outputs[1] / _DTYPE_BYTES / h
-        t = layer.outputs[0] / _DTYPE_BYTES / h / batch
-        s = layer.outputs[4] / _DTYPE_BYTES / (batch * t)
-        proj = 2.0 * (t + s) * batch * h * h  # linear_q on the decoder steps, linear_k on the encoder's
-        return _lstm_flops(rnn[0], layer.outputs[0]) + proj + 6.0 * h * batch * t * s
-    linears = [c for _, c in children if c.startswith("Linear(")]
-    if len(linears) == 1 and len(children) == 1:
-        return 2.0 * out * _ints(_args(linears[0])[1]["in_features"])[0]
-    return None
-
-
-# How each kind whose FLOPs are read from its arguments is described (PyTorch's module repr).
-_DESCRIBED_AS = {
-    "Conv": "Conv2d(in_channels, out_channels, kernel_size=(3, 3), stride=(1, 1), groups=1)",
-    "Linear": "Linear(in_features=4096, out_features=1000, bias=True)",
-    "LSTM": "LSTM(input_size, hidden_size, num_layers=1, bidirectional=False)",
-    "Pool": "MaxPool2d(kernel_size=3, stride=2, padding=0)",
-}
-
-
-def _layer_flops(layer: _Layer, path: Path) -> float | None:
-    """:func:`_forward_flops`, or a ProfileError naming the node when its description lacks the
-    arguments its FLOPs are computed from (``Conv2d(a)``, ``Linear(10)``, ``groups=0``)."""
-    try:
-        return _forward_flops(layer)
-    except (IndexError, KeyError, ValueError, ArithmeticError):
-        key = next((k for k in _DESCRIBED_AS if k in layer.kind), None)
-        example = f", e.g. {_DESCRIBED_AS[key]}" if key else " (with its sub-modules, e.g. (rnn): LSTM(1024, 1024))"
-        raise ProfileError(
-            f"{path}:{layer.line}: node {layer.id!r} is described as {layer.description!r}, which lacks the arguments "
-            f"its FLOPs are computed from (sizes, as whole numbers > 0); write the description as PyTorch prints "
-            f"the module{example}") from None
-
-
-def _in_place(layer: _Layer) -> bool:
-    """An in-place layer (``ReLU(inplace)``, ``Add(inplace)``, ``inplace=True``) writes its result
-    into its input's storage: it allocates no activation of its own."""
-    return bool(re.search(r"\(inplace\b|inplace=True", layer.description))
 
 
 # ---- the loader --------------------------------------------------------------------------
@@ -463,7 +296,7 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
     bwd_flops = np.zeros(len(nodes))
     unestimated: dict[str, int] = {}
     for i, layer in enumerate(nodes):
-        f = _layer_flops(layer, p)
+        f = layer_flops(layer, p)
         if f is None:
             unestimated[layer.kind] = unestimated.get(layer.kind, 0) + 1
             f = 0.0
@@ -482,7 +315,7 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
         "batch_size_source": evidence or "given by the caller",
         "flops_estimated": "from layer descriptions (autoplace.graph.pipedream)",
         "flops_unestimated": unestimated,
-        "in_place": [layer.id for layer in nodes if _in_place(layer)],
+        "in_place": [layer.id for layer in nodes if in_place(layer)],
     }
     return OpGraph(
         names=tuple(layer.id for layer in nodes),

@@ -65,7 +65,7 @@ def test_cache_hit_returns_the_same_numbers_without_running(tmp_path: Path, monk
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("profiled again despite a cached result")
 
-    monkeypatch.setattr(prof, "_measure", boom)
+    monkeypatch.setattr(prof, "measure_ops", boom)
     again = profile(model, x, cache_dir=tmp_path)
     np.testing.assert_array_equal(again.fwd_time_s, first.fwd_time_s)
     np.testing.assert_array_equal(again.bwd_time_s, first.bwd_time_s)
