@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ..errors import AutoplaceError, NoFitError
 from ..placement import Placement
 from ..progress import Status
 from . import budget as _budget
-from .registry import KINDS, MODES, Planner, as_cluster, call_planner, get_planner, planners
+from .registry import KINDS, MODES, Planner, as_cluster, call_planner, check_configs, config_for, get_planner, planners
 
 if TYPE_CHECKING:
     from ..cost.analytic import CostModel
@@ -69,7 +69,8 @@ def plan_budget(budget_s: float | None) -> Iterator[float]:
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
          module: Any = None, kinds: tuple[str, ...] = KINDS,
-         accept: Callable[[Placement], str] | None = None) -> Placement:
+         accept: Callable[[Placement], str] | None = None,
+         config: object | Mapping[str, object] | None = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
@@ -106,6 +107,11 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     be used here (``""``: it can), e.g. what a runtime cannot run; such placements are
     recorded with that reason and never chosen.
 
+    ``config``: a learned planner's settings, e.g. ``plan(g, c, planner="eagle",
+    config=EagleConfig(groups=16))``; with ``planner="best"`` a mapping of planner names to
+    configs (``{"eagle": EagleConfig(...), "mars": MarsConfig(...)}``). A config of another
+    class than the planner's ``config_type`` is a TypeError naming the class it expects.
+
     While it runs, planning of more than 2 s shows which planner runs and how far it is on
     stderr (:class:`autoplace.progress.Status`; off inside ``autoplace.progress.shown(False)``).
     Small torch networks run on one thread meanwhile (the learned planners' policies: extra
@@ -129,9 +135,11 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         if not set(modes) & set(p.modes):
             raise ValueError(f"planner {planner!r} makes {'/'.join(p.modes)} placements, not {mode!r}; "
                              f"planners for {mode!r}: {', '.join(n for m in modes for n in planners(m))}")
+        config_for(p, config)  # a wrong config is an error before anything runs
         t0 = time.perf_counter()
         with _one_thread(), _budget.within(budget_s):
-            out = call_planner(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s, **kw)
+            out = call_planner(p, graph, cluster, next(m for m in modes if m in p.modes), budget_s=budget_s,
+                               config=config, **kw)
         row = _judge(sim, p, out, time.perf_counter() - t0)
         why = accept(out) if accept is not None and not row["oom"] else ""
         if why:
@@ -151,6 +159,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     jobs = [(m, n) for k in KINDS if k in kinds for m in modes for n in planners(m) if get_planner(n).kind == k]
     if not jobs:
         raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
+    check_configs(config, list(dict.fromkeys(n for _, n in jobs)))
     rows: list[dict[str, Any]] = []
     best: tuple[float, Placement, dict[str, Any]] | None = None
     one_device = cluster.num_devices == 1
@@ -188,7 +197,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             budget = (share if budget_s is not None else None) if p.kind == "learned" else budget_s
             with _budget.within(share if share is not None else max(left, 0.0), hard=best is not None) as dl:
                 try:
-                    out = call_planner(p, graph, cluster, m, budget_s=budget, **kw)
+                    out = call_planner(p, graph, cluster, m, budget_s=budget, config=config, **kw)
                 except _budget.OutOfTime:
                     why = f"stopped after {time.perf_counter() - t0:.1f} s: the {limit:.3g} s budget ran out"
                     rows.append(dict(planner=name, kind=p.kind, mode=m, step_time_s=None, oom=False,

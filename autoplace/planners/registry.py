@@ -8,6 +8,8 @@ A planner is any object with
 - ``place(graph, cluster, *, cost=None, budget_s=None, seed=0, module=None) -> Placement``
   (``module`` is the user's ``nn.Module`` when there is one; only planners that read modules,
   such as ``accelerate``, look at it). A planner with more than one mode also takes ``mode=``.
+- optionally ``config_type``: the class of its settings; then ``place`` also takes
+  ``config=`` (an instance, or None for its own), which ``plan(..., config=...)`` passes on.
 
 ``register(planner)`` adds one. The built-in planners live in two subpackages,
 :mod:`autoplace.planners.heuristic` and :mod:`autoplace.planners.learned`; every module under
@@ -23,6 +25,7 @@ import importlib
 import inspect
 import pkgutil
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from ..cluster import Cluster
@@ -33,7 +36,8 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "MODES", "KINDS", "as_cluster", "call_planner"]
+__all__ = ["Planner", "FunctionPlanner", "NoFitError", "register", "get_planner", "planners", "MODES", "KINDS",
+           "as_cluster", "call_planner", "config_for"]
 
 MODES = ("model", "pipeline")
 KINDS = ("heuristic", "learned")
@@ -148,9 +152,47 @@ def as_cluster(cluster: Cluster | str) -> Cluster:
     return Cluster.preset(cluster) if isinstance(cluster, str) else cluster
 
 
-def call_planner(p: Planner, graph: "OpGraph", cluster: Cluster, mode: str, **kw: Any) -> Placement:
+def config_for(p: Planner, config: object) -> object | None:
+    """The config ``plan(..., config=config)`` gives planner ``p``: ``config`` itself, or its
+    entry for ``p.name`` when it is a mapping of planner names; None when it names none. A
+    config of another class than ``p.config_type`` (or for a planner without one) is an error."""
+    if isinstance(config, Mapping):
+        config = config.get(p.name)
+    if config is None:
+        return None
+    expected = getattr(p, "config_type", None)
+    if expected is None:
+        raise TypeError(f"planner {p.name!r} takes no config; got a {type(config).__name__}. Planners with a "
+                        f"config: {', '.join(n for n in planners() if hasattr(get_planner(n), 'config_type'))}")
+    if not isinstance(config, expected):
+        raise TypeError(f"planner {p.name!r} takes a {expected.__name__} config, not a {type(config).__name__}; "
+                        f"pass config={expected.__name__}(...) (or a mapping of planner names to configs)")
+    return config
+
+
+def check_configs(config: object, names: list[str]) -> None:
+    """Check ``plan(planner="best", config=...)``'s mapping before any planner runs: each key
+    a planner that runs (one of ``names``), each value of that planner's config class."""
+    if config is None:
+        return
+    if not isinstance(config, Mapping):
+        raise TypeError(f"plan(planner='best') runs several planners; config must map planner names to configs "
+                        f"(e.g. {{'eagle': EagleConfig(...)}}), not a {type(config).__name__}")
+    unknown = [k for k in config if k not in names]
+    if unknown:
+        raise ValueError(f"config names {', '.join(map(repr, unknown))}, which this plan does not run; "
+                         f"it runs {', '.join(names)}")
+    for k in config:
+        config_for(get_planner(k), config)
+
+
+def call_planner(p: Planner, graph: "OpGraph", cluster: Cluster, mode: str, *, config: object = None,
+                 **kw: Any) -> Placement:
     if len(p.modes) > 1 and "mode" in inspect.signature(p.place).parameters:
         kw["mode"] = mode
+    chosen = config_for(p, config)
+    if chosen is not None:
+        kw["config"] = chosen
     out = p.place(graph, cluster, **kw)
     if not isinstance(out, Placement):
         raise TypeError(f"planner {p.name!r} returned {type(out).__name__}, not a Placement")

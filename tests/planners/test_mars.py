@@ -15,7 +15,7 @@ from autoplace.cost.analytic import CostModel
 from autoplace.graph.ir import OpGraph
 from autoplace.errors import NoFitError
 from autoplace.planners.learned.corpus import corpus, random_dag
-from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsPlanner, MarsPolicy, load_pretrained, new_net
+from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsConfig, MarsPlanner, MarsPolicy, load_pretrained, new_net
 from autoplace.planners.learned.mars.decoder import STATE_FEATURES, StateTracker
 from autoplace.sim import simulator_for
 
@@ -171,7 +171,7 @@ def test_fine_tuning_reports_the_policy_apart_from_refine() -> None:
     assert m["refine"]["step_time_s"] <= m["refine"]["start_step_time_s"]
     assert returned <= min(m["policy_step_time_s"], m["reference_s"], m["refine"]["step_time_s"]) * (1 + 1e-12)
     assert m["source"] in {"sample", "refine", *m["seeds"]}
-    off = MarsPlanner(refine_share=0.0).place(graph, cluster, seed=1, max_samples=48).meta
+    off = MarsPlanner(MarsConfig(refine_share=0.0)).place(graph, cluster, seed=1, max_samples=48).meta
     assert "refine" not in off and off["policy_step_time_s"] == m["policy_step_time_s"]
 
 

@@ -34,28 +34,21 @@ A policy is an ``nn.Module`` with
 from __future__ import annotations
 
 import functools
-import logging
-import math
-import sys
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .. import budget as _budget
 from .adam import Adam
+from .loop import HistoryPoint, TrainResult, merge_results, progress_bar, run
 
 if TYPE_CHECKING:
     import torch
 
     from .env import Candidate, PlacementEnv
 
-__all__ = ["PPOConfig", "PolicySample", "Policy", "TrainResult", "HistoryPoint", "train", "merge_results",
-           "take_actions", "ppo_update",
-           "IndependentPolicy", "progress_bar"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PPOConfig", "PolicySample", "Policy", "PPOUpdate", "TrainResult", "HistoryPoint", "train",
+           "merge_results", "take_actions", "ppo_update", "IndependentPolicy", "progress_bar"]
 
 
 @dataclass(frozen=True)
@@ -126,42 +119,6 @@ class Policy(Protocol):
     def parameters(self) -> Any: ...
 
 
-class HistoryPoint(NamedTuple):
-    """The state of training after an update (for sample-efficiency curves)."""
-
-    samples: int
-    """placements simulated so far for this training (the environment's sample count)."""
-    wall_s: float
-    """seconds since training started."""
-    best_step_time_s: float
-    """best step time of a placement that fits, seeds included (inf when none)."""
-    mean_reward: float
-    """the last batch's mean reward."""
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` found."""
-
-    best_candidate: "Candidate | None"
-    """the best placement that fits seen by the environment (seeds included), or None."""
-    best_step_time_s: float
-    """its simulated step time (inf when nothing fits)."""
-    best_source: str
-    """``"sample"`` when a sampled placement is the best, else the seed's planner name."""
-    samples: int
-    """placements sampled and simulated during this training."""
-    updates: int
-    """policy updates made."""
-    wall_s: float
-    """seconds the training took."""
-    history: list[HistoryPoint] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    """the last update's metrics (``losses/approx_kl``, ``charts/best_step_time``, ...)."""
-    best_sampled_step_time_s: float = math.inf
-    """best step time among this training's own samples that fit (seeds excluded)."""
-
-
 def take_actions(actions: Any, idx: "torch.Tensor") -> Any:
     """Rows ``idx`` of ``actions`` (a tensor or a tuple of tensors with the sample first)."""
     if isinstance(actions, tuple):
@@ -169,66 +126,15 @@ def take_actions(actions: Any, idx: "torch.Tensor") -> Any:
     return actions[idx]
 
 
-class _Progress:
-    """A tqdm bar on a terminal; elsewhere (logs, CI, pytest) a log line every ~10 s. Inside a
-    :class:`autoplace.progress.Status` display (what ``plan()`` shows) it draws no bar of its
-    own: it tells the display how far it is (``ppo 64/256 samples, best 1.92 ms``)."""
-
-    def __init__(self, enabled: bool, total: float | None, unit: str, desc: str) -> None:
-        from autoplace.progress import status
-
-        self.bar: Any = None
-        self.enabled = enabled
-        self.last_log = time.perf_counter()
-        self.desc, self.unit, self.total = desc, unit, total
-        self.n = 0.0
-        self.start = time.perf_counter()
-        self.status = status()
-        isatty = getattr(sys.stderr, "isatty", None)
-        if enabled and self.status is None and callable(isatty) and isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, unit=unit, desc=desc, leave=False, dynamic_ncols=True)
-
-    def update(self, n: float, **postfix: Any) -> None:
-        self.n += n
-        if self.status is not None:
-            done = f"{self.n:.0f}" if self.unit != "s" else f"{time.perf_counter() - self.start:.1f}"
-            of = f"/{self.total:.0f}" if self.total is not None else ""
-            best = f", best {postfix['best_ms']} ms" if "best_ms" in postfix else ""
-            self.status.detail(f"{self.desc} {done}{of} {self.unit}{'s' if self.unit != 's' else ''}{best}")
-        if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
-        elif self.enabled and time.perf_counter() - self.last_log > 10.0:
-            self.last_log = time.perf_counter()
-            log.info("%s: %s", self.desc, ", ".join(f"{k}={v}" for k, v in postfix.items()))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def progress_bar(enabled: bool, total: float | None, unit: str, desc: str) -> _Progress:
-    """The progress display :func:`train` uses: ``update(n, **postfix)``, ``close()``; shown
-    only if ``enabled`` and progress is not switched off (:func:`autoplace.progress.shown`)."""
-    from autoplace.progress import enabled as progress_enabled
-
-    return _Progress(enabled and progress_enabled(), total, unit, desc)
-
-
-
 def ppo_update(policy: Any, optimizer: "Adam | torch.optim.Optimizer", actions: Any, old_log_prob: "torch.Tensor",
-               rewards: Any, baseline: float | None, config: Any, generator: "torch.Generator", *,
-               params: Any = None) -> tuple[float, dict[str, float]]:
+               rewards: Sequence[float] | np.ndarray, baseline: float | None, config: PPOConfig,
+               generator: "torch.Generator", *, params: Any = None) -> tuple[float, dict[str, float]]:
     """One PPO update on a batch of sampled ``actions`` whose rewards are known.
 
     The advantage is the reward minus the moving-average ``baseline`` (the batch mean when it
     is None), divided by the batch's reward spread when ``config.norm_adv`` (default on);
     then ``config.update_epochs`` passes of the clipped surrogate over shuffled minibatches,
-    stopped early once the approximate KL passes ``config.target_kl``. ``config`` is any
-    object with :class:`PPOConfig`'s update fields; ``params`` are the parameters whose
+    stopped early once the approximate KL passes ``config.target_kl``. ``params`` are the parameters whose
     gradient norm is clipped (default: the policy's). Leaves the policy in eval mode and
     returns (the new baseline, metrics).
     """
@@ -239,7 +145,7 @@ def ppo_update(policy: Any, optimizer: "Adam | torch.optim.Optimizer", actions: 
     mean_r = float(b_rewards.mean())
     base = mean_r if baseline is None else float(baseline)
     b_adv = b_rewards - base
-    if getattr(config, "norm_adv", True):
+    if config.norm_adv:
         b_adv = b_adv / (b_rewards.std(unbiased=False) + 1e-8)
     new_base = config.baseline_decay * base + (1.0 - config.baseline_decay) * mean_r
     params = list(policy.parameters() if params is None else params)
@@ -282,102 +188,60 @@ def ppo_update(policy: Any, optimizer: "Adam | torch.optim.Optimizer", actions: 
                       "losses/grad_norm": grad_norm, "charts/mean_reward": mean_r, "charts/baseline": new_base}
 
 
+@dataclass
+class PPOUpdate:
+    """The PPO rule of :func:`autoplace.planners.learned.loop.run`: each batch sampled without
+    gradients in eval mode, then :func:`ppo_update` with the planners' Adam (torch.optim's,
+    minus its import of dynamo)."""
+
+    config: PPOConfig
+    name: str = "ppo"
+    min_batch: int = 2
+    optimizer: Adam | None = None
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def history_every(self) -> int:
+        return self.config.history_every
+
+    def batch_size(self) -> int:
+        return self.config.samples_per_update
+
+    def start(self, policy: Any) -> None:
+        self.optimizer = Adam(policy.parameters(), lr=self.config.lr, eps=1e-5)
+
+    def sample(self, policy: Any, n: int, generator: "torch.Generator") -> PolicySample:
+        import torch
+
+        policy.eval()
+        with torch.no_grad():
+            s: PolicySample = policy.sample(n, generator)
+        return s
+
+    def update(self, policy: Any, sample: PolicySample, rewards: np.ndarray, baseline: float | None,
+               generator: "torch.Generator") -> tuple[float, dict[str, float]]:
+        if self.optimizer is None:
+            self.start(policy)
+        assert self.optimizer is not None
+        return ppo_update(policy, self.optimizer, sample.actions, sample.log_prob.detach(), rewards, baseline,
+                          self.config, generator)
+
+
 def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, budget_s: float | None = None,
           max_samples: int | None = None, progress: bool = True,
           callback: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
-    """Train ``policy`` with PPO on ``env`` until ``max_samples`` placements have been
-    simulated or ``budget_s`` seconds have passed (whichever comes first; at least one of
-    them must be given). With ``max_samples`` alone the run is reproducible from
-    ``config.seed`` (and the policy's initial parameters); a time budget stops wherever the
-    clock says. ``callback(update, metrics)`` runs after each update.
+    """Train ``policy`` with PPO on ``env`` (:func:`autoplace.planners.learned.loop.run` with
+    :class:`PPOUpdate`) until ``max_samples`` placements have been simulated or ``budget_s``
+    seconds have passed (whichever comes first; at least one of them must be given). With
+    ``max_samples`` alone the run is reproducible from ``config.seed`` (and the policy's
+    initial parameters); a time budget stops wherever the clock says. ``callback(update,
+    metrics)`` runs after each update.
     """
-    import torch
-
-    if budget_s is None and max_samples is None:
-        raise ValueError("train() needs budget_s (seconds) or max_samples (placements) to know when to stop")
-    if budget_s is not None and not budget_s > 0:
-        raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds (or None with max_samples)")
-    if max_samples is not None and max_samples < 1:
-        raise ValueError(f"max_samples is {max_samples}; it must be >= 1")
-
-    gen = torch.Generator().manual_seed(config.seed)
-    optimizer = Adam(policy.parameters(), lr=config.lr, eps=1e-5)  # torch.optim's, minus its import of dynamo
-    n = config.samples_per_update
-    start = time.perf_counter()
-    samples0 = env.num_samples
-    baseline: float | None = None
-    history: list[HistoryPoint] = []
-    metrics: dict[str, float] = {}
-    best_sampled = math.inf
-    update = 0
-    total = max_samples if max_samples is not None else budget_s
-    bar = progress_bar(progress and (budget_s is None or budget_s > 3), total, "sample" if max_samples else "s",
-                       "ppo")
-
-    def done() -> bool:
-        if max_samples is not None and env.num_samples - samples0 >= max_samples:
-            return True
-        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
-
-    try:
-        while not done():
-            batch = n if max_samples is None else max(2, min(n, max_samples - (env.num_samples - samples0)))
-            # ---- rollout: sample placements, simulate them -----------------------------
-            policy.eval()
-            with torch.no_grad():
-                s = policy.sample(batch, gen)
-            candidates = policy.decode(s.actions)
-            rewards_np, evals = env.evaluate_many(candidates)
-            for ev in evals:
-                if not ev.oom:
-                    best_sampled = min(best_sampled, float(ev.step_time_s))
-            baseline, upd = ppo_update(policy, optimizer, s.actions, s.log_prob.detach(), rewards_np, baseline,
-                                       config, gen)
-            mean_r = upd["charts/mean_reward"]
-            update += 1
-            metrics = {
-                **upd,
-                "charts/best_step_time": float(env.best_step_time_s),
-                "charts/best_sampled_step_time": best_sampled,
-                "charts/samples": float(env.num_samples - samples0),
-            }
-            if callback is not None:
-                callback(update, metrics)
-            if update % config.history_every == 0 or done():
-                history.append(HistoryPoint(env.num_samples - samples0, time.perf_counter() - start,
-                                            float(env.best_step_time_s), mean_r))
-            bar.update(batch if max_samples is not None else 0,
-                       best_ms=f"{env.best_step_time_s * 1e3:.2f}", reward=f"{mean_r:+.3f}")
-            if max_samples is None and bar.bar is not None:
-                bar.bar.n = round(min(time.perf_counter() - start, budget_s or 0.0), 1)
-    finally:
-        bar.close()
-    if not history or history[-1].samples != env.num_samples - samples0:
-        history.append(HistoryPoint(env.num_samples - samples0, time.perf_counter() - start,
-                                    float(env.best_step_time_s), float(metrics.get("charts/mean_reward", math.nan))))
-    return TrainResult(best_candidate=env.best_candidate, best_step_time_s=float(env.best_step_time_s),
-                       best_source=env.best_source, samples=env.num_samples - samples0, updates=update,
-                       wall_s=time.perf_counter() - start, history=history, metrics=metrics,
-                       best_sampled_step_time_s=best_sampled)
-
-
-def merge_results(results: Sequence[TrainResult]) -> TrainResult:
-    """One :class:`TrainResult` of consecutive trainings on the same environment (their
-    histories chained, samples, updates and time summed, the last one's best)."""
-    if not results:
-        raise ValueError("merge_results needs at least one TrainResult")
-    history: list[HistoryPoint] = []
-    samples, wall = 0, 0.0
-    for r in results:
-        history += [HistoryPoint(h.samples + samples, h.wall_s + wall, h.best_step_time_s, h.mean_reward)
-                    for h in r.history]
-        samples += r.samples
-        wall += r.wall_s
-    last = results[-1]
-    return TrainResult(best_candidate=last.best_candidate, best_step_time_s=last.best_step_time_s,
-                       best_source=last.best_source, samples=samples, updates=sum(r.updates for r in results),
-                       wall_s=wall, history=history, metrics=dict(last.metrics),
-                       best_sampled_step_time_s=min(r.best_sampled_step_time_s for r in results))
+    return run(policy, env, PPOUpdate(config), budget_s=budget_s, max_samples=max_samples,
+               progress=progress and (budget_s is None or budget_s > 3), callback=callback)
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,8 +57,13 @@ import torch
 
 from .corpus import CorpusGraph, describe_split, training_clusters, training_graphs
 from .mars.planner import MarsNet, MarsPolicy, new_net, save_net
+from .ppo import PPOConfig, ppo_update, progress_bar
 
 __all__ = ["PretrainConfig", "pretrain", "dgi_model", "main"]
+
+
+def _default_ppo() -> PPOConfig:
+    return PPOConfig(lr=3e-4, samples_per_update=16, ent_coef=0.001, baseline_decay=0.8)
 
 
 @dataclass(frozen=True)
@@ -87,39 +92,33 @@ class PretrainConfig:
     """Adam learning rate of DGI."""
     ppo_updates: int = 3000
     """PPO updates (one (graph, cluster) pair and one batch each)."""
-    lr: float = 3e-4
-    """Adam learning rate of PPO."""
-    samples_per_update: int = 16
-    """placements per PPO update."""
-    update_epochs: int = 4
-    """passes over each batch."""
-    num_minibatches: int = 2
-    """minibatches per pass."""
-    clip_coef: float = 0.2
-    """PPO clipping coefficient."""
-    ent_coef: float = 0.001
-    """entropy bonus weight (entropy is summed over a placement's ops)."""
-    max_grad_norm: float = 0.5
-    """gradient-norm clip."""
-    baseline_decay: float = 0.8
-    """decay of each pair's moving-average reward baseline."""
-    target_kl: float = 0.05
-    """stop an update's epochs when the approximate KL passes this."""
+    ppo: PPOConfig = field(default_factory=_default_ppo)
+    """the PPO update (lr 3e-4, 16 placements per update, entropy bonus 0.001 (entropy is
+    summed over a placement's ops), baseline decay 0.8 for each pair's own moving-average
+    baseline); its ``seed`` and ``history_every`` are not read (``seed`` seeds everything)."""
     max_ops: int = 1600
     """graphs with more ops are left out of PPO (they still serve DGI)."""
     checkpoint_every: int = 25
     """PPO updates (or DGI steps / 20) between checkpoints."""
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "gnn_layers", "segment", "samples_per_update", "update_epochs", "num_minibatches",
-                     "checkpoint_every", "max_ops"):
+        for name in ("hidden", "gnn_layers", "segment", "checkpoint_every", "max_ops"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PretrainConfig.{name} is {getattr(self, name)}; it must be >= 1")
         for name in ("dgi_steps", "ppo_updates", "generated", "random_clusters"):
             if getattr(self, name) < 0:
                 raise ValueError(f"PretrainConfig.{name} is {getattr(self, name)}; it must be >= 0")
-        if self.samples_per_update < 2:
-            raise ValueError(f"PretrainConfig.samples_per_update is {self.samples_per_update}; PPO needs >= 2")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PretrainConfig":
+        """The config ``asdict`` wrote (a checkpoint's, ``mars.json``'s); also reads the flat
+        layout of older checkpoints, whose PPO fields sat beside the others."""
+        d = dict(d)
+        ppo = dict(d.pop("ppo", None) or {})
+        ppo_names = {f.name for f in dataclasses.fields(PPOConfig)}
+        for name in [k for k in d if k in ppo_names and k != "seed"]:
+            ppo[name] = d.pop(name)
+        return cls(**d, ppo=dataclasses.replace(_default_ppo(), **ppo))
 
 
 def dgi_model(net: MarsNet, generator: torch.Generator) -> Any:
@@ -188,9 +187,8 @@ class _Run:
 
     def load(self) -> None:
         blob = torch.load(self.work / "checkpoint.pt", map_location="cpu", weights_only=False)
-        saved = asdict(PretrainConfig(**blob["config"]))
-        diff = {k: (v, getattr(self.config, k)) for k, v in saved.items()
-                if getattr(self.config, k) != v and k not in _EXTENDABLE}
+        saved, given = asdict(PretrainConfig.from_dict(blob["config"])), asdict(self.config)
+        diff = {k: (v, given[k]) for k, v in saved.items() if given[k] != v and k not in _EXTENDABLE}
         if diff:
             raise ValueError(f"--resume with different settings than the checkpoint in {self.work}: {diff} "
                              "(checkpoint value, given value); pass the same settings or use a new --work folder")
@@ -218,7 +216,7 @@ class _Run:
         return g
 
     def _ppo_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
+        return torch.optim.Adam(self.net.parameters(), lr=self.config.ppo.lr, eps=1e-5)
 
     # ---- phase 1 ------------------------------------------------------------------------
 
@@ -270,13 +268,11 @@ class _Run:
         return key, env, policy
 
     def ppo_step(self) -> dict[str, Any] | None:
-        from .ppo import ppo_update
-
         drawn = self.pair()
         if drawn is None:
             return None
         key, env, policy = drawn
-        cfg = self.config
+        cfg = self.config.ppo
         if self.opt is None:
             self.opt = self._ppo_optimizer()
         n = cfg.samples_per_update
@@ -306,8 +302,6 @@ def pretrain(config: PretrainConfig, *, out: Path, work: Path, resume: bool = Fa
     seconds or ``sitting_steps`` steps (DGI steps and PPO updates) if given. Writes the
     weights and ``mars.json`` to ``out`` when both phases are done. Returns the run's record
     (what ``mars.json`` holds, or the progress so far)."""
-    from .ppo import progress_bar
-
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (work / "log.jsonl").open("a")
@@ -446,11 +440,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit-s", type=float, default=None, help="end this sitting after so many seconds")
     parser.add_argument("--sitting-steps", type=int, default=None, help="end this sitting after so many steps")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for f in dataclasses.fields(PretrainConfig):
+    top = [f for f in dataclasses.fields(PretrainConfig) if f.name != "ppo"]
+    ppo = [f for f in dataclasses.fields(PPOConfig) if f.name not in ("seed", "history_every")]
+    default_ppo = _default_ppo()
+    for f in top:
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                             help=f"PretrainConfig.{f.name} (default {f.default})")
+    for f in ppo:  # the PPO fields under their own names, as before they moved into PretrainConfig.ppo
+        default = getattr(default_ppo, f.name)
+        kind: Callable[[str], Any] = float if f.name == "target_kl" else \
+            (lambda v: v.lower() in ("1", "true", "yes")) if isinstance(default, bool) else type(default)
+        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=default,
+                            help=f"PretrainConfig.ppo.{f.name} (default {default})")
     args = parser.parse_args(argv)
-    config = PretrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PretrainConfig)})
+    config = PretrainConfig(**{f.name: getattr(args, f.name) for f in top},
+                            ppo=PPOConfig(**{f.name: getattr(args, f.name) for f in ppo}))
     torch.set_num_threads(1)
 
     def stop(signum: int, frame: Any) -> None:  # `kill` ends the sitting like Ctrl-C: checkpoint saved

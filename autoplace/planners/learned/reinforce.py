@@ -23,26 +23,26 @@ that fits among its samples and the heuristic seeds (``placement.meta`` says whi
 
 from __future__ import annotations
 
-import math
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.placement import Placement
-from .. import budget as _budget
 from .adam import Adam
+from .loop import TrainResult, run
 from ..registry import register
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
-    from .env import PlacementEnv
-    from .ppo import TrainResult
+    import torch
 
-__all__ = ["ReinforceConfig", "ReinforcePlanner", "place_reinforce", "reinforce", "topological_chunks"]
+    from .env import PlacementEnv
+    from .ppo import PolicySample
+
+__all__ = ["ReinforceConfig", "ReinforceUpdate", "ReinforcePlanner", "place_reinforce", "reinforce", "topological_chunks"]
 
 
 @dataclass(frozen=True)
@@ -122,65 +122,61 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
         return Seq2SeqPolicy(chunk_items(x, chunks), chunks, cluster.num_devices, hidden=config.hidden)
 
 
+@dataclass
+class ReinforceUpdate:
+    """The REINFORCE rule of :func:`autoplace.planners.learned.loop.run` (see the module doc):
+    the batch is sampled with gradients, and one Adam step on
+    ``-mean((R - B) log pi) - ent_coef * mean(entropy)`` follows; then ``B`` moves."""
+
+    config: ReinforceConfig
+    seed: int = 0
+    name: str = "reinforce"
+    min_batch: int = 1
+    history_every: int = 1
+    optimizer: Adam | None = None
+
+    def batch_size(self) -> int:
+        return self.config.samples_per_update
+
+    def start(self, policy: Any) -> None:
+        self.optimizer = Adam(policy.parameters(), lr=self.config.lr)
+
+    def sample(self, policy: Any, n: int, generator: "torch.Generator") -> "PolicySample":
+        s: PolicySample = policy.sample(n, generator)  # with gradients: REINFORCE differentiates its log-probs
+        return s
+
+    def update(self, policy: Any, sample: "PolicySample", rewards: np.ndarray, baseline: float | None,
+               generator: "torch.Generator") -> tuple[float, dict[str, float]]:
+        import torch
+
+        if self.optimizer is None:
+            self.start(policy)
+        assert self.optimizer is not None
+        config = self.config
+        mean_r = float(rewards.mean())
+        baseline = mean_r if baseline is None else baseline
+        adv = torch.as_tensor(rewards - baseline, dtype=torch.float32)
+        loss = -(adv * sample.log_prob).mean() - config.ent_coef * sample.entropy.mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+        self.optimizer.step()
+        baseline = config.baseline_decay * baseline + (1 - config.baseline_decay) * mean_r
+        return baseline, {"losses/policy_loss": float(loss.detach()),
+                          "losses/entropy": float(sample.entropy.detach().mean()), "losses/grad_norm": grad_norm,
+                          "charts/mean_reward": mean_r, "charts/baseline": baseline}
+
+
 def reinforce(policy: Any, env: "PlacementEnv", config: ReinforceConfig, *, seed: int = 0,
               budget_s: float | None = None, max_samples: int | None = None, progress: bool = True
               ) -> "TrainResult":
     """Train ``policy`` (the :mod:`autoplace.planners.learned.ppo` policy protocol) with REINFORCE on
-    ``env`` until ``max_samples`` samples or ``budget_s`` seconds (see the module doc)."""
-    import torch
-
-    from .ppo import HistoryPoint, TrainResult, progress_bar
-
+    ``env`` until ``max_samples`` samples or ``budget_s`` seconds (the learned planners' one
+    loop, :func:`autoplace.planners.learned.loop.run`, with :class:`ReinforceUpdate`)."""
     if budget_s is None and max_samples is None:
         raise ValueError("reinforce() needs budget_s (seconds) or max_samples (placements) to know when to stop")
-    gen = torch.Generator().manual_seed(seed)
-    opt = Adam(policy.parameters(), lr=config.lr)
-    start, samples0 = time.perf_counter(), env.num_samples
-    baseline: float | None = None
-    history: list[HistoryPoint] = []
-    best_sampled = math.inf
-    updates = 0
-    metrics: dict[str, float] = {}
-    bar = progress_bar(progress, max_samples if max_samples is not None else budget_s,
-                       "sample" if max_samples is not None else "s", "reinforce")
-
-    def done() -> bool:
-        if max_samples is not None and env.num_samples - samples0 >= max_samples:
-            return True
-        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
-
-    try:
-        while not done():
-            n = config.samples_per_update
-            if max_samples is not None:
-                n = max(1, min(n, max_samples - (env.num_samples - samples0)))
-            s = policy.sample(n, gen)  # with gradients: REINFORCE differentiates the samples' log-probs
-            rewards, evals = env.evaluate_many(policy.decode(s.actions))
-            best_sampled = min([best_sampled] + [e.step_time_s for e in evals if not e.oom])
-            mean_r = float(rewards.mean())
-            baseline = mean_r if baseline is None else baseline
-            adv = torch.as_tensor(rewards - baseline, dtype=torch.float32)
-            loss = -(adv * s.log_prob).mean() - config.ent_coef * s.entropy.mean()
-            opt.zero_grad()
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
-            opt.step()
-            baseline = config.baseline_decay * baseline + (1 - config.baseline_decay) * mean_r
-            updates += 1
-            metrics = {"losses/policy_loss": float(loss.detach()), "losses/entropy": float(s.entropy.detach().mean()),
-                       "losses/grad_norm": grad_norm, "charts/mean_reward": mean_r, "charts/baseline": baseline,
-                       "charts/best_step_time": float(env.best_step_time_s),
-                       "charts/best_sampled_step_time": best_sampled}
-            history.append(HistoryPoint(env.num_samples - samples0, time.perf_counter() - start,
-                                        float(env.best_step_time_s), mean_r))
-            bar.update(n if max_samples is not None else 0, best_ms=f"{env.best_step_time_s * 1e3:.2f}",
-                       reward=f"{mean_r:+.3f}")
-    finally:
-        bar.close()
-    return TrainResult(best_candidate=env.best_candidate, best_step_time_s=float(env.best_step_time_s),
-                       best_source=env.best_source, samples=env.num_samples - samples0, updates=updates,
-                       wall_s=time.perf_counter() - start, history=history, metrics=metrics,
-                       best_sampled_step_time_s=best_sampled)
+    return run(policy, env, ReinforceUpdate(config, seed=seed), budget_s=budget_s, max_samples=max_samples,
+               progress=progress)
 
 
 def place_reinforce(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
@@ -210,11 +206,15 @@ class ReinforcePlanner:
     modes: tuple[str, ...] = ("model",)
     kind: str = "learned"
     summary: str = "seq2seq placer trained with REINFORCE (Mirhoseini et al., ICML 2017): the learning baseline"
+    config_type: ClassVar[type] = ReinforceConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              config: ReinforceConfig | None = None) -> Placement:
+        """:func:`place_reinforce` with ``config`` (default: the planner's); ``module`` is ignored."""
         cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
-        return place_reinforce(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, config=self.config)
+        return place_reinforce(graph, cluster, cost=cost, budget_s=budget_s, seed=seed,
+                               config=config if config is not None else self.config)
 
 
 register(ReinforcePlanner())

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, cast
 
 import numpy as np
 
@@ -62,7 +62,7 @@ from autoplace.placement import Placement
 from autoplace.planners import budget as _budget
 from ..adam import Adam
 from autoplace.planners.registry import register
-from ..ppo import PPOConfig
+from ..ppo import PPOConfig, TrainResult, merge_results, train
 
 if TYPE_CHECKING:
     import torch
@@ -292,7 +292,6 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     import dataclasses
 
     from ..run import LearnedRun
-    from ..ppo import TrainResult, merge_results, train
     from ..refine import refine
 
     run = LearnedRun.start(graph, cluster, cost, budget_s, config.seed_planners, oom_coef=config.oom_coef)
@@ -367,11 +366,15 @@ class EaglePlanner:
     modes: tuple[str, ...] = ("model",)
     kind: str = "learned"
     summary: str = "EAGLE grouper + seq2seq placer trained jointly with PPO (Lan et al., IPDPS 2021)"
+    config_type: ClassVar[type] = EagleConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              config: EagleConfig | None = None) -> Placement:
+        """:func:`place_eagle` with ``config`` (default: the planner's); ``module`` is ignored."""
         cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
-        return place_eagle(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, config=self.config)
+        return place_eagle(graph, cluster, cost=cost, budget_s=budget_s, seed=seed,
+                           config=config if config is not None else self.config)
 
 
 register(EaglePlanner())

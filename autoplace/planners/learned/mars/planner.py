@@ -58,12 +58,13 @@ the policy's own best, before any post-processing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -72,6 +73,7 @@ from torch import Tensor, nn
 from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
+from ..ppo import PPOConfig, train
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -80,7 +82,7 @@ if TYPE_CHECKING:
     from autoplace.placement import Placement
     from ..ppo import PolicySample
 
-__all__ = ["MarsNet", "MarsPolicy", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
+__all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
            "PRIOR"]
 
 _OVER = STATE_FEATURES.index("over_memory")
@@ -315,13 +317,14 @@ def load_pretrained(path: str | Path | None = None) -> MarsNet:
 
 # ---- the planner ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class MarsPlanner:
-    """The registry entry ``"mars"`` (see the module docstring)."""
+def _default_ppo() -> PPOConfig:
+    return PPOConfig(lr=3e-3, samples_per_update=16, num_minibatches=1, ent_coef=0.001)
 
-    name: str = "mars"
-    modes: tuple[str, ...] = ("model",)
-    kind: str = "learned"
+
+@dataclass(frozen=True)
+class MarsConfig:
+    """Settings of the Mars planner (``plan(..., planner="mars", config=MarsConfig(...))``)."""
+
     zero_shot_samples: int = 16
     """samples drawn after the greedy decode when there is no budget."""
     refine_share: float = 0.25
@@ -329,14 +332,41 @@ class MarsPlanner:
     calls) given to the named post-processing step ``refine`` (single-op moves on the
     simulator, :mod:`autoplace.planners.learned.refine`) on the best placement found; 0 turns it off.
     Zero-shot plans are never refined."""
+    ppo: PPOConfig = field(default_factory=_default_ppo)
+    """PPO of fine-tuning; its ``seed`` is replaced by the plan's ``seed``."""
+    weights: str | None = None
+    """the pretrained weights (None: the shipped ``autoplace/weights/mars.pt``)."""
+    max_samples: int | None = None
+    """bound fine-tuning by simulated samples (reproducible from ``seed``) instead of seconds;
+    with ``budget_s=None`` it turns zero-shot placement into fine-tuning."""
+    progress: bool = False
+    """show fine-tuning progress."""
+
+    def __post_init__(self) -> None:
+        if self.zero_shot_samples < 1:
+            raise ValueError(f"MarsConfig.zero_shot_samples is {self.zero_shot_samples}; it must be >= 1")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"MarsConfig.max_samples is {self.max_samples}; it must be >= 1 or None")
+
+
+@dataclass(frozen=True)
+class MarsPlanner:
+    """The registry entry ``"mars"`` (see the module docstring)."""
+
+    config: MarsConfig = field(default_factory=MarsConfig)
+    name: str = "mars"
+    modes: tuple[str, ...] = ("model",)
+    kind: str = "learned"
     summary: str = "Mars: DGI-pretrained GraphSAGE + segment seq2seq placer, PPO"
+    config_type: ClassVar[type] = MarsConfig
 
     def place(self, graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel | None" = None,
               budget_s: float | None = None, seed: int = 0, module: Any = None, weights: str | Path | None = None,
-              max_samples: int | None = None, ppo: Any = None, progress: bool = False) -> "Placement":
-        """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement.
-        ``max_samples`` bounds fine-tuning by simulated samples instead of seconds (then the
-        result is reproducible from ``seed``); ``ppo`` a :class:`~autoplace.planners.learned.ppo.PPOConfig`.
+              max_samples: int | None = None, ppo: PPOConfig | None = None, progress: bool | None = None,
+              config: MarsConfig | None = None) -> "Placement":
+        """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement, with
+        ``config`` (default: the planner's). ``weights``, ``max_samples`` and ``progress``
+        override the config's; ``ppo`` replaces ``config.ppo`` as given (its own seed).
 
         ``placement.meta``: ``policy_step_time_s`` (the best of the policy's own samples that
         fit, greedy decode included), ``greedy_step_time_s``, ``reference_s`` (the best
@@ -345,8 +375,11 @@ class MarsPlanner:
         import time
 
         from autoplace.cost.analytic import CostModel
-        from ..ppo import PPOConfig, train
 
+        cfg = config if config is not None else self.config
+        weights = weights if weights is not None else cfg.weights
+        max_samples = max_samples if max_samples is not None else cfg.max_samples
+        progress = progress if progress is not None else cfg.progress
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for zero-shot placement")
         t0 = time.perf_counter()
@@ -374,7 +407,7 @@ class MarsPlanner:
                                 "reference_s": env.reference_s, "seeds": [s.planner for s in env.seeds]}
         greedy_fit = math.inf if greedy_ev[0].oom else float(greedy_ev[0].step_time_s)
         if budget_s is None and max_samples is None:
-            s = policy.sample(self.zero_shot_samples, gen)
+            s = policy.sample(cfg.zero_shot_samples, gen)
             _, evs = env.evaluate_many(policy.decode(s.actions))
             fits = [e.step_time_s for e in evs if not e.oom]
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
@@ -382,11 +415,10 @@ class MarsPlanner:
         else:
             from ..refine import refine
 
-            config = ppo if ppo is not None else PPOConfig(seed=seed, lr=3e-3, samples_per_update=16,
-                                                           num_minibatches=1, ent_coef=0.001)
-            share = self.refine_share if 0 < self.refine_share < 1 else (1.0 if self.refine_share >= 1 else 0.0)
+            ppo_config = ppo if ppo is not None else dataclasses.replace(cfg.ppo, seed=seed)
+            share = cfg.refine_share if 0 < cfg.refine_share < 1 else (1.0 if cfg.refine_share >= 1 else 0.0)
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
-            result = train(policy, env, config, budget_s=None if left is None else left * (1 - share),
+            result = train(policy, env, ppo_config, budget_s=None if left is None else left * (1 - share),
                            max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
                         history=[tuple(p) for p in result.history])

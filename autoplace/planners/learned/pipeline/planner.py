@@ -42,14 +42,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.placement import Placement
 from autoplace.planners.registry import register
-from ..ppo import PPOConfig
+from ..ppo import PPOConfig, train
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -168,7 +168,6 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     from .policy import PipelinePolicy, device_features, summary_features
     from ..env import PlacementEnv, heuristic_seeds
     from .space import Candidate, PipelineSpace
-    from ..ppo import train
 
     cfg = config if config is not None else PipelineRLConfig()
     if budget_s is not None and not budget_s > 0:
@@ -253,13 +252,16 @@ class PipelineRL:
     modes: tuple[str, ...] = ("pipeline",)
     kind: str = "learned"
     summary: str = "PPO policy: stay/open stages per op, replicas per stage, micro-batches, schedule"
+    config_type: ClassVar[type] = PipelineRLConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
+              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              config: PipelineRLConfig | None = None) -> Placement:
+        """:func:`place_pipeline_rl` with ``config`` (default: the planner's)."""
         if isinstance(cluster, str):
             cluster = Cluster.preset(cluster)
         return place_pipeline_rl(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, module=module,
-                                 config=self.config)
+                                 config=config if config is not None else self.config)
 
 
 register(PipelineRL())
