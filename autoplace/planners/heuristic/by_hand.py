@@ -8,17 +8,15 @@
   order. Tried on the first ``k`` devices for several ``k`` (and fastest devices first on
   mixed clusters); the simulator keeps the best. "Equal" is the bottleneck-minimising
   contiguous split of :mod:`autoplace.planners.heuristic.split`, under each device's memory.
-- ``accelerate``: Hugging Face accelerate's ``infer_auto_device_map`` (accelerate docs, "Big
-  model inference"). With the user's module it runs for real on the module (meta tensors are
-  fine) with ``max_memory`` from the cluster, and its ``device_map`` becomes a placement via
-  :func:`autoplace.device_map.from_device_map`. Accelerate sizes parameters only (it is built
-  for inference), so each device's ``max_memory`` is its memory times the model's ratio of
-  parameter bytes to training bytes (parameters + gradients + optimizer state + activations);
-  where the simulator still finds a device over memory, its share shrinks and accelerate runs
-  again. On a bare op graph the same greedy rule is re-implemented: walk the ops in
-  topological order (accelerate walks modules in definition order) and fill device 0 up to its
-  memory, less the largest op (accelerate keeps room for the largest layer on its main
-  device), then device 1, and so on; here the bytes are an op's training bytes.
+- ``accelerate``: Hugging Face accelerate's ``infer_auto_device_map`` rule (accelerate docs,
+  "Big model inference"), re-implemented on the op graph: walk the ops in topological order
+  (accelerate walks modules in definition order) and fill device 0 up to its memory, less the
+  largest op (accelerate keeps room for the largest layer on its main device), then device 1,
+  and so on; the bytes are an op's training bytes (parameters + gradients + optimizer state +
+  activations: accelerate, built for inference, sizes parameters only). Where the simulator
+  still finds a device over memory, its share shrinks and the fill runs again. It reads the
+  graph only, so ``plan()`` and ``wrap()`` (which has the module) give the same plan; to place
+  by accelerate's own ``device_map``, pass it to :func:`autoplace.device_map.from_device_map`.
 - ``data-parallel`` (pipeline mode): one stage replicated on every device (PyTorch DDP), the
   baseline most users start from; micro-batches are gradient accumulation, tried 1, 2, 4, ...
   as the batch allows. When the batch has fewer samples than the cluster has devices, the
@@ -29,13 +27,11 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.device_map import from_device_map
 from autoplace.placement import Placement
 from ..registry import FunctionPlanner, register
 from ..memory import MemoryEstimate, gib, no_fit
@@ -110,18 +106,6 @@ def place_expert(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None"
     return judge.placement(best, "expert")
 
 
-def _accelerate_device_map(module: Any, max_memory: dict[int, int]) -> dict[str, Any]:
-    from accelerate.utils import infer_auto_device_map
-
-    log = logging.getLogger("accelerate.utils.modeling")
-    level = log.level
-    log.setLevel(logging.ERROR)  # it warns that simulated devices are "not available"
-    try:
-        return dict(infer_auto_device_map(module, max_memory=max_memory))
-    finally:
-        log.setLevel(level)
-
-
 def greedy_by_bytes(op_bytes: np.ndarray, caps: np.ndarray, *, reserve_largest: bool = True) -> np.ndarray:
     """accelerate's fill rule on an op sequence: device 0 up to its cap (less the largest op
     when ``reserve_largest``), then device 1 up to its cap, ...; raises Infeasible when the
@@ -143,23 +127,12 @@ def greedy_by_bytes(op_bytes: np.ndarray, caps: np.ndarray, *, reserve_largest: 
 
 def place_accelerate(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
                      module: Any = None) -> Placement:
+    """accelerate's fill rule on the graph (see the module doc); ``module`` is not read."""
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
-    if module is not None:
-        params = float(graph.param_bytes.sum())
-        ratio = params / max(float(mem.total.sum()), 1.0)
 
-        def build(caps: np.ndarray) -> Choice:
-            max_memory = {i: max(int(c * ratio), 0) for i, c in enumerate(caps)}
-            dm = _accelerate_device_map(module, max_memory)
-            off = sorted({str(v) for v in dm.values() if not isinstance(v, int)})
-            if off:
-                raise Infeasible(f"accelerate offloads to {off}")
-            p = from_device_map(graph, cluster, dm, planner="accelerate", strict=False)
-            return judge.model("accelerate.infer_auto_device_map", p.device_of_node, device_map=dm)
-    else:
-        def build(caps: np.ndarray) -> Choice:
-            return judge.model("greedy by bytes (accelerate's rule)", greedy_by_bytes(mem.total, caps))
+    def build(caps: np.ndarray) -> Choice:
+        return judge.model("greedy by bytes (accelerate's rule)", greedy_by_bytes(mem.total, caps))
 
     chosen = fit(judge, build, cluster.memory)
     if chosen is None or chosen.oom:
