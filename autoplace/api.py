@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 import torch
 from torch import nn
@@ -34,7 +34,14 @@ from .placement import Placement, PlacementError
 from .progress import Step, shown
 from .errors import AutoplaceError
 
-__all__ = ["wrap", "PlacedModule", "WrapError"]
+if TYPE_CHECKING:
+    from .graph.trace import ExampleInputs, Traced
+    from .online import OnlineConfig, OnlineTuner
+    from .rewrite.liveness import Timeouts
+    from .rewrite.runtime import PipelineRunner
+    from .sim import SimResult
+
+__all__ = ["wrap", "PlacedModule", "WrapError", "Wrapped", "plan_model"]
 
 MODES = ("auto", "model", "pipeline")
 
@@ -43,7 +50,7 @@ class WrapError(AutoplaceError, ValueError):
     """``wrap`` was given something it cannot place (the message says what and how to fix it)."""
 
 
-def _as_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _as_inputs(example_inputs: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if example_inputs is None:
         return (), {}
     if isinstance(example_inputs, Mapping):
@@ -59,7 +66,7 @@ def _model_devices(model: nn.Module) -> set[torch.device]:
     return {t.device for t in list(model.parameters()) + list(model.buffers())}
 
 
-def _check_devices(devices: Sequence[Any]) -> list[str]:
+def _check_devices(devices: Sequence[str | torch.device]) -> list[str]:
     if isinstance(devices, (str, torch.device)):
         raise WrapError(f"devices must be a list, e.g. [{str(devices)!r}]; got the single device {str(devices)!r}")
     names = []
@@ -77,6 +84,32 @@ def _in_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, budget_s: float | None, trace_s: float,
+               seed: int, cost: CostModel, module: nn.Module | None = None) -> Placement:
+    """The plan ``wrap`` runs in this process (model parallel), under ``wrap``'s planning
+    budget (:func:`autoplace.planners.planning.wrap_budget`). With ``mode="auto"`` on several
+    devices, ``plan(mode="auto")`` also weighs the data-parallel, pipeline and hybrid plans
+    (they need one process per device, under torchrun): never chosen here, but the report says
+    what they would give (:func:`autoplace.report.auto_choice`)."""
+    from .planners import plan as make_plan
+    from .planners.planning import plan_budget, wrap_budget
+    from .report import auto_choice
+
+    n = cluster.num_devices
+    # One target leaves one way to place it: no search.
+    name = "single" if n == 1 and planner == "best" else planner
+    weigh = mode == "auto" and n > 1
+
+    def runs_here(p: Placement) -> str:
+        return "" if p.mode == "model" else f"needs torchrun --nproc-per-node {n}"
+
+    with Step(f"autoplace: planning {graph.num_nodes} ops on {n} devices (planner {name!r})", stream=sys.stderr), \
+            plan_budget(wrap_budget(budget_s, trace_s)):
+        chosen = make_plan(graph, cluster, planner=name, mode="auto" if weigh else "model", budget_s=budget_s,
+                           seed=seed, cost=cost, module=module, accept=runs_here if weigh else None)
+    return auto_choice(chosen, n) if weigh else chosen
+
+
 class PlacedModule(nn.Module):
     """A model whose operations run on their planned devices (model parallel).
 
@@ -89,12 +122,17 @@ class PlacedModule(nn.Module):
     returns the model's own output type. Tensors may change shape between calls where the trace
     allows it; non-tensor arguments must keep their traced values (a clear error says which
     one differs). The first call after ``eval()`` (or ``train()``) in the mode the model was not
-    traced in traces it again in that mode and places it by the same plan.
+    traced in traces it again in that mode and places it by the same plan
+    (:func:`autoplace.rewrite.mapping.targets_by_name`).
+
+    Online fine-tuning talks to it through :class:`autoplace.online.Tunable` (``training``,
+    ``parameters()``, ``buffers()``, ``apply_plan``): the tuner is a step hook around each
+    forward (``OnlineTuner.around_forward``) and asks for re-placements by ``apply_plan``.
     """
 
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
                  plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
-                 leaf_modules: Sequence[Any], progress: bool, online: Any = None,
+                 leaf_modules: Sequence[type | str], progress: bool, online: OnlineConfig | None = None,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
         super().__init__()
         # Share the user's registries: same keys in state_dict(), same Parameter objects.
@@ -106,29 +144,18 @@ class PlacedModule(nn.Module):
                       "_load_state_dict_post_hooks"):
             if hasattr(model, hooks):
                 setattr(self, hooks, getattr(model, hooks))
-        self.__dict__["_wrapped"] = model
-        self.__dict__["_placed_gm"] = None
-        self.__dict__["_traced"] = None
-        # training flag -> (traced graph, placed module) for that mode (see _for_mode).
-        self.__dict__["_modes"] = {}
-        self.devices = list(devices)
-        self.cluster = cluster
-        self._planner = planner
-        self._mode = mode
+        # Kept out of the module registries (state_dict() stays the model's). _modes: training
+        # flag -> (traced graph, placed module) for that mode (see _for_mode).
+        self.__dict__.update(_wrapped=model, _placed_gm=None, _traced=None, _active=None, _online_config=online,
+                             _tuner=None, _optimizer=optimizer, _modes={})
+        self.devices, self.cluster, self.cost = list(devices), cluster, cost or CostModel()
+        self._planner, self._mode, self._budget_s, self._seed = planner, mode, budget_s, seed
+        self._leaf_modules, self._progress = tuple(leaf_modules), progress
         self.plan: Placement | None = plan
         self.graph: OpGraph | None = None
-        self.simulated: Any = None
-        self.cost = cost or CostModel()
-        self._budget_s = budget_s
-        self._seed = seed
-        self._leaf_modules = tuple(leaf_modules)
-        self._progress = progress
+        self.simulated: SimResult | None = None
         self.timings: dict[str, float] = {}
         self.training = model.training
-        # Online fine-tuning (kept out of the module registries: state_dict() stays the model's).
-        self.__dict__["_online_config"] = online
-        self.__dict__["_tuner"] = None
-        self.__dict__["_optimizer"] = optimizer
 
     # ---- building ------------------------------------------------------------------------
 
@@ -136,58 +163,49 @@ class PlacedModule(nn.Module):
     def ready(self) -> bool:
         return self.__dict__["_placed_gm"] is not None
 
-    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        with shown(self._progress):
-            self._build_plan(args, kwargs)
-
-    def _build_plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any], again: str = "") -> Traced:
         from .graph.trace import trace_module
-        from .planners import plan as make_plan
-        from .planners.planning import plan_budget, wrap_budget
-        from .sim import simulate
 
         model: nn.Module = self.__dict__["_wrapped"]
-        example: Any = kwargs if kwargs else args
+        with shown(self._progress), Step(f"autoplace: tracing {type(model).__name__}{again}", stream=sys.stderr):
+            return trace_module(model, kwargs if kwargs else args, leaf_modules=self._leaf_modules)
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with shown(self._progress):
+            self._place(args, kwargs)
+
+    def _place(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from .sim import simulate
+
         t0 = time.perf_counter()
-        with Step(f"autoplace: tracing {type(model).__name__}", stream=sys.stderr):
-            traced = trace_module(model, example, leaf_modules=self._leaf_modules)
+        traced = self._trace(args, kwargs)
         self.timings["trace_s"] = time.perf_counter() - t0
-        graph = traced.graph
-        self.graph = graph
+        graph = self.graph = traced.graph
         if self.plan is not None:
             problems = self.plan.problems(graph, self.cluster)
             if problems:
                 raise PlacementError(problems)
         else:
             t0 = time.perf_counter()
-            # One target leaves one way to place it: no search.
-            planner = "single" if self.cluster.num_devices == 1 and self._planner == "best" else self._planner
-            weigh = self._mode == "auto" and self.cluster.num_devices > 1
-            with Step(f"autoplace: planning {graph.num_nodes} ops on {self.cluster.num_devices} devices "
-                      f"(planner {planner!r})", stream=sys.stderr), \
-                    plan_budget(wrap_budget(self._budget_s, self.timings["trace_s"])) as total:
-                with plan_budget(0.75 * total if weigh else total):  # the rest weighs pipeline plans
-                    self.plan = make_plan(graph, self.cluster, planner=planner, mode="model",
-                                          budget_s=self._budget_s, seed=self._seed, cost=self.cost, module=model)
-                if weigh:
-                    self.plan = self._weigh_multiprocess(graph, self.plan)
+            self.plan = plan_model(graph, self.cluster, planner=self._planner, mode=self._mode, budget_s=self._budget_s,
+                                   trace_s=self.timings["trace_s"], seed=self._seed, cost=self.cost,
+                                   module=self.__dict__["_wrapped"])
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
         t0 = time.perf_counter()
         gm = self._realise(traced, self.plan)
         self.timings["rewrite_s"] = time.perf_counter() - t0
-        self.__dict__["_traced"] = traced
-        self.__dict__["_placed_gm"] = gm
-        self.__dict__["_modes"] = {model.training: (traced, gm)}
-        if self.__dict__["_online_config"] is not None:
+        self.__dict__.update(_traced=traced, _placed_gm=gm, _modes={self.__dict__["_wrapped"].training: (traced, gm)})
+        config = self.__dict__["_online_config"]
+        if config is not None:
             from .online import OnlineTuner
 
-            tuner = OnlineTuner(self, self.__dict__["_online_config"])
+            tuner = OnlineTuner(self, config, graph=graph, cluster=self.cluster, cost=self.cost, plan=self.plan)
             self.__dict__["_tuner"] = tuner
             if self.__dict__["_optimizer"] is not None:
                 tuner.attach_optimizer(self.__dict__["_optimizer"])
 
-    def _realise(self, traced: Any, plan: Placement) -> nn.Module:
+    def _realise(self, traced: Traced, plan: Placement) -> nn.Module:
         """The module that runs ``plan``: the user's own module when every op is on one device
         (nothing to rewrite), else the placed GraphModule."""
         from .rewrite.placed import OneDevice, place_module
@@ -198,47 +216,12 @@ class PlacedModule(nn.Module):
         target_of_fx = {name: int(plan.device_of_node[i]) for name, i in traced.op_of_fx.items()}
         return place_module(traced.gm, target_of_fx, [d.name for d in self.cluster.devices])
 
-    def _weigh_multiprocess(self, graph: OpGraph, chosen: Placement) -> Placement:
-        """mode="auto" in one process: also simulate data-parallel, pipeline and hybrid plans
-        (they need one process per device, under torchrun) so the report can say what they
-        would give; the plan stays the best one this process can run."""
-        from dataclasses import replace
-
-        from .planners import plan as make_plan
-        from .errors import NoFitError
-
-        rows = [dict(r, runs_here=True) for r in chosen.meta.get("candidates", [])]
-        n = self.cluster.num_devices
-        try:
-            pipe = make_plan(graph, self.cluster, planner="best", mode="pipeline", budget_s=self._budget_s,
-                             seed=self._seed, cost=self.cost)
-            extra = pipe.meta.get("candidates", [])
-        except NoFitError as e:
-            extra = [dict(planner="pipeline planners", mode="pipeline", step_time_s=None, error=str(e))]
-        for r in extra:
-            note = f"needs torchrun --nproc-per-node {n}"
-            rows.append(dict(r, runs_here=False, error=(r.get("error") or note)))
-        best_here = chosen.meta.get("predicted_step_time_s")
-        others = [r for r in rows if not r["runs_here"] and r.get("step_time_s") is not None and not r.get("oom")]
-        why = f"chose {chosen.planner} (model parallel in this process)"
-        if best_here is not None:
-            why += f", predicted {best_here * 1e3:.3f} ms"
-        if others:
-            top = min(others, key=lambda r: r["step_time_s"])
-            if best_here is not None and top["step_time_s"] < best_here:
-                why += (f"; {top['planner']} ({top['mode']}) would predict {top['step_time_s'] * 1e3:.3f} ms "
-                        f"but needs one process per device: launch with torchrun --nproc-per-node {n} "
-                        "and mode='auto' to use it")
-            else:
-                why += f"; the best multi-process plan ({top['planner']}) predicts {top['step_time_s'] * 1e3:.3f} ms"
-        return replace(chosen, meta=dict(chosen.meta, candidates=rows, auto_choice=why))
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.ready:
             self._build(args, kwargs)
-        tuner = self.__dict__["_tuner"]
+        tuner: OnlineTuner | None = self.__dict__["_tuner"]
         if tuner is not None:
-            return tuner.forward(args, kwargs)
+            return tuner.around_forward(lambda: self._run(args, kwargs))
         return self._run(args, kwargs)
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -253,33 +236,29 @@ class PlacedModule(nn.Module):
         traced, gm = self._for_mode(args, kwargs)
         return traced.output(gm(*traced.bind_call(args, kwargs).values()))
 
-    def _for_mode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, nn.Module]:
+    def _for_mode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Traced, nn.Module]:
         """The traced graph and placed module for the current mode (train or eval).
 
         A traced graph is fixed to the mode it was traced in: torch.export writes dropout's and
         BatchNorm's training flag, and any ``if self.training:`` of the model's code, into the
         graph as constants (symbolic tracing does the latter). So the first call in the other
         mode traces the model again in that mode, on this call's inputs, and places it by the
-        same plan (each fx node on the device of the node of the same name; a node the first
-        trace lacks goes with its first input). Both are kept; a switch moves any tensor the two
-        placements keep in different places.
+        same plan (:func:`autoplace.rewrite.mapping.targets_by_name`: each fx node on the device
+        of the node of the same name; a node the first trace lacks goes with its first input).
+        Both are kept; a switch moves any tensor the two placements keep in different places.
         """
+        from .rewrite.mapping import targets_by_name
         from .rewrite.placed import place_module, settle
 
         modes = self.__dict__["_modes"]
         if self.training not in modes:
-            from .graph.trace import trace_module
-
             (base, base_gm), = modes.values()
-            with shown(self._progress), Step(f"autoplace: tracing {type(self.__dict__['_wrapped']).__name__} "
-                                             f"again in {'train' if self.training else 'eval'} mode",
-                                             stream=sys.stderr):
-                traced = trace_module(self.__dict__["_wrapped"], kwargs if kwargs else args,
-                                      leaf_modules=self._leaf_modules)
+            traced = self._trace(args, kwargs, f" again in {'train' if self.training else 'eval'} mode")
             if traced.gm.code == base.gm.code:
                 modes[self.training] = (base, base_gm)
             else:
-                targets = _targets_by_name(traced, base, self.plan)
+                assert self.plan is not None  # placed: it has a plan
+                targets = targets_by_name(traced.graph, traced.op_of_fx, base.op_of_fx, self.plan)
                 gm = place_module(traced.gm, targets, [d.name for d in self.cluster.devices])
                 gm.train(self.training)
                 modes[self.training] = (traced, gm)
@@ -290,7 +269,7 @@ class PlacedModule(nn.Module):
         return traced, gm
 
     @property
-    def _placed_gm(self) -> Any:
+    def _placed_gm(self) -> nn.Module | None:  # what runs the plan (tests and benchmarks read it)
         return self.__dict__["_placed_gm"]
 
     # ---- re-placement and online fine-tuning ---------------------------------------------------
@@ -305,32 +284,24 @@ class PlacedModule(nn.Module):
         (the rewrite places a model that sits on one device). Raises :class:`PlacementError`
         naming the problem, before anything moves, when the plan does not fit this model.
         """
-        from .online.state import follow_parameters, stage_on
+        from .online.state import follow_parameters, gather_on_one
         from .sim import simulate
 
-        if not self.ready:
+        traced: Traced | None = self.__dict__["_traced"]
+        if traced is None or self.graph is None:
             raise WrapError("the model is not placed yet: call it once (or pass example_inputs to wrap) first")
         new = plan if isinstance(plan, Placement) else Placement.from_json(plan)
-        assert self.graph is not None
         problems = new.problems(self.graph, self.cluster)
         if new.mode != "model":
             problems.append("a PlacedModule runs model-parallel plans; this one is a pipeline plan")
         if problems:
             raise PlacementError(problems)
-        traced = self.__dict__["_traced"]
-        state = [*traced.gm.parameters(), *traced.gm.buffers()]
-        nbytes: dict[torch.device, int] = {}
-        for t in state:
-            nbytes[t.device] = nbytes.get(t.device, 0) + t.numel() * t.element_size()
-        moved = 0
-        if len(nbytes) > 1:
-            moved += stage_on(state, max(nbytes, key=lambda d: nbytes[d]))
+        moved = gather_on_one([*traced.gm.parameters(), *traced.gm.buffers()])
         gm = self._realise(traced, new)
         gm.train(self.training)
         moved += follow_parameters(list(self.__dict__["_wrapped"].parameters()),
                                    optimizer if optimizer is not None else self.__dict__["_optimizer"])
-        self.__dict__["_placed_gm"] = gm
-        self.__dict__["_modes"] = {traced.gm.training: (traced, gm)}
+        self.__dict__.update(_placed_gm=gm, _modes={traced.gm.training: (traced, gm)})
         self.plan = new
         self.simulated = simulate(self.graph, new, self.cluster, cost=self.cost)
         self.timings["last_replacement_bytes"] = float(moved)
@@ -347,7 +318,7 @@ class PlacedModule(nn.Module):
             tuner.attach_optimizer(optimizer)
 
     @property
-    def tuner(self) -> Any:
+    def tuner(self) -> OnlineTuner | None:
         """The :class:`autoplace.online.OnlineTuner` (None without ``finetune="online"`` or
         before the first forward)."""
         return self.__dict__["_tuner"]
@@ -392,19 +363,31 @@ class PlacedModule(nn.Module):
         return f"devices={self.devices}, plan={self.plan.describe() if self.plan is not None else 'pending'}"
 
 
-def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None, planner: str = "best",
-         mode: str = "auto", plan: Placement | str | Path | None = None, finetune: bool | str = False,
-         cluster: Cluster | str | None = None, cost: CostModel | None = None, budget_s: float | None = None,
-         seed: int = 0, leaf_modules: Sequence[Any] = (), progress: bool = True,
-         optimizer: torch.optim.Optimizer | None = None, online: Any = None, **kwargs: Any) -> Any:
+Wrapped = Union[PlacedModule, "PipelineRunner"]
+"""What :func:`wrap` returns: a :class:`PlacedModule` (model parallel, in this process) or,
+under torchrun, this rank's pipeline module (:class:`autoplace.rewrite.runtime.PipelineRunner`;
+with online tuning its :class:`autoplace.online.pipeline.OnlinePipeline` form)."""
+
+
+def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inputs: ExampleInputs | None = None,
+         planner: str = "best", mode: str = "auto", plan: Placement | str | Path | None = None,
+         finetune: bool | str = False, cluster: Cluster | str | None = None, cost: CostModel | None = None,
+         budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[type | str] = (), progress: bool = True,
+         optimizer: torch.optim.Optimizer | None = None, online: OnlineConfig | None = None,
+         loss_fn: Callable[..., torch.Tensor] | None = None, timeout_s: float | Timeouts | None = None,
+         batch_norm: str = "sync") -> Wrapped:
     """Place ``model`` on ``devices`` and return a module that runs it there.
+
+    Returns a :class:`PlacedModule` (model parallel, in this process) or, under torchrun (mode
+    ``"pipeline"``, or ``"auto"`` in a process group), this rank's pipeline module
+    (:class:`autoplace.rewrite.runtime.PipelineRunner`: ``runner.step(*inputs, target=y)``;
+    :mod:`autoplace.distributed`).
 
     Args:
         model: the user's ``nn.Module`` (all on one device, usually the CPU).
         devices: torch device names, e.g. ``["cuda:0", "cuda:1"]``. A device may repeat
             (``["cpu", "cpu"]``): each entry is a distinct placement target.
-        example_inputs: a tuple of positional arguments or a dict of keyword arguments; when
-            None the model is traced on its first forward call.
+        example_inputs: a tuple of positional or a dict of keyword arguments (None: traced on the first call).
         planner: a name from ``autoplace.planners()`` or ``"best"``.
         mode: ``"model"`` (model parallel in this process), ``"pipeline"`` (one stage per
             torchrun rank) or ``"auto"`` (chosen by simulated step time and memory).
@@ -412,14 +395,11 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         cluster: the cluster to plan for (a preset name or a Cluster) when the real devices'
             properties should be overridden; by default read from ``devices``.
         cost: the cost model (default: roofline with default efficiencies).
-        budget_s: seconds planning may take, all planners together (with ``mode="auto"`` a
-            quarter of it weighs the pipeline plans). None (default): the learned planners in
-            their quick modes, and planning at most 6 s and at most what tracing left of 9 s
-            (never under 2 s), so trace and plan take about 9 s at worst
-            (``autoplace.planners.planning.wrap_budget``). Learned planners get what the
-            heuristics leave and are skipped, said in ``placed.report()``, when nothing is
-            left; numba's one-time compilation (the first run after installing) is not
-            counted. Planning of more than 2 s shows its progress on stderr.
+        budget_s: seconds planning may take, all planners together (with ``mode="auto"`` the
+            pipeline plans are weighed within it). None (default): the learned planners in their
+            quick modes, planning at most 6 s and at most what tracing left of 9 s (never under
+            2 s) (``autoplace.planners.planning.wrap_budget``); learned planners get what the
+            heuristics leave and are skipped, said in ``placed.report()``, when nothing is left.
         seed: makes planning reproducible.
         finetune: ``"online"`` (or True) keeps improving the placement during training from
             measured step times (:mod:`autoplace.online`); False (default) keeps the plan.
@@ -428,21 +408,64 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
         online: an :class:`autoplace.online.OnlineConfig` (default settings when None).
         progress: print what is being done on the slow steps (tracing, planning) to stderr
             and show the learned planners' progress; False keeps wrap silent.
-        **kwargs: for pipeline mode (under torchrun): ``loss_fn`` (required); ``timeout_s``, how
-            long a rank waits for a peer before ``PipelineTimeoutError`` names it: None (default)
-            600 s while tracing and planning, then per wait in a step ``max(30 s, 10 x the
-            predicted step)`` (first step ``max(300 s, 100 x)``), a peer stopped between steps
-            10 s; a number for one bound everywhere, or a ``autoplace.rewrite.liveness.Timeouts``;
-            ``batch_norm``: ``"sync"`` (default: BatchNorm running statistics over the whole batch,
-            replicas synchronised) or ``"local"`` (torch's, per micro-batch).
+        loss_fn: pipeline mode only (required there): ``loss_fn(output, target)``, computed
+            on the last stage.
+        timeout_s: pipeline mode only: how long a rank waits for a peer before
+            ``PipelineTimeoutError`` names it: None (default: bounds from the predicted step,
+            :func:`autoplace.distributed.wrap_pipeline`), seconds, or a ``liveness.Timeouts``.
+        batch_norm: pipeline mode only: ``"sync"`` (default: BatchNorm running statistics over
+            the whole batch, replicas synchronised) or ``"local"`` (torch's, per micro-batch).
 
-    Errors (:class:`WrapError`, :class:`PlacementError`) are raised before anything about the
-    model changes.
+    Errors (:class:`WrapError`, :class:`PlacementError`) come before anything about the model changes.
     """
+    names = _check_arguments(model, devices, mode, batch_norm)
+    cl = _target_cluster(names, cluster)
+    placement = plan if plan is None or isinstance(plan, Placement) else Placement.from_json(plan)
+    if placement is not None:
+        used = placement.devices_used()
+        if used and max(used) >= len(names):
+            raise WrapError(f"the plan names device {max(used)} but only {len(names)} devices were given "
+                            f"({', '.join(names)}); pass at least {max(used) + 1} devices")
+        if placement.mode == "pipeline" and mode == "model":
+            raise WrapError("the plan is a pipeline plan; use mode='pipeline' (under torchrun) or mode='auto'")
+    from .online import OnlineError, online_config
+
+    try:
+        online_cfg = online_config(finetune, online, model=model, optimizer=optimizer)
+    except OnlineError as e:
+        raise WrapError(str(e)) from None
+    distributed = _in_torchrun() or torch.distributed.is_initialized()
+    if mode == "pipeline" or (mode == "auto" and distributed) or (placement is not None and placement.mode == "pipeline"):
+        from .distributed import wrap_pipeline
+
+        return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
+                             plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
+                             online=online_cfg, optimizer=optimizer, loss_fn=loss_fn, timeout_s=timeout_s,
+                             batch_norm=batch_norm)
+    given = [k for k, v in (("loss_fn", loss_fn), ("timeout_s", timeout_s), ("batch_norm", batch_norm != "sync"))
+             if v not in (None, False)]
+    if given:
+        raise WrapError(f"{', '.join(given)}: for mode='pipeline' (under torchrun) only; a model-parallel wrap "
+                        "in this process takes none: leave them out, or launch with torchrun and mode='pipeline'")
+    pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,
+                      budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress, online=online_cfg,
+                      optimizer=optimizer)
+    if example_inputs is not None:
+        args, kw = _as_inputs(example_inputs)
+        pm._build(args, kw)
+    return pm
+
+
+def _check_arguments(model: object, devices: Sequence[str | torch.device], mode: str, batch_norm: str) -> list[str]:
+    """The device names of ``devices``, after checking what ``wrap`` was given (WrapError: the
+    value, the rule, the fix)."""
     if not isinstance(model, nn.Module):
         raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if mode not in MODES:
         raise WrapError(f"mode {mode!r} is unknown; use one of {MODES}")
+    if batch_norm not in ("sync", "local"):
+        raise WrapError(f"batch_norm is {batch_norm!r}; use 'sync' (whole-batch statistics) or 'local' (per "
+                        "micro-batch)")
     names = _check_devices(devices)
     spread = _model_devices(model)
     if len(spread) > 1:
@@ -454,96 +477,22 @@ def wrap(model: nn.Module, devices: Sequence[Any], *, example_inputs: Any = None
                         f"{', '.join(names)}; build it with real weights, or materialise them first "
                         "(model.to_empty(device='cpu'), then load_state_dict). To plan without weights, "
                         "use autoplace.trace(model, example_inputs) and autoplace.plan(graph, cluster)")
+    return names
+
+
+def _target_cluster(names: list[str], cluster: Cluster | str | None) -> Cluster:
+    """The cluster to plan for: read from the devices ``names``, or ``cluster`` (a preset name
+    or a Cluster) with its devices renamed to ``names``."""
+    from dataclasses import replace
+
     try:
         real = Cluster.from_devices(names)
     except ClusterError as e:
         raise WrapError(str(e)) from None
     if cluster is None:
-        cl = real
-    else:
-        cl = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
-        if cl.num_devices != len(names):
-            raise WrapError(f"cluster {cl.name!r} has {cl.num_devices} devices but {len(names)} were given")
-        cl = Cluster(tuple(_rename(dv, n) for dv, n in zip(cl.devices, names)), cl.bandwidth_matrix,
-                     cl.latency_matrix, cl.link_names, name=cl.name)
-    placement: Placement | None
-    if plan is None or isinstance(plan, Placement):
-        placement = plan
-    else:
-        placement = Placement.from_json(plan)
-    if placement is not None:
-        used = placement.devices_used()
-        if used and max(used) >= len(names):
-            raise WrapError(f"the plan names device {max(used)} but only {len(names)} devices were given "
-                            f"({', '.join(names)}); pass at least {max(used) + 1} devices")
-        if placement.mode == "pipeline" and mode == "model":
-            raise WrapError("the plan is a pipeline plan; use mode='pipeline' (under torchrun) or mode='auto'")
-    online_cfg = _online_config(finetune, online)
-    if optimizer is not None and online_cfg is None:
-        raise WrapError("optimizer= is for online fine-tuning; add finetune='online' (or leave optimizer out)")
-    if optimizer is not None:
-        from .online import OnlineError, check_optimizer
-
-        try:
-            check_optimizer(model, optimizer)
-        except OnlineError as e:
-            raise WrapError(str(e)) from None
-    distributed = _in_torchrun() or torch.distributed.is_initialized()
-    if mode == "pipeline" or (mode == "auto" and distributed) or (placement is not None and placement.mode == "pipeline"):
-        from .distributed import wrap_pipeline
-
-        extra = dict(online=online_cfg, optimizer=optimizer) if online_cfg is not None else {}
-        return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
-                             plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
-                             **extra, **kwargs)
-    if kwargs:
-        raise WrapError(f"unexpected arguments {sorted(kwargs)} for model-parallel wrap")
-    pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,
-                      budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress, online=online_cfg,
-                      optimizer=optimizer)
-    if example_inputs is not None:
-        args, kw = _as_inputs(example_inputs)
-        pm._build(args, kw)
-    return pm
-
-
-def _targets_by_name(traced: Any, base: Any, plan: Placement | None) -> dict[str, int]:
-    """A target for every fx node of ``traced`` from ``plan``, made for ``base`` (another trace
-    of the same model): the device of the node of the same name; an op none of whose nodes
-    ``base`` has runs with its first input that has a device (else on the plan's first device)."""
-    assert plan is not None
-    device_of_name = {name: int(plan.device_of_node[i]) for name, i in base.op_of_fx.items()}
-    graph = traced.graph
-    op_device: list[int | None] = [None] * graph.num_nodes
-    for i, members in enumerate(graph.members):
-        op_device[i] = next((device_of_name[m] for m in members if m in device_of_name), None)
-    first = plan.devices_used()[0] if plan.devices_used() else 0
-    for i in range(graph.num_nodes):  # ops are in topological order
-        if op_device[i] is None:
-            inputs = [int(a) for a, b in graph.edges.tolist() if b == i and op_device[int(a)] is not None]
-            op_device[i] = op_device[inputs[0]] if inputs else first
-    return {name: int(op_device[i] or 0) for name, i in traced.op_of_fx.items()}
-
-
-def _online_config(finetune: bool | str, online: Any) -> Any:
-    """The OnlineConfig of ``finetune``/``online`` (None when fine-tuning is off)."""
-    if finetune is False or finetune is None:
-        if online is not None:
-            raise WrapError("online= settings were given but finetune is off; pass finetune='online'")
-        return None
-    if finetune is not True and finetune != "online":
-        raise WrapError(f"finetune is {finetune!r}; use 'online' (or True) to fine-tune from measured steps, "
-                        "or False")
-    from .online import OnlineConfig
-
-    if online is None:
-        return OnlineConfig()
-    if not isinstance(online, OnlineConfig):
-        raise WrapError(f"online must be an autoplace.online.OnlineConfig; got {type(online).__name__}")
-    return online
-
-
-def _rename(dev: Any, name: str) -> Any:
-    from dataclasses import replace
-
-    return replace(dev, name=name)
+        return real
+    cl = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+    if cl.num_devices != len(names):
+        raise WrapError(f"cluster {cl.name!r} has {cl.num_devices} devices but {len(names)} were given")
+    return Cluster(tuple(replace(dv, name=n) for dv, n in zip(cl.devices, names)), cl.bandwidth_matrix,
+                   cl.latency_matrix, cl.link_names, name=cl.name)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .sim import SimResult
 
 __all__ = ["placement_report", "candidates_table", "planning_summary", "best_single_device", "format_bytes",
-           "format_table"]
+           "format_table", "auto_choice"]
 
 
 def format_bytes(n: float) -> str:
@@ -86,6 +86,34 @@ def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) 
         body.append(row + [note])
     head = ["planner", "mode", "step ms", "peak memory", "plan s"] + (["runs in"] if where else []) + ["note"]
     return "\n".join([format_table(head, body, markdown=markdown), *notes])
+
+
+def auto_choice(chosen: "Placement", num_devices: int) -> "Placement":
+    """``chosen`` (the plan of ``plan(mode="auto", accept=...)`` that runs in this process) with
+    its candidate rows marked ``runs_here`` (model parallel) or not (the data-parallel, pipeline
+    and hybrid plans, which need one process per device under torchrun; this process's rows
+    first) and ``meta["auto_choice"]``: why it was chosen, and what the fastest multi-process
+    plan would predict."""
+    from dataclasses import replace
+
+    note = f"needs torchrun --nproc-per-node {num_devices}"
+    rows = [dict(r, runs_here=r.get("mode") == "model") for r in chosen.meta.get("candidates", [])]
+    rows = [r if r["runs_here"] else dict(r, error=(r.get("error") or note)) for r in rows]
+    rows.sort(key=lambda r: not r["runs_here"])  # stable: this process's rows, then torchrun's
+    best_here = chosen.meta.get("predicted_step_time_s")
+    others = [r for r in rows if not r["runs_here"] and r.get("step_time_s") is not None and not r.get("oom")]
+    why = f"chose {chosen.planner} (model parallel in this process)"
+    if best_here is not None:
+        why += f", predicted {best_here * 1e3:.3f} ms"
+    if others:
+        top = min(others, key=lambda r: r["step_time_s"])
+        if best_here is not None and top["step_time_s"] < best_here:
+            why += (f"; {top['planner']} ({top['mode']}) would predict {top['step_time_s'] * 1e3:.3f} ms "
+                    f"but needs one process per device: launch with torchrun --nproc-per-node {num_devices} "
+                    "and mode='auto' to use it")
+        else:
+            why += f"; the best multi-process plan ({top['planner']}) predicts {top['step_time_s'] * 1e3:.3f} ms"
+    return replace(chosen, meta=dict(chosen.meta, candidates=rows, auto_choice=why))
 
 
 def planning_summary(meta: dict[str, Any]) -> str:

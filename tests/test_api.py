@@ -14,7 +14,7 @@ from torch import nn
 
 import autoplace
 from autoplace.api import WrapError
-from autoplace.placement import PlacementError
+from autoplace.placement import Placement, PlacementError
 
 CPU3 = ["cpu", "cpu", "cpu"]
 ZOO = ["gpt2", "resnet18", "gnmt4-unrolled"]
@@ -130,8 +130,12 @@ def test_other_bad_arguments() -> None:
         autoplace.wrap(model, CPU3, mode="fast")
     with pytest.raises(WrapError, match="must be a torch.nn.Module"):
         autoplace.wrap(lambda x: x, CPU3)  # type: ignore[arg-type]
-    with pytest.raises(WrapError, match="unexpected arguments"):
-        autoplace.wrap(model, CPU3, mode="model", microbatches=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'microbatches'"):
+        autoplace.wrap(model, CPU3, mode="model", microbatches=4)  # type: ignore[call-arg]
+    with pytest.raises(WrapError, match="loss_fn: for mode='pipeline'"):
+        autoplace.wrap(model, CPU3, mode="model", loss_fn=torch.nn.functional.mse_loss)
+    with pytest.raises(WrapError, match="batch_norm is 'global'"):
+        autoplace.wrap(model, CPU3, batch_norm="global")
     assert_untouched(model, before)
 
 
@@ -171,3 +175,61 @@ def test_progress_lines_on_stderr_and_silence_on_request(capsys: pytest.CaptureF
     autoplace.wrap(copy.deepcopy(wl.model), ["cpu", "cpu"], example_inputs=wl.example_inputs, planner="expert",
                    progress=False)
     assert capsys.readouterr().err == ""
+
+
+def _old_targets_by_name(traced: Any, base: Any, plan: Placement) -> dict[str, int]:
+    """api.py's mapping before issue 14 (O(N*E)), kept to check the new one against."""
+    device_of_name = {name: int(plan.device_of_node[i]) for name, i in base.op_of_fx.items()}
+    graph = traced.graph
+    op_device: list[int | None] = [None] * graph.num_nodes
+    for i, members in enumerate(graph.members):
+        op_device[i] = next((device_of_name[m] for m in members if m in device_of_name), None)
+    first = plan.devices_used()[0] if plan.devices_used() else 0
+    for i in range(graph.num_nodes):
+        if op_device[i] is None:
+            inputs = [int(a) for a, b in graph.edges.tolist() if b == i and op_device[int(a)] is not None]
+            op_device[i] = op_device[inputs[0]] if inputs else first
+    return {name: int(op_device[i] or 0) for name, i in traced.op_of_fx.items()}
+
+
+class _ModeNet(nn.Module):
+    """A model whose trace differs by mode (a branch on self.training), with dropout and BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.b, self.c = nn.Linear(6, 12), nn.BatchNorm1d(12), nn.Linear(12, 12), nn.Linear(12, 3)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.a(x)))
+        if self.training:
+            h = self.drop(h) * 1.5 + torch.tanh(h)
+        else:
+            h = torch.sigmoid(self.b(h)) + h
+        return self.c(h)
+
+
+def test_plan_mapping_between_traces_equals_the_old_one() -> None:
+    from autoplace.graph.trace import trace_module
+    from autoplace.rewrite.mapping import targets_by_name
+
+    x = torch.randn(5, 6)
+    model = _ModeNet().train()
+    base = trace_module(model, (x,))
+    cluster = autoplace.Cluster.from_devices(CPU3)
+    rng = np.random.default_rng(0)
+    model.eval()
+    other = trace_module(model, (x,))
+    assert other.gm.code != base.gm.code and set(other.op_of_fx) != set(base.op_of_fx)
+    for trial in range(5):
+        plan = Placement.from_assignment(base.graph, cluster, rng.integers(0, 3, base.graph.num_nodes))
+        new = targets_by_name(other.graph, other.op_of_fx, base.op_of_fx, plan)
+        assert new == _old_targets_by_name(other, base, plan)
+    # eval -> train too, and the placed module in eval mode still matches the plain model
+    assert targets_by_name(base.graph, base.op_of_fx, other.op_of_fx, plan) == _old_targets_by_name(base, other, plan)
+    placed = autoplace.wrap(_ModeNet().train(), CPU3, example_inputs=(x,), planner="expert", mode="model",
+                            progress=False)
+    ref = _ModeNet().eval()
+    placed.eval()
+    assert torch.allclose(placed(x), ref(x))

@@ -1,8 +1,8 @@
 """Online fine-tuning: the placement keeps improving while the user's training runs, from the
 step times it really measures.
 
-- :mod:`.tuner`: ``OnlineConfig``, ``OnlineTuner`` (timing, trial schedule, failures) used by
-  ``wrap(..., finetune="online")``;
+- :mod:`.tuner`: ``OnlineConfig``, ``OnlineTuner`` (timing, trial schedule, failures), the
+  step hook of ``wrap(..., finetune="online")`` over the module's ``Tunable`` protocol;
 - :mod:`.search`: the next candidate (policy samples screened in the calibrated simulator), PPO;
 - :mod:`.policy`: the policies it samples from (EAGLE centred on the plan; pipeline cuts);
 - :mod:`.calibrate`: per-device and link factors fitted to measured step times;
@@ -12,6 +12,6 @@ step times it really measures.
 
 from __future__ import annotations
 
-from .tuner import OnlineConfig, OnlineError, OnlineTuner, StepTimer, check_optimizer
+from .tuner import OnlineConfig, OnlineError, OnlineTuner, StepTimer, Tunable, check_optimizer, online_config
 
-__all__ = ["OnlineConfig", "OnlineTuner", "OnlineError", "StepTimer", "check_optimizer"]
+__all__ = ["OnlineConfig", "OnlineTuner", "OnlineError", "StepTimer", "Tunable", "check_optimizer", "online_config"]

@@ -2,6 +2,13 @@
 
 Model parallel (:func:`model_policy`): in order of preference,
 
+0. ``"mars"``: when the plan came from the Mars planner, the network it placed with
+   (:func:`planner_network`: the shipped or given weights it loaded,
+   :func:`autoplace.planners.learned.mars.planner.load_pretrained`), bound to the graph as a
+   :class:`~autoplace.planners.learned.mars.planner.MarsPolicy`: online PPO goes on training
+   the planner's own network instead of a fresh one. (A Mars plan fine-tuned with
+   ``budget_s`` was made by a copy the planner does not keep: the policy starts from the
+   weights that copy was fine-tuned from, and its note says so.)
 1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.learned.eagle.planner`; Lan, Chen, Li, IPDPS 2021)
    centred on the current placement by the planner's own warm start (its samples differ from
    the placement by about one op and two groups, whole runs of ops moved to another device);
@@ -10,7 +17,7 @@ Model parallel (:func:`model_policy`): in order of preference,
    the placement with about ``perturb_ops`` ops moved. This is the documented fallback when
    the EAGLE policy cannot be built (the reason is recorded).
 
-``"auto"`` tries them in that order. After a new best placement is measured, the policy is
+``"auto"`` tries them in that order (Mars only for a Mars plan). After a new best placement is measured, the policy is
 centred on it again (EAGLE's self-imitation re-centring).
 
 Pipeline (:class:`CutPolicy`): ``S - 1`` categoricals over the cut positions in topological
@@ -38,10 +45,27 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
+    from ..placement import Placement
+    from ..planners.learned.mars.planner import MarsNet
 
-__all__ = ["model_policy", "recentre", "centred_logits", "CutPolicy", "POLICIES"]
+__all__ = ["model_policy", "planner_network", "recentre", "centred_logits", "CutPolicy", "POLICIES"]
 
-POLICIES = ("auto", "eagle", "independent")
+POLICIES = ("auto", "mars", "eagle", "independent")
+
+
+def planner_network(plan: "Placement") -> tuple["MarsNet | None", str]:
+    """The trained network the learned planner that made ``plan`` placed with, and a note:
+    ``(None, why)`` when there is none (a heuristic's plan, or Mars with no weights)."""
+    if plan.planner != "mars":
+        return None, f"the plan came from {plan.planner!r}, which has no network to start from"
+    from ..planners.learned.mars.planner import load_pretrained
+
+    weights = plan.meta.get("weights", "shipped")
+    if not isinstance(weights, str) or weights.startswith("none"):
+        return None, "Mars placed with an untrained network (no weights to start from)"
+    net = load_pretrained(None if weights == "shipped" else weights)
+    tuned = " (the planner's fine-tuned copy is not kept: its starting weights)" if "updates" in plan.meta else ""
+    return net, f"Mars's own network ({weights} weights){tuned}"
 
 
 def centred_logits(device_of_node: np.ndarray, num_devices: int, moves: float) -> np.ndarray:
@@ -69,11 +93,25 @@ def _check_protocol(policy: Any, n: int, d: int) -> None:
 
 
 def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None",
-                 device_of_node: np.ndarray, *, seed: int, perturb_ops: float) -> tuple[Any, str, str]:
-    """(policy, its name, a note on why it was chosen) for model-parallel fine-tuning."""
+                 device_of_node: np.ndarray, *, seed: int, perturb_ops: float,
+                 planned: "Placement | None" = None) -> tuple[Any, str, str]:
+    """(policy, its name, a note on why it was chosen) for model-parallel fine-tuning;
+    ``planned``: the plan being tuned (its planner's network is the ``"mars"`` policy)."""
     if kind not in POLICIES:
         raise ValueError(f"policy is {kind!r}; use one of {POLICIES}")
     note = ""
+    if kind == "mars" or (kind == "auto" and planned is not None and planned.planner == "mars"):
+        from ..planners.learned.mars.planner import MarsPolicy
+
+        net, why = planner_network(planned) if planned is not None else (None, "no plan was given")
+        if net is not None:
+            pol = MarsPolicy(net, graph, cluster, cost)
+            pol.eval()  # as the planner samples it
+            _check_protocol(pol, graph.num_nodes, cluster.num_devices)
+            return pol, "mars", why
+        if kind == "mars":
+            raise ValueError(f"policy 'mars' needs a plan made by the Mars planner with weights: {why}")
+        note = f"{why}; "
     if kind in ("auto", "eagle"):
         try:
             from ..planners.learned.eagle.planner import EagleConfig, build_policy, center

@@ -24,12 +24,18 @@ placement starts from exactly the state the failed attempt started from.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
-from torch import nn
 
-__all__ = ["follow_parameters", "stage_on", "misplaced_state", "StepSnapshot", "snapshot", "state_tensors"]
+__all__ = ["follow_parameters", "stage_on", "gather_on_one", "misplaced_state", "StepSnapshot", "snapshot",
+           "state_tensors", "HasBuffers"]
+
+
+class HasBuffers(Protocol):
+    """Anything whose buffers a :class:`StepSnapshot` can keep (an ``nn.Module``)."""
+
+    def buffers(self, recurse: bool = True) -> Iterator[torch.Tensor]: ...
 
 
 def _group_of(optimizer: torch.optim.Optimizer) -> dict[int, dict]:
@@ -85,6 +91,15 @@ def stage_on(tensors: Sequence[torch.Tensor], device: torch.device) -> int:
     return moved
 
 
+def gather_on_one(tensors: Sequence[torch.Tensor]) -> int:
+    """When ``tensors`` sit on several devices, move them all to the one holding most of their
+    bytes (:func:`stage_on`); returns bytes moved (0 when they share one device already)."""
+    nbytes: dict[torch.device, int] = {}
+    for t in tensors:
+        nbytes[t.device] = nbytes.get(t.device, 0) + t.numel() * t.element_size()
+    return stage_on(tensors, max(nbytes, key=lambda d: nbytes[d])) if len(nbytes) > 1 else 0
+
+
 def misplaced_state(params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None) -> list[str]:
     """Every gradient or optimizer-state tensor that is not on its parameter's device (the
     CPU ``step`` counts PyTorch keeps there on purpose excepted), as readable lines; empty
@@ -124,7 +139,7 @@ class StepSnapshot:
             torch.cuda.set_rng_state(state, idx)
 
 
-def snapshot(module: nn.Module, devices: Sequence[torch.device]) -> StepSnapshot:
+def snapshot(module: "HasBuffers", devices: Sequence[torch.device]) -> StepSnapshot:
     """A :class:`StepSnapshot` of ``module``'s buffers and of the generators of ``devices``."""
     with torch.no_grad():
         bufs = [(b, b.detach().clone()) for b in module.buffers()]

@@ -24,6 +24,11 @@ placement between trials are timed too and keep its estimate current (so a candi
 compared with the best under today's load, not the load at the start). After ``trials``
 trials the best measured placement stays and its plan is saved to ``save_path``.
 
+**The hook.** The tuner is a step hook: the placed module runs each forward through
+:meth:`OnlineTuner.around_forward` (step-time observation in), and the tuner asks for a
+re-placement through the module's :class:`Tunable` protocol (``apply_plan``, re-placement
+request out); neither touches the other's private state.
+
 **Re-placement** happens at the start of a forward call, between two steps, through
 :meth:`autoplace.api.PlacedModule.apply_plan`: parameters (in place: same ``Parameter``
 objects), gradients, buffers and optimizer state move with it
@@ -43,12 +48,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
 
-from .policy import model_policy
+from .policy import POLICIES, model_policy
 from .search import TuningSearch, candidate_key
 from .state import snapshot
 from ..placement import Placement
@@ -56,9 +61,29 @@ from ..planners.learned.ppo import PPOConfig
 from ..errors import AutoplaceError
 
 if TYPE_CHECKING:
-    from ..api import PlacedModule
+    from ..cluster import Cluster
+    from ..cost.analytic import CostModel
+    from ..graph.ir import OpGraph
 
-__all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError"]
+__all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError", "Tunable", "online_config", "check_optimizer"]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Tunable(Protocol):
+    """What online fine-tuning needs of a placed model (:class:`autoplace.api.PlacedModule`
+    has it): whether it trains, its parameters and buffers (to watch and snapshot them), and
+    re-placement by a plan between two steps."""
+
+    @property
+    def training(self) -> bool: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def buffers(self, recurse: bool = True) -> Iterator[torch.Tensor]: ...
+
+    def apply_plan(self, plan: Placement, *, optimizer: torch.optim.Optimizer | None = None) -> None: ...
 
 
 class OnlineError(AutoplaceError, ValueError):
@@ -89,8 +114,9 @@ class OnlineConfig:
     screen_top_k: int = 2
     """fastest screened placements per round that get a live trial."""
     policy: str = "auto"
-    """"auto" (EAGLE centred on the plan, else the independent per-op policy), "eagle" or
-    "independent" (model parallel; pipelines always use the cut policy)."""
+    """"auto" (the planner's own network when the plan came from Mars, else EAGLE centred on the
+    plan, else the independent per-op policy), "mars", "eagle" or "independent" (model parallel;
+    pipelines always use the cut policy)."""
     perturb_ops: float = 2.0
     """how far samples stray from the centre: about this many ops moved (EAGLE: half of it in
     ops, this many groups)."""
@@ -123,8 +149,8 @@ class OnlineConfig:
         for name, ok, rule in checks:
             if not ok:
                 raise OnlineError(f"OnlineConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
-        if self.policy not in ("auto", "eagle", "independent"):
-            raise OnlineError(f"OnlineConfig.policy is {self.policy!r}; use 'auto', 'eagle' or 'independent'")
+        if self.policy not in POLICIES:
+            raise OnlineError(f"OnlineConfig.policy is {self.policy!r}; use one of {POLICIES}")
 
 
 class StepTimer:
@@ -155,28 +181,27 @@ class StepTimer:
 
 
 class OnlineTuner:
-    """The step loop of online fine-tuning for a :class:`~autoplace.api.PlacedModule` (see the
-    module doc); built by ``wrap(..., finetune="online")``, reached as ``placed.tuner``."""
+    """The step loop of online fine-tuning for a placed model (a :class:`Tunable`, see the module
+    doc); built by ``wrap(..., finetune="online")`` from the placement's values (``graph``,
+    ``cluster``, ``cost``, the starting ``plan``), reached as ``placed.tuner``."""
 
-    def __init__(self, placed: "PlacedModule", config: OnlineConfig) -> None:
-        if placed.plan is None or placed.graph is None:
-            raise OnlineError("the module is not placed yet; the tuner starts after the first forward call")
-        self.placed, self.config = placed, config
-        graph, cluster = placed.graph, placed.cluster
-        start = np.asarray(placed.plan.device_of_node, dtype=np.int64)
-        policy, name, note = model_policy(config.policy, graph, cluster, placed.cost, start, seed=config.seed,
-                                          perturb_ops=config.perturb_ops)
+    def __init__(self, module: Tunable, config: OnlineConfig, *, graph: "OpGraph", cluster: "Cluster",
+                 cost: "CostModel", plan: Placement) -> None:
+        self.module, self.config, self.cluster = module, config, cluster
+        start = np.asarray(plan.device_of_node, dtype=np.int64)
+        policy, name, note = model_policy(config.policy, graph, cluster, cost, start, seed=config.seed,
+                                          perturb_ops=config.perturb_ops, planned=plan)
 
         def summarize(c: Any) -> str:
             return "/".join(str(int(x)) for x in np.bincount(np.asarray(c), minlength=cluster.num_devices))
 
-        first = placed.plan.planner
+        first = plan.planner
 
         def to_placement(c: Any) -> Placement:
             return Placement.from_assignment(graph, cluster, np.asarray(c), planner="online",
                                              meta={"start_planner": first})
 
-        self.search = TuningSearch(graph, cluster, placed.cost, start, policy=policy, policy_name=name,
+        self.search = TuningSearch(graph, cluster, cost, start, policy=policy, policy_name=name,
                                    policy_note=note, config=config, to_placement=to_placement, summarize=summarize)
         self.timer = StepTimer([torch.device(d.name) for d in cluster.devices])
         self.phase = "start"
@@ -217,25 +242,26 @@ class OnlineTuner:
 
     # ---- the forward --------------------------------------------------------------------
 
-    def forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run one forward of the placed module, with the step bookkeeping around it."""
-        counting = self.placed.training and torch.is_grad_enabled() and not self.done
+    def around_forward(self, run: Callable[[], T]) -> T:
+        """Run one forward (``run``: the placed module's own call) with the step bookkeeping
+        around it: a pending re-placement first, the step's timer, a failed trial's revert."""
+        counting = self.module.training and torch.is_grad_enabled() and not self.done
         if counting and self.optimizer is None and self.timer.running:
             self._step_end()
         trial = self.phase == "trial" and counting
-        snap = snapshot(self.placed, [torch.device(d.name) for d in self.placed.cluster.devices]) if trial else None
+        snap = snapshot(self.module, [torch.device(d.name) for d in self.cluster.devices]) if trial else None
         try:
             if self._pending is not None:
                 self._switch(self._pending)
             if counting and not self.timer.running:
                 self.timer.start()
-            return self.placed._run(args, kwargs)
+            return run()
         except Exception as e:
             if not trial:
                 raise
             assert snap is not None
             self._revert(e, snap)
-            return self.placed._run(args, kwargs)
+            return run()
 
     # ---- the step loop ---------------------------------------------------------------------
 
@@ -291,14 +317,14 @@ class OnlineTuner:
 
     def _switch(self, cand: Any) -> None:
         plan = self.search.to_placement(cand)
-        before = {id(p): p.device for p in self.placed.parameters()}
-        self.placed.apply_plan(plan, optimizer=self.optimizer)
+        before = {id(p): p.device for p in self.module.parameters()}
+        self.module.apply_plan(plan, optimizer=self.optimizer)
         self._pending = None
         self.current, self.current_key = cand, candidate_key(cand)
         self.replacements += 1
         self._since_switch = 0
         if self.optimizer is None and not self._warned and any(
-                before[id(p)] != p.device for p in self.placed.parameters()):
+                before[id(p)] != p.device for p in self.module.parameters()):
             self._warned = True
             warnings.warn("online fine-tuning moved parameters between devices with no optimizer attached: an "
                           "optimizer's state would not follow them. Pass optimizer= to wrap() or call "
@@ -313,7 +339,7 @@ class OnlineTuner:
         self.search.record(failed, None, error=msg)
         if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self.placed.apply_plan(self.search.to_placement(self.search.best), optimizer=self.optimizer)
+        self.module.apply_plan(self.search.to_placement(self.search.best), optimizer=self.optimizer)
         self.current, self.current_key = self.search.best, self.search.best_key
         self.replacements += 1
         self._since_switch = 0
@@ -332,7 +358,27 @@ class OnlineTuner:
         return head + "\n" + self.search.report()
 
 
-def check_optimizer(model: torch.nn.Module, optimizer: Any) -> None:
+def online_config(finetune: bool | str | None, online: OnlineConfig | None, *, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None) -> OnlineConfig | None:
+    """The OnlineConfig of ``wrap``'s ``finetune``/``online`` (None when fine-tuning is off),
+    after checking ``optimizer`` against ``model``; :class:`OnlineError` names what is wrong."""
+    if finetune is False or finetune is None:
+        if online is not None:
+            raise OnlineError("online= settings were given but finetune is off; pass finetune='online'")
+        if optimizer is not None:
+            raise OnlineError("optimizer= is for online fine-tuning; add finetune='online' (or leave optimizer out)")
+        return None
+    if finetune is not True and finetune != "online":
+        raise OnlineError(f"finetune is {finetune!r}; use 'online' (or True) to fine-tune from measured steps, "
+                          "or False")
+    if online is not None and not isinstance(online, OnlineConfig):
+        raise OnlineError(f"online must be an autoplace.online.OnlineConfig; got {type(online).__name__}")
+    if optimizer is not None:
+        check_optimizer(model, optimizer)
+    return online if online is not None else OnlineConfig()
+
+
+def check_optimizer(model: torch.nn.Module, optimizer: object) -> None:
     """Raise :class:`OnlineError` unless ``optimizer`` is a torch optimizer over some of
     ``model``'s parameters."""
     if not isinstance(optimizer, torch.optim.Optimizer):
