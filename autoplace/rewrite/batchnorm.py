@@ -55,6 +55,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .errors import PipelineError
+
 __all__ = ["BatchStatsNorm", "convert", "commit", "has_batch_norm", "MODES"]
 
 MODES = ("sync", "local")
@@ -205,8 +207,6 @@ def convert(stage: torch.fx.GraphModule, *, mode: str, microbatches: int, replic
     :func:`commit`; warns about what stays different from the unsplit model.
     """
     if mode not in MODES:
-        from .runtime import PipelineError
-
         raise PipelineError(f"batch_norm is {mode!r}; it must be one of {MODES}")
     if microbatches * replicas == 1:
         return []

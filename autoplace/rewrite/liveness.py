@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .errors import PipelineError
+
 __all__ = ["Timeouts", "Heartbeat", "Gate", "heartbeat", "group", "pipeline_name", "who_stopped", "state",
            "SETUP_TIMEOUT_S"]
 
@@ -80,8 +82,6 @@ class Timeouts:
     """Seconds between two heartbeats of a rank (and between two looks at the peers')."""
 
     def __post_init__(self) -> None:
-        from .runtime import PipelineError
-
         for name in ("floor_s", "first_floor_s", "between_steps_s", "stall_s", "heartbeat_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):

@@ -26,9 +26,7 @@ process group's timeout (``init_distributed(timeout_s=...)``).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,28 +35,31 @@ import torch.fx
 
 from ..sim.schedules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
 from .pipeline import model_output_loss, output_tensors, propagate_fake, split_with_boundaries
-from .runtime import PipelineError, _example, _flat_value
+from .errors import PipelineError
+from .launch import default_device
+from .runner import PipelineRunner
+from .runtime import check_batch, flat_value, move_to, stage_example
+from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["MultiStageRunner", "build_schedule_runner"]
 
 
-@dataclass
-class MultiStageRunner:
-    """This rank's stages of a multi-stage pipeline and the torch schedule that runs them."""
+class MultiStageRunner(PipelineRunner):
+    """This rank's stages of a multi-stage pipeline and the torch schedule that runs them: a
+    :class:`~autoplace.rewrite.runner.PipelineRunner` whose submodules are its stage modules
+    (``stage_modules``; ``parameters()`` gives a parameter two of them share once)."""
 
-    rank: int
-    ranks: int
-    stage_indices: tuple[int, ...]
-    """the (global, virtual) stages this rank runs."""
-    num_stages: int
-    microbatches: int
-    batch_size: int
-    schedule_name: str
-    stage_modules: list[torch.fx.GraphModule]
-    schedule: Any
-    scale_grads: bool = True
-    tied: list[tuple[torch.nn.Parameter, Any]] = field(default_factory=list)
-    steps: int = 0
+    def __init__(self, *, rank: int, ranks: int, stage_indices: tuple[int, ...], num_stages: int, microbatches: int,
+                 batch_size: int, schedule_name: str, stage_modules: Sequence[torch.fx.GraphModule], schedule: Any,
+                 scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = ()) -> None:
+        super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=0, replicas=1,
+                         microbatches=microbatches, batch_size=batch_size, stage_module=stage_modules[0],
+                         module=stage_modules[0], schedule=schedule, scale_grads=scale_grads, tied=tied,
+                         stage_modules=stage_modules)
+        self.ranks = ranks
+        self.stage_indices = stage_indices
+        """the (global, virtual) stages this rank runs."""
+        self.schedule_name = schedule_name
 
     @property
     def has_first(self) -> bool:
@@ -68,20 +69,18 @@ class MultiStageRunner:
     def has_last(self) -> bool:
         return self.num_stages - 1 in self.stage_indices
 
-    def parameters(self) -> Iterator[torch.nn.Parameter]:
-        """This rank's parameters, each once (stages on one rank may share one): give them to the optimizer."""
-        seen: set[int] = set()
-        for mod in self.stage_modules:
-            for p in mod.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield p
+    @property
+    def is_first(self) -> bool:
+        return self.has_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.has_last
 
     def _where(self) -> str:
         return f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, {self.schedule_name})"
 
-    def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
-        """One training step on a full batch; returns the batch loss on the rank of the last stage, else None."""
+    def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if self.has_first:
             for i, x in enumerate(inputs):
                 if not isinstance(x, torch.Tensor) or x.shape[0] != self.batch_size:
@@ -90,30 +89,13 @@ class MultiStageRunner:
                                         f"{self.batch_size}: pass batches of that size")
         if self.has_last and target is None:
             raise PipelineError(f"{self._where()}: the rank of the last stage needs target= to compute the loss")
-        args = tuple(inputs) if self.has_first else ()
-        losses: list[torch.Tensor] = []
-        try:
-            if self.has_last:
-                self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
-            else:
-                self.schedule.step(*args, return_outputs=False)
-            if self.scale_grads:  # once per parameter: torch scales per stage, twice for one two stages share
-                for p in self.parameters():
-                    if p.grad is not None:
-                        p.grad.div_(self.microbatches)
-            for p, group in self.tied:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
-        except Exception as e:
-            text = str(e).strip()
-            raise PipelineError(f"{self._where()} failed in step {self.steps + 1}: "
-                                f"{text.splitlines()[0][:300] if text else type(e).__name__}") from e
-        self.steps += 1
-        if not self.has_last:
-            return None
-        loss = torch.stack([x.detach() for x in losses])
-        return loss.mean() if self.scale_grads else loss.sum()
+
+    def _finish_grads(self) -> None:
+        if self.scale_grads:  # once per parameter: torch scales per stage, twice for one two stages share
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.microbatches)
+        super()._finish_grads()
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -226,18 +208,10 @@ def build_schedule_runner(
         raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
                             "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
                             "there) or one micro-batch")
-    if device is None:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
-    batch = [x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor)]
-    if len(batch) != len(example_inputs) or not batch:
-        raise PipelineError("example_inputs must be a non-empty tuple of tensors with the batch in dim 0")
-    if any(b != batch[0] for b in batch) or batch[0] % microbatches:
-        raise PipelineError(f"batch sizes {batch} must be equal and divisible by microbatches = {microbatches}: "
-                            f"pick a batch of a multiple of {microbatches}")
+    device = default_device(device)
+    batch = check_batch(example_inputs, microbatches, f"microbatches = {microbatches}")
     k_count = ranks * virtual_stages
-    micro = tuple(x[: batch[0] // microbatches] for x in example_inputs)
+    micro = tuple(x[: batch // microbatches] for x in example_inputs)
     used = max((int(s) for s in stage_of_fx.values()), default=0) + 1
     if used > k_count:
         raise PipelineError(f"the stage assignment has {used} stages; {ranks} ranks x {virtual_stages} virtual stages "
@@ -247,9 +221,7 @@ def build_schedule_runner(
     rank_of = stage_ranks(schedule, ranks, virtual_stages)
     mine = tuple(k for k in range(k_count) if rank_of[k] == rank)
 
-    from torch.distributed.pipelining import PipelineStage
-
-    from .tensor_parallel import apply_tensor_parallel
+    from torch.distributed.pipelining import PipelineStage  # a second to import: when a pipeline is built
 
     cls = torch_schedule_class(schedule)
     assert cls is not None  # schedule_problems checked it
@@ -263,14 +235,11 @@ def build_schedule_runner(
                       for path, style in ((a, "colwise"), (b, "rowwise"))}
             if layout:
                 apply_tensor_parallel(mod, layout, mesh["tp"])
-        with torch.no_grad():
-            for t in [*mod.parameters(), *mod.buffers()]:
-                if t.device != device:
-                    t.data = t.data.to(device)
-        inputs = (tuple(_example(v, device) for v in micro) if k == 0
-                  else tuple(_example(_flat_value(values, n), device) for n in split.inputs[k]))
-        outputs = (tuple(_example(v, device) for v in output_tensors(gm, values)) if k == k_count - 1
-                   else tuple(_example(_flat_value(values, n), device) for n in split.outputs[k]))
+        move_to(mod, device)
+        inputs = (tuple(stage_example(v, device) for v in micro) if k == 0
+                  else tuple(stage_example(flat_value(values, n), device) for n in split.inputs[k]))
+        outputs = (tuple(stage_example(v, device) for v in output_tensors(gm, values)) if k == k_count - 1
+                   else tuple(stage_example(flat_value(values, n), device) for n in split.outputs[k]))
         split_bw = SPECS[schedule].split_backward
         wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
         stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
@@ -282,5 +251,5 @@ def build_schedule_runner(
     tied = _tied(split.stages, rank_of, dist.get_rank() if mesh is None else rank * tp + mesh.get_local_rank("tp"),
                  tp)
     return MultiStageRunner(rank=dist.get_rank(), ranks=ranks, stage_indices=mine, num_stages=k_count, microbatches=microbatches,
-                            batch_size=batch[0], schedule_name=schedule, stage_modules=modules, schedule=sched,
+                            batch_size=batch, schedule_name=schedule, stage_modules=modules, schedule=sched,
                             scale_grads=scale_grads, tied=tied)

@@ -108,6 +108,10 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         "param_errs": {k: (p.detach() - ref_params[k].detach()).abs().max().item() for k, p in mine.items()},
         "losses": losses, "ref_losses": ref_losses, "build_s": t_build, "step_s": step_s,
         "tied_groups": len(runner.tied),
+        # the runner is an nn.Module whose parameters and state are exactly its stage's
+        "is_module": isinstance(runner, torch.nn.Module),
+        "same_parameters": [id(p) for p in runner.parameters()] == [id(p) for p in runner.stage_module.parameters()],
+        "state_keys": sorted(runner.state_dict()) == sorted(f"stage_module.{k}" for k in runner.stage_module.state_dict()),
     }
 
 

@@ -69,6 +69,7 @@ CASES_2 = [
 def test_two_process_pipeline_equals_the_model(tmp_path: Path) -> None:
     results = spawn(tmp_path, 2, CASES_2)
     check_equal_to_reference(results, 2)
+    assert all(r["is_module"] and r["same_parameters"] and r["state_keys"] for rank in results for r in rank)
     gpt_last = next(r for r in results[1] if r["model"] == "gpt")
     assert gpt_last["tied_groups"] == 1  # tok.weight is in stage 0 (embedding) and stage 1 (output)
 

@@ -1,0 +1,175 @@
+"""A rank's part of a pipeline as an ``nn.Module``: its stage module (registered, so
+``parameters()`` and ``state_dict()`` are the stage's), the schedule that runs it and the step.
+
+Built by :func:`autoplace.rewrite.runtime.build_pipeline_runner`; see
+:mod:`autoplace.rewrite.runtime` for what a step computes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from . import batchnorm
+from .errors import PipelineError, PipelineTimeoutError
+from .liveness import Timeouts
+
+if TYPE_CHECKING:
+    from .links import Links
+
+__all__ = ["PipelineRunner", "share"]
+
+
+def share(t: torch.Tensor, microbatches: int, replicas: int, replica: int) -> torch.Tensor:
+    """Replica ``replica``'s share of every micro-batch, concatenated (batch is dim 0)."""
+    if replicas == 1:
+        return t
+    parts = [mb.tensor_split(replicas)[replica] for mb in t.tensor_split(microbatches)]
+    return torch.cat(parts)
+
+
+class PipelineRunner(torch.nn.Module):
+    """This rank's part of a pipeline: its stage module, PipelineStage and schedule.
+
+    An ``nn.Module`` whose one submodule is ``stage_module``: ``runner.parameters()`` are this
+    stage's parameters (the user's Parameter objects: give them to the optimizer) and
+    ``runner.state_dict()`` holds them under ``stage_module.<original name>`` (a rank with
+    several stages, :class:`~autoplace.rewrite.schedules.MultiStageRunner`, holds them as
+    ``stage_modules.<k>.<name>``). Calling the runner is :meth:`step`.
+    """
+
+    stage_module: torch.nn.Module
+    """This stage's module (a GraphModule): the user's parameters under their original names."""
+    module: torch.nn.Module
+    """What the schedule runs: ``stage_module``, wrapped by the stage hook (DDP when replicas > 1)."""
+
+    def __init__(self, *, rank: int, stage_index: int, num_stages: int, replica: int, replicas: int,
+                 microbatches: int, batch_size: int, stage_module: torch.nn.Module, module: torch.nn.Module,
+                 schedule: Any, scale_grads: bool, dp_group: Any = None,
+                 tied: Sequence[tuple[torch.nn.Parameter, Any]] = (), timeouts: Timeouts | None = None,
+                 predicted_step_s: float | None = None, batch_norms: Sequence[Any] = (),
+                 links: Links | None = None, units: Sequence[str] = (),
+                 stage_modules: Sequence[torch.nn.Module] = ()) -> None:
+        super().__init__()
+        self.rank, self.stage_index, self.num_stages = rank, stage_index, num_stages
+        self.replica, self.replicas = replica, replicas
+        self.microbatches, self.batch_size = microbatches, batch_size
+        if stage_modules:  # several stages on this rank: they are the submodules, the first is stage_module
+            self.stage_modules = torch.nn.ModuleList(stage_modules)
+            self.__dict__["stage_module"] = stage_module
+        else:
+            self.stage_module = stage_module
+        # Not a second submodule: it holds stage_module (state_dict would list every tensor twice).
+        self.__dict__["module"] = module
+        self.schedule = schedule
+        self.scale_grads = scale_grads
+        self.dp_group = dp_group
+        self.tied: list[tuple[torch.nn.Parameter, Any]] = list(tied)
+        self.timeouts: Timeouts = timeouts if timeouts is not None else Timeouts()
+        """How long this rank waits for its peers (see :mod:`autoplace.rewrite.liveness`)."""
+        self.predicted_step_s = predicted_step_s
+        """The plan's predicted step time, which the bounds of ``timeouts`` scale with."""
+        self.batch_norms: list[Any] = list(batch_norms)
+        """This stage's BatchNorm layers with whole-batch statistics (:mod:`autoplace.rewrite.batchnorm`)."""
+        self.links: Links | None = links
+        """The process groups and heartbeat this runner waits with (:class:`~autoplace.rewrite.links.Links`)."""
+        self.units: list[str] = list(units)
+        """The stage's outlined units (sharded and recomputed stages, :mod:`autoplace.rewrite.fsdp`)."""
+        self.steps = 0
+        """Steps this runner has run."""
+
+    def forward(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """:meth:`step`: one training step on a full batch."""
+        return self.step(*inputs, target=target)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def _where(self) -> str:
+        rep = f", replica {self.replica} of {self.replicas}" if self.replicas > 1 else ""
+        return f"pipeline rank {self.rank} (stage {self.stage_index} of {self.num_stages}{rep})"
+
+    def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One training step on a full batch; returns the batch loss on the last stage, else None.
+
+        Every rank passes the same full batch (only stage 0 reads ``inputs``, only the last
+        stage reads ``target``); gradients accumulate into ``.grad`` of ``parameters()``.
+        """
+        self._check(inputs, target)
+        args = tuple(share(x, self.microbatches, self.replicas, self.replica) for x in inputs) if self.is_first else ()
+        tgt = share(target, self.microbatches, self.replicas, self.replica) if self.is_last and target is not None else None
+        losses: list[torch.Tensor] = []
+        n = self.steps + 1
+        if self.links is not None:
+            self.links.start(self, n)
+        started = time.monotonic()
+        for layer in self.batch_norms:
+            layer.discard()
+        try:
+            # return_outputs=False: the last stage keeps no merged output, only the losses.
+            if self.is_last:
+                self.schedule.step(*args, target=tgt, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(*args, return_outputs=False)
+            self._finish_grads()
+            batchnorm.commit(self.batch_norms)
+            loss = self._batch_loss(losses) if self.is_last else None
+        except Exception as e:
+            if self.links is not None:
+                self.links.quiet()
+            text = str(e)
+            first = text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                waited = time.monotonic() - started
+                who = self.links.who(self, n, waited) if self.links is not None else ""
+                bound = self.timeouts.explain(n, self.predicted_step_s)
+                raise PipelineTimeoutError(
+                    f"{self._where()} timed out waiting for a peer in step {n} after {waited:.1f} s "
+                    f"({bound}): {who or first}. Every rank must call step() the same number of times; "
+                    f"a peer that stopped, hung or crashed shows up here. torch said: {first}") from e
+            raise PipelineError(f"{self._where()} failed in step {n}: {first}") from e
+        self.steps = n
+        if self.links is not None:
+            self.links.done(self, n)
+        return loss
+
+    def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
+        if self.is_first:
+            for i, x in enumerate(inputs):
+                if not isinstance(x, torch.Tensor) or x.shape[0] != self.batch_size:
+                    got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    raise PipelineError(
+                        f"{self._where()}: input {i} is {got}; the runner was built for a batch of "
+                        f"{self.batch_size} (the example inputs): pass batches of that size")
+        if self.is_last and target is None:
+            raise PipelineError(f"{self._where()}: the last stage needs target= to compute the loss")
+
+    def _finish_grads(self) -> None:
+        if not self.scale_grads and self.replicas > 1:
+            # DDP averages over replicas; a summed loss wants the sum.
+            for p in self.stage_module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.replicas)
+        for p, group in self.tied:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+
+    def _batch_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.stack([x.detach() for x in losses])
+        loss = loss.mean() if self.scale_grads else loss.sum()
+        if self.replicas > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.dp_group)
+            if self.scale_grads:
+                loss = loss / self.replicas
+        return loss

@@ -1,0 +1,188 @@
+"""FSDP units as calls, and a stage sharded over them (steps 1 and 2 of :mod:`autoplace.rewrite.fsdp`).
+
+:func:`outline_units` makes every FSDP unit (:mod:`autoplace.graph.units`, the blocks the
+simulator charges) one submodule call: the unit's fx nodes move into a GraphModule put at the
+unit's module path, holding the same leaf modules and parameters under the same names, so
+``state_dict()`` keys do not change. :func:`shard_stage` checkpoints the recomputed units and
+``fully_shard``-s the units and the stage module (the root) over a DeviceMesh of the stage's
+replicas, as torchtitan composes them: checkpoint inside, FSDP outside.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.fx
+from torch.fx.node import Node
+from torch.utils.checkpoint import checkpoint
+
+from ..graph.units import block_units, stage_units
+from .errors import ShardedRunError
+
+if TYPE_CHECKING:
+    from ..graph.trace import Traced
+
+__all__ = ["unit_of_fx", "outline_units", "shard_stage"]
+
+
+# ---- units as calls ---------------------------------------------------------------------------
+
+
+def unit_of_fx(traced: "Traced", stage_of_node: Any = None) -> dict[str, str]:
+    """fx node name -> module path of its FSDP unit ("" for the root), from the op graph's units
+    (inside a pipeline, a unit split by a stage boundary is root: :func:`stage_units`)."""
+    units = block_units(traced.graph)
+    unit = units.unit_of_node if stage_of_node is None else stage_units(units, np.asarray(stage_of_node))
+    return {name: (units.names[int(unit[op])] if unit[op] >= 0 else "") for name, op in traced.op_of_fx.items()}
+
+
+def _regions(gm: torch.fx.GraphModule, unit_of: Mapping[str, str],
+             like: Mapping[str, tuple[str, Any]] | None) -> tuple[dict[str, list[Node]], dict[str, int]]:
+    """(nodes of each unit to outline, first node index of every unit). A unit that is one leaf
+    module (``tok_embeddings``) is called as it is: nothing to outline, its parameters are its own."""
+    regions: dict[str, list[Node]] = {}
+    first: dict[str, int] = {}
+    leaves = {str(n.target) for n in gm.graph.nodes
+              if n.op == "call_module" and unit_of.get(n.name, "") == str(n.target)
+              and (like is None or like.get(n.name) == (n.op, n.target))}
+    for i, n in enumerate(gm.graph.nodes):
+        if n.op in ("placeholder", "output"):
+            continue
+        u = unit_of.get(n.name, "")
+        if not u or (like is not None and like.get(n.name) != (n.op, n.target)):
+            continue  # a node the split made (a relay, a tuple, contiguous) is the root's
+        if n.op == "get_attr" and not str(n.target).startswith(u + "."):
+            continue  # a buffer of the root read inside the unit: passed in
+        first.setdefault(u, i)
+        if u in leaves:
+            continue
+        if n.op == "call_module" and not str(n.target).startswith(u + ".") and not any(
+                True for _ in gm.get_submodule(str(n.target)).parameters()):
+            continue  # a parameterless module (a Flatten) folded into the unit's op: the root may call it
+        if n.op == "call_module" and not str(n.target).startswith(u + "."):
+            raise ShardedRunError(f"FSDP unit {u!r} calls module {n.target!r}, which lies outside it; a unit must "
+                                  "hold the modules it calls (re-plan without sharding, or file an issue)")
+        regions.setdefault(u, []).append(n)
+    return regions, first
+
+
+def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
+                  like: Mapping[str, tuple[str, Any]] | None = None) -> list[str]:
+    """Turn every unit's nodes in ``gm`` into one ``call_module`` of a GraphModule at the unit's
+    path (in place; a unit that is one leaf module stays that module's call); returns the unit
+    paths in forward order. ``unit_of``: fx node name -> unit
+    ("" for the root); ``like``: the original nodes' ``(op, target)`` by name, so a node the
+    stage split added under a reused name is not mistaken for the original."""
+    regions, first_of = _regions(gm, unit_of, like)
+    in_order = sorted(first_of, key=first_of.__getitem__)
+    if not regions:
+        return in_order
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    member = {n: u for u, ns in regions.items() for n in ns}
+
+    def key(n: Node) -> Any:
+        return ("u", member[n]) if n in member else n
+
+    first: dict[Any, int] = {}
+    for n in nodes:
+        first.setdefault(key(n), index[n])
+    succ: dict[Any, set[Any]] = {}
+    indeg: dict[Any, int] = {k: 0 for k in first}
+    for n in nodes:
+        for u in n.all_input_nodes:
+            a, b = key(u), key(n)
+            if a != b and b not in succ.setdefault(a, set()):
+                succ[a].add(b)
+                indeg[b] += 1
+    heap = [(first[k], i, k) for i, k in enumerate(first) if indeg[k] == 0]
+    heapq.heapify(heap)
+    order: list[Any] = []
+    tie = len(first)
+    while heap:
+        _, _, k = heapq.heappop(heap)
+        order.append(k)
+        for b in succ.get(k, ()):
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                tie += 1
+                heapq.heappush(heap, (first[b], tie, b))
+    if len(order) != len(first):
+        stuck = sorted({k[1] for k, d in indeg.items() if d > 0 and isinstance(k, tuple)})
+        raise ShardedRunError(f"FSDP unit(s) {stuck} cannot run as one call each: a node outside feeds back into "
+                              "them; re-plan without sharding these stages, or file an issue with the model")
+
+    new = torch.fx.Graph()
+    env: dict[Node, Node] = {}
+    for k in order:
+        if not isinstance(k, tuple):
+            env[k] = new.node_copy(k, lambda x: env[x])
+            continue
+        path = k[1]
+        region = regions[path]
+        inside = set(region)
+        ext: list[Node] = []
+        for n in region:
+            for u in n.all_input_nodes:
+                if u not in inside and u not in ext:
+                    ext.append(u)
+        outs = [n for n in region if any(user not in inside for user in n.users)]
+        sub = torch.fx.Graph()
+        senv: dict[Node, Node] = {u: sub.placeholder(u.name) for u in ext}
+        for n in region:
+            c = sub.node_copy(n, lambda x: senv[x])
+            if n.op in ("call_module", "get_attr"):
+                c.target = str(n.target)[len(path) + 1:]
+            senv[n] = c
+        sub.output(senv[outs[0]] if len(outs) == 1 else tuple(senv[o] for o in outs))
+        unit = torch.fx.GraphModule(gm.get_submodule(path), sub, class_name="FSDPUnit")
+        parent, _, leaf = path.rpartition(".")
+        setattr(gm.get_submodule(parent) if parent else gm, leaf, unit)
+        call = new.call_module(path, tuple(env[u] for u in ext))
+        if len(outs) == 1:
+            env[outs[0]] = call
+        else:
+            for i, o in enumerate(outs):
+                env[o] = new.call_function(operator.getitem, (call, i))
+    gm.graph = new
+    gm.recompile()
+    return in_order
+
+
+# ---- sharding a stage ---------------------------------------------------------------------------
+
+
+def _checkpointed(unit: torch.nn.Module) -> None:
+    """Recompute ``unit``'s forward in its backward (its saved activations are only its inputs)."""
+    inner = unit.forward
+
+    def forward(*args: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False)
+
+    unit.forward = forward  # type: ignore[method-assign]
+
+
+def shard_stage(stage: torch.nn.Module, units: Sequence[str], mesh: Any, *, shard: str, recompute: Any,
+                bf16: bool, reshard_after_forward: bool, output_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Checkpoint the recomputed units and ``fully_shard`` the units and the stage over ``mesh``
+    (``shard="ddp"``: only the checkpoints; the caller wraps DDP). Returns the stage module."""
+    chosen = set(units) if recompute is True else set(recompute or ())
+    for path in units:
+        if path in chosen:
+            _checkpointed(stage.get_submodule(path))
+    if shard == "ddp":
+        return stage
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
+    for path in units:
+        fully_shard(stage.get_submodule(path), mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    root_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                                   output_dtype=output_dtype) if bf16 else MixedPrecisionPolicy()
+    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)
+    return stage
