@@ -20,7 +20,7 @@ every re-split.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,21 @@ from .cluster import Cluster
 from .cost.analytic import CostModel
 from .placement import Placement
 from .errors import AutoplaceError
+
+if TYPE_CHECKING:
+    from .graph.ir import OpGraph
+    from .graph.trace import ExampleInputs
+    from .online import OnlineConfig
+    from .rewrite.liveness import Timeouts
+    from .rewrite.runtime import PipelineRunner
+
+R = TypeVar("R")
+
+
+def _labelled(runner: R, plan: Placement, graph: "OpGraph") -> R:
+    """``runner`` with ``plan`` and ``graph`` as plain attributes (the report and tests read them)."""
+    runner.__dict__.update(plan=plan, graph=graph)
+    return runner
 
 __all__ = ["wrap_pipeline", "runnable_pipeline_plan", "PipelineWrapError"]
 
@@ -84,12 +99,12 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
                                 "launch with another --nproc-per-node or pass plan=") from None
 
 
-def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cluster, example_inputs: Any,
-                  planner: str = "best", plan: Placement | None = None, cost: CostModel | None = None,
-                  budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[Any] = (),
-                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-                  timeout_s: Any = None, online: Any = None, optimizer: torch.optim.Optimizer | None = None,
-                  batch_norm: str = "sync", **unexpected: Any) -> Any:
+def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cluster,
+                  example_inputs: "ExampleInputs | None", planner: str = "best", plan: Placement | None = None,
+                  cost: CostModel | None = None, budget_s: float | None = None, seed: int = 0,
+                  leaf_modules: Sequence[type | str] = (), loss_fn: Callable[..., torch.Tensor] | None = None,
+                  timeout_s: "float | Timeouts | None" = None, online: "OnlineConfig | None" = None,
+                  optimizer: torch.optim.Optimizer | None = None, batch_norm: str = "sync") -> "PipelineRunner":
     """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring).
 
     ``timeout_s``: how long a rank waits for a peer before it raises ``PipelineTimeoutError``
@@ -105,8 +120,6 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     from .rewrite.liveness import Timeouts
     from .rewrite.runtime import build_pipeline_runner, init_distributed
 
-    if unexpected:
-        raise PipelineWrapError(f"unexpected arguments {sorted(unexpected)} for mode='pipeline'")
     if not dist.is_initialized() and "RANK" not in os.environ and plan is not None and (plan.shard or plan.precision):
         raise PipelineWrapError(f"this plan ({plan.describe()}) shards parameters over {len(plan.devices_used())} "
                                 "processes, one per device: launch the script with torchrun, e.g. `torchrun "
@@ -125,7 +138,7 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     if isinstance(example_inputs, Mapping):
         raise PipelineWrapError(f"mode='pipeline' feeds stage 0 positional inputs; example_inputs is a dict with keys "
                                 f"{sorted(example_inputs)}: pass a tuple in the order forward() takes them")
-    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    inputs: tuple[Any, ...] = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     if not (timeout_s is None or isinstance(timeout_s, Timeouts)
             or (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and timeout_s > 0)):
         raise PipelineWrapError(f"timeout_s is {timeout_s!r}; pass None (bounded by the plan), a positive number "
@@ -171,10 +184,8 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     if plan.shard or plan.recompute or plan.precision:  # FSDP, HSDP, checkpointing, bf16: autoplace.rewrite.fsdp
         from .rewrite.fsdp import build_sharded_runner
 
-        runner = build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn, device=device)
-        runner.plan = plan
-        runner.graph = graph
-        return runner
+        return _labelled(build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn,
+                                              device=device), plan, graph)
     # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
     # returns the model's own output type (a ModelOutput with every field).
     gm = pipeline_module(traced, inputs)
@@ -188,14 +199,10 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         multi = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                       loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                                       device=device, tp=plan.tp, tp_pairs=pairs)
-        multi.plan = plan  # type: ignore[attr-defined]
-        multi.graph = graph  # type: ignore[attr-defined]
-        return multi
+        return _labelled(multi, plan, graph)
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages, batch_norm=batch_norm,
                                    timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
                                    predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
-    runner.plan = plan  # type: ignore[attr-defined]
-    runner.graph = graph  # type: ignore[attr-defined]
-    return runner
+    return _labelled(runner, plan, graph)

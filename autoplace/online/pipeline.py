@@ -34,7 +34,7 @@ Stages stay one per rank; devices, micro-batches and schedule stay the plan's: o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -48,13 +48,21 @@ from .search import TuningSearch, candidate_key
 from ..planners.learned.env import candidate_of
 from .state import stays_on_cpu
 from ..placement import Placement
+from ..rewrite.runtime import PipelineRunner
 
 __all__ = ["OnlinePipeline"]
 
 
-class OnlinePipeline:
+class OnlinePipeline(PipelineRunner):
     """This rank's stage of a pipeline that can be re-split between steps, and optionally
-    tunes its cuts online (``config``); see the module doc."""
+    tunes its cuts online (``config``); see the module doc.
+
+    A :class:`~autoplace.rewrite.runtime.PipelineRunner` (what ``wrap`` returns in pipeline
+    mode) whose one submodule is the current split's runner (``self.runner``, rebuilt by each
+    re-split): ``step`` / calling it runs that runner's step, and the tuner's step hook is the
+    optimizer's ``step`` post-hook; any other runner attribute (``stage_index``, ``is_last``,
+    ...) is the current runner's.
+    """
 
     def __init__(self, model: torch.nn.Module, traced: Any, cluster: Cluster, plan: Placement, *,
                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], example_inputs: tuple[torch.Tensor, ...],
@@ -63,8 +71,10 @@ class OnlinePipeline:
         if not dist.is_initialized():
             raise OnlineError("OnlinePipeline runs under torch.distributed: launch with torchrun "
                               "(autoplace.wrap(..., mode='pipeline') initialises the process group)")
+        torch.nn.Module.__init__(self)  # the runner's own fields are the current split's (self.runner)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.model, self.traced, self.graph, self.cluster = model, traced, traced.graph, cluster
+        self.__dict__["model"] = model  # the whole model: not a submodule (state_dict() is this stage's)
+        self.traced, self.graph, self.cluster = traced, traced.graph, cluster
         self.loss_fn, self.example_inputs, self.optimizer = loss_fn, tuple(example_inputs), optimizer
         self.cost = cost if cost is not None else CostModel()
         self._check_plan(plan)
@@ -80,9 +90,8 @@ class OnlinePipeline:
         self._names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         self._tensors = dict([*model.named_parameters(), *model.named_buffers()])
         self.plan = plan
-        self.runner: Any = None
         self._holders: dict[str, list[int]] = {}
-        self.runner = self._build(plan)
+        self.runner: PipelineRunner = self._build(plan)
         self._holders = self._gather_holders()
         self.moves = 0
         """tensors sent or received by this rank in re-splits."""
@@ -129,7 +138,16 @@ class OnlinePipeline:
 
     # ---- building and moving -----------------------------------------------------------------
 
-    def _build(self, plan: Placement) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            runner = self.__dict__.get("_modules", {}).get("runner")
+            if runner is None or name.startswith("__"):
+                raise
+            return getattr(runner, name)
+
+    def _build(self, plan: Placement) -> PipelineRunner:
         from ..rewrite.pipeline import pipeline_module
         from ..rewrite.runtime import build_pipeline_runner
 
@@ -241,13 +259,17 @@ class OnlinePipeline:
 
     # ---- the training step -----------------------------------------------------------------
 
-    def parameters(self) -> Any:
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
         """This rank's current stage's parameters."""
         return self.runner.parameters()
 
     @property
-    def stage_module(self) -> torch.fx.GraphModule:
+    def stage_module(self) -> torch.nn.Module:  # type: ignore[override]
+        """The current split's stage module."""
         return self.runner.stage_module
+
+    def forward(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
+        return self.step(*inputs, target=target)
 
     def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
         """One pipeline step (the loss on the last stage, else None). The tuner re-splits at

@@ -63,6 +63,10 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
                            screen_top_k=1, min_gain=0.0)
         pipe = autoplace.wrap(model, ["cpu", "cpu"], mode="pipeline", example_inputs=(x0,), loss_fn=_loss,
                               plan=start, finetune="online", optimizer=opt, online=cfg)
+        from autoplace.rewrite.runtime import PipelineRunner
+
+        result["types"] = [isinstance(pipe, PipelineRunner), isinstance(pipe, nn.Module),
+                           {id(p) for p in pipe.parameters()} == {id(p) for p in pipe.stage_module.parameters()}]
         splits = []
         for i in range(case["steps"]):
             x, y = _batch(i)
@@ -100,6 +104,8 @@ def _run(tmp_path: Path, case: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("schedule", ["1f1b"])
 def test_resplits_move_parameters_and_adam_state_between_ranks(tmp_path: Path, schedule: str) -> None:
     res = _run(tmp_path, {"schedule": schedule, "steps": 20})
+    # What wrap returns in pipeline mode with online tuning is a PipelineRunner, an nn.Module.
+    assert all(r["types"] == [True, True, True] for r in res), [r["types"] for r in res]
     names = [n for n, _ in _model().named_parameters()]
     # Every parameter is held by exactly one rank at the end, and both ranks saw the same splits.
     held = [set(r["held"]) for r in res]
