@@ -27,6 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
+
+from .graph.units import block_units, stage_units
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
@@ -177,13 +181,9 @@ def options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
 def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recompute: Any) -> Any:
     """A flat list of unit paths for a pipeline becomes one list per stage (each unit in the stage
     that holds it; a path that is no unit stays in every stage, where validation names it)."""
-    import numpy as np
-
     if num_stages <= 1 or not isinstance(recompute, (list, tuple)) or not recompute \
             or not all(isinstance(x, str) for x in recompute):
         return recompute
-    from .graph.units import block_units, stage_units
-
     units = block_units(graph)
     st = np.asarray(stage_of_node)
     if st.shape != (graph.num_nodes,):
@@ -248,8 +248,6 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
         if not isinstance(v, tuple) or not all(isinstance(x, str) for x in v):
             out.append(f"stage {s} has recompute={v!r}; it must be true, false or a list of unit module paths")
             continue
-        from .graph.units import block_units, stage_units
-
         stages = p.stage_of_node
         if stages is None or stages.shape != (graph.num_nodes,):
             continue  # the pipeline rules report the stages

@@ -24,18 +24,21 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .errors import AutoplaceError
+from .module_map import device_map_assignment, module_device_map
+from .parallel import (FIELDS, describe_options, normalize, option_problems, options_from_dict, options_to_dict,
+                       split_recompute)
+from .pipeline_rules import (ALL_SCHEDULES, SCHEDULES, batch_share_problems, device_range, pipeline_problems,
+                             replica_samples, stage_ranks)
 
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["Placement", "PlacementError", "SCHEDULES", "pipeline_problems", "batch_share_problems", "replica_samples"]
+__all__ = ["Placement", "PlacementError", "SCHEDULES", "ALL_SCHEDULES", "pipeline_problems", "batch_share_problems",
+           "replica_samples"]
+# SCHEDULES, ALL_SCHEDULES and the pipeline rules live in autoplace.pipeline_rules (below this module
+# and the simulator); they are re-exported here, where plans are built.
 
-SCHEDULES = ("1f1b", "gpipe")
-"""The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search)."""
-ALL_SCHEDULES = SCHEDULES + ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
-"""Every schedule a plan may name; those past SCHEDULES take ``virtual_stages`` per rank
-(:mod:`autoplace.sim.schedules`, run by :mod:`autoplace.rewrite.schedules`)."""
 MODES = ("model", "pipeline")
 
 
@@ -130,8 +133,6 @@ class Placement:
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
-        from .parallel import FIELDS, normalize
-
         for f in FIELDS:
             set_(self, f, normalize(f, getattr(self, f), self.num_stages))
 
@@ -163,13 +164,9 @@ class Placement:
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
         if int(virtual_stages) > 1 and len(sd) and schedule in ALL_SCHEDULES:
-            from .sim.schedules import stage_ranks
-
             first = first[list(stage_ranks(schedule, len(sd), int(virtual_stages)))]
         dev = first[np.clip(st, 0, max(len(first) - 1, 0))] if len(sd) else np.full(st.shape, -1)
-        from .parallel import split_recompute  # unit paths for a pipeline: each in its own stage
-
-        recompute = split_recompute(graph, st, len(sd), recompute)
+        recompute = split_recompute(graph, st, len(sd), recompute)  # unit paths per stage
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
@@ -202,13 +199,11 @@ class Placement:
         if bad.size:
             names = ", ".join(f"{graph.names[i] if i < n else i}={dev[i]}" for i in bad[:3])
             out.append(f"placement names device {int(dev[bad[0]])} ({names}{', ...' if bad.size > 3 else ''}); "
-                       f"the cluster has {d} ({_device_range(cluster)})")
+                       f"the cluster has {d} ({device_range(cluster)})")
         if self.mode == "pipeline":
             out.extend(self._pipeline_problems(graph, cluster))
         elif self.stage_of_node is not None or self.stage_devices is not None:
             out.append("a model-parallel placement has no stages; use Placement.pipeline for stages")
-        from .parallel import option_problems
-
         out.extend(option_problems(self, graph, cluster))
         return out
 
@@ -246,14 +241,10 @@ class Placement:
         assert self.stage_of_node is not None and self.stage_devices is not None
         ranks = self.stage_of_node
         if self.virtual_stages != 1 and self.schedule in ALL_SCHEDULES:  # ops per rank, over its virtual stages
-            from .sim.schedules import stage_ranks
-
             ranks = np.asarray(stage_ranks(self.schedule, self.num_stages, self.virtual_stages))[self.stage_of_node]
         sizes = np.bincount(ranks, minlength=self.num_stages)
         stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
                            for k, devs in enumerate(self.stage_devices))
-        from .parallel import describe_options
-
         opts = describe_options(self)
         return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
                 f"{self.microbatches} micro-batches, {self.schedule}"
@@ -295,8 +286,6 @@ class Placement:
                 d["virtual_stages"] = self.virtual_stages
             if self.tp != 1:
                 d["tp"] = self.tp
-            from .parallel import options_to_dict
-
             d.update(options_to_dict(self))
         d["meta"] = _jsonable(self.meta)
         return d
@@ -361,143 +350,16 @@ class Placement:
         """``{module path: device name}`` like accelerate's ``device_map``, when every module
         (the coarsest path whose ops share a device) is on one device; raises otherwise.
         Ops of top-level functions (no module) are omitted (they follow their inputs)."""
-        from .device_map import to_device_map
-
-        return to_device_map(self, graph, cluster)
+        return module_device_map(self.device_of_node, graph, cluster)
 
     @classmethod
     def from_device_map(cls, graph: "OpGraph", cluster: "Cluster", device_map: Mapping[str, Any],
-                        *, planner: str = "device_map") -> "Placement":
-        """Read an accelerate ``device_map`` (module path -> device name or index)."""
-        from .device_map import from_device_map
-
-        return from_device_map(graph, cluster, device_map, planner=planner)
-
-
-def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.ndarray,
-                      stage_devices: Sequence[Sequence[int]], microbatches: int, schedule: str, *,
-                      every_stage_used: bool = True, even_batches: bool = False,
-                      edge_ends: tuple[np.ndarray, np.ndarray] | None = None, virtual_stages: int = 1,
-                      tp: int = 1) -> list[str]:
-    """Every rule a pipeline breaks, each naming the value and the rule (empty: valid). The one
-    set of rules behind :meth:`Placement.validate` and the simulator's pipeline check (which
-    lets a stage be empty, ``every_stage_used=False``: a planner's search may pass through one).
-    The batch rules are :func:`batch_share_problems`'s (``even_batches``: also the runtime's
-    equal shares). ``edge_ends``: the edges' sources and targets as contiguous arrays, where the
-    caller keeps them (the simulator's hot path). ``virtual_stages``: stages per rank
-    (``stage_devices`` has one entry per rank, ``stage_of_node`` that many times more stages)."""
-    out: list[str] = []
-    n, d = graph.num_nodes, cluster.num_devices
-    st, s = stage_of_node, len(stage_devices) * max(int(virtual_stages), 1)
-    if s == 0:
-        out.append("stage_devices is empty; a pipeline needs at least one stage")
-    stages_ok = st.shape == (n,)
-    if not stages_ok:
-        out.append(f"stage_of_node has shape {st.shape}; the graph has {n} ops, so it must be ({n},)")
-    elif n and s:
-        if st.min() < 0 or st.max() >= s:
-            stages_ok = False
-            out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; "
-                       f"there are {s} stages (0..{s - 1})")
-        elif every_stage_used:
-            missing = sorted(set(range(s)) - set(st.tolist()))
-            if missing:
-                out.append(f"stages {missing} have no ops; every stage needs at least one")
-    used: dict[int, int] = {}
-    for k, devs in enumerate(stage_devices):
-        if not devs:
-            out.append(f"stage {k} has no devices")
-        for x in devs:
-            if not 0 <= x < d:
-                out.append(f"stage {k} names device {x}; the cluster has {d} ({_device_range(cluster)})")
-            elif x in used:
-                out.append(f"device {x} runs stages {used[x]} and {k}; a device runs at most one stage")
-            else:
-                used[x] = k
-    if int(microbatches) < 1:
-        out.append(f"microbatches is {microbatches}; it must be at least 1")
-    elif int(microbatches) > graph.batch_size:
-        out.append(f"microbatches is {microbatches}, more than the batch size {graph.batch_size}")
-    else:
-        out.extend(batch_share_problems(graph.batch_size, int(microbatches),
-                                        [max(len(g) // max(int(tp), 1), 1) for g in stage_devices],
-                                        even=even_batches))
-    if schedule not in ALL_SCHEDULES:
-        out.append(f"schedule is {schedule!r}; it must be one of {ALL_SCHEDULES}")
-    elif schedule not in ("1f1b", "gpipe") or int(virtual_stages) != 1 or int(tp) != 1:
-        from .sim.schedules import schedule_problems
-
-        out.extend(schedule_problems(schedule, int(virtual_stages), len(stage_devices), int(microbatches)))
-        t = max(int(tp), 1)
-        if any(len(g) != t for g in stage_devices):
-            what = "one device per rank" if t == 1 else f"one TP group of tp={t} devices per rank"
-            out.append(f"schedule {schedule!r} with tp={t} runs {what}; stage_devices {[list(g) for g in stage_devices]} "
-                       f"{'replicates a rank' if t == 1 else 'does not'}: give each rank {t} device(s), or use the "
-                       "1f1b/gpipe schedules with tp=1 for replicated stages")
-        if t > 1:
-            from .sim.tensor_parallel import linear_pairs, tp_problems
-
-            pairs = linear_pairs(graph)
-            for g in stage_devices:
-                if len(g) == t:
-                    out.extend(tp_problems(cluster, list(g), t, pairs))
-    if stages_ok and s > 1 and graph.num_edges:
-        src, dst = edge_ends if edge_ends is not None else (graph.edges[:, 0], graph.edges[:, 1])
-        mask = st[src] > st[dst]
-        if mask.any():
-            back = np.nonzero(mask)[0]
-            a, b = graph.edges[back[0]]
-            out.append(f"edge {graph.names[a]} (stage {st[a]}) -> {graph.names[b]} (stage {st[b]}) goes "
-                       f"back a stage ({back.size} such edges); stages must not decrease along edges")
-    return out
-
-
-def replica_samples(batch_size: int, microbatches: int, replicas: int) -> tuple[int, int]:
-    """(fewest, most) samples one replica of a stage on ``replicas`` devices gets of one
-    micro-batch, when the batch is cut into ``microbatches`` and each micro-batch into
-    ``replicas`` shares as ``torch.Tensor.tensor_split`` cuts (sizes differ by at most one):
-    ``floor(B / (M r))`` and ``ceil(B / (M r))``."""
-    parts = max(int(microbatches), 1) * max(int(replicas), 1)
-    return int(batch_size) // parts, -(-int(batch_size) // parts)
-
-
-def batch_share_problems(batch_size: int, microbatches: int, replicas: Sequence[int], *,
-                         even: bool = False) -> list[str]:
-    """The batch rules of a pipeline whose stage ``s`` runs on ``replicas[s]`` devices.
-
-    Each micro-batch is ``B / M`` samples and each of a stage's ``r`` replicas takes ``1 / r`` of
-    it (data parallel inside the stage), so a replica sees ``B / (M r)`` samples. The rule:
-    **microbatches x replicas <= batch** for every stage, so every replica gets at least one
-    sample of every micro-batch (a replica with none would run on an empty tensor, and its
-    all-reduce would average a gradient that is not there).
-
-    When ``B / (M r)`` is not a whole number the shares are cut as ``tensor_split`` cuts them
-    (:func:`replica_samples`: some replicas get one sample more); the simulator prices every
-    replica at the mean share ``1 / (M r)`` of the batch. The runtime
-    (``autoplace.rewrite.runtime.build_pipeline_runner``, ``torch.distributed.pipelining``
-    with shapes fixed before the first step) needs equal shares, **batch divisible by
-    microbatches x replicas**: ``even=True`` adds that rule, as a check before running.
-    """
-    out: list[str] = []
-    b, m = int(batch_size), int(microbatches)
-    for r in sorted({int(x) for x in replicas if int(x) >= 1}, reverse=True):
-        stages = [k for k, x in enumerate(replicas) if int(x) == r]
-        which = f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages}"
-        mbs = f"{m} micro-batch{'es' if m != 1 else ''}"
-        if m * r > b:
-            fix = (f"use at most {b // r} micro-batches" if b >= r else "") + \
-                  (" or " if b >= r and b >= m else "") + \
-                  (f"at most {b // m} replicas per stage" if b >= m else "")
-            out.append(f"{which} on {r} devices with {mbs} gives each replica {b}/({m}x{r}) = "
-                       f"{b / (m * r):.3g} samples of a micro-batch (batch {b}); every replica needs at least "
-                       f"one (microbatches x replicas <= batch): {fix}")
-        elif even and b % (m * r):
-            lo, hi = replica_samples(b, m, r)
-            out.append(f"{which} on {r} devices with {mbs} cuts the batch of {b} into shares of "
-                       f"{lo} to {hi} samples; the runtime needs equal shares (batch divisible by microbatches "
-                       f"x replicas = {m * r}): choose micro-batches and replicas whose product divides {b}, or "
-                       f"a batch that is a multiple of {m * r}")
-    return out
+                        *, planner: str = "device_map", strict: bool = True) -> "Placement":
+        """Read an accelerate ``device_map`` (module path -> device name or index); ``strict``:
+        raise on keys that name no module of the graph (:func:`autoplace.device_map.from_device_map`)."""
+        dev = device_map_assignment(graph, cluster, device_map, strict=strict)
+        return cls.from_assignment(graph, cluster, dev, planner=planner,
+                                   meta={"device_map": {k: v for k, v in device_map.items() if isinstance(v, (int, str))}})
 
 
 def _device_tuple(s: Any) -> tuple[int, ...]:
@@ -512,13 +374,6 @@ def _json_type(x: Any) -> str:
     if x is None:
         return "null"
     return {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(x), type(x).__name__)
-
-
-def _device_range(cluster: "Cluster") -> str:
-    names = [dv.name for dv in cluster.devices]
-    if len(names) <= 4:
-        return ", ".join(f"{i}={n}" for i, n in enumerate(names))
-    return f"0={names[0]} .. {len(names) - 1}={names[-1]}"
 
 
 def _jsonable(x: Any) -> Any:
@@ -536,6 +391,4 @@ def _jsonable(x: Any) -> Any:
 
 
 def _options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
-    from .parallel import options_from_dict
-
     return options_from_dict(d)

@@ -96,8 +96,8 @@ def lower_bound_of(sim: "Simulator", *, mode: str = "any") -> float:
     parts = 1 if mode == "model" else graph.batch_size * sim.num_devices
     tf, tb = sim.op_times(parts)
     upd_min = sim.upd.min(axis=1) if sim.num_devices else np.zeros(graph.num_nodes)
-    mp = sim._mp
+    t = sim.tables
     path = float(_paths(np.ascontiguousarray(tf.min(axis=1)), np.ascontiguousarray(tb.min(axis=1)), upd_min,
-                        mp["succ_ptr"], mp["succ_eid"], mp["pred_ptr"], mp["pred_eid"], mp["esrc"], mp["edst"]))
+                        t.succ_ptr, t.succ_eid, t.pred_ptr, t.pred_eid, t.esrc, t.edst))
     work = work_bound(sim.fwd + sim.bwd + sim.upd)
     return max(path, work)

@@ -51,7 +51,9 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["mp_evaluate", "mp_run", "MP_ARGS"]
+from .tables import GraphTables
+
+__all__ = ["mp_evaluate", "mp_run"]
 
 _OP_DONE = 0
 _MSG = 1
@@ -148,7 +150,7 @@ def _core(dev: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, upd: np.ndarray,
           succ_ptr: np.ndarray, succ_eid: np.ndarray, pred_ptr: np.ndarray, pred_eid: np.ndarray,
           esrc: np.ndarray, edst: np.ndarray, ebytes: np.ndarray, lat: np.ndarray, inv_bw: np.ndarray,
           out_bytes: np.ndarray, param_bytes: np.ndarray, opt_factor: float,
-          tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray):  # type: ignore[no-untyped-def]
+          tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray) -> tuple[Any, ...]:
     n_ops = dev.shape[0]
     n_dev = lat.shape[0]
     n_edges = esrc.shape[0]
@@ -439,7 +441,7 @@ def _evaluate(dev: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, upd: np.ndarray
               esrc: np.ndarray, edst: np.ndarray, ebytes: np.ndarray, lat: np.ndarray, inv_bw: np.ndarray,
               out_bytes: np.ndarray, param_bytes: np.ndarray, opt_factor: float,
               tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-              capacity: np.ndarray):  # type: ignore[no-untyped-def]
+              capacity: np.ndarray) -> tuple[float, np.ndarray, float]:
     n_dev = lat.shape[0]
     for i in range(dev.shape[0]):
         if dev[i] < 0 or dev[i] >= n_dev:
@@ -454,20 +456,14 @@ def _evaluate(dev: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, upd: np.ndarray
     return r[0], peak, excess
 
 
-MP_ARGS = ("fwd", "bwd", "upd", "succ_ptr", "succ_eid", "pred_ptr", "pred_eid", "esrc", "edst", "ebytes", "lat",
-           "inv_bw", "out_bytes", "param_bytes", "opt_factor", "tied_of", "tied_first", "tied_bytes")
-"""The simulator's precomputed inputs, in the order the kernels take them after ``dev``."""
-
-
-def mp_evaluate(args: tuple[Any, ...], capacity: np.ndarray, dev: np.ndarray) -> tuple[float, np.ndarray, float]:
+def mp_evaluate(tables: GraphTables, dev: np.ndarray) -> tuple[float, np.ndarray, float]:
     """(step seconds, peak bytes (D,), OOM excess bytes) of assignment ``dev`` (int64, length N);
-    step is -1 when ``dev`` names a device the cluster lacks. ``args``: the arrays named in
-    :data:`MP_ARGS`."""
-    return _evaluate(dev, *args, capacity)  # type: ignore[call-arg]
+    step is -1 when ``dev`` names a device the cluster lacks."""
+    return _evaluate(dev, *tables)
 
 
-def mp_run(args: tuple[Any, ...], dev: np.ndarray) -> tuple[Any, ...]:
+def mp_run(tables: GraphTables, dev: np.ndarray) -> tuple[Any, ...]:
     """Everything the simulation computed: step, peak, compute per device, per-op forward and
     backward start/end, per-device update start/end, and the transfers
     (from, to, op, kind 0 fwd / 1 bwd / 2 tied gradient / 3 tied copy, start, end)."""
-    return _core(dev, *args)
+    return _core(dev, *tables[:-1])

@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..placement import PlacementError, pipeline_problems
-from .pipeline import PipelineOutcome, _boundary_bytes, _groups
-from .result import Evaluation, Event, SimResult
-from .schedules import SPECS, OrderTimes, actions, bubble_fraction, simulate_order, stage_ranks, weight_fraction
+from ..parallel import StageOptions
+from ..placement import PlacementError
+from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
+from .result import Evaluation, Event, PipelineOutcome, SimResult
+from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, weight_fraction
+from .stages import boundary_bytes, stage_groups
+from .tensor_parallel import linear_pairs, tp_stage_cost
 
 if TYPE_CHECKING:
-    from ..parallel import StageOptions
     from .simulator import Simulator
 
 __all__ = ["multistage_step", "stage_times"]
@@ -59,8 +61,6 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
     p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
     ar = np.zeros(k)
     if tp_groups is not None and len(tp_groups[0]) > 1:
-        from .tensor_parallel import linear_pairs, tp_stage_cost
-
         pairs = linear_pairs(sim.graph)
         t = len(tp_groups[0])
         scale = np.ones(st.shape[0])
@@ -94,14 +94,14 @@ def _inflight(order: tuple, n_stages: int) -> np.ndarray:
 def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                     stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                     virtual_stages: int = 1, *, result: bool, timeline: bool = True,
-                    options: "StageOptions | None" = None, tp: int = 1) -> PipelineOutcome:
+                    options: StageOptions | None = None, tp: int = 1) -> PipelineOutcome:
     """Simulate one step of ``schedule`` (one of :data:`~autoplace.sim.schedules.MULTI_SCHEDULES`)."""
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64).copy()
-    groups = _groups(stage_devices)
+    groups = stage_groups(stage_devices)
     v = int(virtual_stages)
-    mp = sim._mp
+    tables = sim.tables
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
-                                 edge_ends=(mp["esrc"], mp["edst"]), virtual_stages=v, tp=tp)
+                                 edge_ends=(tables.esrc, tables.edst), virtual_stages=v, tp=tp)
     if options is not None and not options.is_default:
         problems.append(f"schedule {schedule!r} is simulated and run with the default stage options (ddp, no "
                         f"recompute, fp32); this plan sets {options.describe()}: drop them or use 1f1b/gpipe")
@@ -115,15 +115,15 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     dev_of_stage = dev_rank[rank_of]
     f, b, w, u, p_stage = stage_times(sim, st, dev_of_stage, m,
                                       [groups[r] for r in rank_of] if int(tp) > 1 else None)
-    bnd = _boundary_bytes(st, mp["succ_ptr"], mp["succ_eid"], mp["edst"], mp["ebytes"], k)
+    bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
     for s in range(k - 1):
         a, c = dev_of_stage[s], dev_of_stage[s + 1]
         if bnd[s] > 0 and a != c:
-            cf[s] = mp["lat"][a, c] + bnd[s] / m * mp["inv_bw"][a, c]
-            cb[s] = mp["lat"][c, a] + bnd[s] / m * mp["inv_bw"][c, a]
-    out_b = np.bincount(st, mp["out_bytes"], minlength=k)
+            cf[s] = tables.lat[a, c] + bnd[s] / m * tables.inv_bw[a, c]
+            cb[s] = tables.lat[c, a] + bnd[s] / m * tables.inv_bw[c, a]
+    out_b = np.bincount(st, tables.out_bytes, minlength=k)
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
     act = (out_b + recv) / m
     order = actions(schedule, p, v, m)
@@ -147,7 +147,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     for owner, others, nbytes in holders:
         for r in others:
             a, c = dev_rank[r], dev_rank[owner]
-            x1 = t.rank_end[r] + mp["lat"][a, c] + nbytes * mp["inv_bw"][a, c]
+            x1 = t.rank_end[r] + tables.lat[a, c] + nbytes * tables.inv_bw[a, c]
             tied_moves.append((r, owner, float(t.rank_end[r]), float(x1)))
             ready[owner] = max(ready[owner], x1)
     upd_end = ready + u_rank
@@ -155,7 +155,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     for owner, others, nbytes in holders:
         for r in others:
             a, c = dev_rank[owner], dev_rank[r]
-            x1 = upd_end[owner] + mp["lat"][a, c] + nbytes * mp["inv_bw"][a, c]
+            x1 = upd_end[owner] + tables.lat[a, c] + nbytes * tables.inv_bw[a, c]
             tied_moves.append((owner, r, float(upd_end[owner]), float(x1)))
             step = max(step, float(x1))
 
@@ -171,7 +171,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         peak[dev_rank] = np.bincount(rank_of, per_stage, minlength=p)
     else:
         for r, grp in enumerate(groups):  # every device of a TP group holds its shard and whole activations
-            peak[grp] = params[r] * (2.0 + mp["opt_factor"]) + t.peak_act[r] + tied_extra[r]
+            peak[grp] = params[r] * (2.0 + tables.opt_factor) + t.peak_act[r] + tied_extra[r]
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     evaluation = Evaluation(step, peak, excess)
     if not result:

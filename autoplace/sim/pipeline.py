@@ -72,63 +72,28 @@ Bubble fraction
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
 
-from ..placement import SCHEDULES, PlacementError, pipeline_problems
-from .result import Evaluation, Event, SimResult
+from .ddp import DDP_BUCKET_BYTES, ddp_buckets, group_link
+from .result import Evaluation, Event, PipelineOutcome, SimResult
+from .schedules import Action, schedule_actions
+from .stages import boundary_bytes, link_events
 
 if TYPE_CHECKING:
-    from ..parallel import StageOptions
     from .simulator import Simulator
 
-__all__ = ["Action", "schedule_actions", "pipeline_step", "PipelineOutcome", "DDP_BUCKET_BYTES"]
-
-DDP_BUCKET_BYTES = 25.0 * 2**20
-"""DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
-
-
-class Action(NamedTuple):
-    """One step of a stage's schedule, printed like torch's: ``2F0`` (stage 2, forward, micro-batch 0)."""
-
-    stage: int
-    kind: str
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"
+__all__ = ["flush_step", "Action", "schedule_actions", "DDP_BUCKET_BYTES"]
+# Action, schedule_actions (the GPipe and 1F1B orders, autoplace.sim.schedules) and DDP_BUCKET_BYTES
+# (autoplace.sim.ddp) are re-exported: this module simulates them.
 
 
-def _order(num_stages: int, microbatches: int, schedule: str, stage: int) -> list[Action]:
-    m_count = microbatches
-    if schedule == "gpipe":
-        return ([Action(stage, "F", m) for m in range(m_count)]
-                + [Action(stage, "B", m) for m in range(m_count)])
-    warmup = min(m_count, num_stages - stage)
-    out = [Action(stage, "F", m) for m in range(warmup)]
-    nxt = warmup
-    for m in range(m_count):
-        out.append(Action(stage, "B", m))
-        if nxt < m_count:
-            out.append(Action(stage, "F", nxt))
-            nxt += 1
-    return out
-
-
-def schedule_actions(num_stages: int, microbatches: int, schedule: str = "1f1b") -> tuple[tuple[Action, ...], ...]:
-    """Each stage's actions in the order it runs them, for "gpipe" or "1f1b"."""
-    if schedule not in SCHEDULES:
-        raise PlacementError([f"schedule is {schedule!r}; it must be one of {SCHEDULES}"])
-    if num_stages < 1 or microbatches < 1:
-        raise PlacementError([f"a pipeline needs at least one stage and one micro-batch; got {num_stages} stages "
-                              f"and {microbatches} micro-batches"])
-    return tuple(tuple(_order(num_stages, microbatches, schedule, s)) for s in range(num_stages))
 
 
 @lru_cache(maxsize=64)
-def _encoded(num_stages: int, microbatches: int, schedule: str) -> tuple[np.ndarray, np.ndarray]:
+def flush_order(num_stages: int, microbatches: int, schedule: str) -> tuple[np.ndarray, np.ndarray]:
     """(S, 2M) actions encoded m (forward) or -(m+1) (backward), and (S,) micro-batches in flight."""
     acts = schedule_actions(num_stages, microbatches, schedule)
     enc = np.array([[a.microbatch if a.kind == "F" else -(a.microbatch + 1) for a in row] for row in acts],
@@ -145,30 +110,7 @@ def _encoded(num_stages: int, microbatches: int, schedule: str) -> tuple[np.ndar
 
 
 @njit(cache=True)
-def _boundary_bytes(stage: np.ndarray, succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray,
-                    ebytes: np.ndarray, n_stages: int) -> np.ndarray:
-    """(S-1,) full-batch bytes crossing each boundary s|s+1 (a value relayed through stages counts on each)."""
-    out = np.zeros(max(n_stages - 1, 0))
-    tmp = np.zeros(max(n_stages, 1))
-    for p in range(stage.shape[0]):
-        sp = stage[p]
-        hi = sp
-        for q in range(succ_ptr[p], succ_ptr[p + 1]):
-            e = succ_eid[q]
-            sc = stage[edst[e]]
-            for s in range(sp, sc):
-                if ebytes[e] > tmp[s]:
-                    tmp[s] = ebytes[e]
-            if sc > hi:
-                hi = sc
-        for s in range(sp, hi):
-            out[s] += tmp[s]
-            tmp[s] = 0.0
-    return out
-
-
-@njit(cache=True)
-def _pipe_sim(order: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndarray):  # type: ignore[no-untyped-def]
+def simulate_flush(order: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, cf: np.ndarray, cb: np.ndarray):  # type: ignore[no-untyped-def]
     """Run the stages' action lists. Returns (ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end)."""
     n_st, length = order.shape
     n_mb = length // 2
@@ -259,95 +201,12 @@ def _stage_sums(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r:
 
 
 @njit(cache=True)
-def _ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
-                 last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
-                 lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float) -> tuple[np.ndarray, np.ndarray]:
-    """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
-    Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
-    parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
-    op ends; buckets are all-reduced one after another in that order (one communication stream),
-    each a ring with its own latency term. Stages on one device: ready when the backward ends."""
-    n_st = reps.shape[0]
-    t = np.zeros(n_st)
-    fill = np.zeros(n_st)
-    free = np.zeros(n_st)
-    ar_time = np.zeros(n_st)
-    inv = np.zeros(n_st)
-    lt = np.zeros(n_st)
-    for s in range(n_st):
-        if reps[s] > 1:
-            lt[s], inv[s] = _group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
-    for i in range(st.shape[0] - 1, -1, -1):
-        s = st[i]
-        r = reps[s]
-        if r <= 1:
-            continue
-        t[s] += b_op[i]
-        fill[s] += param_bytes[i]
-        if fill[s] >= bucket_bytes:
-            ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
-            free[s] = max(free[s], last_b_start[s] + t[s]) + ring
-            ar_time[s] += ring
-            fill[s] = 0.0
-    ready = last_b_start + b_act
-    for s in range(n_st):
-        r = reps[s]
-        if r > 1:
-            if fill[s] > 0:  # the last bucket: ready when the backward ends
-                ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
-                free[s] = max(free[s], ready[s]) + ring
-                ar_time[s] += ring
-            ready[s] = max(ready[s], free[s])
-    return ready, ar_time
-
-
-def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: float, b_act: float, lat: float,
-             inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> tuple[float, float]:
-    """(gradients ready, all-reduce seconds) of one replicated DDP stage whose ops, in topological
-    order, have backward times ``b_op`` and parameter bytes ``p_op``: the bucket rule of
-    :func:`_ddp_buckets` for one stage (the sharded path's DDP stages use it)."""
-    r = int(replicas)
-    ready = last_b_start + b_act
-    if r <= 1:
-        return ready, 0.0
-    t = fill = free = ar = 0.0
-    for i in range(len(b_op) - 1, -1, -1):
-        t += float(b_op[i])
-        fill += float(p_op[i])
-        if fill >= bucket_bytes:
-            ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
-            free = max(free, last_b_start + t) + ring
-            ar += ring
-            fill = 0.0
-    if fill > 0:
-        ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
-        free = max(free, ready) + ring
-        ar += ring
-    return max(ready, free), ar
-
-
-@njit(cache=True)
-def _group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat: np.ndarray,
-                inv_bw: np.ndarray) -> tuple[float, float]:
-    """(largest latency, largest inverse bandwidth) over links from stage a's devices to stage b's."""
-    lt = 0.0
-    inv = 0.0
-    for x in range(stage_ptr[a], stage_ptr[a + 1]):
-        for y in range(stage_ptr[b], stage_ptr[b + 1]):
-            i, j = stage_dev[x], stage_dev[y]
-            if i != j:
-                lt = max(lt, lat[i, j])
-                inv = max(inv, inv_bw[i, j])
-    return lt, inv
-
-
-@njit(cache=True)
 def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_rep: np.ndarray,
                b_rep: np.ndarray, u_rep: np.ndarray, order: np.ndarray, inflight: np.ndarray,
                succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
                lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
                opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray):  # type: ignore[no-untyped-def]
+               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray) -> tuple[Any, ...]:
     n_st = stage_ptr.shape[0] - 1
     n_dev = lat.shape[0]
     n_groups = tied_first.shape[0]
@@ -363,19 +222,19 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
             u_stage[s] = max(u_stage[s], u_rep[x])
 
     # transfers between consecutive stages, per micro-batch
-    bnd = _boundary_bytes(st, succ_ptr, succ_eid, edst, ebytes, n_st)
+    bnd = boundary_bytes(st, succ_ptr, succ_eid, edst, ebytes, n_st)
     nb = max(n_st - 1, 1)
     cf = np.zeros(nb)
     cb = np.zeros(nb)
     for s in range(n_st - 1):
         if bnd[s] > 0:
             shard = bnd[s] / n_mb / max(reps[s], reps[s + 1])
-            lt, inv = _group_link(stage_ptr, stage_dev, s, s + 1, lat, inv_bw)
+            lt, inv = group_link(stage_ptr, stage_dev, s, s + 1, lat, inv_bw)
             cf[s] = lt + shard * inv
-            lt, inv = _group_link(stage_ptr, stage_dev, s + 1, s, lat, inv_bw)
+            lt, inv = group_link(stage_ptr, stage_dev, s + 1, s, lat, inv_bw)
             cb[s] = lt + shard * inv
 
-    ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = _pipe_sim(order, f_act, b_act, cf, cb)
+    ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = simulate_flush(order, f_act, b_act, cf, cb)
     t_fb = 0.0
     for s in range(n_st):
         for m in range(n_mb):
@@ -393,7 +252,7 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
             if order[s, q] < 0:
                 last_b_start[s] = b_start[s, -order[s, q] - 1]
                 break
-    ready, ar_time = _ddp_buckets(st, b_op, param_bytes, reps, last_b_start, b_act, stage_ptr, stage_dev, lat,
+    ready, ar_time = ddp_buckets(st, b_op, param_bytes, reps, last_b_start, b_act, stage_ptr, stage_dev, lat,
                                   inv_bw, bucket_bytes)
     holder = np.zeros((n_groups, n_st), np.bool_)
     for i in range(st.shape[0]):
@@ -459,58 +318,12 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
             last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end)
 
 
-class PipelineOutcome(NamedTuple):
-    evaluation: Evaluation
-    result: SimResult | None
-
-
-def _groups(stage_devices: Sequence[int | Sequence[int]]) -> list[list[int]]:
-    out = []
-    for s in stage_devices:
-        if isinstance(s, (list, tuple)):
-            out.append([int(x) for x in s])
-        elif np.isscalar(s):
-            out.append([int(s)])  # type: ignore[arg-type]
-        else:
-            out.append([int(x) for x in s])  # type: ignore[union-attr]
-    return out
-
-
-def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
-           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
-           schedule: str) -> tuple[np.ndarray, list[list[int]]]:
-    st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
-    if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
-        st = st.copy()
-    groups = _groups(stage_devices)
-    problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
-                                 edge_ends=(sim._mp["esrc"], sim._mp["edst"]))
-    if problems:
-        raise PlacementError(problems)
-    return st, groups
-
-
-def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
-                  stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
-                  *, result: bool, timeline: bool = True, options: "StageOptions | None" = None,
-                  virtual_stages: int = 1, tp: int = 1) -> PipelineOutcome:
-    """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
-    timeline when ``timeline``). ``options``: the stages' shard, recompute and precision
-    (:mod:`autoplace.parallel`); any that is not the default is simulated by :mod:`.sharding`.
-    Schedules past gpipe and 1f1b (``virtual_stages`` per rank, split backward) are simulated by
-    :mod:`.multistage`."""
-    if schedule not in SCHEDULES or int(virtual_stages) != 1 or int(tp) != 1:
-        from .multistage import multistage_step
-
-        return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
-                               result=result, timeline=timeline, options=options, tp=tp)
-    st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
-    if options is not None and not options.is_default:
-        from .sharding import sharded_step, stage_options
-
-        opts = stage_options(options, len(groups))
-        assert opts is not None
-        return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline)
+def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
+               *, result: bool, timeline: bool = True) -> PipelineOutcome:
+    """Simulate one GPipe or 1F1B step of stages ``st`` (int64, validated) on device groups
+    ``groups`` with the default stage options: its Evaluation, and with ``result`` a SimResult
+    too (with the timeline when ``timeline``). The entry point that validates and dispatches
+    is :func:`autoplace.sim.simulator.pipeline_step`."""
     m_count = int(microbatches)
     n_st = len(groups)
     stage_ptr = np.zeros(n_st + 1, dtype=np.int64)
@@ -528,12 +341,11 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         f_rep += np.repeat(fo, reps)
         b_rep += np.repeat(bo, reps)
         u_rep += np.repeat(uo, reps)
-    order, inflight = _encoded(n_st, m_count, schedule)
-    mp = sim._mp
-    out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
-                     mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
-                     mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
-                     mp["capacity"], m_count, DDP_BUCKET_BYTES, b_op)
+    order, inflight = flush_order(n_st, m_count, schedule)
+    t = sim.tables
+    out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid, t.edst,
+                     t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first,
+                     t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     if sim.memory is not None:  # the memory terms of autoplace.cost.memory, per replica of each stage
@@ -555,23 +367,10 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     busy = float(m_count * (f_act + b_act).sum())
     bubble = max(0.0, 1.0 - busy / (n_st * t_fb)) if t_fb > 0 else 0.0
     link_busy = np.zeros((n_dev, n_dev))
-    comm = 0.0
     events: list[Event] = []
     lane = [f"dev {i} {d.name}" for i, d in enumerate(sim.cluster.devices)]
-    for s in range(n_st - 1):
-        if bnd[s] == 0:
-            continue
-        a, b = groups[s][0], groups[s + 1][0]
-        for m in range(m_count):
-            for x0, x1, i, j, who in ((xf_start[s, m], xf_end[s, m], a, b, s), (xb_start[s, m], xb_end[s, m], b, a, s + 1)):
-                link_busy[i, j] += x1 - x0
-                comm += x1 - x0
-                events.append(Event(f"link {i}->{j}", i, "send", who, m, float(x0), float(x1)))
-    for s_from, s_to, x0, x1 in zip(mv_from.tolist(), mv_to.tolist(), mv_start.tolist(), mv_end.tolist()):
-        i, j = groups[s_from][0], groups[s_to][0]
-        link_busy[i, j] += x1 - x0
-        comm += x1 - x0
-        events.append(Event(f"link {i}->{j}", i, "send", s_from, -1, x0, x1))
+    comm = link_events(groups, bnd, m_count, xf_start, xf_end, xb_start, xb_end,
+                       list(zip(mv_from.tolist(), mv_to.tolist(), mv_start.tolist(), mv_end.tolist())), link_busy, events)
     if timeline:
         for s, grp in enumerate(groups):
             for k, dv in enumerate(grp):

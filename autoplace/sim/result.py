@@ -18,7 +18,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["Event", "Evaluation", "SimResult", "EVENT_KINDS", "format_bytes"]
+from .plot import plot_timeline
+
+__all__ = ["Event", "Evaluation", "SimResult", "PipelineOutcome", "EVENT_KINDS", "format_bytes"]
 
 EVENT_KINDS = ("fwd", "bwd", "update", "send", "allreduce")
 GiB = float(2**30)
@@ -218,9 +220,14 @@ class SimResult:
         """Draw the timeline as a Gantt chart (a lane per device, and per link that carried a
         transfer) into a PNG at ``path``; returns the path. The legend names the kinds of work
         drawn, and in a pipeline what the numbers on the bars are (micro-batches)."""
-        from .plot import plot_timeline
-
         return plot_timeline(self, path, title=title)
+
+
+class PipelineOutcome(NamedTuple):
+    """What a pipeline simulation returns: the Evaluation, and the full SimResult when asked for."""
+
+    evaluation: Evaluation
+    result: SimResult | None
 
 
 def device_labels(names: Sequence[str], kinds: Sequence[str]) -> tuple[str, ...]:

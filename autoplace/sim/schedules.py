@@ -68,14 +68,17 @@ behaviour is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
 
-__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "Action", "actions", "grid", "stage_ranks", "schedule_problems",
+from ..pipeline_rules import (MULTI_SCHEDULES, SCHEDULES, SPECS, ScheduleSpec, schedule_problems, stage_ranks,
+                              torch_schedule_class)
+from ..placement import PlacementError
+
+__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "Action", "actions", "schedule_actions", "grid", "stage_ranks", "schedule_problems",
            "torch_schedule_class", "simulate_order", "OrderTimes", "weight_fraction", "bubble_fraction"]
 
 
@@ -90,86 +93,36 @@ class Action(NamedTuple):
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """What a schedule needs of the plan and which torch class runs it."""
-
-    name: str
-    torch_class: str
-    """the class in ``torch.distributed.pipelining`` that runs it."""
-    style: str
-    """``"loop"`` (rank r holds stages r, r + P, ...) or ``"v"`` (rank r holds r and 2P - 1 - r)."""
-    split_backward: bool
-    """backward split into input-gradient (I) and weight-gradient (W) actions."""
-    virtual: tuple[int, int | None]
-    """(fewest, most) virtual stages per rank (None: no upper limit)."""
-
-
-SPECS: dict[str, ScheduleSpec] = {
-    "gpipe": ScheduleSpec("gpipe", "ScheduleGPipe", "loop", False, (1, 1)),
-    "1f1b": ScheduleSpec("1f1b", "Schedule1F1B", "loop", False, (1, 1)),
-    "interleaved-1f1b": ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", False, (1, None)),
-    "looped-bfs": ScheduleSpec("looped-bfs", "ScheduleLoopedBFS", "loop", False, (1, None)),
-    "zb-h1": ScheduleSpec("zb-h1", "ScheduleInterleavedZeroBubble", "loop", True, (1, None)),
-    "zbv": ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", True, (2, 2)),
-    "dualpipev": ScheduleSpec("dualpipev", "ScheduleDualPipeV", "v", True, (2, 2)),
-}
-MULTI_SCHEDULES = tuple(k for k in SPECS if k not in ("gpipe", "1f1b"))
-"""The schedules this module simulates (gpipe and 1f1b stay in :mod:`.pipeline`)."""
 _KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
-def torch_schedule_class(schedule: str) -> type | None:
-    """torch's class for ``schedule`` in the installed torch, or None when it lacks it."""
-    import torch.distributed.pipelining.schedules as ts
-
-    return getattr(ts, SPECS[schedule].torch_class, None)
+# ---- orders --------------------------------------------------------------------------------
 
 
-def schedule_problems(schedule: str, virtual_stages: int, ranks: int, microbatches: int) -> list[str]:
-    """Every rule the schedule's shape breaks (empty: fine), each naming the value and the fix."""
-    out: list[str] = []
-    if schedule not in SPECS:
-        return [f"schedule is {schedule!r}; it must be one of {tuple(SPECS)}"]
-    spec = SPECS[schedule]
-    v = virtual_stages
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        return [f"virtual_stages is {v!r}; it must be a whole number >= 1 (stages per rank)"]
-    lo, hi = spec.virtual
-    if v < lo or (hi is not None and v > hi):
-        need = f"exactly {lo}" if lo == hi else f"at least {lo}"
-        fix = ("use 'interleaved-1f1b', 'looped-bfs' or 'zb-h1' for several stages per rank"
-               if hi == 1 else f"set virtual_stages={lo}")
-        out.append(f"schedule {schedule!r} with virtual_stages={v}: it needs {need} virtual stage(s) per rank; {fix}")
-    if torch_schedule_class(schedule) is None:
-        import torch
-
-        out.append(f"schedule {schedule!r} needs torch.distributed.pipelining.{spec.torch_class}, which torch "
-                   f"{torch.__version__} lacks: upgrade torch or choose one of "
-                   f"{tuple(k for k in SPECS if torch_schedule_class(k) is not None)}")
-    if schedule == "dualpipev" and microbatches < 2 * ranks:
-        out.append(f"schedule 'dualpipev' needs at least as many micro-batches as stages: microbatches={microbatches} "
-                   f"< {2 * ranks} stages ({ranks} ranks x 2); use microbatches >= {2 * ranks}")
-    if schedule in ("interleaved-1f1b", "zb-h1") and ranks >= 1 and microbatches >= 1:
-        rounds = max(1, microbatches // ranks)
-        if microbatches % rounds:
-            ok = sorted({m for m in range(1, 4 * ranks + 1) if m % max(1, m // ranks) == 0} - {microbatches},
-                        key=lambda m: abs(m - microbatches))[:3]
-            out.append(f"schedule {schedule!r} runs micro-batches in rounds of {ranks} ranks: microbatches={microbatches} "
-                       f"is not a multiple of its {rounds} rounds (microbatches // ranks); use a multiple of {ranks} "
-                       f"or fewer than {2 * ranks} micro-batches (e.g. {', '.join(map(str, sorted(ok)))})")
+def _order(num_stages: int, microbatches: int, schedule: str, stage: int) -> list[Action]:
+    m_count = microbatches
+    if schedule == "gpipe":
+        return ([Action(stage, "F", m) for m in range(m_count)]
+                + [Action(stage, "B", m) for m in range(m_count)])
+    warmup = min(m_count, num_stages - stage)
+    out = [Action(stage, "F", m) for m in range(warmup)]
+    nxt = warmup
+    for m in range(m_count):
+        out.append(Action(stage, "B", m))
+        if nxt < m_count:
+            out.append(Action(stage, "F", nxt))
+            nxt += 1
     return out
 
 
-def stage_ranks(schedule: str, ranks: int, virtual_stages: int) -> tuple[int, ...]:
-    """The rank of every virtual stage (``K = ranks x virtual_stages`` of them)."""
-    p, k = ranks, ranks * virtual_stages
-    if SPECS[schedule].style == "v":
-        return tuple(s if s < p else 2 * p - 1 - s for s in range(k))
-    return tuple(s % p for s in range(k))
-
-
-# ---- orders --------------------------------------------------------------------------------
+def schedule_actions(num_stages: int, microbatches: int, schedule: str = "1f1b") -> tuple[tuple[Action, ...], ...]:
+    """Each stage's actions in the order it runs them, for "gpipe" or "1f1b"."""
+    if schedule not in SCHEDULES:
+        raise PlacementError([f"schedule is {schedule!r}; it must be one of {SCHEDULES}"])
+    if num_stages < 1 or microbatches < 1:
+        raise PlacementError([f"a pipeline needs at least one stage and one micro-batch; got {num_stages} stages "
+                              f"and {microbatches} micro-batches"])
+    return tuple(tuple(_order(num_stages, microbatches, schedule, s)) for s in range(num_stages))
 
 
 def _depth_first(p: int, v: int, m: int, rank: int, zero_bubble: bool) -> list[Action]:
@@ -326,8 +279,6 @@ def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
 @lru_cache(maxsize=256)
 def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
     """Each rank's actions in the order it runs them (stages are global virtual-stage indices)."""
-    from ..placement import PlacementError
-
     problems = schedule_problems(schedule, virtual_stages, ranks, microbatches)
     if ranks < 1 or microbatches < 1:
         problems.append(f"a pipeline needs at least one rank and one micro-batch; got {ranks} and {microbatches}")
@@ -335,9 +286,7 @@ def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -
         raise PlacementError(problems)
     p, v, m = ranks, virtual_stages, microbatches
     if schedule in ("gpipe", "1f1b"):
-        from .pipeline import schedule_actions
-
-        return tuple(tuple(Action(*a) for a in row) for row in schedule_actions(p, m, schedule))
+        return schedule_actions(p, m, schedule)
     if schedule == "interleaved-1f1b":
         rows = [_depth_first(p, v, m, r, False) for r in range(p)]
     elif schedule == "zb-h1":
@@ -408,7 +357,7 @@ class OrderTimes(NamedTuple):
 
 @njit(cache=True)
 def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t: np.ndarray, w_t: np.ndarray,
-         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int):  # type: ignore[no-untyped-def]
+         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int) -> tuple[Any, ...]:
     n_rank, length, _ = enc.shape
     n_st = rank_of.shape[0]
     f_arr = np.full((n_st, n_mb), -1.0)

@@ -87,7 +87,11 @@ from numba import njit
 
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions, hsdp_shape
-from .result import Evaluation, Event, SimResult
+from ..placement import PlacementError
+from .ddp import DDP_BUCKET_BYTES, ddp_sync
+from .pipeline import flush_order, simulate_flush
+from .result import Evaluation, Event, PipelineOutcome, SimResult
+from .stages import boundary_bytes, link_events
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -311,15 +315,13 @@ def _times(sim: "Simulator", parts: int, bf16: bool) -> tuple[np.ndarray, np.nda
 
 
 def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
-                 opts: StageOptions, *, result: bool, timeline: bool = True) -> Any:
-    """Simulate one step of a pipeline whose stages have non-default options; returns
-    :class:`autoplace.sim.pipeline.PipelineOutcome` like :func:`autoplace.sim.pipeline.pipeline_step`."""
-    from .pipeline import DDP_BUCKET_BYTES, PipelineOutcome, _boundary_bytes, _encoded, _pipe_sim, ddp_sync
-
+                 opts: StageOptions, *, result: bool, timeline: bool = True) -> PipelineOutcome:
+    """Simulate one step of a pipeline whose stages have non-default options, like
+    :func:`autoplace.sim.pipeline.flush_step` for the default ones."""
     g = sim.graph
     m_count = int(microbatches)
     n_st = len(groups)
-    mp = sim._mp
+    tables = sim.tables
     unit = stage_units(block_units(g), st)
     stages: list[_Stage] = []
     for s, devs in enumerate(groups):
@@ -352,7 +354,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
         b_act[s] = two_stream(bag, bc, np.zeros_like(bag), np.zeros_like(bag))[5]
 
     # the schedule
-    bnd = _boundary_bytes(st, mp["succ_ptr"], mp["succ_eid"], mp["edst"], mp["ebytes"], n_st)
+    bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, n_st)
     nb = max(n_st - 1, 1)
     cf = np.zeros(nb)
     cb = np.zeros(nb)
@@ -366,7 +368,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
                 (sim.inv_bw[i, j] for i, j in pairs), default=0.0)
             cb[s] = max((sim.lat[i, j] for i, j in back), default=0.0) + shard_bytes * max(
                 (sim.inv_bw[i, j] for i, j in back), default=0.0)
-    order, inflight = _encoded(n_st, m_count, schedule)
+    order, inflight = flush_order(n_st, m_count, schedule)
     if loop:
         arrays, (c_start, c_end, g_end, r_end, x_end, end) = runs[0]
         t_fb = float(c_end[-1]) if c_end.size else 0.0
@@ -376,7 +378,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
         sync = np.array([float(end) - t_fb])
         last_b_start = np.array([t_fb])
     else:
-        ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = _pipe_sim(order, f_act, b_act, cf, cb)
+        ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = simulate_flush(order, f_act, b_act, cf, cb)
         if not ok:
             raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {n_st} stages")
         t_fb = float(max((b_start[s].max() + b_act[s] for s in range(n_st)), default=0.0))
@@ -423,7 +425,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
             step = max(step, t1)
 
     # memory
-    opt = float(mp["opt_factor"])
+    opt = float(tables.opt_factor)
     peak = np.zeros(sim.num_devices)
     for s, x in enumerate(stages):
         saved, remat = x.saved_activations()
@@ -466,21 +468,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
         busy += m_count * (f_act[s] + b_act[s]) if not loop else m_count * (fwd_c + bwd_c)
     bubble = max(0.0, 1.0 - busy / (n_st * t_fb)) if t_fb > 0 and not loop else 0.0
     link_busy = np.zeros((n_dev, n_dev))
-    comm = 0.0
-    for s in range(n_st - 1):
-        if bnd[s] == 0:
-            continue
-        a, b = groups[s][0], groups[s + 1][0]
-        for m in range(m_count):
-            for x0, x1, i, j, who in ((xf_start[s, m], xf_end[s, m], a, b, s), (xb_start[s, m], xb_end[s, m], b, a, s + 1)):
-                link_busy[i, j] += x1 - x0
-                comm += x1 - x0
-                events.append(Event(f"link {i}->{j}", i, "send", who, m, float(x0), float(x1)))
-    for s_from, s_to, x0, x1 in moves:
-        i, j = groups[s_from][0], groups[s_to][0]
-        link_busy[i, j] += x1 - x0
-        comm += x1 - x0
-        events.append(Event(f"link {i}->{j}", i, "send", s_from, -1, x0, x1))
+    comm = link_events(groups, bnd, m_count, xf_start, xf_end, xb_start, xb_end, moves, link_busy, events)
     if loop:
         arrays, (c_start, c_end, g_end, r_end, x_end, end) = runs[0]
         comm += float(arrays[0].sum() + arrays[2].sum() + arrays[3].sum())
@@ -530,8 +518,6 @@ def stage_options(opts: StageOptions | None, num_stages: int) -> StageOptions | 
     if opts is None or opts.is_default:
         return None
     if opts.num_stages != num_stages:
-        from ..placement import PlacementError
-
         raise PlacementError([f"the stage options are for {opts.num_stages} stages; the pipeline has {num_stages}"])
     return opts
 

@@ -19,18 +19,23 @@ import numpy as np
 
 from ..cost.analytic import CostModel
 from ..cost.memory import step_memory
+from ..parallel import StageOptions
 from ..placement import Placement, PlacementError
+from ..pipeline_rules import SCHEDULES, pipeline_problems
 from .bounds import lower_bound_of
-from .model_parallel import MP_ARGS, mp_evaluate, mp_run
-from .pipeline import pipeline_step
-from .result import Evaluation, Event, SimResult, device_labels
+from .model_parallel import mp_evaluate, mp_run
+from .multistage import multistage_step
+from .pipeline import flush_step
+from .result import Evaluation, Event, PipelineOutcome, SimResult, device_labels
+from .sharding import sharded_step, stage_options
+from .stages import stage_groups
+from .tables import GraphTables
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
-    from ..parallel import StageOptions
     from ..graph.ir import OpGraph
 
-__all__ = ["Simulator"]
+__all__ = ["Simulator", "pipeline_step"]
 
 def _tied_groups(graph: "OpGraph") -> list[list[int]]:
     """Disjoint tied groups (overlapping ones merged), each sorted, owner first; groups whose
@@ -60,12 +65,10 @@ def _tied_groups(graph: "OpGraph") -> list[list[int]]:
     return [g for g in ordered if len(g) > 1]
 
 
-def _options(placement: Placement) -> "StageOptions | None":
+def _options(placement: Placement) -> StageOptions | None:
     """The plan's per-stage options when it has any (:mod:`autoplace.parallel`)."""
     if not (placement.shard or placement.recompute or placement.precision or placement.reshard_after_forward):
         return None
-    from ..parallel import StageOptions
-
     return StageOptions.of(placement)
 
 
@@ -77,6 +80,42 @@ def _saved_bytes(graph: "OpGraph") -> np.ndarray:
     if not names:
         return graph.out_bytes
     return np.where(np.isin(np.array(graph.names), list(names)), 0.0, graph.out_bytes)
+
+
+def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
+           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
+           schedule: str) -> tuple[np.ndarray, list[list[int]]]:
+    st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
+    if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
+        st = st.copy()
+    groups = stage_groups(stage_devices)
+    t = sim.tables
+    problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
+                                 edge_ends=(t.esrc, t.edst))
+    if problems:
+        raise PlacementError(problems)
+    return st, groups
+
+
+def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
+                  stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
+                  *, result: bool, timeline: bool = True, options: StageOptions | None = None,
+                  virtual_stages: int = 1, tp: int = 1) -> PipelineOutcome:
+    """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
+    timeline when ``timeline``). GPipe and 1F1B with the default stage options are
+    :mod:`.pipeline`'s; ``options`` (the stages' shard, recompute and precision,
+    :mod:`autoplace.parallel`) that are not the default are simulated by :mod:`.sharding`;
+    schedules past gpipe and 1f1b (``virtual_stages`` per rank, split backward) and tensor
+    parallelism by :mod:`.multistage`."""
+    if schedule not in SCHEDULES or int(virtual_stages) != 1 or int(tp) != 1:
+        return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
+                               result=result, timeline=timeline, options=options, tp=tp)
+    st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
+    if options is not None and not options.is_default:
+        opts = stage_options(options, len(groups))
+        assert opts is not None
+        return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline)
+    return flush_step(sim, st, groups, microbatches, schedule, result=result, timeline=timeline)
 
 
 class Simulator:
@@ -118,21 +157,21 @@ class Simulator:
         # memory terms from the graph's memory facts (autoplace.cost.memory); None: the plain sum below
         self.memory = step_memory(graph, self.cost, cluster, (tied_of, self.tied_first, self.tied_bytes))
         i64 = np.int64
-        self._mp = {
-            "fwd": self.fwd, "bwd": self.bwd, "upd": self.upd,
-            "succ_ptr": graph.succ_ptr.astype(i64), "succ_eid": graph.succ_eid.astype(i64),
-            "pred_ptr": graph.pred_ptr.astype(i64), "pred_eid": graph.pred_eid.astype(i64),
-            "esrc": np.ascontiguousarray(graph.edges[:, 0], dtype=i64),
-            "edst": np.ascontiguousarray(graph.edges[:, 1], dtype=i64),
-            "ebytes": np.ascontiguousarray(graph.edge_bytes, dtype=np.float64),
-            "lat": self.lat, "inv_bw": self.inv_bw,
-            "out_bytes": np.ascontiguousarray(_saved_bytes(graph), dtype=np.float64),
-            "param_bytes": np.ascontiguousarray(graph.param_bytes, dtype=np.float64),
-            "opt_factor": float(self.cost.optimizer_state_factor),
-            "tied_of": tied_of, "tied_first": self.tied_first, "tied_bytes": self.tied_bytes,
-            "capacity": self.capacity,
-        }
-        self._mp_args = tuple(self._mp[k] for k in MP_ARGS)
+        self.tables = GraphTables(
+            fwd=self.fwd, bwd=self.bwd, upd=self.upd,
+            succ_ptr=graph.succ_ptr.astype(i64), succ_eid=graph.succ_eid.astype(i64),
+            pred_ptr=graph.pred_ptr.astype(i64), pred_eid=graph.pred_eid.astype(i64),
+            esrc=np.ascontiguousarray(graph.edges[:, 0], dtype=i64),
+            edst=np.ascontiguousarray(graph.edges[:, 1], dtype=i64),
+            ebytes=np.ascontiguousarray(graph.edge_bytes, dtype=np.float64),
+            lat=self.lat, inv_bw=self.inv_bw,
+            out_bytes=np.ascontiguousarray(_saved_bytes(graph), dtype=np.float64),
+            param_bytes=np.ascontiguousarray(graph.param_bytes, dtype=np.float64),
+            opt_factor=float(self.cost.optimizer_state_factor),
+            tied_of=tied_of, tied_first=self.tied_first, tied_bytes=self.tied_bytes,
+            capacity=self.capacity,
+        )
+        """The placement-independent arrays every simulation reads (:class:`~.tables.GraphTables`)."""
 
     def __repr__(self) -> str:
         return f"<Simulator of {self.graph.name or 'a graph'} ({self.num_nodes} ops) on {self.cluster.describe()}>"
@@ -166,7 +205,7 @@ class Simulator:
         """Step time and memory of the model-parallel placement ``device_of_node`` (no timeline);
         raises :class:`PlacementError` when it has the wrong length or names a missing device."""
         dev = self._as_assignment(device_of_node)
-        step, peak, excess = mp_evaluate(self._mp_args, self.capacity, dev)
+        step, peak, excess = mp_evaluate(self.tables, dev)
         if step < 0:
             raise self._bad_device(dev)
         if self.memory is not None:
@@ -176,7 +215,7 @@ class Simulator:
 
     def _run_model(self, dev: np.ndarray, timeline: bool) -> SimResult:
         (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
-         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self._mp_args, dev)
+         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self.tables, dev)
         if self.memory is not None:
             peak = self.memory.model_parallel(dev)
         n_dev = self.num_devices
@@ -205,7 +244,7 @@ class Simulator:
 
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
-                          schedule: str = "1f1b", *, options: "StageOptions | None" = None,
+                          schedule: str = "1f1b", *, options: StageOptions | None = None,
                           virtual_stages: int = 1, tp: int = 1) -> Evaluation:
         """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule;
         ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`);

@@ -20,16 +20,16 @@ from __future__ import annotations
 import sys
 import time
 
+import autoplace
+from autoplace.planners import budget as _budget
+from autoplace.progress import shown
+
 __all__ = ["warm_up"]
 
 
 def warm_up(*, verbose: bool = False) -> float:
     """Call every simulator kernel once; returns the seconds numba spent compiling (0 when the
     cache already held them all)."""
-    import autoplace
-    from autoplace.planners import budget as _budget
-    from autoplace.progress import shown
-
     wl = autoplace.zoo.build("inception_v3", small=True, device="meta")
     graph = autoplace.trace(wl.model, wl.example_inputs)
     cluster = autoplace.Cluster.preset("4xV100-pcie")

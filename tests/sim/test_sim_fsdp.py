@@ -16,7 +16,7 @@ import autoplace
 from autoplace import Cluster, Device, Link, OpGraph, Placement
 from autoplace.parallel import StageOptions
 from autoplace.sim import Simulator
-from autoplace.sim.pipeline import pipeline_step
+from autoplace.sim.simulator import pipeline_step
 from autoplace.sim.sharding import ring_allgather, ring_allreduce, sharded_step
 
 

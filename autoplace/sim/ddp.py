@@ -1,0 +1,105 @@
+"""Gradient all-reduce inside a replicated (data-parallel) pipeline stage, with DDP's buckets.
+
+DistributedDataParallel (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2; gradient
+accumulation syncs only on the last micro-batch): walking the stage's last backward in reverse
+topological order, parameters fill buckets of :data:`DDP_BUCKET_BYTES` (DDP's ``bucket_cap_mb``);
+a bucket is ready when the backward of its last op ends; the buckets are reduced one after
+another in that order, each a ring (Patarasuk and Yuan, JPDC 2009) ``2 (r - 1) / r x B /
+slowest bandwidth in the group + 2 (r - 1) x largest latency``, starting at max(ready, previous
+bucket's end); the gradients are ready when the last bucket is reduced (and not before the
+backward ends). :func:`ddp_buckets` is the compiled form for every stage of :mod:`.pipeline`,
+:func:`ddp_sync` the same rule for one stage (:mod:`.sharding`'s DDP stages).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link"]
+
+DDP_BUCKET_BYTES = 25.0 * 2**20
+"""DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
+
+
+@njit(cache=True)
+def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
+                last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
+                lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
+    Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
+    parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
+    op ends; buckets are all-reduced one after another in that order (one communication stream),
+    each a ring with its own latency term. Stages on one device: ready when the backward ends."""
+    n_st = reps.shape[0]
+    t = np.zeros(n_st)
+    fill = np.zeros(n_st)
+    free = np.zeros(n_st)
+    ar_time = np.zeros(n_st)
+    inv = np.zeros(n_st)
+    lt = np.zeros(n_st)
+    for s in range(n_st):
+        if reps[s] > 1:
+            lt[s], inv[s] = group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
+    for i in range(st.shape[0] - 1, -1, -1):
+        s = st[i]
+        r = reps[s]
+        if r <= 1:
+            continue
+        t[s] += b_op[i]
+        fill[s] += param_bytes[i]
+        if fill[s] >= bucket_bytes:
+            ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+            free[s] = max(free[s], last_b_start[s] + t[s]) + ring
+            ar_time[s] += ring
+            fill[s] = 0.0
+    ready = last_b_start + b_act
+    for s in range(n_st):
+        r = reps[s]
+        if r > 1:
+            if fill[s] > 0:  # the last bucket: ready when the backward ends
+                ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+                free[s] = max(free[s], ready[s]) + ring
+                ar_time[s] += ring
+            ready[s] = max(ready[s], free[s])
+    return ready, ar_time
+
+
+def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: float, b_act: float, lat: float,
+             inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> tuple[float, float]:
+    """(gradients ready, all-reduce seconds) of one replicated DDP stage whose ops, in topological
+    order, have backward times ``b_op`` and parameter bytes ``p_op``: the bucket rule of
+    :func:`ddp_buckets` for one stage (the sharded path's DDP stages use it)."""
+    r = int(replicas)
+    ready = last_b_start + b_act
+    if r <= 1:
+        return ready, 0.0
+    t = fill = free = ar = 0.0
+    for i in range(len(b_op) - 1, -1, -1):
+        t += float(b_op[i])
+        fill += float(p_op[i])
+        if fill >= bucket_bytes:
+            ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+            free = max(free, last_b_start + t) + ring
+            ar += ring
+            fill = 0.0
+    if fill > 0:
+        ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+        free = max(free, ready) + ring
+        ar += ring
+    return max(ready, free), ar
+
+
+@njit(cache=True)
+def group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat: np.ndarray,
+               inv_bw: np.ndarray) -> tuple[float, float]:
+    """(largest latency, largest inverse bandwidth) over links from stage a's devices to stage b's."""
+    lt = 0.0
+    inv = 0.0
+    for x in range(stage_ptr[a], stage_ptr[a + 1]):
+        for y in range(stage_ptr[b], stage_ptr[b + 1]):
+            i, j = stage_dev[x], stage_dev[y]
+            if i != j:
+                lt = max(lt, lat[i, j])
+                inv = max(inv, inv_bw[i, j])
+    return lt, inv
