@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import platform
 import sys
@@ -65,6 +64,7 @@ import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
 from autoplace.planners import NoFitError, get_planner  # noqa: E402
 from autoplace.planners import planners as planner_names  # noqa: E402
+from autoplace.planners.learned.run import LearnedReport  # noqa: E402
 
 PIPEDREAM = ROOT.parent / "shared" / "data" / "pipedream"
 WORKLOADS: dict[str, tuple[str, str]] = {
@@ -138,14 +138,16 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
     else:
         p = place_reinforce(graph, cluster, budget_s=budget, seed=seed, config=ReinforceConfig(progress=False))
     res = autoplace.simulate(graph, p, cluster, timeline=False)
-    m = p.meta
-    keep = ("source", "samples", "simulations", "updates", "seed_s", "train_s", "recentred", "warm_from",
-            "groups", "items")
-    row = {"step_time_s": res.step_time_s, "policy_step_time_s": _finite(m.get("policy_step_time_s")),
-           "wall_s": time.perf_counter() - t0, "history": m.get("history", [])}
-    row.update({k: m[k] for k in keep if k in m})
-    if "refines" in m:
-        row["refines"] = [{k: v for k, v in r.items()} for r in m["refines"]]
+    r = LearnedReport.of(p)  # every learned planner's one report
+    assert r is not None, f"{kind}'s placement carries no LearnedReport"
+    d = dict(r.details)
+    row = {"step_time_s": res.step_time_s, "policy_step_time_s": r.policy_step_time_s,
+           "wall_s": time.perf_counter() - t0, "history": [list(h) for h in r.history],
+           "source": r.source, "samples": r.samples, "simulations": r.simulations, "updates": r.updates,
+           "seed_s": r.seed_s, "train_s": r.train_s}
+    row.update({k: d[k] for k in ("recentred", "warm_from", "groups", "items") if k in d})
+    if "refines" in d:
+        row["refines"] = [dict(x) for x in d["refines"]]
     return row
 
 
@@ -177,10 +179,6 @@ def iterated_local_search(graph: OpGraph, cluster: Cluster, budget: float, seed:
     return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
             "samples": env.num_samples, "simulations": env.num_simulations, "wall_s": time.perf_counter() - t0,
             "kicks": kicks, "improvements": [list(x) for x in env.improvements]}
-
-
-def _finite(x: Any) -> float | None:
-    return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
 def geomean_gain(rows: list[dict[str, Any]], key: str) -> tuple[float, int] | None:

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
 from autoplace.planners import NoFitError  # noqa: E402
+from autoplace.planners.learned.run import LearnedReport  # noqa: E402
 from autoplace.sim import simulator_for  # noqa: E402
 
 PROFILES = ROOT.parent / "shared" / "data" / "pipedream"
@@ -110,15 +111,16 @@ def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float 
         "stage_devices": [list(s) for s in (p.stage_devices or ())], "microbatches": p.microbatches,
         "schedule": p.schedule, "problems": p.problems(graph, cluster),
     }
-    if name == LEARNED:
-        m = p.meta
-        for k in ("source", "samples", "simulations", "imitated", "imitation_steps", "ppo_updates",
-                  "temperature_max", "seed_time_s"):
-            row[k] = m.get(k)
-        for k in ("prior_best_step_time_s", "policy_best_step_time_s"):
-            v = m.get(k)
-            row[k.replace("_step_time_s", "_throughput")] = graph.batch_size / v if v else None
-        row["history"] = m.get("history", [])
+    r = LearnedReport.of(p)  # every learned planner's one report (None for a heuristic's plan)
+    if r is not None:
+        d = dict(r.details)
+        row.update(source=r.source, samples=r.samples, simulations=r.simulations, imitated=d.get("imitated"),
+                   imitation_steps=d.get("imitation_steps"), ppo_updates=r.updates,
+                   temperature_max=d.get("temperature_max"), seed_time_s=r.seed_s)
+        for k, v in (("prior_best_throughput", d.get("prior_best_step_time_s")),
+                     ("policy_best_throughput", r.policy_step_time_s)):
+            row[k] = graph.batch_size / v if v else None
+        row["history"] = [list(h) for h in r.history]
     return row
 
 

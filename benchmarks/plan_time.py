@@ -171,6 +171,7 @@ def _worker_budget(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _worker_mars(spec: dict[str, Any]) -> dict[str, Any]:
     import autoplace
+    from autoplace.planners.learned.run import LearnedReport
     from autoplace.progress import shown
 
     graph = _graph(*spec["graph"])
@@ -180,7 +181,8 @@ def _worker_mars(spec: dict[str, Any]) -> dict[str, Any]:
         with shown(False):
             plan = autoplace.plan(graph, "4xV100-pcie", planner="mars")
         out[k] = time.perf_counter() - t0
-        out.setdefault("seed_s", plan.meta.get("seed_s"))
+        report = LearnedReport.of(plan)
+        out.setdefault("seed_s", report.seed_s if report is not None else None)
     out["torch_geometric_imported"] = "torch_geometric" in sys.modules
     return out
 

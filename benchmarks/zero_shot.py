@@ -53,6 +53,7 @@ import torch  # noqa: E402
 from autoplace import Cluster  # noqa: E402
 from autoplace.planners.learned.corpus import CorpusGraph, held_out_graphs, layered_network  # noqa: E402
 from autoplace.planners.learned.mars.planner import WEIGHTS_PATH, MarsPlanner, new_net, save_net  # noqa: E402
+from autoplace.planners.learned.run import LearnedReport  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2xA100+2xT4", "2x4xV100-25gbe"]
@@ -60,6 +61,14 @@ TIMING_GRAPHS = [CorpusGraph("zoo", "nasnet"), CorpusGraph("zoo", "gnmt8-unrolle
                  CorpusGraph("pipedream", "nasnetalarge", root=PIPEDREAM), CorpusGraph("zoo", "gnmt8-unrolled", {"seq_len": 60})]
 TIMING_CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2x8xH100-ib"]
 WEIGHTS = WEIGHTS_PATH
+
+
+def learned_report(p: Any) -> LearnedReport:
+    """The learned planners' one report of placement ``p`` (``placement.meta["learned"]``)."""
+    r = LearnedReport.of(p)
+    if r is None:
+        raise ValueError(f"placement by {p.planner!r} carries no LearnedReport")
+    return r
 
 
 def ratio(x: float, ref: float) -> float | None:
@@ -104,29 +113,30 @@ def quality(graphs: list[Any], clusters: list[str], tune_samples: int, ablations
         for cname in clusters:
             c = Cluster.preset(cname)
             p = MarsPlanner().place(g, c, seed=0, weights=WEIGHTS)
-            m = p.meta
-            ref = m["reference_s"]
-            seeds = m["seeds"]
+            r = learned_report(p)
+            m = dict(r.details)  # Mars's own figures: greedy decode, best of its samples, time
+            ref = r.reference_step_time_s
             row: dict[str, Any] = {
                 "graph": g.name, "ops": g.num_nodes, "cluster": cname, "best_heuristic_s": ref,
-                "heuristics": seeds, "greedy": None if m["greedy_oom"] else ratio(m["greedy_step_time_s"], ref),
+                "heuristics": list(r.seeds), "greedy": None if m["greedy_oom"] else ratio(m["greedy_step_time_s"], ref),
                 "best16": ratio(min(m["best_sample_step_time_s"],
                                     math.inf if m["greedy_oom"] else m["greedy_step_time_s"]), ref),
-                "returned": p.meta["predicted_step_time_s"] / ref if "predicted_step_time_s" in m else None,
-                "source": m["source"], "plan_s": m["total_s"],
+                "returned": p.meta["predicted_step_time_s"] / ref if "predicted_step_time_s" in p.meta else None,
+                "source": r.source, "plan_s": m["total_s"],
             }
             from autoplace.sim import simulator_for
 
             row["returned"] = simulator_for(g, c).evaluate(p.device_of_node).step_time_s / ref
             for name, path in ablations.items():
-                q = MarsPlanner().place(g, c, seed=0, weights=path).meta
+                q = dict(learned_report(MarsPlanner().place(g, c, seed=0, weights=path)).details)
                 row[f"{name}_greedy"] = None if q["greedy_oom"] else ratio(q["greedy_step_time_s"], ref)
                 row[f"{name}_best16"] = ratio(min(q["best_sample_step_time_s"],
                                                   math.inf if q["greedy_oom"] else q["greedy_step_time_s"]), ref)
             if tune_samples:
                 t0 = time.perf_counter()
                 t = MarsPlanner().place(g, c, seed=0, max_samples=tune_samples, weights=WEIGHTS)
-                row["tuned"] = ratio(t.meta["policy_step_time_s"], ref)
+                tuned = learned_report(t).policy_step_time_s
+                row["tuned"] = ratio(tuned if tuned is not None else math.inf, ref)
                 row["tuned_returned"] = simulator_for(g, c).evaluate(t.device_of_node).step_time_s / ref
                 row["tune_s"] = time.perf_counter() - t0
             rows.append(row)

@@ -82,7 +82,10 @@ def favourite_lp(graph: "OpGraph", p: np.ndarray, c: np.ndarray) -> tuple[np.nda
     scale = float(max(np.max(p, initial=0.0), np.max(c, initial=0.0))) or 1.0
     ps, cs = np.asarray(p, dtype=float) / scale, np.asarray(c, dtype=float) / scale
     xs, ss, w = np.arange(e), e + np.arange(n), e + n
-    rows, cols, vals, rhs = [], [], [], []
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    rhs: list[np.ndarray] = []
     # s_i - s_j + c_e x_e <= -p_i, one row per edge
     k = np.arange(e)
     rows += [k, k, k]

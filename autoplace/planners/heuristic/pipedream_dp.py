@@ -383,7 +383,7 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
             for sch in schedules:
                 key = (plan, m, sch)
                 if key not in results:
-                    if stage is None:
+                    if stage is None or devices is None:
                         stage, devices = plan.assignment(chain, n)
                     results[key] = judge.pipeline(f"{len(devices)} stages, replicas {[len(x) for x in devices]}, "
                                                   f"{m} micro-batches, {sch}", stage, devices, m, sch, plan=plan)

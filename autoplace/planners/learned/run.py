@@ -13,14 +13,19 @@ seeds (so never slower than those heuristics in the simulator; NoFitError when n
 - ``source``: ``"sample"`` or the seeding heuristic's name;
 - ``policy_step_time_s``: the best step time among the policy's own samples that fit (inf if none);
 - ``seed_step_time_s`` / ``seed_planner``: the best heuristic seed;
-- ``samples``, ``updates``, ``train_s``, ``history`` ([samples, wall s, best step s, mean reward]).
+- ``samples``, ``updates``, ``train_s``, ``history`` ([samples, wall s, best step s, mean reward]);
+- ``learned``: the same story in the one shape every learned planner fills,
+  :class:`LearnedReport` (``LearnedReport.of(placement)``); benchmarks read that one. The keys
+  above stay for older readers.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from autoplace.placement import Placement
 from .env import PlacementEnv, heuristic_seeds
@@ -31,7 +36,83 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from .ppo import TrainResult
 
-__all__ = ["LearnedRun"]
+__all__ = ["LearnedRun", "LearnedReport", "REPORT_KEY"]
+
+
+REPORT_KEY = "learned"
+"""The ``placement.meta`` key of a learned planner's :class:`LearnedReport` (as a dict)."""
+
+
+@dataclass(frozen=True)
+class LearnedReport:
+    """What a learned planner did, in the same fields for every one of them (EAGLE, Mars,
+    REINFORCE, pipeline-rl): ``placement.meta["learned"]`` holds it as a dict
+    (:meth:`to_dict`); :meth:`of` reads it back from a placement."""
+
+    planner: str
+    """the registry name."""
+    source: str
+    """where the returned plan came from: ``"sample"``, ``"refine"`` or the seeding heuristic."""
+    samples: int
+    """placements scored in the environment (seeds, samples and refine's moves)."""
+    simulations: int
+    """simulator calls (repeats are cached)."""
+    updates: int
+    """policy updates (0: zero-shot or quick runs without training)."""
+    seeds: tuple[str, ...]
+    """the heuristics whose plans seeded the environment."""
+    seed_planner: str
+    """the best seed that fits ("" when none fits)."""
+    seed_step_time_s: float | None
+    """its step time (None when no seed fits)."""
+    reference_step_time_s: float
+    """the reward's reference: the best seed that fits, else the simulator's lower bound."""
+    policy_step_time_s: float | None
+    """the best step time among the policy's own samples that fit (None when none did)."""
+    seed_s: float
+    """seconds spent seeding (running the heuristics)."""
+    train_s: float
+    """seconds spent training."""
+    history: tuple[tuple[float, ...], ...] = ()
+    """(samples, wall s, best step s, mean reward) after updates."""
+    details: tuple[tuple[str, Any], ...] = ()
+    """the planner's own figures (name, value): groups, imitation steps, refine moves..."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(seeds=list(self.seeds), history=[list(h) for h in self.history], details=dict(self.details))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LearnedReport":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        kw.update(seeds=tuple(d.get("seeds", ())), history=tuple(tuple(h) for h in d.get("history", ())),
+                  details=tuple(dict(d.get("details", {})).items()))
+        return cls(**kw)
+
+    @classmethod
+    def of(cls, placement: Placement) -> "LearnedReport | None":
+        """The report in ``placement.meta`` (None for a heuristic's placement)."""
+        d = placement.meta.get(REPORT_KEY)
+        return cls.from_dict(d) if isinstance(d, Mapping) else None
+
+    @classmethod
+    def of_env(cls, planner: str, env: PlacementEnv, *, updates: int, policy_step_time_s: float, seed_s: float,
+               train_s: float, history: Sequence[Sequence[float]] = (), details: Mapping[str, Any] | None = None,
+               ) -> "LearnedReport":
+        """The report of a planner that trained on ``env`` (its seeds, counts and best source)."""
+        fitting = [s for s in env.seeds if not s.oom]
+        best_seed = min(fitting, key=lambda s: s.step_time_s) if fitting else None
+        return cls(planner=planner, source=env.best_source, samples=env.num_samples, simulations=env.num_simulations,
+                   updates=updates, seeds=tuple(s.planner for s in env.seeds),
+                   seed_planner=best_seed.planner if best_seed is not None else "",
+                   seed_step_time_s=float(best_seed.step_time_s) if best_seed is not None else None,
+                   reference_step_time_s=float(env.reference_s),
+                   policy_step_time_s=float(policy_step_time_s) if math.isfinite(policy_step_time_s) else None,
+                   seed_s=float(seed_s), train_s=float(train_s), history=tuple(tuple(h) for h in history),
+                   details=tuple((details or {}).items()))
+
 
 
 @dataclass
@@ -80,4 +161,7 @@ class LearnedRun:
             "history": [list(h) for h in result.history] if result is not None else [],
         }
         meta.update(extra or {})
+        meta[REPORT_KEY] = LearnedReport.of_env(
+            name, env, updates=meta["updates"], policy_step_time_s=meta["policy_step_time_s"], seed_s=self.seed_s,
+            train_s=meta["train_s"], history=meta["history"], details=extra).to_dict()
         return env.placement(planner=name, meta=meta)

@@ -74,6 +74,7 @@ from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
 from ..ppo import PPOConfig, train
+from ..run import REPORT_KEY, LearnedReport, LearnedRun
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -406,6 +407,7 @@ class MarsPlanner:
                                 "greedy_oom": bool(greedy_ev[0].oom),
                                 "reference_s": env.reference_s, "seeds": [s.planner for s in env.seeds]}
         greedy_fit = math.inf if greedy_ev[0].oom else float(greedy_ev[0].step_time_s)
+        train_s = 0.0
         if budget_s is None and max_samples is None:
             s = policy.sample(cfg.zero_shot_samples, gen)
             _, evs = env.evaluate_many(policy.decode(s.actions))
@@ -422,6 +424,7 @@ class MarsPlanner:
                            max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
                         history=[tuple(p) for p in result.history])
+            train_s = result.wall_s
             policy_best = min(greedy_fit, result.best_sampled_step_time_s)
             if share > 0 and isinstance(env.best_candidate, np.ndarray):
                 left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
@@ -434,6 +437,11 @@ class MarsPlanner:
         meta["source"] = env.best_source
         meta["seed_s"] = t_policy - t_seed
         meta["total_s"] = time.perf_counter() - t0
+        details: dict[str, Any] = {k: meta[k] for k in ("weights", "greedy_step_time_s", "greedy_oom", "best_sample_step_time_s",
+                                        "refine", "total_s") if k in meta}
+        meta[REPORT_KEY] = LearnedReport.of_env(
+            self.name, env, updates=meta.get("updates", 0), policy_step_time_s=meta["policy_step_time_s"],
+            seed_s=meta["seed_s"], train_s=train_s, history=meta.get("history", []), details=details).to_dict()
         return env.placement(planner=self.name, meta=meta)
 
 
@@ -441,8 +449,6 @@ def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any
     """The PlacementEnv seeded with the heuristics (as every learned planner's,
     :meth:`LearnedRun.start`: when no heuristic gives a placement, the reward is scaled by the
     simulator's lower bound, and only a sample that fits can be returned, else NoFitError)."""
-    from ..run import LearnedRun
-
     return LearnedRun.start(graph, cluster, cost, None, None).env
 
 

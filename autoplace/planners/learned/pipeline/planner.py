@@ -50,6 +50,7 @@ from autoplace.cluster import Cluster
 from autoplace.placement import Placement
 from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
+from ..run import REPORT_KEY, LearnedReport
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -227,7 +228,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         if left > 0.5:
             result = train(policy, env, ppo_cfg, budget_s=left, progress=progress, callback=entropy_floor)
     policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
-    meta = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
+    meta: dict[str, Any] = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
             "seed_step_time_s": {s.planner: (None if s.oom else s.step_time_s) for s in seeds},
             "reference_step_time_s": reference, "prior_best_step_time_s": _finite(prior_best),
             "policy_best_step_time_s": _finite(policy_best), "imitated": imitated_from,
@@ -236,6 +237,11 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             "temperature_max": max(temps, default=1.0),
             "seed_time_s": seed_time, "plan_time_s": time.perf_counter() - t0,
             "history": [tuple(h) for h in result.history] if result is not None else []}
+    details = {k: meta[k] for k in ("prior_best_step_time_s", "imitated", "imitation_steps", "imitation_prob",
+                                    "temperature_max", "plan_time_s")}
+    meta[REPORT_KEY] = LearnedReport.of_env(
+        "pipeline-rl", env, updates=meta["ppo_updates"], policy_step_time_s=policy_best, seed_s=seed_time,
+        train_s=result.wall_s if result is not None else 0.0, history=meta["history"], details=details).to_dict()
     return env.placement(planner="pipeline-rl", meta=meta)
 
 

@@ -89,7 +89,8 @@ class PipelineActions(NamedTuple):
 @njit(cache=True)
 def walk(mode: int, opens_in: np.ndarray, u: np.ndarray, v: np.ndarray, uniforms: np.ndarray,
          target: np.ndarray, count: np.ndarray, share: np.ndarray, work: np.ndarray, pred_ptr: np.ndarray,
-         pred_idx: np.ndarray, want_context: bool, eps: float = 0.0):  # type: ignore[no-untyped-def]
+         pred_idx: np.ndarray, want_context: bool, eps: float = 0.0
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Decode the stay/open bits of ``n`` samples over the ops in topological order.
 
     ``mode``: MODE_SAMPLE draws bit i as ``uniforms[b, i] < (1 - eps) sigmoid(u[i] + v[i] . ctx) +
