@@ -8,42 +8,8 @@ action times, gradient synchronisation and memory, from its FSDP units
 (:func:`autoplace.graph.units.stage_units`: the blocks wholly inside the stage, and the
 stage's root holding the rest).
 
-Notation, per stage on n devices (the batch of every micro-batch is cut n ways), P_u the fp32
-parameter bytes of unit u, P the stage's, c = 1/2 in bf16 (1 in fp32) the bytes of a compute
-value per fp32 byte, opt the optimizer state per parameter byte (Adam: 2).
-
-Collectives (ring, Patarasuk and Yuan 2009; FSDP, Zhao et al. VLDB 2023), over the stage's
-slowest link (largest inverse bandwidth and latency among its device pairs):
-
-    all-gather(B) = reduce-scatter(B) = (k - 1)/k x B / bandwidth + (k - 1) x latency
-    all-reduce(B) = 2 (k - 1)/k x B / bandwidth + 2 (k - 1) x latency
-
-with k the group size. FSDP shards over all n devices (k = n). HSDP shards over the devices of
-each host (k = n_h) and replicates across the H hosts: after each reduce-scatter, the shard
-(B / n_h) is all-reduced across hosts over the slowest inter-host link. Gradients travel in
-the compute dtype (c P_u bytes: bf16 gradients in communication, as the issue asks and
-``MixedPrecisionPolicy(reduce_dtype=bf16)`` does).
-
-Streams and prefetch (FSDP2's implicit prefetch). One stream computes, one communication
-channel runs the all-gathers and reduce-scatters in the order they are issued (they share the
-links), and for HSDP a second channel carries the cross-host all-reduces. A step is a list of
-items (the stage root's ops before its first unit, the units in order, the root's remaining
-ops; backward in reverse), each with a gather before it, a compute and a reduce after it:
-
-    compute j starts at max(end of compute j-1, end of gather j)
-    gather j+1 is issued when compute j starts (one unit ahead) and queues on the channel
-    reduce-scatter j is issued when compute j ends and queues on the channel
-
-Recompute (activation checkpointing, Chen et al. 2016) of unit u: its backward item costs its
-forward again plus its backward; it keeps only its inputs (the bytes entering it) instead of
-every activation it makes, and while its backward runs its activations exist again (one unit
-at a time: the largest such unit is added to the peak).
-
-Mixed precision: bf16 op times are the fp32 op times scaled by the roofline's ratio of bf16
-(tensor-core peak, half the bytes) to fp32 time, so a measured profile keeps its shape (with a
-cost model that already computes in 16 bits, ``CostModel(dtype_bytes=2)``, only the bytes
-halve); the optimizer updates fp32 master parameters (update time as in fp32, over the local
-shard).
+One stage's items, collectives, op times and memory terms (the notation, the ring formulas,
+the two-stream prefetch model, recompute and mixed precision) are :mod:`.fsdp_stage`.
 
 The two regimes the runtime runs (:mod:`autoplace.rewrite.fsdp`):
 
@@ -79,16 +45,15 @@ full copies), with recompute and bf16 changing their activations and op times.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit
 
 from ..graph.units import block_units, stage_units
-from ..parallel import StageOptions, hsdp_shape
+from ..parallel import StageOptions
 from ..placement import PlacementError
 from .ddp import DDP_BUCKET_BYTES, ddp_sync
+from .fsdp_stage import ShardedStage, ring_allgather, ring_allreduce, stage_op_times, two_stream
 from .pipeline import flush_order, simulate_flush
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .stages import boundary_bytes, link_events
@@ -96,222 +61,8 @@ from .stages import boundary_bytes, link_events
 if TYPE_CHECKING:
     from .simulator import Simulator
 
-__all__ = ["sharded_step", "ring_allgather", "ring_allreduce", "two_stream"]
-
-
-def ring_allgather(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
-    """Seconds of a ring all-gather (or reduce-scatter) of ``nbytes`` (the full tensor) over k peers."""
-    return 0.0 if k <= 1 else (k - 1) / k * nbytes * inv_bw + (k - 1) * lat
-
-
-def ring_allreduce(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
-    """Seconds of a ring all-reduce of ``nbytes`` over k peers."""
-    return 0.0 if k <= 1 else 2.0 * (k - 1) / k * nbytes * inv_bw + 2.0 * (k - 1) * lat
-
-
-@njit(cache=True)
-def two_stream(gather: np.ndarray, compute: np.ndarray, reduce: np.ndarray, cross: np.ndarray):  # type: ignore[no-untyped-def]
-    """Run items on a compute stream and a FIFO communication channel (plus a cross-host
-    channel): see the module docstring. Returns (compute start, compute end, gather end,
-    reduce end, cross end, end of everything)."""
-    n = compute.shape[0]
-    c_start = np.zeros(n)
-    c_end = np.zeros(n)
-    g_end = np.zeros(n)
-    r_end = np.zeros(n)
-    x_end = np.zeros(n)
-    ch = 0.0
-    cx = 0.0
-    if n > 0 and gather[0] > 0:
-        ch = gather[0]
-        g_end[0] = ch
-    prev = 0.0
-    for j in range(n):
-        c_start[j] = max(prev, g_end[j])
-        c_end[j] = c_start[j] + compute[j]
-        prev = c_end[j]
-        if j + 1 < n and gather[j + 1] > 0:
-            s = max(ch, c_start[j])
-            ch = s + gather[j + 1]
-            g_end[j + 1] = ch
-        if reduce[j] > 0:
-            s = max(ch, c_end[j])
-            ch = s + reduce[j]
-            r_end[j] = ch
-            if cross[j] > 0:
-                s = max(cx, ch)
-                cx = s + cross[j]
-                x_end[j] = cx
-    end = max(prev, max(ch, cx))
-    return c_start, c_end, g_end, r_end, x_end, end
-
-
-class _Stage:
-    """One stage's numbers: items (root head, units, root tail), their times, bytes and links."""
-
-    def __init__(self, sim: "Simulator", s: int, nodes: np.ndarray, unit: np.ndarray, devs: list[int],
-                 opts: StageOptions, n_mb: int, tf: np.ndarray, tb: np.ndarray) -> None:
-        g = sim.graph
-        self.devs = devs
-        self.n = len(devs)
-        self.shard = opts.shard[s]
-        self.bf16 = opts.precision[s] == "bf16"
-        self.c = 0.5 if self.bf16 else 1.0
-        self.reshard = bool(opts.reshard_after_forward[s])
-        own = [int(u) for u in dict.fromkeys(unit[nodes].tolist()) if u >= 0]
-        rc = opts.recompute[s]
-        names = block_units(g).names
-        self.units = own
-        self.recomputed = np.array([rc is True or (not isinstance(rc, bool) and names[u] in rc) for u in own],
-                                   dtype=bool)
-        k_units = len(own)
-        # item of every op of the stage: 0 root head, 1..K units, K+1 root tail
-        local = {u: k + 1 for k, u in enumerate(own)}
-        unit_nodes = nodes[unit[nodes] >= 0]
-        first = int(unit_nodes[0]) if unit_nodes.size else g.num_nodes
-        item = np.array([local[int(unit[i])] if unit[i] >= 0 else (0 if i < first else k_units + 1) for i in nodes],
-                        dtype=np.int64)
-        n_items = k_units + 2
-        cols = np.asarray(devs)
-        f = np.zeros((n_items, self.n))
-        b = np.zeros((n_items, self.n))
-        u = np.zeros(self.n)
-        np.add.at(f, item, tf[np.ix_(nodes, cols)])
-        np.add.at(b, item, tb[np.ix_(nodes, cols)])
-        u += sim.upd[np.ix_(nodes, cols)].sum(axis=0)
-        self.f = f.max(axis=1)  # collectives synchronise the replicas unit by unit
-        self.b = b.max(axis=1)
-        self.update = float(u.max(initial=0.0))
-        self.b_op = tb[nodes, devs[0]]  # per-op backward on the first replica (DDP buckets)
-        self.p_op = g.param_bytes[nodes]
-        p = np.zeros(n_items)
-        np.add.at(p, item, g.param_bytes[nodes])
-        self.p = p  # fp32 parameter bytes per item
-        self.p_root = float(p[0] + p[-1])
-        self.p_all = float(p.sum())
-        pc = p.copy()  # bytes each item's collectives move: the root is one group, at the head
-        pc[0], pc[-1] = self.p_root, 0.0
-        self.pc = pc
-        act = np.zeros(n_items)
-        np.add.at(act, item, g.out_bytes[nodes])
-        self.act = act
-        # bytes entering each unit from outside it (what a checkpointed unit keeps)
-        inputs = np.zeros(n_items)
-        in_stage = np.zeros(g.num_nodes, dtype=bool)
-        in_stage[nodes] = True
-        item_of = np.full(g.num_nodes, -1, dtype=np.int64)
-        item_of[nodes] = item
-        src, dst = g.edges[:, 0], g.edges[:, 1]
-        seen: dict[tuple[int, int], float] = {}
-        for e in np.nonzero(in_stage[dst])[0].tolist():
-            a, t = int(src[e]), int(dst[e])
-            it = int(item_of[t])
-            if 1 <= it <= k_units and item_of[a] != it:
-                key = (a, it)
-                seen[key] = max(seen.get(key, 0.0), float(g.edge_bytes[e]))
-        for (a, it), x in seen.items():
-            inputs[it] += x
-        self.inputs = inputs
-        self._links(sim)
-
-    def _links(self, sim: "Simulator") -> None:
-        devs, cl = self.devs, sim.cluster
-        pairs = [(i, j) for i in devs for j in devs if i != j]
-        self.lat = max((sim.lat[i, j] for i, j in pairs), default=0.0)
-        self.inv = max((sim.inv_bw[i, j] for i, j in pairs), default=0.0)
-        self.k = self.n  # shard group size
-        self.hosts = 1
-        self.x_lat = self.x_inv = 0.0
-        if self.shard == "hsdp":
-            shape = hsdp_shape(cl, devs)
-            assert shape is not None  # validated
-            self.hosts, self.k = shape
-            host = [cl.devices[i].host for i in devs]
-            inner = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if i != j and host[a] == host[b_]]
-            outer = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if host[a] != host[b_]]
-            self.lat = max((sim.lat[i, j] for i, j in inner), default=0.0)
-            self.inv = max((sim.inv_bw[i, j] for i, j in inner), default=0.0)
-            self.x_lat = max((sim.lat[i, j] for i, j in outer), default=0.0)
-            self.x_inv = max((sim.inv_bw[i, j] for i, j in outer), default=0.0)
-
-    # ---- collectives ------------------------------------------------------------------------
-
-    @property
-    def sharded(self) -> bool:
-        return self.shard in ("fsdp", "hsdp")
-
-    def gather(self, nbytes: np.ndarray) -> np.ndarray:
-        return np.array([ring_allgather(self.c * x, self.k, self.inv, self.lat) if x > 0 else 0.0 for x in nbytes])
-
-    def cross(self, nbytes: np.ndarray) -> np.ndarray:
-        if self.shard != "hsdp":
-            return np.zeros(len(nbytes))
-        return np.array([ring_allreduce(self.c * x / self.k, self.hosts, self.x_inv, self.x_lat) if x > 0 else 0.0
-                         for x in nbytes])
-
-    # ---- item lists --------------------------------------------------------------------------
-
-    def forward_items(self, gather_units: bool, gather_root: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(gather before, compute) per item in forward order."""
-        ag = self.gather(self.pc) if self.sharded else np.zeros_like(self.pc)
-        if not gather_units:
-            ag[1:-1] = 0.0
-        if not gather_root:
-            ag[0] = 0.0
-        return ag, self.f.copy()
-
-    def backward_items(self, gather_units: bool, reduce: bool) -> tuple[np.ndarray, ...]:
-        """(gather before, compute, reduce-scatter after, cross-host all-reduce after) per item
-        in backward order (root tail, last unit, ..., first unit, root head)."""
-        order = np.arange(len(self.p))[::-1]
-        comp = self.b.copy()
-        comp[1:-1] += np.where(self.recomputed, self.f[1:-1], 0.0)
-        ag = self.gather(self.pc) if (self.sharded and gather_units) else np.zeros_like(self.pc)
-        ag[0] = 0.0  # the root stays gathered through its backward
-        zero = np.zeros_like(self.pc)
-        rs = self.gather(self.pc) if (reduce and self.sharded) else zero
-        x = self.cross(self.pc) if reduce else zero
-        return ag[order], comp[order], rs[order], x[order]
-
-    def reduce_all(self) -> tuple[float, float]:
-        """(channel seconds, cross-host seconds) to reduce every gradient of the stage at once."""
-        return float(self.gather(self.pc).sum()), float(self.cross(self.pc).sum())
-
-    # ---- memory ------------------------------------------------------------------------------
-
-    def saved_activations(self) -> tuple[float, float]:
-        """(fp32 bytes saved for backward per full batch, extra while one checkpointed unit's
-        backward runs), before scaling to a micro-batch share."""
-        act = self.act.copy()
-        rc = np.zeros_like(act, dtype=bool)
-        rc[1:-1] = self.recomputed
-        saved = float(np.where(rc, self.inputs, act).sum())
-        remat = float(act[rc].max(initial=0.0))
-        return saved, remat
-
-
-def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:
-    """(N, D) bf16 / fp32 time of every op at 1/parts of the batch (roofline, tensor-core peak,
-    half the bytes), cached on the simulator."""
-    cache: dict[int, np.ndarray] = sim.__dict__.setdefault("_bf16_ratio", {})
-    if parts not in cache:
-        g = sim.graph
-        half = g.replace(edge_bytes=g.edge_bytes / 2, out_bytes=g.out_bytes / 2, param_bytes=g.param_bytes / 2)
-        f32, b32 = sim.cost.roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
-        f16, b16 = replace(sim.cost, dtype_bytes=2).roofline_times(half, sim.cluster, batch_fraction=1.0 / parts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rf = np.where(f32 > 0, f16 / f32, 1.0)
-            rb = np.where(b32 > 0, b16 / b32, 1.0)
-        cache[parts] = (rf, rb)  # type: ignore[assignment]
-    return cache[parts]  # type: ignore[return-value]
-
-
-def _times(sim: "Simulator", parts: int, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
-    tf, tb = sim.op_times(parts)
-    if not bf16:
-        return tf, tb
-    rf, rb = _bf16_ratio(sim, parts)  # type: ignore[misc]
-    return tf * rf, tb * rb
+__all__ = ["sharded_step", "stage_options", "ring_allgather", "ring_allreduce", "two_stream"]
+# ring_allgather, ring_allreduce and two_stream (autoplace.sim.fsdp_stage) are re-exported for their tests.
 
 
 def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
@@ -323,11 +74,11 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     n_st = len(groups)
     tables = sim.tables
     unit = stage_units(block_units(g), st)
-    stages: list[_Stage] = []
+    stages: list[ShardedStage] = []
     for s, devs in enumerate(groups):
         nodes = np.nonzero(st == s)[0]
-        tf, tb = _times(sim, m_count * len(devs), opts.precision[s] == "bf16")
-        stages.append(_Stage(sim, s, nodes, unit, devs, opts, m_count, tf, tb))
+        tf, tb = stage_op_times(sim, m_count * len(devs), opts.precision[s] == "bf16")
+        stages.append(ShardedStage(sim, s, nodes, unit, devs, opts, m_count, tf, tb))
     loop = n_st == 1 and stages[0].sharded
 
     # per-stage action times (pipeline regime) or the whole step (loop regime)
