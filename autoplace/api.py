@@ -1,19 +1,17 @@
 """The one line: ``autoplace.wrap(model, devices)``.
 
-``wrap`` traces the model (now, or on its first forward call when no example inputs are
-given), plans a placement for the devices (or reuses a saved plan), checks it in the
-simulator and rewrites the model so each operation runs on its device. The result, a
-:class:`PlacedModule`, is a drop-in ``nn.Module``: same ``state_dict()`` keys, the same
-parameter objects (an optimizer made before or after wrapping trains it), outputs returned on
-the input's device.
-
-Wrapping moves the model's parameters to their planned devices, as ``model.to(device)``
-would; nothing else about the model changes.
+``wrap`` checks its arguments, traces the model (now, or on its first forward call when no
+example inputs are given), plans a placement (or reuses a saved plan), checks it in the
+simulator and rewrites the model so each operation runs on its device. In one process the
+result is a :class:`PlacedModule`, a drop-in ``nn.Module``: same ``state_dict()`` keys, the
+same parameter objects (an optimizer made before or after wrapping trains it), outputs on the
+input's device; under torchrun it is this rank's pipeline module (:mod:`autoplace.distributed`).
+Wrapping moves the parameters to their planned devices, as ``model.to(device)`` would;
+nothing else about the model changes.
 
 ``wrap(..., finetune="online", optimizer=opt)`` keeps improving the placement while the model
-trains, from the step times it measures (:mod:`autoplace.online`); ``placed.apply_plan(plan,
-optimizer=opt)`` re-places between two steps by hand, moving gradients and optimizer state
-with the parameters.
+trains (:mod:`autoplace.online`); ``placed.apply_plan(plan, optimizer=opt)`` re-places between
+two steps by hand, moving gradients and optimizer state with the parameters.
 """
 
 from __future__ import annotations
@@ -55,15 +53,7 @@ def _as_inputs(example_inputs: object) -> tuple[tuple[Any, ...], dict[str, Any]]
         return (), {}
     if isinstance(example_inputs, Mapping):
         return (), dict(example_inputs)
-    if isinstance(example_inputs, tuple):
-        return example_inputs, {}
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs), {}
-    return (example_inputs,), {}
-
-
-def _model_devices(model: nn.Module) -> set[torch.device]:
-    return {t.device for t in list(model.parameters()) + list(model.buffers())}
+    return (tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)), {}
 
 
 def _check_devices(devices: Sequence[str | torch.device]) -> list[str]:
@@ -418,7 +408,8 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
 
     Errors (:class:`WrapError`, :class:`PlacementError`) come before anything about the model changes.
     """
-    names = _check_arguments(model, devices, mode, batch_norm)
+    names = _check_arguments(model, devices, mode=mode, batch_norm=batch_norm, budget_s=budget_s,
+                             planner=planner if plan is None else "best")
     cl = _target_cluster(names, cluster)
     placement = plan if plan is None or isinstance(plan, Placement) else Placement.from_json(plan)
     if placement is not None:
@@ -456,9 +447,12 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
     return pm
 
 
-def _check_arguments(model: object, devices: Sequence[str | torch.device], mode: str, batch_norm: str) -> list[str]:
+def _check_arguments(model: object, devices: Sequence[str | torch.device], *, mode: str, batch_norm: str,
+                     budget_s: float | None, planner: str) -> list[str]:
     """The device names of ``devices``, after checking what ``wrap`` was given (WrapError: the
     value, the rule, the fix)."""
+    from .planners.registry import get_planner
+
     if not isinstance(model, nn.Module):
         raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     if mode not in MODES:
@@ -466,8 +460,15 @@ def _check_arguments(model: object, devices: Sequence[str | torch.device], mode:
     if batch_norm not in ("sync", "local"):
         raise WrapError(f"batch_norm is {batch_norm!r}; use 'sync' (whole-batch statistics) or 'local' (per "
                         "micro-batch)")
+    if budget_s is not None and not budget_s > 0:
+        raise WrapError(f"budget_s is {budget_s!r}; it must be > 0 seconds, or None for wrap's default")
+    if planner != "best":
+        try:
+            get_planner(planner)
+        except AutoplaceError as e:  # UnknownPlannerError: the message lists the registered planners
+            raise WrapError(str(e)) from None
     names = _check_devices(devices)
-    spread = _model_devices(model)
+    spread = {t.device for t in [*model.parameters(), *model.buffers()]}
     if len(spread) > 1:
         raise WrapError(f"the model is already spread over devices {sorted(map(str, spread))}; "
                         "move it to one device first (model.to('cpu')) and let wrap place it")

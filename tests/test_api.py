@@ -136,6 +136,10 @@ def test_other_bad_arguments() -> None:
         autoplace.wrap(model, CPU3, mode="model", loss_fn=torch.nn.functional.mse_loss)
     with pytest.raises(WrapError, match="batch_norm is 'global'"):
         autoplace.wrap(model, CPU3, batch_norm="global")
+    with pytest.raises(WrapError, match="budget_s is -1.*> 0 seconds"):
+        autoplace.wrap(model, CPU3, budget_s=-1)
+    with pytest.raises(WrapError, match="no planner named 'fastest'; registered planners: .*expert"):
+        autoplace.wrap(model, CPU3, planner="fastest")
     assert_untouched(model, before)
 
 
