@@ -237,3 +237,20 @@ def test_plan_mapping_between_traces_equals_the_old_one() -> None:
     ref = _ModeNet().eval()
     placed.eval()
     assert torch.allclose(placed(x), ref(x))
+
+
+def test_auto_mode_weighs_pipeline_plans_but_runs_a_model_parallel_one() -> None:
+    """mode='auto' in one process: plan(mode='auto', accept=...) weighs every mode; the plan is
+    model parallel, the multi-process rows are marked and say how to launch them."""
+    wl = autoplace.zoo.build("alexnet", small=True)
+    placed = autoplace.wrap(wl.model, ["cpu", "cpu"], example_inputs=wl.example_inputs, progress=False)
+    assert isinstance(placed, autoplace.PlacedModule) and placed.plan is not None and placed.plan.mode == "model"
+    rows = placed.plan.meta["candidates"]
+    here = [r["runs_here"] for r in rows]
+    assert True in here and False in here and here == sorted(here, reverse=True)  # this process's rows first
+    for r in rows:
+        assert r["runs_here"] == (r["mode"] == "model")
+        if not r["runs_here"]:
+            assert r.get("error"), r
+    assert any("needs torchrun --nproc-per-node 2" in r["error"] for r in rows if not r["runs_here"])
+    assert "mode='auto': chose " in placed.report()
