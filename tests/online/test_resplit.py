@@ -4,7 +4,7 @@ parameters and Adam's state between ranks, and training ends where the unsplit m
 Every rank also trains the unsplit model on the same full batches in-process (the reference).
 The pipeline's gradients are the means of per-micro-batch means (equal micro-batches), the
 same as the full batch's mean up to the order of the float sums, so the comparison allows
-1e-5 (not the bitwise equality of the model-parallel test in test_online.py).
+1e-5 (not the bitwise equality of the model-parallel test in test_tuner.py).
 """
 
 from __future__ import annotations
