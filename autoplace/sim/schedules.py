@@ -46,40 +46,28 @@ computes, so what is simulated is what runs):
   built for is not modelled (on these orders it gives ZBV's bubble with one more chunk of
   activations in flight).
 
-Split backward: ``I`` takes the input-gradient share of each op's backward and ``W`` the rest:
-for an op with parameters (linear, convolution, normalisation) half of its backward each (the
-two matrix products of the backward of ``y = x W``: ``dx = dy W^T`` and ``dW = x^T dy``); ops
-without parameters have no weight part. A full backward ``B`` is ``I + W``.
-
-Simulation (:func:`simulate_order`, a numba kernel): each rank runs its actions in order, one at
-a time. ``F(k, m)`` needs ``F(k - 1, m)`` and its transfer; ``B``/``I(k, m)`` needs ``F(k, m)``
-and ``B``/``I(k + 1, m)`` with its transfer; ``W(k, m)`` needs ``I(k, m)``. A transfer between
-stages on different ranks costs ``latency + bytes / bandwidth`` per micro-batch on a FIFO link per
-ordered pair of ranks (stages on one rank pass values for free: ZBV's turn of the V).
-Bubble: ``1 - busy / (P x end of the last action)``.
-
-Activation memory per schedule: walking a rank's order, ``F(k, m)`` adds stage k's activations
-of one micro-batch (its ops' outputs and its received inputs), ``B`` frees them, ``I`` frees the
-share not needed by the weight gradient (taken as ``1 - W/B`` of the stage's backward time) and
-``W`` the rest; the rank's peak is the largest sum on that walk. Departs from torch: transfers
-are not fused with receives (torch batches some p2p ops), and the runtime's peak allocator
-behaviour is not modelled.
+GPipe and 1F1B (one stage per rank) are here too (:func:`schedule_actions`, the orders
+:mod:`.pipeline` simulates). Which schedules exist and what shape each needs (virtual stages,
+micro-batches, the torch class) are plan rules: :data:`~autoplace.pipeline_rules.SPECS` and
+:func:`~autoplace.pipeline_rules.schedule_problems`, re-exported here. Running an order over
+per-stage times (split backward, transfers, activation memory) is :mod:`.order_sim`.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, NamedTuple
-
-import numpy as np
-from numba import njit
+from typing import NamedTuple
 
 from ..pipeline_rules import (MULTI_SCHEDULES, SCHEDULES, SPECS, ScheduleSpec, schedule_problems, stage_ranks,
                               torch_schedule_class)
 from ..placement import PlacementError
+from .order_sim import OrderTimes, bubble_fraction, encode, simulate_order, weight_fraction
 
-__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "Action", "actions", "schedule_actions", "grid", "stage_ranks", "schedule_problems",
-           "torch_schedule_class", "simulate_order", "OrderTimes", "weight_fraction", "bubble_fraction"]
+__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "Action", "actions", "schedule_actions", "grid", "stage_ranks",
+           "schedule_problems", "torch_schedule_class", "simulate_order", "OrderTimes", "weight_fraction",
+           "bubble_fraction", "encode"]
+# SPECS and the schedule rules are autoplace.pipeline_rules'; simulate_order and its helpers
+# autoplace.sim.order_sim's: re-exported so that one module names everything about schedules.
 
 
 class Action(NamedTuple):
@@ -91,9 +79,6 @@ class Action(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
-
-
-_KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
 
 
 # ---- orders --------------------------------------------------------------------------------
@@ -311,173 +296,3 @@ def grid(order: tuple[tuple[Action, ...], ...]) -> str:
         cells = [(str(r[t]) if t < len(r) else "").ljust(width) for r in order]
         lines.append(f"{t:<5} " + " ".join(cells))
     return "\n".join(x.rstrip() for x in lines)
-
-
-def encode(order: tuple[tuple[Action, ...], ...]) -> np.ndarray:
-    """(P, L, 3) int64: stage, kind (F 0, B 1, I 2, W 3), micro-batch; -1 pads short rows."""
-    length = max(len(r) for r in order)
-    enc = np.full((len(order), length, 3), -1, dtype=np.int64)
-    for i, row in enumerate(order):
-        for t, a in enumerate(row):
-            enc[i, t] = (a.stage, _KIND[a.kind], a.microbatch)
-    return enc
-
-
-# ---- split backward ------------------------------------------------------------------------
-
-
-def weight_fraction(param_bytes: np.ndarray) -> np.ndarray:
-    """(N,) share of each op's backward that is its weight gradient: 1/2 with parameters, else 0."""
-    return np.where(np.asarray(param_bytes) > 0, 0.5, 0.0)
-
-
-# ---- simulation ----------------------------------------------------------------------------
-
-
-class OrderTimes(NamedTuple):
-    """What :func:`simulate_order` returns."""
-
-    ok: bool
-    """False when the order deadlocks (an action waits for one that never runs)."""
-    end: float
-    """end of the last action."""
-    rank_end: np.ndarray
-    """(P,) end of each rank's last action."""
-    busy: np.ndarray
-    """(P,) seconds each rank computes."""
-    start: np.ndarray
-    """(P, L) start of each action."""
-    finish: np.ndarray
-    """(P, L) end of each action."""
-    peak_act: np.ndarray
-    """(P,) peak activation bytes on each rank over its order."""
-    sends: np.ndarray
-    """(X, 6): src rank, dst rank, stage, micro-batch (negative: gradient, -(m+1)), start, end."""
-
-
-@njit(cache=True)
-def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t: np.ndarray, w_t: np.ndarray,
-         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int) -> tuple[Any, ...]:
-    n_rank, length, _ = enc.shape
-    n_st = rank_of.shape[0]
-    f_arr = np.full((n_st, n_mb), -1.0)
-    b_arr = np.full((n_st, n_mb), -1.0)
-    f_done = np.full((n_st, n_mb), -1.0)
-    i_done = np.full((n_st, n_mb), -1.0)
-    for m in range(n_mb):
-        f_arr[0, m] = 0.0
-        b_arr[n_st - 1, m] = 0.0
-    link = np.zeros((n_rank, n_rank))
-    start = np.zeros((n_rank, length))
-    finish = np.zeros((n_rank, length))
-    ptr = np.zeros(n_rank, np.int64)
-    free = np.zeros(n_rank)
-    busy = np.zeros(n_rank)
-    live = np.zeros(n_rank)
-    peak = np.zeros(n_rank)
-    n_send = 0
-    sends = np.zeros((2 * n_st * n_mb, 6))
-    while True:
-        progress = False
-        finished = True
-        for r in range(n_rank):
-            while ptr[r] < length and enc[r, ptr[r], 0] >= 0:
-                finished = False
-                s, kind, m = enc[r, ptr[r], 0], enc[r, ptr[r], 1], enc[r, ptr[r], 2]
-                if kind == 0:
-                    if f_arr[s, m] < 0:
-                        break
-                    ready = f_arr[s, m]
-                    dur = f[s]
-                elif kind == 1 or kind == 2:
-                    if b_arr[s, m] < 0 or f_done[s, m] < 0:
-                        break
-                    ready = max(b_arr[s, m], f_done[s, m])
-                    dur = b[s] if kind == 1 else i_t[s]
-                else:
-                    if i_done[s, m] < 0:
-                        break
-                    ready = i_done[s, m]
-                    dur = w_t[s]
-                st = max(free[r], ready)
-                en = st + dur
-                start[r, ptr[r]] = st
-                finish[r, ptr[r]] = en
-                free[r] = en
-                busy[r] += dur
-                if kind == 0:
-                    f_done[s, m] = en
-                    live[r] += act[s]
-                    if s + 1 < n_st:
-                        r2 = rank_of[s + 1]
-                        if r2 == r:
-                            f_arr[s + 1, m] = en
-                        else:
-                            x0 = max(en, link[r, r2])
-                            x1 = x0 + cf[s]
-                            link[r, r2] = x1
-                            f_arr[s + 1, m] = x1
-                            sends[n_send, 0], sends[n_send, 1], sends[n_send, 2] = r, r2, s
-                            sends[n_send, 3], sends[n_send, 4], sends[n_send, 5] = m, x0, x1
-                            n_send += 1
-                elif kind == 1 or kind == 2:
-                    i_done[s, m] = en
-                    live[r] -= act[s] if kind == 1 else act[s] * (1.0 - keep[s])
-                    if s > 0:
-                        r2 = rank_of[s - 1]
-                        if r2 == r:
-                            b_arr[s - 1, m] = en
-                        else:
-                            x0 = max(en, link[r, r2])
-                            x1 = x0 + cb[s - 1]
-                            link[r, r2] = x1
-                            b_arr[s - 1, m] = x1
-                            sends[n_send, 0], sends[n_send, 1], sends[n_send, 2] = r, r2, s
-                            sends[n_send, 3], sends[n_send, 4], sends[n_send, 5] = -(m + 1), x0, x1
-                            n_send += 1
-                else:
-                    live[r] -= act[s] * keep[s]
-                if live[r] > peak[r]:
-                    peak[r] = live[r]
-                ptr[r] += 1
-                progress = True
-            if ptr[r] < length and enc[r, ptr[r], 0] >= 0:
-                finished = False
-        if finished:
-            return True, start, finish, busy, peak, sends[:n_send]
-        if not progress:
-            return False, start, finish, busy, peak, sends[:n_send]
-
-
-def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ...] | np.ndarray,
-                   f: np.ndarray, b: np.ndarray, w: np.ndarray | None = None, *, cf: np.ndarray | None = None,
-                   cb: np.ndarray | None = None, act: np.ndarray | None = None,
-                   microbatches: int | None = None) -> OrderTimes:
-    """Run the ranks' orders over per-stage times: ``f[k]``, ``b[k]`` (a full backward) and
-    ``w[k]`` (its weight-gradient part; I takes ``b - w``), ``cf[k]``/``cb[k]`` the transfer of
-    one micro-batch over boundary k|k+1 forward/back, ``act[k]`` stage k's activation bytes of
-    one micro-batch."""
-    enc = encode(order)
-    k = len(rank_of)
-    fz = np.ascontiguousarray(f, dtype=np.float64)
-    bz = np.ascontiguousarray(b, dtype=np.float64)
-    wz = np.zeros(k) if w is None else np.ascontiguousarray(w, dtype=np.float64)
-    iz = bz - wz
-    nb = max(k - 1, 1)
-    cfz = np.zeros(nb) if cf is None else np.ascontiguousarray(cf, dtype=np.float64)
-    cbz = np.zeros(nb) if cb is None else np.ascontiguousarray(cb, dtype=np.float64)
-    az = np.zeros(k) if act is None else np.ascontiguousarray(act, dtype=np.float64)
-    keep = np.where(bz > 0, wz / np.where(bz > 0, bz, 1.0), 0.0)
-    m = int(microbatches if microbatches is not None else 1 + max(a.microbatch for r in order for a in r))
-    ok, start, finish, busy, peak, sends = _sim(enc, np.asarray(rank_of, dtype=np.int64), fz, bz, iz, wz, cfz, cbz,
-                                                az, keep, m)
-    valid = enc[:, :, 0] >= 0
-    rank_end = np.where(valid, finish, 0.0).max(axis=1) if enc.shape[1] else np.zeros(len(order))
-    return OrderTimes(bool(ok), float(rank_end.max(initial=0.0)), rank_end, busy, start, finish, peak, sends)
-
-
-def bubble_fraction(t: OrderTimes) -> float:
-    """Idle share of the ranks until the last action ends: ``1 - sum(busy) / (P x end)``."""
-    if t.end <= 0:
-        return 0.0
-    return max(0.0, 1.0 - float(t.busy.sum()) / (t.busy.shape[0] * t.end))

@@ -212,3 +212,16 @@ def test_order_simulation_deadlock_is_reported() -> None:
     good = ((S.Action(0, "F", 0), S.Action(0, "B", 0)), (S.Action(1, "F", 0), S.Action(1, "B", 0)))
     t = S.simulate_order(good, (0, 1), np.ones(2), 2 * np.ones(2), microbatches=1)
     assert t.ok and t.end == pytest.approx(6.0) and S.bubble_fraction(t) == pytest.approx(0.5)
+
+
+def test_two_transfers_on_one_link_queue() -> None:
+    """Rank 0's two forwards take no time, so both micro-batches are ready to cross to rank 1 at
+    t = 0 over one link of 1 s per transfer: the link is FIFO, so the second arrives at 2 s (two
+    transfers take twice as long as one) and rank 1's second forward cannot start before."""
+    order = ((S.Action(0, "F", 0), S.Action(0, "F", 1), S.Action(0, "B", 0), S.Action(0, "B", 1)),
+             (S.Action(1, "F", 0), S.Action(1, "F", 1), S.Action(1, "B", 0), S.Action(1, "B", 1)))
+    t = S.simulate_order(order, (0, 1), np.zeros(2), np.zeros(2), cf=np.ones(1), cb=np.zeros(1), microbatches=2)
+    assert t.ok
+    fwd_sends = t.sends[t.sends[:, 3] >= 0]
+    assert fwd_sends[:, 4].tolist() == [0.0, 1.0] and fwd_sends[:, 5].tolist() == [1.0, 2.0]
+    assert t.start[1, :2].tolist() == [1.0, 2.0]
