@@ -7,6 +7,18 @@
 Semantics: :mod:`.model_parallel` (one op per device at a time, transfers per link direction,
 memory, tied parameters), :mod:`.pipeline` (stages, micro-batches, GPipe and 1F1B, replicated
 stages with all-reduce), :mod:`.bounds` (the lower bound).
+
+Layout: :mod:`.simulator` (the Simulator, and ``pipeline_step``, which validates a pipeline
+and dispatches it), :mod:`.tables` (its per-graph tables, the value every kernel reads),
+:mod:`.model_parallel`, :mod:`.pipeline` (GPipe / 1F1B with default stage options),
+:mod:`.ddp` (DDP buckets inside replicated stages), :mod:`.stages` (what the pipeline paths
+share: stage groups, boundary bytes, link events), :mod:`.sharding` with :mod:`.fsdp_stage`
+(FSDP / HSDP, recompute, bf16), :mod:`.multistage` (virtual stages, split backward, tensor
+parallelism) over :mod:`.schedules` (orders) and :mod:`.order_sim` (running them),
+:mod:`.tensor_parallel` (TP cost), :mod:`.bounds`, :mod:`.result` (SimResult, Evaluation,
+Event), :mod:`.plot`, :mod:`.warmup`. The plan rules the simulator checks are
+:mod:`autoplace.pipeline_rules` and :mod:`autoplace.tp_rules`, below it and below
+:mod:`autoplace.placement`.
 """
 
 from __future__ import annotations

@@ -67,6 +67,12 @@ Bubble fraction
     1 - (sum over stages of M x (forward + backward action time)) / (S x time of the last
     backward): for uniform stages and free transfers it is (S - 1) / (M + S - 1), the GPipe
     paper's figure.
+
+Where: this module runs the schedule (:func:`flush_step`, compiled kernels); the orders are
+:func:`autoplace.sim.schedules.schedule_actions`, the boundary bytes
+:func:`autoplace.sim.stages.boundary_bytes`, the DDP buckets :mod:`autoplace.sim.ddp`; plans
+with other stage options go to :mod:`.sharding`, other schedules and ``tp > 1`` to
+:mod:`.multistage` (:func:`autoplace.sim.simulator.pipeline_step` validates and dispatches).
 """
 
 from __future__ import annotations
