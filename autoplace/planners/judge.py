@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from . import budget as _budget
+from .candidate import Candidate, PipelinePlan, to_placement
 from .heuristic.split import Infeasible
 
 if TYPE_CHECKING:
@@ -41,6 +42,17 @@ class Choice:
     microbatches: int = 1
     schedule: str = "1f1b"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def candidate(self) -> Candidate:
+        """The plan as the planners' one plan value (:mod:`autoplace.planners.candidate`)."""
+        if self.stage_devices is None:
+            if self.device_of_node is None:
+                raise ValueError(f"choice {self.label!r} has neither device_of_node nor stage_devices")
+            return self.device_of_node
+        if self.stage_of_node is None:
+            raise ValueError(f"pipeline choice {self.label!r} has no stage_of_node")
+        return PipelinePlan(self.stage_of_node, self.stage_devices, self.microbatches, self.schedule)
 
     def summary(self) -> dict[str, Any]:
         return {"label": self.label, "step_time_s": self.step_time_s,
@@ -94,16 +106,7 @@ class Judge:
 
     def placement(self, chosen: Choice, planner: str) -> "Placement":
         """The chosen variant as a :class:`Placement`, with how it was chosen in ``meta``."""
-        from ..placement import Placement
-
-        if chosen.stage_devices is None:
-            assert chosen.device_of_node is not None
-            return Placement.from_assignment(self.graph, self.cluster, chosen.device_of_node, planner=planner,
-                                             meta=self.meta(chosen))
-        assert chosen.stage_of_node is not None
-        return Placement.pipeline(self.graph, self.cluster, chosen.stage_of_node, chosen.stage_devices,
-                                  microbatches=chosen.microbatches, schedule=chosen.schedule, planner=planner,
-                                  meta=self.meta(chosen))
+        return to_placement(self.graph, self.cluster, chosen.candidate, planner=planner, meta=self.meta(chosen))
 
     def work(self) -> np.ndarray:
         """(N, D) forward plus backward seconds of each op on each device, at the full batch."""

@@ -8,7 +8,10 @@ An episode is one action: a whole placement (a *candidate*) is sampled, simulate
 one reward. A candidate is what the simulator scores:
 
 - model mode: an int array ``device_of_node`` of shape (N,);
-- pipeline mode: a tuple ``(stage_of_node, stage_devices, microbatches, schedule)``.
+- pipeline mode: a :class:`~autoplace.planners.candidate.PipelinePlan` ``(stage_of_node,
+  stage_devices, microbatches, schedule)``
+
+(the planners' one plan value, :mod:`autoplace.planners.candidate`).
 
 Reward (DESIGN.md "Planners", as in EAGLE and Mars, which reward the negative step time or
 its square root; the log makes it scale free):
@@ -28,16 +31,17 @@ candidates are simulated once (a digest-keyed cache); they still count as sample
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from autoplace.placement import Placement
+from ..candidate import (Candidate, PipelinePlan, candidate_key, candidate_of, copy_candidate, evaluate_candidate,
+                         pipeline_plan, to_placement)
 from ..registry import get_planner, planners
 from autoplace.errors import NoFitError
 
@@ -45,13 +49,12 @@ if TYPE_CHECKING:
     from autoplace.cluster import Cluster
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
-    from autoplace.sim import Evaluation, Simulator
+    from autoplace.sim import Evaluation
 
-__all__ = ["PlacementEnv", "Candidate", "SeedPlacement", "heuristic_seeds", "remember_seeds", "candidate_of",
+__all__ = ["PlacementEnv", "Candidate", "PipelinePlan", "SeedPlacement", "heuristic_seeds", "remember_seeds", "candidate_of",
            "candidate_key", "evaluate_candidate", "ENV_MODES"]
 
 ENV_MODES = ("model", "pipeline")
-Candidate = Union[np.ndarray, tuple[np.ndarray, tuple[tuple[int, ...], ...], int, str]]
 _CACHE_LIMIT = 200_000
 
 
@@ -63,35 +66,6 @@ class SeedPlacement:
     candidate: Candidate
     step_time_s: float
     oom: bool
-
-
-def candidate_of(placement: Placement) -> Candidate:
-    """The candidate (what :meth:`PlacementEnv.evaluate` takes) of a placement."""
-    if placement.mode == "pipeline":
-        assert placement.stage_of_node is not None and placement.stage_devices is not None
-        return (np.asarray(placement.stage_of_node, dtype=np.int64), placement.stage_devices,
-                int(placement.microbatches), placement.schedule)
-    return np.asarray(placement.device_of_node, dtype=np.int64)
-
-
-def candidate_key(candidate: Candidate) -> bytes:
-    """A digest identifying a candidate (placements equal iff keys equal)."""
-    h = hashlib.blake2b(digest_size=16)
-    if isinstance(candidate, tuple):
-        st, sd, m, sched = candidate
-        h.update(np.ascontiguousarray(st, dtype=np.int64).tobytes())
-        h.update(repr((tuple(tuple(s) for s in sd), int(m), str(sched))).encode())
-    else:
-        h.update(np.ascontiguousarray(candidate, dtype=np.int64).tobytes())
-    return h.digest()
-
-
-def evaluate_candidate(sim: "Simulator", candidate: Candidate) -> "Evaluation":
-    """The simulator's fast path for a candidate of either mode."""
-    if isinstance(candidate, tuple):
-        st, sd, m, sched = candidate
-        return sim.evaluate_pipeline(st, sd, int(m), schedule=str(sched))
-    return sim.evaluate(candidate)
 
 
 def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, mode: str = "model",
@@ -111,7 +85,7 @@ def heuristic_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | Non
     if hit is None or hit[0] is not graph:
         hit = (graph, _run_heuristics(graph, cluster, cost, mode, chosen))
     _store(key, graph, hit[1])
-    return [replace(s, candidate=_copy_candidate(s.candidate)) for s in hit[1]]
+    return [replace(s, candidate=copy_candidate(s.candidate)) for s in hit[1]]
 
 
 _SEEDS: "OrderedDict[tuple[Any, ...], tuple[OpGraph, list[SeedPlacement]]]" = OrderedDict()
@@ -149,10 +123,6 @@ def remember_seeds(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None
         out.append(SeedPlacement(name, candidate_of(placement), float(ev.step_time_s), bool(ev.oom)))
     out.sort(key=lambda s: (s.oom, s.step_time_s))
     _store(_seed_key(graph, cluster, cost, mode, list(names)), graph, out)
-
-
-def _copy_candidate(c: Candidate) -> Candidate:
-    return c.copy() if isinstance(c, np.ndarray) else (c[0].copy(), *c[1:])
 
 
 def _run_heuristics(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", mode: str,
@@ -260,10 +230,8 @@ class PlacementEnv:
                 raise NoFitError(self._no_fit_message())
             candidate = self.best_candidate
         if self.mode == "pipeline":
-            st, sd, m, sched = candidate  # type: ignore[misc]
-            return Placement.pipeline(self.graph, self.cluster, st, sd, microbatches=m, schedule=sched,
-                                      planner=planner, meta=meta)
-        return Placement.from_assignment(self.graph, self.cluster, np.asarray(candidate), planner=planner, meta=meta)
+            candidate = pipeline_plan(candidate)
+        return to_placement(self.graph, self.cluster, candidate, planner=planner, meta=meta)
 
     # ---- internals ----------------------------------------------------------------------
 
@@ -285,9 +253,9 @@ class PlacementEnv:
             self.best_evaluation = ev
             self.best_source = source
             if self.mode == "pipeline":
-                st, sd, m, sched = candidate  # type: ignore[misc]
-                self.best_candidate = (np.array(st, dtype=np.int64), tuple(tuple(int(x) for x in s) for s in sd),
-                                       int(m), str(sched))
+                st, sd, m, sched = pipeline_plan(candidate)
+                self.best_candidate = PipelinePlan(np.array(st, dtype=np.int64),
+                                                   tuple(tuple(int(x) for x in s) for s in sd), int(m), str(sched))
             else:
                 self.best_candidate = np.array(candidate, dtype=np.int64)
 

@@ -205,9 +205,9 @@ def imitate(score_parts: Callable[[], Sequence["torch.Tensor"]], params: Any, *,
         short = [i for i, (p, c) in enumerate(zip(probs, confidence)) if p < c]
         if not short or step == steps or _budget.expired():  # a cut imitation still centres roughly
             return step, probs
-        loss = sum(-parts[i] / decisions[i] for i in short)
+        loss = cast("torch.Tensor", sum(-parts[i] / decisions[i] for i in short))
         opt.zero_grad()
-        loss.backward()  # type: ignore[union-attr]
+        loss.backward()
         opt.step()
     return steps, probs
 

@@ -51,6 +51,7 @@ from autoplace.placement import Placement
 from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
+from ...candidate import pipeline_plan
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -168,7 +169,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     from autoplace.cost.analytic import CostModel
     from .policy import PipelinePolicy, device_features, summary_features
     from ..env import PlacementEnv, heuristic_seeds
-    from .space import Candidate, PipelineSpace
+    from .space import PipelineSpace
 
     cfg = config if config is not None else PipelineRLConfig()
     if budget_s is not None and not budget_s > 0:
@@ -181,7 +182,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
 
     sim = simulator_for(graph, cluster, cost)
     space = PipelineSpace.of(graph, cluster, sim, max_stages=cfg.max_stages,
-                             extra_microbatches=[int(s.candidate[2]) for s in seeds])  # type: ignore[index]
+                             extra_microbatches=[pipeline_plan(s.candidate).microbatches for s in seeds])
     reference = min(fitting) if fitting else (min(s.step_time_s for s in seeds) if seeds else float(space.work.sum()))
     env = PlacementEnv(graph, cluster, cost, "pipeline", seeds=seeds, reference_s=reference)
     seed_time = time.perf_counter() - t0
@@ -202,7 +203,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     # step 3: imitation of the best plan so far
     imitated, imitation_p, imitated_from = 0, 0.0, env.best_source
     if cfg.imitation_steps and env.best_candidate is not None:
-        target = policy.actions_of(Candidate(*env.best_candidate))  # type: ignore[misc]
+        target = policy.actions_of(pipeline_plan(env.best_candidate))
         imitated, imitation_p = _imitate(policy, target, cfg)
     if cfg.fold_tables:
         policy.fold_tables()

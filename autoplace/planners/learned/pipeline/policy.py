@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .space import (CONTEXT, MODE_REPLAY, MODE_SAMPLE, Candidate, PipelineActions, PipelineSpace,
+from .space import (CONTEXT, MODE_REPLAY, MODE_SAMPLE, PipelineActions, PipelinePlan, PipelineSpace,
                              device_mask, walk)
 from ..ppo import PolicySample
 
@@ -328,7 +328,7 @@ class PipelinePolicy(nn.Module):
         a, b = _cat_terms(self._sched_logits(z, used, widest, micro), sched, e)
         return lp + a, ent + b
 
-    def decode(self, actions: Any) -> list[Candidate]:
+    def decode(self, actions: Any) -> list[PipelinePlan]:
         return self.space.decode(as_numpy(actions))
 
     def _floors(self) -> tuple[float, float, float]:
@@ -342,7 +342,7 @@ class PipelinePolicy(nn.Module):
                 t.mul_(self.table_scale)
         self.table_scale = 1.0
 
-    def actions_of(self, plan: Candidate) -> tuple[torch.Tensor, ...]:
+    def actions_of(self, plan: PipelinePlan) -> tuple[torch.Tensor, ...]:
         """The actions closest to ``plan`` (:meth:`PipelineSpace.encode`), as tensors."""
         return tuple(torch.from_numpy(a) for a in self.space.encode(plan))
 

@@ -48,13 +48,14 @@ import numpy as np
 from numba import njit
 
 from autoplace.placement import SCHEDULES
+from ...candidate import PipelinePlan, pipeline_plan
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
     from autoplace.graph.ir import OpGraph
     from autoplace.sim import Simulator
 
-__all__ = ["PipelineSpace", "PipelineActions", "Candidate", "CONTEXT", "walk", "device_mask", "MODE_SAMPLE",
+__all__ = ["PipelineSpace", "PipelineActions", "PipelinePlan", "Candidate", "CONTEXT", "walk", "device_mask", "MODE_SAMPLE",
            "MODE_REPLAY", "MODE_TEACHER"]
 
 CONTEXT = 5
@@ -62,13 +63,8 @@ CONTEXT = 5
 MODE_SAMPLE, MODE_REPLAY, MODE_TEACHER = 0, 1, 2
 
 
-class Candidate(NamedTuple):
-    """A pipeline plan as the simulator takes it."""
-
-    stage_of_node: np.ndarray
-    stage_devices: tuple[tuple[int, ...], ...]
-    microbatches: int
-    schedule: str
+Candidate = PipelinePlan
+"""The older name of :class:`autoplace.planners.candidate.PipelinePlan` (the planners' one plan value)."""
 
 
 class PipelineActions(NamedTuple):
@@ -271,12 +267,12 @@ class PipelineSpace:
         ok[:, 0] |= ~ok.any(axis=1)  # one micro-batch always remains possible
         return ok
 
-    def candidate(self, actions: PipelineActions, b: int, stage_row: np.ndarray) -> Candidate:
+    def candidate(self, actions: PipelineActions, b: int, stage_row: np.ndarray) -> PipelinePlan:
         """Sample ``b`` as the simulator's input, from its decoded stages ``stage_row``."""
         used = int(stage_row.max()) + 1
         dev = actions.devices[b]
         groups = tuple(tuple(int(x) for x in np.nonzero(dev == s + 1)[0]) for s in range(used))
-        return Candidate(stage_row.astype(np.int64), groups, int(self.microbatch_options[int(actions.micro[b])]),
+        return PipelinePlan(stage_row.astype(np.int64), groups, int(self.microbatch_options[int(actions.micro[b])]),
                          SCHEDULES[int(actions.schedule[b])])
 
     def stages(self, actions: PipelineActions) -> np.ndarray:
@@ -286,18 +282,18 @@ class PipelineSpace:
                               _Z2I, actions.stage_count + 1, share, self.work, self.pred_ptr, self.pred_idx, False)
         return stage
 
-    def decode(self, actions: PipelineActions) -> list[Candidate]:
+    def decode(self, actions: PipelineActions) -> list[PipelinePlan]:
         stage = self.stages(actions)
         return [self.candidate(actions, b, stage[b]) for b in range(stage.shape[0])]
 
     # ---- heuristic plans as actions ---------------------------------------------------------
 
-    def encode(self, plan: Candidate) -> PipelineActions:
+    def encode(self, plan: PipelinePlan) -> PipelineActions:
         """The actions closest to ``plan`` (teacher forcing through the same masks): exact for
         plans whose every op sits in ``L_i`` or ``L_i + 1`` (contiguous splits of a chain), else
         the op goes to the nearer of the two; devices and schedule exactly; micro-batches the
         allowed option nearest to the plan's in log scale."""
-        plan = Candidate(*plan)
+        plan = pipeline_plan(plan)
         s_plan = len(plan.stage_devices)
         count = np.array([min(s_plan, self.max_stages) - 1], dtype=np.int64)
         want = np.zeros(self.num_devices, dtype=np.int64)
