@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
+
 from .errors import AutoplaceError
+from .graph.units import block_units, stage_units
 from .parallel import StageOptions, default_reshard, hsdp_shape
 
 if TYPE_CHECKING:
@@ -48,10 +51,6 @@ class ExportError(AutoplaceError, ValueError):
 def stage_modules(plan: "Placement", graph: "OpGraph") -> list[list[str]]:
     """Per stage, the module paths that make it, in order: its FSDP units (blocks, embedding,
     head) and the top-level modules of its other ops (torchtitan's ``module_fqns_per_model_part``)."""
-    import numpy as np
-
-    from .graph.units import block_units, stage_units
-
     assert plan.stage_of_node is not None
     units = block_units(graph)
     unit = stage_units(units, np.asarray(plan.stage_of_node))
@@ -189,8 +188,6 @@ def to_accelerate_fsdp(plan: "Placement", graph: "OpGraph | None" = None, *, clu
         "fsdp_offload_params": False,
     }
     if module is not None and graph is not None:
-        from .graph.units import block_units
-
         classes = sorted({type(module.get_submodule(u)).__name__ for u in block_units(graph).names
                           if u.rsplit(".", 1)[-1].isdigit()})
         if classes:

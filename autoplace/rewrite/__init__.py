@@ -4,7 +4,10 @@
   devices, with transfers on every cross-device edge (``placed.py``).
 - :func:`split_stages`: a chain of stage GraphModules for a pipeline (``pipeline.py``).
 - :func:`build_pipeline_runner`: this rank's stage on torch.distributed.pipelining, with GPipe or
-  1F1B, optionally each stage replicated data-parallel (``runtime.py``).
+  1F1B, optionally each stage replicated data-parallel (``runtime.py``); the runner, a
+  :class:`PipelineRunner`, is an ``nn.Module`` (``runner.py``). Sharded stages
+  (``fsdp.py``, ``units.py``) go through the same builder; several stages per rank
+  (``schedules.py``) and tensor parallelism (``tensor_parallel.py``) run their own schedules.
 """
 
 from __future__ import annotations

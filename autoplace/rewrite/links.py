@@ -5,7 +5,7 @@ collective groups whose timeout follows the bound, and the names of the peers.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ from torch.distributed.distributed_c10d import _set_pg_timeout
 
 from . import liveness
 from .errors import PipelineError, PipelineTimeoutError
+from .liveness import Timeouts
 
 if TYPE_CHECKING:
     from .runner import PipelineRunner
@@ -25,23 +26,25 @@ class Links:
     """What a runner waits on, and how long: the step gate, the point-to-point groups of its
     bounds, the collective groups whose timeout follows the bound, and the heartbeat."""
 
-    def __init__(self, runner: PipelineRunner, members: Sequence[int], column: Sequence[int],
-                 rank_of: Callable[[int, int], int], collectives: Sequence[Any], gate_group: Any,
+    def __init__(self, timeouts: Timeouts, members: Sequence[int], column: Sequence[int], adjacent: Sequence[int],
+                 names: Mapping[int, str], collectives: Sequence[Any], gate_group: Any,
                  p2p: Mapping[float, Any]) -> None:
+        """``members``: every rank of the pipeline; ``column``: the ranks this rank exchanges
+        activations with, in pipeline order; ``adjacent``: those next to this rank's stages;
+        ``names``: how messages name each member; ``p2p``: bound -> this rank's point-to-point
+        group made with that timeout; ``gate_group``: the gate's (None: no gate)."""
         self.members = tuple(members)
         self.pipeline = liveness.pipeline_name(self.members)
-        self.hb = liveness.heartbeat(runner.timeouts.heartbeat_s)
+        self.hb = liveness.heartbeat(timeouts.heartbeat_s)
         if self.hb is not None:
             self.hb.watch(self.members)
-        self.names = {rank_of(s, j): _name(rank_of(s, j), s, runner.num_stages, j, runner.replicas)
-                      for s in range(runner.num_stages) for j in range(runner.replicas)}
-        me = runner.stage_index
-        self.adjacent = [column[s] for s in (me - 1, me + 1) if 0 <= s < len(column)]
+        self.names = dict(names)
+        self.adjacent = list(adjacent)
         self.column = tuple(column)
         self.collectives = [g for g in collectives if g is not None]
         self.gate = liveness.Gate(self.members, gate_group, self.hb) if gate_group is not None else None
         self.p2p = dict(p2p)  # bound -> this rank's point-to-point group made with that timeout
-        self.stage: Any = None  # the PipelineStage, whose group follows the bound
+        self.stages: list[Any] = []  # the PipelineStages, whose group follows the bound
         self.bound: float | None = None
         # gloo's timeouts raise in step(), whose error names the peer; others' (NCCL's watchdog) may
         # end the process instead, so the heartbeat names a silent peer on stderr first.
@@ -54,7 +57,8 @@ class Links:
         """Set this step's bound, then wait at the gate for every rank of the pipeline."""
         bound = runner.timeouts.bound_s(step, runner.predicted_step_s)
         if bound != self.bound and bound in self.p2p:
-            self.stage.group = self.p2p[bound]
+            for stage in self.stages:
+                stage.group = self.p2p[bound]
             for g in self.collectives:
                 _set_pg_timeout(timedelta(seconds=bound), g)
             self.bound = bound
@@ -109,8 +113,3 @@ class Links:
     def _state(self, step: int, phase: str) -> None:
         if self.hb is not None:
             self.hb.state = liveness.state(self.pipeline, step, phase)
-
-
-def _name(rank: int, stage: int, stages: int, replica: int, replicas: int) -> str:
-    rep = f", replica {replica} of {replicas}" if replicas > 1 else ""
-    return f"rank {rank} (stage {stage} of {stages}{rep})"

@@ -43,7 +43,13 @@ the replicas by default; outlined, checkpointed, ``fully_shard``-ed or bf16 unit
 plans, :mod:`autoplace.rewrite.fsdp`), with the data-parallel mesh it needs and the dtype of the
 values stages exchange; heartbeat, timeouts, BatchNorm handling, tied parameters and the
 model's output reach every kind of stage alike. Multi-stage schedules (several stages per rank,
-:mod:`autoplace.rewrite.schedules`) share this module's stage examples, checks and devices.
+:mod:`autoplace.rewrite.schedules`) build their stages and schedule themselves, from this module's
+stage examples, checks and liveness groups (:func:`wait_groups`).
+
+The parts: :mod:`~autoplace.rewrite.launch` (joining the process group, default timeouts),
+:mod:`~autoplace.rewrite.runner` (the runner, an ``nn.Module``, and its step),
+:mod:`~autoplace.rewrite.links` (what a runner waits on), :mod:`~autoplace.rewrite.liveness`
+(heartbeat, gate, bounds), :mod:`~autoplace.rewrite.batchnorm`.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from .runner import PipelineRunner
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES", "Timeouts", "StageWrap", "StageContext", "ddp_stage",
-           "stage_example", "move_to", "check_batch"]
+           "stage_example", "move_to", "check_batch", "wait_groups"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -158,6 +164,29 @@ def flat_value(values: Mapping[str, Any], name: str) -> Any:
     for i in path:
         v = v[int(i)]
     return v
+
+
+def wait_groups(limits: Timeouts, predicted_step_s: float | None, columns: Sequence[Sequence[int]],
+                mine: int) -> tuple[list[float], dict[float, Any], Any]:
+    """The groups a runner waits on (:mod:`autoplace.rewrite.liveness`), made by every rank in one
+    order (dist.new_group's rule): point-to-point waits keep the timeout their group was made with,
+    so each column of ranks that exchange activations gets one group per bound (this rank's is
+    column ``mine``), and a gloo gate spans every rank. Returns (bounds, bound -> this rank's
+    group, gate group)."""
+    bounds = sorted({limits.bound_s(1, predicted_step_s), limits.bound_s(limits.first_steps + 1, predicted_step_s)})
+    p2p: dict[float, Any] = {}
+    for b in bounds:
+        for j, col in enumerate(columns):
+            g = liveness.group(list(col), b)
+            if j == mine:
+                p2p[b] = g
+    world = sorted({r for col in columns for r in col})
+    return bounds, p2p, liveness.group(world, liveness.gate_timeout_s(limits), backend="gloo")
+
+
+def _name(rank: int, stage: int, stages: int, replica: int, replicas: int) -> str:
+    rep = f", replica {replica} of {replicas}" if replicas > 1 else ""
+    return f"rank {rank} (stage {stage} of {stages}{rep})"
 
 
 def _stage_ranks(num_stages: int, replicas: int, group: Any) -> Callable[[int, int], int]:
@@ -298,20 +327,13 @@ def build_pipeline_runner(
 
     stage_module = split.stages[stage]
     move_to(stage_module, device)
-    # The groups this runner waits on, made by every rank in one order (dist.new_group's rule; with
-    # group= the caller's group serves and none is made). Point-to-point waits keep the timeout their
-    # group was made with: one group per bound. BatchNorm statistics of a stage's replicas meet on
-    # a group of their own.
-    bounds = sorted({limits.bound_s(1, predicted_step_s), limits.bound_s(limits.first_steps + 1, predicted_step_s)})
+    # The groups this runner waits on (with group= the caller's group serves and none is made).
+    # BatchNorm statistics of a stage's replicas meet on a group of their own.
+    columns = [[rank_of(s, j) for s in range(n_stages)] for j in range(replicas)]
     p2p: dict[float, Any] = {}
     gate_group = bn_group = None
     if group is None:
-        for b in bounds:
-            for j in range(replicas):
-                g = liveness.group([rank_of(s, j) for s in range(n_stages)], b)
-                if j == replica:
-                    p2p[b] = g
-        gate_group = liveness.group(range(n_stages * replicas), liveness.gate_timeout_s(limits), backend="gloo")
+        bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, replica)
         if replicas > 1 and batch_norm == "sync":
             for s in range(n_stages):
                 if batchnorm.has_batch_norm(split.stages[s]):
@@ -343,9 +365,11 @@ def build_pipeline_runner(
                             timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
                             units=hook.units or ())
     members = sorted(rank_of(s, j) for s in range(n_stages) for j in range(replicas))
-    column = [rank_of(s, replica) for s in range(n_stages)]
-    runner.links = Links(runner, members, column, rank_of,
-                         [dp_group, bn_group, *{id(g): g for _, g in tied}.values()] if group is None else [],
+    column = columns[replica]
+    peer_names = {rank_of(s, j): _name(rank_of(s, j), s, n_stages, j, replicas)
+                  for s in range(n_stages) for j in range(replicas)}
+    runner.links = Links(limits, members, column, [column[s] for s in (stage - 1, stage + 1) if 0 <= s < n_stages],
+                         peer_names, [dp_group, bn_group, *{id(g): g for _, g in tied}.values()] if group is None else [],
                          gate_group, p2p)
-    runner.links.stage = pipe_stage
+    runner.links.stages = [pipe_stage]
     return runner

@@ -20,8 +20,11 @@ stages on one rank share the Parameter object, so its gradient accumulates there
 the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
 parameter two stages of one rank share, as ZBV's first and last stages do with a tied head).
 
-Each rank runs on one device (no data-parallel replicas) and waits for its peers as long as the
-process group's timeout (``init_distributed(timeout_s=...)``).
+Each rank runs on one device (no data-parallel replicas) and waits for its peers as every pipeline
+does (:mod:`autoplace.rewrite.liveness`: heartbeat, a gate at the start of each step, bounds that
+scale with the predicted step; ``timeouts=``, or ``init_distributed(timeout_s=...)``'s number).
+The runner is a :class:`~autoplace.rewrite.runner.PipelineRunner` (an ``nn.Module``) holding its
+stages; the stage examples, checks and waits are :mod:`autoplace.rewrite.runtime`'s.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ import torch.fx
 
 from ..sim.schedules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
 from .pipeline import model_output_loss, output_tensors, propagate_fake, split_with_boundaries
+from . import liveness
 from .errors import PipelineError
-from .launch import default_device
+from .launch import default_device, resolve_timeouts
+from .links import Links
+from .liveness import Timeouts
 from .runner import PipelineRunner
-from .runtime import check_batch, flat_value, move_to, stage_example
+from .runtime import check_batch, flat_value, move_to, stage_example, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["MultiStageRunner", "build_schedule_runner"]
@@ -51,11 +57,12 @@ class MultiStageRunner(PipelineRunner):
 
     def __init__(self, *, rank: int, ranks: int, stage_indices: tuple[int, ...], num_stages: int, microbatches: int,
                  batch_size: int, schedule_name: str, stage_modules: Sequence[torch.fx.GraphModule], schedule: Any,
-                 scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = ()) -> None:
+                 scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = (),
+                 timeouts: Timeouts | None = None, predicted_step_s: float | None = None) -> None:
         super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=0, replicas=1,
                          microbatches=microbatches, batch_size=batch_size, stage_module=stage_modules[0],
                          module=stage_modules[0], schedule=schedule, scale_grads=scale_grads, tied=tied,
-                         stage_modules=stage_modules)
+                         timeouts=timeouts, predicted_step_s=predicted_step_s, stage_modules=stage_modules)
         self.ranks = ranks
         self.stage_indices = stage_indices
         """the (global, virtual) stages this rank runs."""
@@ -170,6 +177,8 @@ def build_schedule_runner(
     scale_grads: bool = True,
     tp: int = 1,
     tp_pairs: Sequence[tuple[str, str]] = (),
+    timeouts: Timeouts | float | None = None,
+    predicted_step_s: float | None = None,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -180,7 +189,10 @@ def build_schedule_runner(
     (pipeline ranks x tp) DeviceMesh ("pp", "tp"), global rank ``r x tp + j`` runs pipeline rank r's
     stages as TP rank j, and every (column path, row path) of ``tp_pairs`` that lies inside one
     stage is sharded over the "tp" dimension (:mod:`autoplace.rewrite.tensor_parallel`; the
-    pairs :func:`autoplace.sim.tensor_parallel.linear_pairs` finds).
+    pairs :func:`autoplace.sim.tensor_parallel.linear_pairs` finds). ``timeouts`` and
+    ``predicted_step_s``: how long a rank waits for its peers, as for
+    :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (heartbeat, gate and bounds of
+    :mod:`autoplace.rewrite.liveness`).
     """
     if not dist.is_initialized():
         raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
@@ -208,6 +220,10 @@ def build_schedule_runner(
         raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
                             "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
                             "there) or one micro-batch")
+    limits = resolve_timeouts(timeouts)
+    hb = liveness.heartbeat(limits.heartbeat_s)
+    if hb is not None:
+        hb.state = "building"
     device = default_device(device)
     batch = check_batch(example_inputs, microbatches, f"microbatches = {microbatches}")
     k_count = ranks * virtual_stages
@@ -248,8 +264,21 @@ def build_schedule_runner(
     loss = model_output_loss(gm, loss_fn)
     sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if schedule in ("gpipe", "1f1b")
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
-    tied = _tied(split.stages, rank_of, dist.get_rank() if mesh is None else rank * tp + mesh.get_local_rank("tp"),
-                 tp)
-    return MultiStageRunner(rank=dist.get_rank(), ranks=ranks, stage_indices=mine, num_stages=k_count, microbatches=microbatches,
-                            batch_size=batch, schedule_name=schedule, stage_modules=modules, schedule=sched,
-                            scale_grads=scale_grads, tied=tied)
+    me = dist.get_rank()
+    tp_index = me % tp
+    tied = _tied(split.stages, rank_of, me, tp)
+    runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
+                              microbatches=microbatches, batch_size=batch, schedule_name=schedule,
+                              stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
+                              timeouts=limits, predicted_step_s=predicted_step_s)
+    # Liveness as every pipeline has it: each TP index's pipeline ranks exchange activations.
+    columns = [[r * tp + j for r in range(ranks)] for j in range(tp)]
+    _, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)
+    names = {r * tp + j: f"rank {r * tp + j} (pipeline rank {r} of {ranks}, stages "
+                         f"{[k for k in range(k_count) if rank_of[k] == r]}{f', tp {j} of {tp}' if tp > 1 else ''})"
+             for r in range(ranks) for j in range(tp)}
+    near = sorted({rank_of[k + d] for k in mine for d in (-1, 1) if 0 <= k + d < k_count} - {rank})
+    runner.links = Links(limits, range(world), columns[tp_index], [r * tp + tp_index for r in near], names,
+                         list({id(g): g for _, g in tied}.values()), gate_group, p2p)
+    runner.links.stages = list(stages)
+    return runner

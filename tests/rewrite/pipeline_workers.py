@@ -26,6 +26,7 @@ import rewrite_models as rm  # noqa: E402
 
 from autoplace.rewrite.runtime import (  # noqa: E402
     PipelineTimeoutError, build_pipeline_runner, free_port, init_distributed)
+from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
 
 
 def contiguous_stages(gm: torch.fx.GraphModule, stages: int) -> dict[str, int]:
@@ -131,8 +132,9 @@ def worker(rank: int, world: int, port: int, out: str, cases: list[dict[str, Any
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def stuck_worker(rank: int, world: int, port: int, out: str, timeout_s: float) -> None:
-    """Rank 1 builds its runner and then never calls step(); rank 0 must time out, not hang."""
+def stuck_worker(rank: int, world: int, port: int, out: str, timeout_s: float, schedule: str = "1f1b") -> None:
+    """Rank 1 builds its runner and then never calls step(); rank 0 must time out, not hang.
+    A multi-stage ``schedule`` (two stages per rank) is built by build_schedule_runner."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -140,8 +142,13 @@ def stuck_worker(rank: int, world: int, port: int, out: str, timeout_s: float) -
     model, _, _ = rm.build("inception_gn", 0)
     x, y = batch("inception_gn", 4, 0)
     gm = torch.fx.symbolic_trace(model)
-    runner = build_pipeline_runner(gm, contiguous_stages(gm, world), example_inputs=(x,), microbatches=2,
-                                   loss_fn=rm.loss_fn("inception_gn"), schedule="1f1b")
+    runner: Any
+    if schedule in ("1f1b", "gpipe"):
+        runner = build_pipeline_runner(gm, contiguous_stages(gm, world), example_inputs=(x,), microbatches=2,
+                                       loss_fn=rm.loss_fn("inception_gn"), schedule=schedule)
+    else:
+        runner = build_schedule_runner(gm, contiguous_stages(gm, 2 * world), example_inputs=(x,), microbatches=2,
+                                       loss_fn=rm.loss_fn("inception_gn"), schedule=schedule, virtual_stages=2)
     result: dict[str, Any] = {"rank": rank}
     if rank == 0:
         t0 = time.perf_counter()

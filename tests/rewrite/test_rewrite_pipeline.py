@@ -94,3 +94,16 @@ def test_a_stuck_peer_ends_in_a_timeout_error_not_a_hang(tmp_path: Path) -> None
     assert res["error"].startswith("PipelineTimeoutError"), res["error"]
     assert "pipeline rank 0 (stage 0 of 2)" in res["error"]
     assert timeout_s - 0.5 <= res["waited_s"] <= timeout_s + 30
+
+
+def test_a_stuck_peer_of_a_multi_stage_schedule_ends_in_a_timeout_error(tmp_path: Path) -> None:
+    """Multi-stage schedules wait for their peers as every pipeline does (heartbeat, gate, bounds)."""
+    timeout_s = 3.0
+    mp.spawn(pw.stuck_worker, args=(2, pw.free_port(), str(tmp_path), timeout_s, "interleaved-1f1b"), nprocs=2,
+             join=True)
+    res = json.loads((tmp_path / "rank0.json").read_text())[0]
+    assert res["error"].startswith("PipelineTimeoutError"), res["error"]
+    assert "pipeline rank 0 (stages [0, 2] of 4, interleaved-1f1b)" in res["error"]
+    # the gate at the start of the step, not torch's own timeout, found the peer, and names it
+    assert "at the start of step 1" in res["error"] and "rank 1 (pipeline rank 1 of 2, stages [1, 3])" in res["error"]
+    assert timeout_s - 0.5 <= res["waited_s"] <= timeout_s + 30
