@@ -30,7 +30,7 @@ import torch
 from .calibrate import StepCalibration, fit_step_calibration
 from .policy import recentre
 from ..planners.learned.env import candidate_key, evaluate_candidate
-from ..planners.learned.ppo import ppo_update
+from ..planners.learned.ppo import PolicySample, PPOUpdate
 from ..report import format_table
 from ..sim import Simulator
 
@@ -93,10 +93,11 @@ class TuningSearch:
         self.reference_s: float | None = None
         self.trials_done = 0
         self._queue: list[Any] = []
-        self._batch: tuple[Any, torch.Tensor, list[Any]] | None = None
+        self._batch: tuple[PolicySample, list[Any]] | None = None
         self._centred_on = self.best_key
         self._gen = torch.Generator().manual_seed(config.seed)
-        self._opt = torch.optim.Adam(policy.parameters(), lr=config.ppo.lr, eps=1e-5)
+        # the learned planners' PPO update (ppo.PPOUpdate), here with torch.optim's Adam
+        self._rule = PPOUpdate(config.ppo, optimizer=torch.optim.Adam(policy.parameters(), lr=config.ppo.lr, eps=1e-5))
         self._baseline: float | None = None
         self.metrics: dict[str, float] = {}
         self._prior_done = False
@@ -183,25 +184,21 @@ class TuningSearch:
     def _update_policy(self) -> None:
         if self._batch is None:
             return
-        actions, logp, cands = self._batch
+        s, cands = self._batch
         rewards = []
         for c in cands:
             pred, oom = self._evaluate(self._sim, c)
             rewards.append(self._reward(c, pred, oom))
-        self._baseline, self.metrics = ppo_update(self.policy, self._opt, actions, logp, rewards, self._baseline,
-                                                  self.config.ppo, self._gen)
+        self._baseline, self.metrics = self._rule.update(self.policy, s, rewards, self._baseline, self._gen)
         self._batch = None
 
     def _prior(self) -> None:
         """PPO on the calibrated simulator alone, before the first live round."""
         for _ in range(self.config.prior_updates):
-            self.policy.eval()
-            with torch.no_grad():
-                s = self.policy.sample(self.config.screen_samples, self._gen)
+            s = self._rule.sample(self.policy, self.config.screen_samples, self._gen)
             cands = self.policy.decode(s.actions)
             rewards = [self._reward(c, *self._evaluate(self._sim, c)) for c in cands]
-            self._baseline, self.metrics = ppo_update(self.policy, self._opt, s.actions, s.log_prob, rewards,
-                                                      self._baseline, self.config.ppo, self._gen)
+            self._baseline, self.metrics = self._rule.update(self.policy, s, rewards, self._baseline, self._gen)
 
     def _new_round(self) -> None:
         self._update_policy()
@@ -213,11 +210,9 @@ class TuningSearch:
             self._prior()
             self._prior_done = True
         for _attempt in range(3):
-            self.policy.eval()
-            with torch.no_grad():
-                s = self.policy.sample(self.config.screen_samples, self._gen)
+            s = self._rule.sample(self.policy, self.config.screen_samples, self._gen)
             cands = self.policy.decode(s.actions)
-            self._batch = (s.actions, s.log_prob.detach(), cands)
+            self._batch = (s, cands)
             scored: dict[bytes, tuple[float, Any]] = {}
             for c in cands:
                 if c is None:

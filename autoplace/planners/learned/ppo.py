@@ -34,7 +34,7 @@ A policy is an ``nn.Module`` with
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
@@ -190,14 +190,17 @@ def ppo_update(policy: Any, optimizer: "Adam | torch.optim.Optimizer", actions: 
 
 @dataclass
 class PPOUpdate:
-    """The PPO rule of :func:`autoplace.planners.learned.loop.run`: each batch sampled without
-    gradients in eval mode, then :func:`ppo_update` with the planners' Adam (torch.optim's,
-    minus its import of dynamo)."""
+    """The PPO rule of :func:`autoplace.planners.learned.loop.run`, also what pretraining and
+    online fine-tuning update with: each batch sampled without gradients in eval mode, then
+    :func:`ppo_update`. ``optimizer``: given, or the planners' Adam (torch.optim's, minus its
+    import of dynamo) made by :meth:`start`; ``params``: the parameters whose gradient norm is
+    clipped (None: the policy's)."""
 
     config: PPOConfig
     name: str = "ppo"
     min_batch: int = 2
-    optimizer: Adam | None = None
+    optimizer: "Adam | torch.optim.Optimizer | None" = None
+    params: Any = None
 
     @property
     def seed(self) -> int:
@@ -211,7 +214,8 @@ class PPOUpdate:
         return self.config.samples_per_update
 
     def start(self, policy: Any) -> None:
-        self.optimizer = Adam(policy.parameters(), lr=self.config.lr, eps=1e-5)
+        if self.optimizer is None:
+            self.optimizer = Adam(policy.parameters(), lr=self.config.lr, eps=1e-5)
 
     def sample(self, policy: Any, n: int, generator: "torch.Generator") -> PolicySample:
         import torch
@@ -221,13 +225,14 @@ class PPOUpdate:
             s: PolicySample = policy.sample(n, generator)
         return s
 
-    def update(self, policy: Any, sample: PolicySample, rewards: np.ndarray, baseline: float | None,
-               generator: "torch.Generator") -> tuple[float, dict[str, float]]:
+    def update(self, policy: Any, sample: PolicySample, rewards: Sequence[float] | np.ndarray,
+               baseline: float | None, generator: "torch.Generator") -> tuple[float, dict[str, float]]:
         if self.optimizer is None:
             self.start(policy)
         assert self.optimizer is not None
+        params = self.params() if callable(self.params) else self.params
         return ppo_update(policy, self.optimizer, sample.actions, sample.log_prob.detach(), rewards, baseline,
-                          self.config, generator)
+                          self.config, generator, params=params)
 
 
 def train(policy: Any, env: "PlacementEnv", config: PPOConfig = PPOConfig(), *, budget_s: float | None = None,

@@ -23,10 +23,11 @@ pairs drawn from the corpus graphs and the training clusters
 (:func:`autoplace.planners.learned.corpus.training_clusters`): each update draws a pair, samples a
 batch of placements, scores them in the simulator (reward ``-log(step / best heuristic)``,
 OOM penalised: :class:`autoplace.planners.learned.env.PlacementEnv`) and runs the clipped update
-of :mod:`autoplace.planners.learned.ppo`. The baseline is kept per pair (rewards of different
-pairs are not comparable), which is why this loop is not :func:`autoplace.planners.learned.ppo.train`
-(one environment); the update itself is the same clipped objective. Pairs where no heuristic
-fits in memory are skipped.
+of :mod:`autoplace.planners.learned.ppo` (its :class:`~autoplace.planners.learned.ppo.PPOUpdate`,
+the rule the learned planners' loop runs, with ``PretrainConfig.ppo``). The baseline is kept
+per pair (rewards of different pairs are not comparable), which is why the outer loop is not
+:func:`autoplace.planners.learned.loop.run` (one environment); the rollout and update are its.
+Pairs where no heuristic fits in memory are skipped.
 
 The run writes to ``--work`` (default ``.cache/pretrain``, gitignored): ``checkpoint.pt``
 (network, optimizer, baselines, random states, history; every ``--checkpoint-every``
@@ -57,7 +58,7 @@ import torch
 
 from .corpus import CorpusGraph, describe_split, training_clusters, training_graphs
 from .mars.planner import MarsNet, MarsPolicy, new_net, save_net
-from .ppo import PPOConfig, ppo_update, progress_bar
+from .ppo import PPOConfig, PPOUpdate, progress_bar
 
 __all__ = ["PretrainConfig", "pretrain", "dgi_model", "main"]
 
@@ -276,13 +277,12 @@ class _Run:
         if self.opt is None:
             self.opt = self._ppo_optimizer()
         n = cfg.samples_per_update
+        rule = PPOUpdate(cfg, optimizer=self.opt, params=self.net.parameters)  # the planners' PPO update
         # ---- rollout -------------------------------------------------------------------
-        policy.eval()
-        s = policy.sample(n, self.gen)
+        s = rule.sample(policy, n, self.gen)
         rewards_np, evals = env.evaluate_many(policy.decode(s.actions))
         # ---- one PPO update, with this pair's own moving-average baseline -------------------
-        self.baselines[key], upd = ppo_update(policy, self.opt, s.actions, s.log_prob.detach(), rewards_np,
-                                              self.baselines.get(key), cfg, self.gen, params=self.net.parameters())
+        self.baselines[key], upd = rule.update(policy, s, rewards_np, self.baselines.get(key), self.gen)
         fits = [e.step_time_s for e in evals if not e.oom]
         _, greedy = env.evaluate_many(policy.decode(policy.sample(1, self.gen, greedy=True).actions))
         return {"phase": "ppo", "step": self.step, "pair": key, "ops": policy.num_ops,
