@@ -6,8 +6,10 @@ A planner is any object with
 - ``modes``: the placement modes it returns, a tuple of ``"model"`` and/or ``"pipeline"``;
 - ``kind``: ``"heuristic"`` or ``"learned"``;
 - ``place(graph, cluster, *, cost=None, budget_s=None, seed=0, module=None) -> Placement``
-  (``module`` is the user's ``nn.Module`` when there is one; only planners that read modules,
-  such as ``accelerate``, look at it). A planner with more than one mode also takes ``mode=``.
+  (``module``, the user's ``nn.Module`` when ``wrap`` has one, is accepted and ignored by every
+  built-in planner: a plan depends on the op graph only, so ``plan()`` and ``wrap()`` agree;
+  the keyword is kept for callers that still pass it). A planner with more than one mode also
+  takes ``mode=``.
 - optionally ``config_type``: the class of its settings; then ``place`` also takes
   ``config=`` (an instance, or None for its own), which ``plan(..., config=...)`` passes on.
 
