@@ -115,7 +115,9 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     (out / f"{case}-rank{rank}.json").write_text(json.dumps(dict(
         rank=rank, case=case, stage=runner.stage_index, losses=losses, ref_losses=ref_losses, param_err=err,
         params=names, units=units, local_fraction=local / full, unit_forwards=calls[0], microbatches=m_count,
-        fsdp_units=[isinstance(runner.stage_module.get_submodule(u), FSDPModule) for u in units], wall_s=wall)))
+        fsdp_units=[isinstance(runner.stage_module.get_submodule(u), FSDPModule) for u in units], wall_s=wall,
+        # what wrap returns: an nn.Module; a pipeline built by the one builder waits with liveness's links
+        is_module=isinstance(runner, torch.nn.Module), waits=getattr(runner, "links", None) is not None)))
     dist.barrier()
 
 

@@ -62,6 +62,7 @@ def test_fsdp_on_two_processes_equals_the_unwrapped_model(tmp_path: Path) -> Non
     _check(got["bf16"], tol=2e-3, shards=2, recompute=False)
     _check(got["gpt2-fsdp-ac"], tol=1e-5, shards=2, recompute=True)  # GPT-2's tied embedding and head stay tied
     assert max(r["param_err"] for r in got["bf16"]) > 1e-6  # it did compute in bf16
+    assert all(r["is_module"] for rs in got.values() for r in rs)
 
 
 @pytest.mark.slow
@@ -75,6 +76,8 @@ def test_hsdp_and_pipeline_x_fsdp_on_four_processes_equal_the_unwrapped_model(tm
     _check(got["pp-fsdp-ac"], tol=1e-5, shards=2, recompute=True)
     _check(got["pp-ddp-ac"], tol=1e-5, shards=1, recompute=True)
     _check(got["pp-fsdp-bf16"], tol=2e-3, shards=2, recompute=False)
+    # sharded pipelines are built by the one pipeline builder: heartbeat, gate and bounds included
+    assert all(r["is_module"] and r["waits"] for case in ("pp-fsdp", "pp-ddp-ac", "pp-fsdp-bf16") for r in got[case])
 
 
 # ---- in one process -----------------------------------------------------------------------------
