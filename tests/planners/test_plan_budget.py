@@ -311,7 +311,7 @@ def test_wrap_plans_its_model_and_weighs_pipelines_within_one_budget(registry: d
         placed = autoplace.wrap(model, ["cpu", "cpu"], example_inputs=(torch.randn(4, 8),), budget_s=2.0,
                                 progress=False)
     assert clock.s - placed.timings["trace_s"] < 2.0 + SLACK_S  # the model plan and the pipeline comparison
-    assert placed.plan.meta["budget_s"] <= 0.75 * 2.0 + 1e-6  # the model plan's part of it
+    assert placed.plan.meta["budget_s"] <= 2.0 + 1e-6  # one plan(mode="auto") call holds the whole budget
     assert "planning took" in placed.report() and "s budget" in placed.report()
 
 
