@@ -73,7 +73,7 @@ from .runner import PipelineRunner
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES", "Timeouts", "StageWrap", "StageContext", "ddp_stage",
-           "stage_example", "move_to", "check_batch", "wait_groups"]
+           "stage_example", "move_to", "check_batch", "wait_groups", "stage_io", "require_distributed"]
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -189,6 +189,30 @@ def _name(rank: int, stage: int, stages: int, replica: int, replicas: int) -> st
     return f"rank {rank} (stage {stage} of {stages}{rep})"
 
 
+def stage_io(gm: torch.fx.GraphModule, split: Split, values: Mapping[str, Any], micro: Sequence[Any], k: int,
+             device: torch.device, dtype: torch.dtype | None = None) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """(inputs, outputs) examples of stage ``k`` for its ``PipelineStage``: stage 0 takes a
+    micro-batch of the model's inputs, the last returns the model's output tensors (what
+    ``loss_fn`` gets, a ModelOutput's included), the others exchange boundary values (in
+    ``dtype`` when given)."""
+    def examples(names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+        return tuple(stage_example(flat_value(values, n), device, dtype) for n in names)
+
+    if k == len(split.stages) - 1:
+        outputs = tuple(stage_example(v, device) for v in output_tensors(gm, values))
+    else:
+        outputs = examples(split.outputs[k])
+    inputs = tuple(stage_example(v, device) for v in micro) if k == 0 else examples(split.inputs[k])
+    return inputs, outputs
+
+
+def require_distributed() -> None:
+    """Raise the error that says how to start torch.distributed when it is not initialised."""
+    if not dist.is_initialized():
+        raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
+                            "(under torchrun) or torch.distributed.init_process_group first")
+
+
 def _stage_ranks(num_stages: int, replicas: int, group: Any) -> Callable[[int, int], int]:
     """Global rank of (stage, replica)."""
     if replicas > 1:
@@ -271,9 +295,7 @@ def build_pipeline_runner(
         stage_wrap: what runs this rank's stage (:class:`StageWrap`); None: the stage itself, in
             DDP over its replicas when ``replicas > 1``.
     """
-    if not dist.is_initialized():
-        raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
-                            "(under torchrun) or torch.distributed.init_process_group first")
+    require_distributed()
     if schedule not in SCHEDULES:
         raise PipelineError(f"schedule is {schedule!r}; it must be one of {SCHEDULES}")
     if microbatches < 1 or replicas < 1:
@@ -345,15 +367,7 @@ def build_pipeline_runner(
     module = hook.wrap(stage_module, StageContext(index=stage, num_stages=n_stages, replica=replica,
                                                   replicas=replicas, device=device, dp_group=dp_group, dp_mesh=dp_mesh))
 
-    def examples(names: list[str]) -> tuple[torch.Tensor, ...]:
-        return tuple(stage_example(flat_value(values, n), device, hook.boundary_dtype) for n in names)
-
-    if stage == n_stages - 1:
-        # The model's own output goes to loss_fn (a tensor, a ModelOutput, ...); these are its tensors.
-        outputs: tuple[torch.Tensor, ...] = tuple(stage_example(v, device) for v in output_tensors(gm, values))
-    else:
-        outputs = examples(split.outputs[stage])
-    inputs = tuple(stage_example(v, device) for v in micro) if stage == 0 else examples(split.inputs[stage])
+    inputs, outputs = stage_io(gm, split, values, micro, stage, device, hook.boundary_dtype)
     pipe_stage = PipelineStage(module, stage, n_stages, device, input_args=inputs, output_args=outputs,
                                group=pp_group)
     sched_cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B

@@ -37,14 +37,15 @@ import torch.distributed as dist
 import torch.fx
 
 from ..sim.schedules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
-from .pipeline import model_output_loss, output_tensors, propagate_fake, split_with_boundaries
+from .model_output import model_output_loss
+from .pipeline import propagate_fake, split_with_boundaries
 from . import liveness
 from .errors import PipelineError
 from .launch import default_device, resolve_timeouts
 from .links import Links
 from .liveness import Timeouts
 from .runner import PipelineRunner
-from .runtime import check_batch, flat_value, move_to, stage_example, wait_groups
+from .runtime import check_batch, move_to, require_distributed, stage_io, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["MultiStageRunner", "build_schedule_runner"]
@@ -194,9 +195,7 @@ def build_schedule_runner(
     :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (heartbeat, gate and bounds of
     :mod:`autoplace.rewrite.liveness`).
     """
-    if not dist.is_initialized():
-        raise PipelineError("torch.distributed is not initialised: call autoplace.rewrite.init_distributed() "
-                            "(under torchrun) or torch.distributed.init_process_group first")
+    require_distributed()
     if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
         raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b with tp > 1; "
                             "with tp=1: autoplace.rewrite.build_pipeline_runner)")
@@ -252,10 +251,7 @@ def build_schedule_runner(
             if layout:
                 apply_tensor_parallel(mod, layout, mesh["tp"])
         move_to(mod, device)
-        inputs = (tuple(stage_example(v, device) for v in micro) if k == 0
-                  else tuple(stage_example(flat_value(values, n), device) for n in split.inputs[k]))
-        outputs = (tuple(stage_example(v, device) for v in output_tensors(gm, values)) if k == k_count - 1
-                   else tuple(stage_example(flat_value(values, n), device) for n in split.outputs[k]))
+        inputs, outputs = stage_io(gm, split, values, micro, k, device)
         split_bw = SPECS[schedule].split_backward
         wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
         stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
