@@ -181,11 +181,14 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
                               optimizer=optimizer, config=online, cost=cost, device=device)
         return pipe
+    timeouts = timeout_s if isinstance(timeout_s, Timeouts) else fixed
     if plan.shard or plan.recompute or plan.precision:  # FSDP, HSDP, checkpointing, bf16: autoplace.rewrite.fsdp
         from .rewrite.fsdp import build_sharded_runner
 
         return _labelled(build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn,
-                                              device=device), plan, graph)
+                                              device=device, timeouts=timeouts, batch_norm=batch_norm,
+                                              predicted_step_s=_predicted_step_s(plan, graph, cluster, cost)),
+                         plan, graph)
     # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
     # returns the model's own output type (a ModelOutput with every field).
     gm = pipeline_module(traced, inputs)
@@ -198,11 +201,11 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         pairs = [(p.column_path, p.row_path) for p in linear_pairs(graph)] if plan.tp > 1 else []
         multi = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                       loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
-                                      device=device, tp=plan.tp, tp_pairs=pairs)
+                                      device=device, tp=plan.tp, tp_pairs=pairs, timeouts=timeouts,
+                                      predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
         return _labelled(multi, plan, graph)
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages, batch_norm=batch_norm,
-                                   timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
-                                   predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
+                                   timeouts=timeouts, predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
     return _labelled(runner, plan, graph)

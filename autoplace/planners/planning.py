@@ -24,6 +24,8 @@ from . import budget as _budget
 from .registry import KINDS, MODES, Planner, as_cluster, call_planner, check_configs, config_for, get_planner, planners
 
 if TYPE_CHECKING:
+    import torch
+
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
@@ -68,7 +70,7 @@ def plan_budget(budget_s: float | None) -> Iterator[float]:
 
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
-         module: Any = None, kinds: tuple[str, ...] = KINDS,
+         module: "torch.nn.Module | None" = None, kinds: tuple[str, ...] = KINDS,
          accept: Callable[[Placement], str] | None = None,
          config: object | Mapping[str, object] | None = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
@@ -100,7 +102,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
     planning time, or the reason it gave no plan) and ``budget_s`` / ``planning_s`` (the bound
-    and the time the call took). ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
+    and the time the call took). ``module`` (the user's nn.Module) is accepted and ignored: plans
+    depend on the graph only, so plan() and wrap() agree. ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
     for the quick classic ones). A learned planner that fails with an error other than
     :class:`NoFitError` is recorded and skipped with a warning (a heuristic's error
     propagates: it is a bug). ``accept(placement)`` returns why a placement that fits cannot
