@@ -33,6 +33,7 @@ live steps, rather than from the simulator.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,14 +59,17 @@ def planner_network(plan: "Placement") -> tuple["MarsNet | None", str]:
     ``(None, why)`` when there is none (a heuristic's plan, or Mars with no weights)."""
     if plan.planner != "mars":
         return None, f"the plan came from {plan.planner!r}, which has no network to start from"
-    from ..planners.learned.mars.planner import load_pretrained
+    from ..planners.learned.mars.planner import load_net, load_pretrained
 
     weights = plan.meta.get("weights", "shipped")
     if not isinstance(weights, str) or weights.startswith("none"):
         return None, "Mars placed with an untrained network (no weights to start from)"
+    tuned = plan.meta.get("tuned_weights")
+    if isinstance(tuned, str) and Path(tuned).exists():  # fine-tuned: the network as training left it
+        return load_net(tuned), f"Mars's fine-tuned network ({tuned}, from {weights} weights)"
     net = load_pretrained(None if weights == "shipped" else weights)
-    tuned = " (the planner's fine-tuned copy is not kept: its starting weights)" if "updates" in plan.meta else ""
-    return net, f"Mars's own network ({weights} weights){tuned}"
+    gone = " (its fine-tuned copy is no longer on disk: its starting weights)" if "updates" in plan.meta else ""
+    return net, f"Mars's own network ({weights} weights){gone}"
 
 
 def centred_logits(device_of_node: np.ndarray, num_devices: int, moves: float) -> np.ndarray:

@@ -59,7 +59,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -83,7 +85,7 @@ if TYPE_CHECKING:
     from autoplace.placement import Placement
     from ..ppo import PolicySample
 
-__all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH",
+__all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH", "keep_tuned", "tuned_dir",
            "PRIOR"]
 
 _OVER = STATE_FEATURES.index("over_memory")
@@ -423,7 +425,7 @@ class MarsPlanner:
             result = train(policy, env, ppo_config, budget_s=None if left is None else left * (1 - share),
                            max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
-                        history=[tuple(p) for p in result.history])
+                        history=[tuple(p) for p in result.history], tuned_weights=str(keep_tuned(net)))
             train_s = result.wall_s
             policy_best = min(greedy_fit, result.best_sampled_step_time_s)
             if share > 0 and isinstance(env.best_candidate, np.ndarray):
@@ -443,6 +445,29 @@ class MarsPlanner:
             self.name, env, updates=meta.get("updates", 0), policy_step_time_s=meta["policy_step_time_s"],
             seed_s=meta["seed_s"], train_s=train_s, history=meta.get("history", []), details=details).to_dict()
         return env.placement(planner=self.name, meta=meta)
+
+
+def tuned_dir() -> Path:
+    """``$AUTOPLACE_CACHE/mars`` (default ``~/.cache/autoplace/mars``): fine-tuned networks, kept so
+    that online fine-tuning starts from the network a plan was made with."""
+    return Path(os.environ.get("AUTOPLACE_CACHE", Path.home() / ".cache" / "autoplace")) / "mars"
+
+
+def keep_tuned(net: MarsNet) -> Path:
+    """Save a fine-tuned ``net`` under :func:`tuned_dir`, named by a hash of its parameters (the
+    same network is one file), and return the path (``placement.meta["tuned_weights"]``)."""
+    digest = hashlib.sha1()
+    for k, v in sorted(net.state_dict().items()):
+        digest.update(k.encode())
+        digest.update(v.detach().cpu().contiguous().numpy().tobytes())
+    folder = tuned_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tuned-{digest.hexdigest()[:16]}.pt"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        save_net(net, tmp)
+        tmp.replace(path)
+    return path
 
 
 def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any:
