@@ -33,24 +33,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.parallel import NO_BF16_KINDS, StageOptions, hsdp_shape
+from autoplace.parallel import StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
 from ..registry import FunctionPlanner, register
 from ..memory import MemoryEstimate, gib, no_fit
+from .stage_options import precision_for
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
 
 __all__ = ["place_fsdp", "place_fsdp_ac", "place_torchtitan", "block_stages"]
-
-
-def _precision(cluster: Cluster, cost: "CostModel") -> str:
-    """"bf16" when the cost model trains in 16 bits (``dtype_bytes=2``) and every device has
-    bf16 tensor cores, else "fp32"."""
-    ok = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in cluster.devices)
-    return "bf16" if ok and cost.dtype_bytes <= 2 else "fp32"
 
 
 def _accumulation(batch: int, replicas: int, *, at_least: int = 1) -> list[int]:
@@ -159,7 +153,7 @@ def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner:
     search = _Search(graph, cluster, cost, planner)
     st, devs = _whole(graph, cluster)
     n = cluster.num_devices
-    precision = _precision(cluster, search.cost)
+    precision = precision_for(cluster, search.cost)
     names = block_units(graph).names
     if not _accumulation(graph.batch_size, n):
         raise no_fit(graph, cluster, MemoryEstimate.of(graph, search.cost), planner=planner, mode="pipeline",
@@ -201,7 +195,7 @@ def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | N
                      module: Any = None) -> Placement:
     search = _Search(graph, cluster, cost, "torchtitan")
     d = cluster.num_devices
-    precision = _precision(cluster, search.cost)
+    precision = precision_for(cluster, search.cost)
     for pp in _pp_degrees(cluster):
         st = np.zeros(graph.num_nodes, dtype=np.int64) if pp == 1 else block_stages(graph, pp)
         if st is None:

@@ -58,8 +58,13 @@ How this code applies it, and where it departs:
   two, multiples of S) and start a hill climb in the simulator (merge two neighbouring stages,
   move one boundary by a block, move one device between neighbouring stages, split a replicated
   stage, give the last stage the next unused device; each neighbour tried at the current M,
-  half and twice it, and 1, S, 2S, 4S, 8S, and re-searched when it wins). The best plan that
-  fits among everything simulated wins.
+  half and twice it, and 1, S, 2S, 4S, 8S, and re-searched when it wins).
+- **Stage options** (beyond PipeDream, issue 12): the four fastest plans with equal replicas
+  per stage (fitting or not) and, for every depth ``pp`` dividing the devices, the chain cut
+  into ``pp`` stages of equal work on ``D / pp`` devices each go through
+  :mod:`.stage_options` (shard kind, recompute per block, reshard_after_forward, precision),
+  so plans that fit only sharded or recomputed are found, and sharded ones that beat DDP.
+  The best plan that fits among everything simulated wins.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ from ..registry import FunctionPlanner, register
 from .by_hand import device_orders
 from ..memory import MemoryEstimate, no_fit
 from ..judge import Choice, Judge
+from .stage_options import improve, placement_of, starts
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -430,9 +436,6 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
             evaluate(fresh[k], options(fresh[k]), ("gpipe",))
         if judge.best() is not None:
             break
-    if judge.best() is None:
-        raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
-                     why="no stage split with replication keeps every replica within its device's memory")
 
     def research(plan: StagePlan) -> Choice | None:
         """The plan's fastest fitting (micro-batches, schedule) over the whole grid."""
@@ -471,12 +474,19 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         start = research(plan)
         if start is not None:
             evals += climb(start)
+    # shard kind, recompute and precision per stage (stage_options.py) on the fastest plans,
+    # fitting or not, and on balanced pipelines of equal replicas: sharded plans where DDP does not fit or is slower
+    option_evals = improve(judge, starts(judge, chain.bounds, block_work, device_orders(judge)[0]),
+                           planner="pipedream-dp")
     chosen = judge.best()
-    assert chosen is not None
+    if chosen is None:
+        raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
+                     why="no stage split with replication, sharding or recompute keeps every replica within its "
+                         "device's memory")
     meta_extra = {"blocks": chain.num_blocks, "compression_width": chain.width, "dp_plans": len(plans),
-                  "climb_evals": evals, "dp_time_s": time.perf_counter() - t_start}
+                  "climb_evals": evals, "option_evals": option_evals, "dp_time_s": time.perf_counter() - t_start}
     chosen.extra = {k: v for k, v in chosen.extra.items() if k != "plan"} | meta_extra
-    return judge.placement(chosen, "pipedream-dp")
+    return placement_of(judge, chosen, "pipedream-dp")
 
 
 register(FunctionPlanner("pipedream-dp", ("pipeline",), place_pipedream_dp,
