@@ -1,39 +1,52 @@
 """Choose a pipeline's schedule and virtual stages: given a pipeline plan (its ranks, devices and
 micro-batches), try every schedule the runtime can run on it and keep the fastest in the
-simulator that fits in memory.
+simulator that fits in memory (and that ``accept`` takes).
 
 Candidates, for a plan whose stages each run on one device (``P`` ranks):
 
 - the plan as given, and the other of gpipe/1f1b;
-- ``zb-h1`` with the plan's own stages (``v = 1``);
+- ``1f1b`` and ``zb-h1`` with the plan's own stages (``v = 1``);
 - ``interleaved-1f1b``, ``looped-bfs`` and ``zb-h1`` with ``v`` in ``virtual_stages`` (default
-  2, 3, 4) and ``zbv`` and ``dualpipev`` with ``v = 2``, on ``P x v`` stages cut from the ops in topological order
-  so that every stage has about the same forward + backward time (each op priced at the mean of
-  its time on the ranks' devices: the cut is a balanced contiguous split, Megatron-LM's uniform
-  layer chunks for a uniform model). Contiguous in topological order, so stages never decrease
-  along an edge and branchy graphs split as the rewrite splits them.
+  2, 3, 4) and ``zbv`` and ``dualpipev`` with ``v = 2``, on ``P x v`` stages cut from the ops in
+  topological order so that every stage has about the same forward + backward time (each op
+  priced at the mean of its time on the ranks' devices: the cut is a balanced contiguous split,
+  Megatron-LM's uniform layer chunks for a uniform model). Contiguous in topological order, so
+  stages never decrease along an edge and branchy graphs split as the rewrite splits them
+  (values that skip a stage are relayed: ``tests/rewrite/test_schedule_offers_branchy.py`` runs
+  every shape offered on an Inception-like graph under torchrun);
+- each of those with the plan's micro-batches and with ``P``, ``2P`` and ``4P`` micro-batches
+  where they divide the batch (a deep pipeline's bubble shrinks with M / P).
+
+A plan whose stages are replicated (pipeline x data parallel, or plain data parallelism) keeps
+its own shape, and the shapes above are tried on an *unreplicated* pipeline over all of its
+devices (in its stage order, one device per rank: the multi-stage runner runs no replicas), the
+ops re-cut. Uniformly replicated multi-stage pipelines (pp x dp) are not built.
 
 Not offered (the runtime could not run them, or would change the model's arithmetic): any
-multi-stage schedule when a stage is replicated (the multi-stage runner runs one device per
-rank), when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe runner keeps
-whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and
-``v`` that leaves a stage without ops. Each skipped family is named in the result's notes.
+multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
+runner keeps whole-batch ones) or the plan sets per-stage shard/recompute/precision options,
+shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
+a stage without ops. Each skipped family is named in the result's notes.
 
-Tensor parallelism: with ``tp_degrees``, the plan's devices are also regrouped into TP groups of
+Tensor parallelism: with ``tp_degrees``, the devices are also regrouped into TP groups of
 ``t`` consecutive devices inside one host (``P / t`` ranks), the ops re-cut into ``P / t x v``
 balanced stages, and 1f1b, zb-h1, the interleaved schedules and ZBV tried on them (the graph
-needs column/row pairs; each pair cut by a stage boundary stays unsplit).
+needs column/row pairs; each pair cut by a stage boundary stays unsplit). A group that would
+span two hosts is not formed (said in the notes).
+
+The step times are the simulator's (:mod:`autoplace.sim.schedules`), not measurements.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from autoplace.placement import Placement, PlacementError
-from autoplace.sim.schedules import schedule_problems
+from autoplace.planners import budget as _budget
+from autoplace.pipeline_rules import schedule_problems
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -54,6 +67,8 @@ class ScheduleChoice:
     placement: Placement
     candidates: tuple[tuple[str, int, float | None], ...]
     notes: tuple[str, ...] = field(default=())
+    offered: tuple[Placement, ...] = field(default=(), repr=False)
+    """every variant simulated (the candidates that are valid plans), in the order tried."""
 
 
 def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
@@ -77,122 +92,158 @@ def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
     return chunk
 
 
+def _microbatch_options(plan: Placement, graph: "OpGraph", ranks: int) -> list[int]:
+    """The plan's micro-batches and, for a pipeline of ``ranks`` ranks, ``ranks``, ``2 x ranks``
+    and ``4 x ranks`` where they divide the batch (deep pipelines need M >= ranks for a small bubble)."""
+    b = graph.batch_size
+    out = [plan.microbatches]
+    for k in (1, 2, 4):
+        m = ranks * k
+        if m <= b and b % m == 0 and m not in out:
+            out.append(m)
+    return out
+
+
 def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None,
                   sim: "Simulator | None" = None, virtual_stages: Sequence[int] = (2, 3, 4),
-                  tp_degrees: Sequence[int] = (2, 4, 8)) -> ScheduleChoice:
+                  tp_degrees: Sequence[int] = (2, 4, 8),
+                  accept: Callable[[Placement], str] | None = None) -> ScheduleChoice:
     """The fastest runnable schedule for ``plan``'s ranks (see the module docstring); the plan
     itself when nothing beats it. ``sim``: a Simulator of ``graph`` and ``cluster`` to reuse.
     ``tp_degrees``: also regroup the plan's devices into tensor-parallel groups of t consecutive
     devices of one host (``P / t`` ranks, stages re-cut) for each t that divides P, when the graph
-    has column/row pairs (:func:`autoplace.sim.tensor_parallel.linear_pairs`)."""
+    has column/row pairs (:func:`autoplace.sim.tensor_parallel.linear_pairs`). ``accept(p)``: why
+    a variant cannot be used (``""``: it can), as :func:`autoplace.plan`'s; refused variants are
+    tried but never chosen. Inside :func:`autoplace.plan`'s time budget, variants stop being tried
+    once it is spent (said in the notes)."""
     from autoplace.sim.simulator import Simulator
 
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
         raise PlacementError([f"best_schedule takes a pipeline plan; this one is mode {plan.mode!r}"])
     sim = sim if sim is not None else Simulator(graph, cluster, cost)
-    ranks = plan.num_stages
-    m = plan.microbatches
     notes: list[str] = []
     tried: list[tuple[str, int, float | None]] = []
     best: tuple[float, Placement] | None = None
+    refused: list[str] = []
+    offered: list[Placement] = []
 
-    def consider(p: Placement) -> None:
+    def consider(p: Placement, label: str = "") -> None:
         nonlocal best
+        name = label or p.schedule
+        if _budget.expired():
+            if not any(n.startswith("stopped") for n in notes):
+                notes.append(f"stopped after {len(tried)} variants: the planning time budget was spent")
+            return
         try:
             ev = sim.run(p, timeline=False)
         except PlacementError:
-            tried.append((p.schedule, p.virtual_stages, None))
+            tried.append((name, p.virtual_stages, None))
             return
-        tried.append((p.schedule, p.virtual_stages, None if ev.oom else ev.step_time_s))
-        if not ev.oom and (best is None or ev.step_time_s < best[0] * (1 - 1e-9)):
-            best = (ev.step_time_s, p)
+        offered.append(p)
+        step = None if ev.oom else float(ev.step_time_s)
+        tried.append((name, p.virtual_stages, step))
+        if step is None or not (best is None or step < best[0] * (1 - 1e-9)):
+            return
+        why = accept(p) if accept is not None else ""
+        if why:
+            refused.append(f"{name} v={p.virtual_stages} M={p.microbatches}: {why}")
+            return
+        best = (step, p)
 
-    def variant(stage_of_node: np.ndarray, schedule: str, v: int) -> Placement | None:
+    def make(stage_of_node: np.ndarray, groups: Sequence[Sequence[int]], schedule: str, v: int, m: int,
+             tp: int = 1, keep_options: bool = False) -> Placement | None:
         try:
-            return Placement.pipeline(graph, cluster, stage_of_node, plan.stage_devices or (), microbatches=m,
-                                      schedule=schedule, planner=plan.planner, meta=dict(plan.meta),
-                                      virtual_stages=v, shard=plan.shard or None, recompute=plan.recompute or None,
-                                      precision=plan.precision or None,
-                                      reshard_after_forward=plan.reshard_after_forward or None)
+            return Placement.pipeline(graph, cluster, stage_of_node, groups, microbatches=m, schedule=schedule,
+                                      planner=plan.planner, meta=dict(plan.meta), virtual_stages=v, tp=tp,
+                                      **(_options(plan) if keep_options else {}))
         except PlacementError:
             return None
 
+    def sweep(devs: list[int], cut_v1: np.ndarray | None, ms: Sequence[int], tp: int, label: str) -> None:
+        """Every multi-stage shape on ranks of ``tp`` consecutive devices of ``devs``."""
+        groups = [devs[i * tp:(i + 1) * tp] for i in range(len(devs) // tp)]
+        n_ranks = len(groups)
+        tf, tb = sim.op_times(ms[0])
+        firsts = [g[0] for g in groups]
+        work = (tf[:, firsts] + tb[:, firsts]).mean(axis=1)
+        shapes: list[tuple[str, int]] = [("1f1b", 1), ("zb-h1", 1)]
+        if n_ranks > 1:
+            shapes += [(s, v) for v in virtual_stages if v > 1 for s in MULTI] + [("zbv", 2)]
+            if tp == 1:
+                shapes.append(("dualpipev", 2))
+        for m in ms:
+            for schedule, v in shapes:
+                bad = schedule_problems(schedule, v, n_ranks, m)
+                if bad or n_ranks * v > graph.num_nodes:
+                    if m == ms[0] and tp == 1:
+                        why = bad[0] if bad else f"{n_ranks * v} stages for {graph.num_nodes} ops"
+                        notes.append(f"{schedule} with v={v}{label} not offered: {why}")
+                    continue
+                if (schedule, v, m, tp) == ("1f1b", 1, plan.microbatches, 1) and cut_v1 is not None:
+                    continue  # the plan itself, or its other schedule: tried above
+                st = cut_v1 if v == 1 and cut_v1 is not None else balanced_cut(work, n_ranks * v)
+                p = make(np.asarray(st), groups, schedule, v, m, tp)
+                name = schedule + (f" tp={tp}" if tp > 1 else "") + label
+                if p is None:
+                    tried.append((name, v, None))
+                    continue
+                consider(p, name)
+
     consider(plan)
     if plan.virtual_stages == 1 and plan.schedule in ("1f1b", "gpipe"):
-        other = variant(plan.stage_of_node, "gpipe" if plan.schedule == "1f1b" else "1f1b", 1)
+        other = make(plan.stage_of_node, plan.stage_devices, "gpipe" if plan.schedule == "1f1b" else "1f1b", 1,
+                     plan.microbatches, plan.tp, keep_options=True)
         if other is not None:
             consider(other)
+    replicated = plan.tp == 1 and any(len(g) > 1 for g in plan.stage_devices)
+    devs = [d for g in plan.stage_devices for d in g] if replicated else [g[0] for g in plan.stage_devices]
     reasons = []
-    if any(len(g) > 1 for g in plan.stage_devices):
-        reasons.append("a stage is replicated (the multi-stage runner runs one device per rank)")
     if any("BatchNorm" in k for k in graph.kinds):
         reasons.append("the graph has BatchNorm (the multi-stage runner would take its statistics per micro-batch)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
         reasons.append("the plan sets per-stage shard/recompute/precision options")
-    if plan.virtual_stages != 1 or ranks < 2:
-        reasons.append("the plan already has virtual stages or a single stage")
+    if plan.virtual_stages != 1 or plan.tp != 1:
+        reasons.append("the plan already has virtual stages or tensor parallelism")
+    if len(devs) < 2:
+        reasons.append("the plan uses one device")
     if reasons:
-        notes.append("interleaved-1f1b, looped-bfs, zb-h1, zbv and dualpipev not offered: " + "; ".join(reasons))
+        notes.append("interleaved-1f1b, looped-bfs, zb-h1, zbv, dualpipev and tensor parallelism not offered: "
+                     + "; ".join(reasons))
     else:
-        tf, tb = sim.op_times(m)
-        devs = [g[0] for g in plan.stage_devices]
-        work = (tf[:, devs] + tb[:, devs]).mean(axis=1)
-        shapes: list[tuple[str, int]] = [("zb-h1", 1)]
-        shapes += [(s, v) for v in virtual_stages if v > 1 for s in MULTI]
-        shapes += [("zbv", 2), ("dualpipev", 2)]
-        for schedule, v in shapes:
-            if schedule_problems(schedule, v, ranks, m):
-                notes.append(f"{schedule} with v={v} not offered: {schedule_problems(schedule, v, ranks, m)[0]}")
-                continue
-            if ranks * v > graph.num_nodes:
-                notes.append(f"{schedule} with v={v} not offered: {ranks * v} stages for {graph.num_nodes} ops")
-                continue
-            st = plan.stage_of_node if v == 1 else balanced_cut(work, ranks * v)
-            p = variant(np.asarray(st), schedule, v)
-            if p is None:
-                tried.append((schedule, v, None))
-                continue
-            consider(p)
-    if not reasons and tp_degrees:
+        label = ""
+        if replicated:
+            label = " unreplicated"
+            notes.append(f"stages replicated {[len(g) for g in plan.stage_devices]} times: the multi-stage "
+                         f"schedules are tried on an unreplicated pipeline of its {len(devs)} devices (one "
+                         "device per rank: the multi-stage runner runs no replicas), ops re-cut")
+        ms = _microbatch_options(plan, graph, len(devs))
+        sweep(devs, None if replicated else plan.stage_of_node, ms, 1, label)
         from autoplace.sim.tensor_parallel import linear_pairs
 
-        pairs = linear_pairs(graph)
-        devs = [g[0] for g in plan.stage_devices]
         hosts = cluster.hosts
-        if not pairs:
+        if tp_degrees and not linear_pairs(graph):
             notes.append("tensor parallelism not offered: the graph has no column/row linear pairs")
-        for t in tp_degrees:
-            if t < 2 or ranks % t or ranks // t < 1:
-                continue
-            groups = [devs[i * t:(i + 1) * t] for i in range(ranks // t)]
-            if not pairs or any(len({hosts[d] for d in g}) > 1 for g in groups):
-                continue
-            n_ranks = len(groups)
-            shapes_tp: list[tuple[str, int]] = [("1f1b", 1), ("zb-h1", 1)]
-            if n_ranks > 1:
-                shapes_tp += [(s, v) for v in virtual_stages if v > 1 for s in MULTI] + [("zbv", 2)]
-            tf, tb = sim.op_times(m)
-            work = (tf[:, [g[0] for g in groups]] + tb[:, [g[0] for g in groups]]).mean(axis=1)
-            for schedule, v in shapes_tp:
-                if schedule_problems(schedule, v, n_ranks, m) or n_ranks * v > graph.num_nodes:
+        else:
+            for t in tp_degrees:
+                if t < 2 or len(devs) % t:
                     continue
-                try:
-                    p = Placement.pipeline(graph, cluster, balanced_cut(work, n_ranks * v), groups, microbatches=m,
-                                           schedule=schedule, planner=plan.planner, meta=dict(plan.meta),
-                                           virtual_stages=v, tp=t)
-                except PlacementError:
-                    tried.append((f"{schedule} tp={t}", v, None))
+                groups = [devs[i * t:(i + 1) * t] for i in range(len(devs) // t)]
+                if any(len({hosts[d] for d in g}) > 1 for g in groups):
+                    notes.append(f"tp={t} not offered: a group of {t} consecutive devices spans two hosts")
                     continue
-                consider(p)
-                tried[-1] = (f"{schedule} tp={t}", v, tried[-1][2])
+                sweep(devs, None, _microbatch_options(plan, graph, len(groups)), t, label)
+    if refused:
+        notes.append("faster but refused (accept): " + "; ".join(refused[:3]))
     chosen = best[1] if best is not None else plan
     meta = dict(chosen.meta)
     meta["schedule_candidates"] = [list(c) for c in tried]
     out = Placement.pipeline(graph, cluster, chosen.stage_of_node if chosen.stage_of_node is not None else [],
                              chosen.stage_devices or (), microbatches=chosen.microbatches, schedule=chosen.schedule,
                              planner=chosen.planner, meta=meta, virtual_stages=chosen.virtual_stages,
-                             shard=chosen.shard or None, recompute=chosen.recompute or None,
-                             precision=chosen.precision or None,
-                             reshard_after_forward=chosen.reshard_after_forward or None, tp=chosen.tp,
-                             validate=False)
-    return ScheduleChoice(out, tuple(tried), tuple(notes))
+                             tp=chosen.tp, validate=False, **_options(chosen))
+    return ScheduleChoice(out, tuple(tried), tuple(notes), tuple(offered))
+
+
+def _options(p: Placement) -> dict[str, Any]:
+    return dict(shard=p.shard or None, recompute=p.recompute or None, precision=p.precision or None,
+                reshard_after_forward=p.reshard_after_forward or None)
