@@ -1,19 +1,37 @@
 """Which linear layers tensor parallelism splits, and the rules a TP group obeys.
 
-:func:`linear_pairs` finds Megatron-LM's column/row-parallel pairs (Shoeybi et al.,
-"Megatron-LM", 2019, section 3, eq. 3: ``Y = GeLU(X A)``, ``Z = Y B``, A split by columns, B by
-rows) in an :class:`~autoplace.graph.ir.OpGraph`: a ``Linear`` op whose only readers are a chain
-of elementwise ops (GeLU, ReLU, SiLU, tanh, sigmoid, dropout) ending in another ``Linear`` of the
-same parent module (``blocks.0.fc -> gelu -> blocks.0.fc2``). Attention's (qkv -> attention ->
-proj) is *not* taken: splitting it by heads needs the model's reshapes to follow the local head
-count, which a traced graph with sizes written in does not (the runtime,
-:mod:`autoplace.rewrite.tensor_parallel`, shards only what this finds, so what is simulated is
-what runs). Their cost is :mod:`autoplace.sim.tensor_parallel`.
+:func:`tp_blocks` finds Megatron-LM's column/row-parallel blocks (Shoeybi et al., "Megatron-LM",
+2019, section 3: the MLP ``Z = GeLU(X A) B`` with A split by columns and B by rows, eq. 3; and
+self-attention, whose query, key and value projections are split by columns, so that each device
+holds whole heads, and whose output projection is split by rows, fig. 3b) in an
+:class:`~autoplace.graph.ir.OpGraph`, from the module tree and the ops between the linears: a
+*row* ``Linear`` R (``blocks.0.attn.proj``) whose inputs, walked back through non-Linear ops of
+R's parent module, end in ``Linear`` ops of that same parent (the *columns*: ``fc``; ``w1`` and
+``w3`` of SwiGLU; ``q``, ``k``, ``v``, with fewer key/value heads under GQA), such that nothing
+computed from the columns leaves the block before R. The ops between must work per head or per
+feature (:data:`BETWEEN`: elementwise, RoPE, softmax, matmul, SDPA, GQA's repeat); a block is
+refused, with the reason (:func:`tp_refusals`), when
+
+- a column's output is split or sliced (one fused q/k/v projection, GPT-2's ``c_attn``): its
+  weight holds q, k and v one after another, so a contiguous column shard would give device 0
+  all of q and half of k (the runtime shards contiguously);
+- an op between holds parameters of the block's module (Transformer-XL's per-head biases ``u``,
+  ``v``): they would need sharding by heads too (the model's own tables, RoPE's cos and sin, are
+  the same for every head and stay whole); or an op between normalises or reduces over the features (a LayerNorm);
+- a value computed from the columns is read outside the block.
+
+:func:`linear_pairs` gives one :class:`LinearPair` (column, row) per column of every block that is
+not refused; the pairs of one block share its row and list the block's other columns and ops in
+``between``, so a stage boundary that cuts any op of the block leaves all of it whole. The
+runtime (:mod:`autoplace.rewrite.tensor_parallel`) shards exactly these and runs the attention
+with the local head count; their cost is :mod:`autoplace.sim.tensor_parallel`.
 
 :func:`tp_problems`: a TP group must sit inside one host (the all-reduces are on the critical
 path twice per block; over a network they cost more than they save), and its degree must divide
-each pair's hidden width. This module sits below :mod:`autoplace.placement` and
-:mod:`autoplace.sim` and imports neither.
+each pair's hidden width. The head count is not in the op graph (view sizes are folded into their
+producers), so ``tp`` dividing the heads is checked when the runtime rewrites the views
+(:class:`~autoplace.rewrite.tensor_parallel.TensorParallelError`). This module sits below
+:mod:`autoplace.placement` and :mod:`autoplace.sim` and imports neither.
 """
 
 from __future__ import annotations
@@ -27,15 +45,25 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["LinearPair", "linear_pairs", "tp_problems", "ELEMENTWISE"]
+__all__ = ["LinearPair", "TPBlock", "tp_blocks", "linear_pairs", "tp_refusals", "tp_problems", "ELEMENTWISE",
+           "BETWEEN"]
 
 ELEMENTWISE = frozenset({"gelu", "relu", "silu", "tanh", "sigmoid", "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid",
                          "Dropout", "dropout", "NewGELUActivation", "GELUActivation"})
+BETWEEN = ELEMENTWISE | frozenset({
+    "mul", "add", "sub", "div", "neg", "float", "type_as", "to", "stack", "cat", "softmax", "matmul", "bmm",
+    "baddbmm", "scaled_dot_product_attention", "repeat_interleave", "masked_fill", "exp", "cos", "sin", "Softmax"})
+"""Kinds of op allowed between a block's columns and its row: they work on each head (or
+feature) alone, so they run unchanged on a device's share of the heads."""
+ATTENTION_KINDS = frozenset({"scaled_dot_product_attention", "softmax", "Softmax", "matmul", "bmm", "baddbmm"})
+_SPLITS = frozenset({"split", "split_with_sizes", "chunk", "tensor_split", "narrow", "getitem", "slice", "select",
+                     "unbind"})
 
 
 @dataclass(frozen=True)
 class LinearPair:
-    """One column-parallel / row-parallel pair: op indices and module paths."""
+    """One column-parallel / row-parallel pair: op indices and module paths. ``between``: the
+    block's other ops (the ops between, and for attention the other columns)."""
 
     column: int
     row: int
@@ -50,38 +78,125 @@ class LinearPair:
         return (self.column, *self.between, self.row)
 
 
+@dataclass(frozen=True)
+class TPBlock:
+    """A row linear with its columns and the ops between; ``reason`` empty when it can be split."""
+
+    row: int
+    columns: tuple[int, ...]
+    between: tuple[int, ...]
+    kind: str
+    """``"attention"`` (SDPA, softmax or matmul between) or ``"mlp"``."""
+    reason: str = ""
+
+
 def _parent(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else ""
 
 
-def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
-    """Every Linear -> elementwise* -> Linear chain inside one parent module (see the module docstring)."""
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent + ".")
+
+
+def _adjacency(graph: "OpGraph") -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     succ: dict[int, list[int]] = {}
+    pred: dict[int, list[int]] = {}
     for s, d in graph.edges.tolist():
         succ.setdefault(int(s), []).append(int(d))
-    out = []
-    for a in range(graph.num_nodes):
-        if graph.kinds[a] != "Linear":
+        pred.setdefault(int(d), []).append(int(s))
+    return succ, pred
+
+
+def _block(graph: "OpGraph", r: int, succ: dict[int, list[int]], pred: dict[int, list[int]]) -> TPBlock | None:
+    paths, kinds = graph.module_paths, graph.kinds
+    parent = _parent(paths[r])
+    if not parent or not pred.get(r):
+        return None
+    columns: set[int] = set()
+    between: set[int] = set()
+    todo = list(pred[r])
+    while todo:
+        n = todo.pop()
+        if n in columns or n in between:
             continue
-        between: list[int] = []
-        cur = a
-        while True:
-            nxt = succ.get(cur, [])
-            if len(nxt) != 1:
-                break
-            n = nxt[0]
-            if graph.kinds[n] == "Linear":
-                pa, pb = graph.module_paths[a], graph.module_paths[n]
-                if _parent(pa) == _parent(pb) and pa != pb:
-                    # hidden width: the column layer's output elements per sample / sequence position
-                    # are not in the graph; its parameters are (in + 1) x hidden floats, B's (hidden + 1) x out
-                    out.append(LinearPair(a, n, tuple(between), pa, pb, _hidden(graph, a, n)))
-                break
-            if graph.kinds[n] not in ELEMENTWISE:
-                break
-            between.append(n)
-            cur = n
+        if kinds[n] == "Linear":
+            if _parent(paths[n]) != parent or paths[n] == paths[r]:
+                return None
+            columns.add(n)
+            continue
+        if not _inside(paths[n], parent):
+            if n in pred[r]:
+                return None  # R reads from outside its module without a column in between
+            continue  # a side input (a mask, a table): the same on every device
+        between.add(n)
+        todo.extend(pred.get(n, []))
+    if not columns or any("Norm" in kinds[i] for i in between):
+        return None  # no column, or a norm between: a linear after a residual block, not a block
+    cols, mid = tuple(sorted(columns)), tuple(sorted(between))
+    kind = "attention" if any(kinds[i] in ATTENTION_KINDS for i in mid) else "mlp"
+    where = f"{paths[cols[0]]} -> {paths[r]}"
+    reason = ""
+    fused = [c for c in cols if any(m.split("_")[0] in _SPLITS for m in graph.members[c][1:])] if graph.members else []
+    if fused:
+        reason = (f"{where}: the output of {paths[fused[0]]} is split or sliced (a fused q/k/v projection holds q, "
+                  "k and v one after another, so a contiguous column shard does not hold whole heads): not split; "
+                  "use separate query, key and value linears to shard this attention")
+    elif any(kinds[i] not in BETWEEN for i in mid):
+        bad = next(i for i in mid if kinds[i] not in BETWEEN)
+        reason = (f"{where}: op {graph.names[bad]} ({kinds[bad]}) between the linears may mix features across "
+                  f"devices (allowed: {sorted(BETWEEN)}): not split")
+    elif any(_owns_parameters(graph, i, parent) for i in mid):
+        bad = next(i for i in mid if _owns_parameters(graph, i, parent))
+        reason = (f"{where}: op {graph.names[bad]} ({kinds[bad]}) between the linears holds parameters of "
+                  f"{parent}, which would need sharding by heads too: not split")
+    else:
+        inner = columns | between | {r}
+        # an op that reads a model-level table has the table folded into it (its other readers,
+        # in later layers, read the table through it): those edges carry the table, not a shard
+        tables = {i for i in mid if graph.param_bytes[i] > 0}
+        leak = [(a, b) for a in (*cols, *mid) for b in succ.get(a, []) if b not in inner and a not in tables]
+        if leak:
+            a, b = leak[0]
+            reason = (f"{where}: {graph.names[a]} is read by {graph.names[b]} outside the block, which would get a "
+                      "shard: not split")
+    return TPBlock(r, cols, mid, kind, reason)
+
+
+def _owns_parameters(graph: "OpGraph", i: int, parent: str) -> bool:
+    """Whether op i reads parameters or buffers of module ``parent`` (a per-head bias); tables of
+    the model above it (RoPE's cos and sin, the same for every head) are fine."""
+    prefix = parent.replace(".", "_") + "_"
+    return graph.param_bytes[i] > 0 and any(m.startswith(prefix) for m in (graph.members[i] if graph.members else ()))
+
+
+def tp_blocks(graph: "OpGraph") -> tuple[TPBlock, ...]:
+    """Every column/row block of ``graph`` (see the module docstring), refused ones included."""
+    succ, pred = _adjacency(graph)
+    out = []
+    for r in range(graph.num_nodes):
+        if graph.kinds[r] == "Linear":
+            b = _block(graph, r, succ, pred)
+            if b is not None:
+                out.append(b)
     return tuple(out)
+
+
+def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
+    """One pair per column of every block that can be split (see the module docstring)."""
+    out = []
+    for b in tp_blocks(graph):
+        if b.reason:
+            continue
+        for c in b.columns:
+            rest = tuple(sorted({*b.columns, *b.between} - {c}))
+            out.append(LinearPair(c, b.row, rest, graph.module_paths[c], graph.module_paths[b.row],
+                                  _hidden(graph, c, b.row)))
+    return tuple(out)
+
+
+def tp_refusals(graph: "OpGraph") -> list[str]:
+    """Why each block that tensor parallelism leaves whole is not split (empty: none refused)."""
+    return [b.reason for b in tp_blocks(graph) if b.reason]
 
 
 def _hidden(graph: "OpGraph", a: int, b: int) -> int:
@@ -99,8 +214,10 @@ def _hidden(graph: "OpGraph", a: int, b: int) -> int:
     return 0
 
 
-def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequence[LinearPair] = ()) -> list[str]:
-    """The rules a TP group breaks (empty: fine), each naming the value and the fix."""
+def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequence[LinearPair] = (),
+                graph: "OpGraph | None" = None) -> list[str]:
+    """The rules a TP group breaks (empty: fine), each naming the value and the fix. With
+    ``graph`` and no pairs to split, the problem says why each block was refused."""
     out: list[str] = []
     if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
         return [f"tp is {tp!r}; it must be a whole number >= 1 (devices splitting each layer)"]
@@ -116,4 +233,8 @@ def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequ
     if bad:
         out.append(f"tp={tp} does not divide the hidden width of {bad[0].column_path} ({bad[0].hidden}); "
                    f"use a degree that divides it")
+    if tp > 1 and graph is not None and not pairs:
+        why = tp_refusals(graph)
+        out.append(f"tp={tp}: the graph has no column/row linear blocks to split"
+                   + (f" ({'; '.join(why[:3])})" if why else "") + ": use tp=1")
     return out

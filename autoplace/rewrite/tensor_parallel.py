@@ -1,12 +1,23 @@
-"""Tensor parallelism on torch's engine: the column/row-parallel pairs that
-:func:`autoplace.sim.tensor_parallel.linear_pairs` finds in the op graph, sharded with
-``parallelize_module`` (``ColwiseParallel`` for the first linear, ``RowwiseParallel`` for the
-second) over a 1-D DeviceMesh of the TP group. Every other module stays replicated: each rank of
-the group computes it whole on the same inputs, so its gradients agree without communication.
+"""Tensor parallelism on torch's engine: the column/row-parallel blocks that
+:func:`autoplace.tp_rules.linear_pairs` finds in the op graph, sharded with ``parallelize_module``
+(``ColwiseParallel`` for the columns: an MLP's first linear(s), attention's query, key and value
+projections; ``RowwiseParallel`` for the row: the MLP's second linear, attention's output
+projection) over a 1-D DeviceMesh of the TP group. Every other module stays replicated: each rank
+of the group computes it whole on the same inputs, so its gradients agree without communication.
+
+Attention runs on each rank's share of the heads, as torchtitan's models do with local head
+counts. A traced graph has the head count written into its reshapes (``unflatten(2, (12, 64))``,
+``view(b, t, 12, 64)``, ``reshape(b, t, 768)``), so before sharding :func:`localize_heads`
+rewrites, between a block's columns and its row, every reshape that splits or merges a sharded
+width: in a split ``(heads, head_dim)`` whose product is a column's width (or ``(heads, -1)``)
+the heads become ``heads / t``, and a merged last size equal to a width becomes ``width / t``;
+``-1`` and sizes read from tensors at run time stay. A head count that ``t`` does not divide is
+a :class:`TensorParallelError` naming the reshape and the fix. Sharding attention needs the
+module as an fx GraphModule (what autoplace's rewrites build); MLP blocks need no rewrite.
 
 The module keeps its parameters' names; the sharded ones become DTensors (``p.full_tensor()``
-gathers one). The user's model is changed in place (``parallelize_module`` does so); pass a copy
-to keep the original.
+gathers one). The user's model is changed in place (``parallelize_module`` does so, and the
+reshapes are rewritten in its graph); pass a copy to keep the original.
 """
 
 from __future__ import annotations
@@ -14,11 +25,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+import torch.fx
 
 from ..errors import AutoplaceError
-from ..sim.tensor_parallel import LinearPair
+from ..tp_rules import LinearPair
 
-__all__ = ["TensorParallelError", "tp_layout", "apply_tensor_parallel"]
+__all__ = ["TensorParallelError", "tp_layout", "localize_heads", "apply_tensor_parallel"]
+
+_RESHAPES = frozenset({"view", "reshape", "unflatten"})
 
 
 class TensorParallelError(AutoplaceError, ValueError):
@@ -34,8 +48,77 @@ def tp_layout(pairs: Sequence[LinearPair]) -> dict[str, str]:
     return out
 
 
+def _region(gm: torch.fx.GraphModule, layout: dict[str, str]) -> list[torch.fx.Node]:
+    """The nodes computed from a column's output before its row reads them."""
+    seen: set[torch.fx.Node] = set()
+    todo = [n for n in gm.graph.nodes if n.op == "call_module" and layout.get(str(n.target)) == "colwise"]
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in seen or (u.op == "call_module" and str(u.target) in layout) or u.op == "output":
+                continue
+            seen.add(u)
+            todo.append(u)
+    return [n for n in gm.graph.nodes if n in seen]
+
+
+def _local(sizes: list[Any], widths: set[int], t: int, where: str) -> list[Any] | None:
+    """``sizes`` with the sharded entry divided by t, or None when it splits or merges no width."""
+    ints = [s if isinstance(s, int) else None for s in sizes]
+    k = None
+    if len(sizes) >= 1 and ints[-1] in widths:
+        k = len(sizes) - 1  # a merge: (..., heads x head_dim)
+    elif len(sizes) >= 2 and ints[-2] is not None and ints[-2] > 0 and (
+            ints[-1] == -1 or (ints[-1] is not None and ints[-2] * ints[-1] in widths)):
+        k = len(sizes) - 2  # a split: (..., heads, head_dim) or (..., heads, -1)
+    if k is None:
+        return None
+    n = int(ints[k] or 0)
+    if n % t:
+        raise TensorParallelError(f"{where} has {n} {'heads' if k == len(sizes) - 2 else 'features'} on the "
+                                  f"sharded dimension; tp={t} does not divide them: use a tensor-parallel degree "
+                                  f"that divides {n}, or tp=1")
+    return [*sizes[:k], n // t, *sizes[k + 1:]]
+
+
+def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> int:
+    """Rewrite, in place, the reshapes between the layout's columns and rows to the local head
+    count of a TP group of ``t`` (see the module docstring); returns how many changed."""
+    mods = dict(gm.named_modules())
+    widths = {int(m.out_features) for p, s in layout.items() if s == "colwise"
+              and isinstance(m := mods.get(p), torch.nn.Linear)}
+    widths |= {int(m.in_features) for p, s in layout.items() if s == "rowwise"
+               and isinstance(m := mods.get(p), torch.nn.Linear)}
+    changed = 0
+    for n in _region(gm, layout):
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if n.op not in ("call_method", "call_function") or name not in _RESHAPES:
+            continue
+        where = f"fx node {n.name} ({name}{tuple(n.args[1:])})"
+        if name == "unflatten":
+            sizes = n.args[2] if len(n.args) > 2 else n.kwargs.get("sizes")
+            new = _local(list(sizes), widths, t, where) if isinstance(sizes, (tuple, list)) else None
+            if new is not None:
+                n.args = (*n.args[:2], tuple(new), *n.args[3:]) if len(n.args) > 2 else n.args
+                if len(n.args) <= 2:
+                    n.kwargs = {**n.kwargs, "sizes": tuple(new)}
+                changed += 1
+            continue
+        first = n.args[1] if len(n.args) > 1 else None
+        one = len(n.args) == 2 and isinstance(first, (tuple, list))
+        shape = list(first) if isinstance(first, (tuple, list)) and one else list(n.args[1:])
+        new = _local(shape, widths, t, where)
+        if new is not None:
+            n.args = (n.args[0], tuple(new)) if one else (n.args[0], *new)
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
+
+
 def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh: Any) -> torch.nn.Module:
-    """Shard ``module``'s linears in place as ``layout`` says, over the 1-D ``mesh``; returns it."""
+    """Shard ``module``'s linears in place as ``layout`` says, over the 1-D ``mesh``, with the
+    attention's reshapes at the local head count; returns it."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     names = dict(module.named_modules())
@@ -52,4 +135,6 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             raise TensorParallelError(f"{path} has {width} {'output' if style == 'colwise' else 'input'} features; "
                                       f"tp={t} does not divide it: use a degree that divides {width}")
         plan[path] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+    if isinstance(module, torch.fx.GraphModule):
+        localize_heads(module, layout, t)
     return parallelize_module(module, mesh, plan)

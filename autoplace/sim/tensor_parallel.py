@@ -1,25 +1,34 @@
-"""Tensor parallelism inside one host: column/row-parallel linear pairs, their cost, their rules.
+"""Tensor parallelism inside one host: column/row-parallel blocks, their cost, their rules.
 
-Megatron-LM's MLP split (Shoeybi et al., "Megatron-LM", 2019, section 3, eq. 3): ``Y = GeLU(X A)``,
-``Z = Y B``; A is split by columns over t devices (each computes ``Y_i = GeLU(X A_i)`` with no
-communication: the elementwise op works on its columns), B by rows (``Z = sum_i Y_i B_i``: one
-all-reduce of Z in forward). In backward the mirror image: one all-reduce of the gradient of X.
-So per pair and micro-batch: compute and parameters of A, the ops between and B divided by t,
-two all-reduces of the activation at the pair's boundary (forward: B's output; backward: A's
-input), each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Patarasuk and
-Yuan, JPDC 2009) over the slowest link among the t devices.
+Megatron-LM's split (Shoeybi et al., "Megatron-LM", 2019, section 3, eq. 3 and fig. 3): in an MLP
+``Y = GeLU(X A)``, ``Z = Y B``, A is split by columns over t devices (each computes
+``Y_i = GeLU(X A_i)`` with no communication), B by rows (``Z = sum_i Y_i B_i``: one all-reduce of
+Z in forward). Self-attention likewise: the query, key and value projections by columns (each
+device holds ``heads / t`` whole heads, and ``kv_heads / t`` under GQA), attention per head
+locally, the output projection by rows. Per block and micro-batch: compute and parameters of the
+columns, the ops between and the row divided by t; in forward one all-reduce of the row's output;
+in backward one all-reduce of the gradient of each column's input (torch's ``ColwiseParallel``
+reduces each column module's input gradient on its own: q, k and v give three, as what runs),
+each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Patarasuk and Yuan,
+JPDC 2009) over the slowest link among the t devices.
 
-:func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds the pairs in an :class:`~autoplace.graph.ir.OpGraph`: a ``Linear`` op
-whose only readers are a chain of elementwise ops (GeLU, ReLU, SiLU, tanh, sigmoid, dropout)
-ending in another ``Linear`` of the same parent module (``blocks.0.fc -> gelu -> blocks.0.fc2``).
-Attention's (qkv -> attention -> proj) is *not* taken: splitting it by heads needs the model's
-reshapes to follow the local head count, which a traced graph with sizes written in does not
-(the runtime, :mod:`autoplace.rewrite.tensor_parallel`, shards only what this finds, so what is
-simulated is what runs). Ops outside pairs are replicated: every device computes them whole.
+Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models", 2022, section 4.2.2, ``sequence_parallel=True``; simulated only: the runtime and the
+planners do not use it yet): outside the blocks the activations are split on the sequence
+dimension, so each block's input is all-gathered (g) in forward and its output reduce-scattered
+(g-bar), and in backward the mirror (reduce-scatter of the input gradient, once per block as a
+module-input redistribution does, all-gather of the output gradient); each ring
+``(t - 1) / t x bytes / bandwidth + (t - 1) x latency``. The norms and dropouts outside the
+blocks then run on ``1/t`` of the tokens: their time and activations divided by t
+(:data:`SEQUENCE_KINDS`).
 
-:func:`~autoplace.tp_rules.tp_problems` (likewise): a TP group must sit inside one host (the all-reduces are on the critical
-path twice per block; over a network they cost more than they save), and its degree must divide
-each pair's hidden width.
+:func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
+the blocks (MLP and attention; fused q/k/v projections and attention with per-head parameters
+are left whole, :func:`~autoplace.tp_rules.tp_refusals` says why); the runtime,
+:mod:`autoplace.rewrite.tensor_parallel`, shards exactly these, so what is simulated is what
+runs. Ops outside blocks are replicated: every device computes them whole.
+:func:`~autoplace.tp_rules.tp_problems` (likewise): a TP group sits inside one host and its
+degree divides each pair's hidden width.
 """
 
 from __future__ import annotations
@@ -34,38 +43,88 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["LinearPair", "linear_pairs", "tp_problems", "tp_stage_cost", "ELEMENTWISE"]
+__all__ = ["LinearPair", "linear_pairs", "tp_problems", "tp_stage_cost", "tp_activation_bytes", "ELEMENTWISE",
+           "SEQUENCE_KINDS"]
+
+SEQUENCE_KINDS = frozenset({"LayerNorm", "RMSNorm", "Dropout", "dropout", "layer_norm", "rms_norm"})
+"""Ops that sequence parallelism runs on the sequence shard outside the blocks."""
 
 
 def _ring(nbytes: float, t: int, inv_bw: float, lat: float) -> float:
+    """All-reduce: reduce-scatter then all-gather."""
     return 0.0 if t <= 1 else 2.0 * (t - 1) / t * nbytes * inv_bw + 2.0 * (t - 1) * lat
 
 
+def _half_ring(nbytes: float, t: int, inv_bw: float, lat: float) -> float:
+    """Reduce-scatter or all-gather of a tensor of ``nbytes`` in all."""
+    return 0.0 if t <= 1 else (t - 1) / t * nbytes * inv_bw + (t - 1) * lat
+
+
+def _blocks_inside(mask: np.ndarray, pairs: Sequence[LinearPair]) -> dict[int, list[LinearPair]]:
+    """The pairs whose block lies wholly in ``mask``, by row op."""
+    out: dict[int, list[LinearPair]] = {}
+    for p in pairs:
+        if all(mask[i] for i in p.ops):
+            out.setdefault(p.row, []).append(p)
+    return out
+
+
+def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPair]], t: int,
+            sequence_parallel: bool) -> np.ndarray:
+    split = np.zeros(graph.num_nodes, dtype=bool)
+    for ps in blocks.values():
+        for p in ps:
+            split[list(p.ops)] = True
+    if sequence_parallel and t > 1:
+        split |= mask & np.array([k in SEQUENCE_KINDS for k in graph.kinds])
+    return np.where(split, 1.0 / max(t, 1), 1.0)
+
+
 def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], fwd: np.ndarray,
-                  bwd: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
-                  ) -> tuple[float, float, float, float]:
-    """(forward s, backward s, all-reduce s per micro-batch, parameter bytes per device) of the
+                  bwd: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None, *,
+                  sequence_parallel: bool = False) -> tuple[float, float, float, float]:
+    """(forward s, backward s, collectives s per micro-batch, parameter bytes per device) of the
     ops ``ops`` (bool mask or indices) run with tensor parallelism over ``devices``; ``fwd`` and
-    ``bwd`` (N,) the ops' times at one micro-batch on one of those devices."""
+    ``bwd`` (N,) the ops' times at one micro-batch on one of those devices. A block (the pairs
+    sharing a row) counts only when all its ops are in ``ops``."""
     t = len(devices)
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
-    inside = [p for p in pairs if all(mask[i] for i in p.ops)]
-    split = np.zeros(graph.num_nodes, dtype=bool)
-    for p in inside:
-        split[list(p.ops)] = True
-    scale = np.where(split, 1.0 / t, 1.0)
+    blocks = _blocks_inside(mask, pairs)
+    scale = _scales(graph, mask, blocks, t, sequence_parallel)
     f = float((fwd * scale)[mask].sum())
     b = float((bwd * scale)[mask].sum())
     params = float((graph.param_bytes * scale)[mask].sum())
-    if t <= 1 or not inside:
+    if t <= 1 or not blocks:
         return f, b, 0.0, params
     lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
-    ar = 0.0
     edst = graph.edges[:, 1]
-    for p in inside:  # forward: B's output; backward: the gradient of A's input
-        into = float(graph.edge_bytes[edst == p.column].max(initial=0.0))
-        ar += _ring(graph.out_bytes[p.row] / microbatches, t, inv, lat) + _ring(into / microbatches, t, inv, lat)
-    return f + 0.0, b + 0.0, ar, params
+    comm = 0.0
+    for row, ps in blocks.items():
+        inner = {i for p in ps for i in p.ops}
+        out_b = graph.out_bytes[row] / microbatches
+        into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(graph.edges[:, 0], list(inner))].max(initial=0.0))
+                / microbatches for p in ps]
+        if sequence_parallel:  # forward: all-gather in, reduce-scatter out; backward: the mirror
+            comm += 2 * (_half_ring(max(into), t, inv, lat) + _half_ring(out_b, t, inv, lat))
+        else:  # forward: the row's output; backward: each column's input gradient
+            comm += _ring(out_b, t, inv, lat) + sum(_ring(x, t, inv, lat) for x in into)
+    return f, b, comm, params
+
+
+def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequence[LinearPair] | None = None, *,
+                        sequence_parallel: bool = False) -> float:
+    """Activation bytes (the ops' outputs, whole batch) one device of a TP group of ``t`` keeps
+    for the ops ``ops``: inside a block the columns' and the ops-between outputs are a 1/t share
+    (the row's output is whole: all-reduced); with ``sequence_parallel`` the row's output (reduce-
+    scattered) and the norms' and dropouts' outputs too."""
+    mask = np.zeros(graph.num_nodes, dtype=bool)
+    mask[np.asarray(ops)] = True
+    pairs = linear_pairs(graph) if pairs is None else pairs
+    blocks = _blocks_inside(mask, pairs)
+    scale = _scales(graph, mask, blocks, t, sequence_parallel)
+    if not sequence_parallel:
+        scale[list(blocks)] = 1.0
+    return float((graph.out_bytes * scale)[mask].sum())

@@ -1,33 +1,85 @@
-"""Tensor parallelism (TP=2) under torchrun, gloo on CPU: the MLP pairs the op graph shows,
-sharded with ColwiseParallel/RowwiseParallel, train like the unsplit model to 1e-5."""
+"""Tensor parallelism under torchrun, gloo on CPU: the attention and MLP blocks the op graph
+shows, sharded with ColwiseParallel/RowwiseParallel (attention on local heads), train like the
+unsplit model to 1e-5: TP=2 on 2 ranks, and 2 pipeline stages x TP=2 on 4 ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+import torch.fx
 
+import autoplace
 import pipeline_workers as pw
-from test_rewrite_schedules import _reference
+import tp_models as tm
+from autoplace.rewrite.tensor_parallel import TensorParallelError, localize_heads, tp_layout
+from autoplace.tp_rules import linear_pairs
 
 CHILD = Path(__file__).with_name("tp_child.py")
 
 
-def test_tp2_gpt_equals_the_unsplit_model(tmp_path: Path) -> None:
+def _launch(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]]:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(pw.free_port()),
-           str(CHILD), str(tmp_path)]
+    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
+           str(pw.free_port()), str(CHILD), str(tmp_path), json.dumps(cases)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want_losses, want_params = _reference("gpt")
-    for r in range(2):
-        got = torch.load(tmp_path / f"rank{r}.pt")
-        assert got["layout"] == {"blocks.0.fc": "colwise", "blocks.0.fc2": "rowwise",
-                                 "blocks.1.fc": "colwise", "blocks.1.fc2": "rowwise"}
-        assert sorted(got["sharded"]) == sorted(f"blocks.{b}.{m}.{w}" for b in (0, 1) for m in ("fc", "fc2")
-                                                for w in ("weight", "bias"))
-        assert max(abs(a - b) for a, b in zip(got["losses"], want_losses)) <= 1e-5
-        assert max((got["params"][n] - want_params[n]).abs().max().item() for n in want_params) <= 1e-5
+    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
+    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    return {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
+
+
+def _attention(prefix: str, cols: tuple[str, ...], row: str) -> dict[str, str]:
+    return {**{f"{prefix}.{c}": "colwise" for c in cols}, f"{prefix}.{row}": "rowwise"}
+
+
+def test_tp2_attention_and_mlp_equal_the_unsplit_model(tmp_path: Path) -> None:
+    got = _launch(tmp_path, 2, [{"id": "gpt", "model": "gpt-qkv", "pp": 1}, {"id": "llama", "model": "llama", "pp": 1}])
+    gpt_layout: dict[str, str] = {}
+    llama_layout: dict[str, str] = {}
+    for b in (0, 1):
+        gpt_layout |= _attention(f"blocks.{b}.attn", ("q", "k", "v"), "proj") | _attention(f"blocks.{b}", ("fc",), "fc2")
+        llama_layout |= (_attention(f"layers.{b}.attention", ("wq", "wk", "wv"), "wo")
+                         | _attention(f"layers.{b}.feed_forward", ("w1", "w3"), "w2"))
+    for name, layout in (("gpt", gpt_layout), ("llama", llama_layout)):
+        for r in got[name]:
+            assert r["layout"] == layout
+            assert {n.rsplit(".", 1)[0] for n in r["sharded"]} == set(layout)
+            assert len(r["losses"]) == 5 and r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (name, r)
+
+
+def test_pp2_x_tp2_equals_the_unsplit_model(tmp_path: Path) -> None:
+    got = _launch(tmp_path, 4, [{"id": "gpt", "model": "gpt-qkv", "pp": 2}, {"id": "llama", "model": "llama", "pp": 2}])
+    for name, parts in got.items():
+        assert sum(len(r["losses"]) for r in parts) == 2 * 5  # the last stage's two TP ranks
+        assert any("attn.q.weight" in n or "attention.wq.weight" in n for r in parts for n in r["sharded"])
+        want = {n for n, _ in tm.build("gpt-qkv" if name == "gpt" else "llama").named_parameters()}
+        assert set().union(*(r["checked"] for r in parts)) == want
+        for r in parts:
+            assert r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (name, r)
+
+
+def _traced(heads: int) -> tuple[torch.fx.GraphModule, dict[str, str]]:
+    model = tm.build("gpt-qkv", 0, heads=heads)
+    x, _ = tm.batch(8, 0)
+    return torch.fx.symbolic_trace(model), tp_layout(linear_pairs(autoplace.trace(model, (x,))))
+
+
+def test_reshapes_follow_the_local_head_count() -> None:
+    gm, layout = _traced(4)
+    # per block: q's view (4 -> 2 heads), k's unflatten, v's reshape, the merge (16 -> 8 features)
+    assert localize_heads(gm, layout, 2) == 4 * 2
+    code = gm.code
+    for line in ("view(size_1, size_2, 2, 4)", "unflatten(-1, (2, -1))", "reshape(size_1, size_2, 2, 4)",
+                 "reshape(size_1, size_2, 8)"):
+        assert line in code, code
+
+def test_heads_not_divisible_is_refused_with_the_fix() -> None:
+    gm, layout = _traced(1)
+    with pytest.raises(TensorParallelError, match=r"has 1 heads on the sharded dimension; tp=2 does not divide them: "
+                                                  r"use a tensor-parallel degree that divides 1"):
+        localize_heads(gm, layout, 2)

@@ -1,10 +1,17 @@
-"""Launched by test_rewrite_tensor_parallel.py as `torchrun --nproc-per-node 2 tp_child.py OUT`:
-trace the GPT-like model, find its column/row pairs in the op graph, shard them over both ranks
-(gloo, CPU), train 5 SGD steps and save the losses and the gathered parameters."""
+"""Launched by test_rewrite_tensor_parallel.py as `torchrun --nproc-per-node P tp_child.py OUT CASES_JSON`.
+
+Each case (model, pp): trace the model, find its column/row blocks (attention and MLP) in the op
+graph; with pp=1 shard them over all ranks (TP=P) on the fx GraphModule, with pp=2 build a 2-stage
+pipeline whose ranks are TP groups of P/2 (build_schedule_runner, 1f1b); train 5 SGD steps, and
+save the losses, the layout and the largest difference of losses and (gathered) parameters from
+the unsplit model trained alongside on the same batches, to OUT/<id>-rank<r>.pt."""
 
 from __future__ import annotations
 
+import copy
+import json
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -13,35 +20,83 @@ import torch.fx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_workers as pw  # noqa: E402
-import rewrite_models as rm  # noqa: E402
+import tp_models as tm  # noqa: E402
 
 import autoplace  # noqa: E402
 from autoplace.rewrite import init_distributed  # noqa: E402
+from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
 from autoplace.rewrite.tensor_parallel import apply_tensor_parallel, tp_layout  # noqa: E402
-from autoplace.sim.tensor_parallel import linear_pairs  # noqa: E402
+from autoplace.tp_rules import linear_pairs  # noqa: E402
+
+STEPS = 5
 
 
-def main() -> None:
-    rank, world, _ = init_distributed(timeout_s=60)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    model, example, _ = rm.build("gpt", 0)
-    layout = tp_layout(linear_pairs(autoplace.trace(model, example)))
-    gm = torch.fx.symbolic_trace(model)
-    apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
-    opt = torch.optim.SGD(gm.parameters(), lr=0.1)
+def _reference(model: torch.nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     losses = []
-    for step in range(5):
-        x, y = pw.batch("gpt", 8, step)
-        loss = rm.loss_fn("gpt")(gm(x), y)
+    for step in range(STEPS):
+        x, y = tm.batch(8, step)
+        loss = tm.loss(ref(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-              for n, p in gm.named_parameters()}
-    sharded = [n for n, p in gm.named_parameters() if hasattr(p, "full_tensor")]
-    torch.save({"losses": losses, "params": params, "layout": layout, "sharded": sharded}, Path(sys.argv[1], f"rank{rank}.pt"))
+    return losses, {n: p.detach() for n, p in ref.named_parameters()}
+
+
+def run(case: dict, rank: int, world: int, out: Path) -> None:
+    model = tm.build(case["model"], 0, **case.get("kw", {}))
+    want_losses, want = _reference(model)
+    x0, _ = tm.batch(8, 0)
+    pairs = linear_pairs(autoplace.trace(model, (x0,)))
+    layout = tp_layout(pairs)
+    gm = torch.fx.symbolic_trace(model)
+    losses: list[float] = []
+    if case["pp"] == 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
+        modules: list[torch.nn.Module] = [gm]
+        opt = torch.optim.SGD(gm.parameters(), lr=0.1)
+        for step in range(STEPS):
+            x, y = tm.batch(8, step)
+            loss = tm.loss(gm(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    else:
+        runner = build_schedule_runner(gm, pw.contiguous_stages(gm, case["pp"]), example_inputs=(x0,), microbatches=2,
+                                       loss_fn=tm.loss, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
+                                       tp_pairs=[(p.column_path, p.row_path) for p in pairs])
+        modules = list(runner.stage_modules)
+        opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
+        for step in range(STEPS):
+            x, y = tm.batch(8, step)
+            loss = runner.step(x, target=y)
+            opt.step()
+            opt.zero_grad()
+            if loss is not None:
+                losses.append(loss.item())
+    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+              for mod in modules for n, p in mod.named_parameters()}
+    sharded = sorted({n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")})
+    torch.save({"losses": losses, "layout": layout, "sharded": sharded,
+                "loss_err": max([abs(a - b) for a, b in zip(losses, want_losses)] or [0.0]),
+                "param_err": max((params[n] - want[n]).abs().max().item() for n in params),
+                "checked": sorted(params)}, out / f"{case['id']}-rank{rank}.pt")
+
+
+def main() -> None:
+    rank, world, _ = init_distributed(timeout_s=60)
+    out = Path(sys.argv[1])
+    for case in json.loads(sys.argv[2]):
+        try:
+            run(case, rank, world, out)
+        except Exception:
+            (out / f"{case['id']}-rank{rank}.err").write_text(traceback.format_exc())
+        dist.barrier()
     dist.destroy_process_group()
 
 

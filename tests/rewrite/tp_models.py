@@ -1,0 +1,76 @@
+"""Models for the tensor-parallel tests: a GPT-like decoder with separate query, key and value
+projections (head counts written into its reshapes, as fx bakes them), and the zoo's Llama (RoPE,
+grouped-query attention, SwiGLU). Each builder takes a seed; ``batch`` draws a (tokens, targets)
+batch; ``loss`` is next-token cross-entropy."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import autoplace.zoo as zoo
+
+VOCAB = 32
+SEQ = 8
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t = x.size(0), x.size(1)
+        q = self.q(x).view(b, t, self.heads, self.hd).transpose(1, 2)  # sizes baked by fx: heads, hd
+        k = self.k(x).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        v = self.v(x).reshape(b, t, self.heads, self.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.heads * self.hd))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(d, heads), nn.LayerNorm(d)
+        self.fc, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
+
+
+class QKVGPT(nn.Module):
+    def __init__(self, d: int = 16, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(SEQ, d)
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.size(1), device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def build(name: str, seed: int = 0, heads: int = 4) -> nn.Module:
+    if name == "gpt-qkv":
+        torch.manual_seed(seed)
+        return QKVGPT(heads=heads)
+    if name == "llama":
+        # dim 32, 4 heads, 2 kv heads (GQA), RoPE, SwiGLU
+        return zoo.build("llama", small=True, seed=seed, vocab_size=VOCAB, seq_len=SEQ, n_heads=4, n_kv_heads=2,
+                         dim=32).model
+    raise ValueError(f"unknown test model {name!r}: gpt-qkv or llama")
+
+
+def batch(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (size, SEQ), generator=g), torch.randint(0, VOCAB, (size, SEQ), generator=g)
+
+
+def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
