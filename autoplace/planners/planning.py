@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -99,6 +100,15 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     model-parallel placement: only ``single`` runs there. A named planner gets ``budget_s`` as
     its own (None: its quick mode, bounded only inside :func:`plan_budget`).
 
+    Schedule pass (pipeline and auto modes): after the heuristics, and again at the end, the
+    fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans that fit and that ``accept``
+    takes go through :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved,
+    looped-BFS, zero-bubble, ZBV and DualPipeV schedules, virtual stages, micro-batches, TP
+    groups inside a host); each gives a row ``NAME+sched`` whose ``note`` says what it chose
+    and how many variants it tried (``schedule``, ``virtual_stages``, ``tp``,
+    ``schedule_notes``), or why it was skipped (no time left). A variant wins only when it is
+    faster than every other row. A named planner (``planner="pipedream-dp"``) gets no pass.
+
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
     planning time, or the reason it gave no plan) and ``budget_s`` / ``planning_s`` (the bound
@@ -168,12 +178,18 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     one_device = cluster.num_devices == 1
     learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device)
     seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
+    fitting: list[tuple[float, str, Placement]] = []  # pipeline plans that fit and can be used
+    done: set[tuple[object, ...]] = set()  # the plans the schedule pass has seen
     compiled0 = _budget.compile_s()
     with _one_thread(), Status("autoplace: planning", len(jobs), note=_compile_note) as status, \
             _budget.within(limit - (time.perf_counter() - start)) as overall:
         assert overall is not None
         for k, (m, name) in enumerate(jobs):
             p = get_planner(name)
+            if p.kind == "learned" and k and get_planner(jobs[k - 1][1]).kind == "heuristic":
+                # the schedule pass on the heuristics' plans, before the learned planners take the time left
+                status.part(k, "schedules")
+                best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best)
             status.part(k, name)
             left = overall.left_s()
             share: float | None = None
@@ -235,8 +251,12 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             rows.append(row)
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
+            if not row["oom"] and not why and out.mode == "pipeline":
+                fitting.append((row["step_time_s"], name, out))
             if p.kind == "heuristic" and k + 1 < len(jobs) and get_planner(jobs[k + 1][1]).kind == "learned":
                 _share_seeds(graph, cluster, cost, seeds)
+        # the schedule pass, at the end on the plans the learned planners added
+        best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best)
     if best is None:
         from .memory import MemoryEstimate, needs
 
@@ -249,6 +269,57 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     meta = dict(out.meta, budget_s=limit, planning_s=time.perf_counter() - start,
                 compile_s=_budget.compile_s() - compiled0)
     return dataclasses.replace(out, meta=meta)
+
+
+SCHEDULE_PASS_PLANS = 3
+"""``plan(planner="best")`` tries every schedule, virtual-stage count and TP degree
+(:func:`~autoplace.planners.heuristic.schedules.best_schedule`) on this many of the fastest
+distinct pipeline plans that fit (0: no schedule pass)."""
+
+
+def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[tuple[float, str, Placement]],
+                   rows: list[dict[str, Any]], accept: Callable[[Placement], str] | None, overall: _budget.Deadline,
+                   limit: float, done: set[tuple[object, ...]],
+                   best: tuple[float, Placement, dict[str, Any]] | None) -> tuple[float, Placement, dict[str, Any]] | None:
+    """Run best_schedule on the fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans not in
+    ``done`` (added there); a row ``NAME+sched`` for each (its chosen schedule and what was tried
+    in ``note``). Returns ``best`` (step, placement, row), replaced by the fastest variant when
+    one beats it (best_schedule chooses only variants ``accept`` takes)."""
+    from .heuristic.schedules import best_schedule
+
+    picked: list[tuple[float, str, Placement]] = []
+    for step, name, p in sorted(fitting, key=lambda x: x[0]):
+        if p.shard or p.recompute or p.precision or p.reshard_after_forward:
+            continue  # per-stage options: best_schedule could only swap gpipe and 1f1b
+        key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in p.to_dict().items()
+                           if k not in ("planner", "meta", "schedule")))
+        if key not in done and len(picked) < SCHEDULE_PASS_PLANS:
+            done.add(key)
+            picked.append((step, name, p))
+    out = best
+    for step, name, p in picked:
+        label = f"{name}+sched"
+        if overall.left_s() <= 0:
+            why = f"skipped: no time left for the schedule pass (the {limit:.3g} s budget was spent)"
+            rows.append(dict(planner=label, kind="heuristic", mode="pipeline", step_time_s=None, oom=False,
+                             plan_time_s=0.0, skipped=True, error=why, why=why))
+            continue
+        t0 = time.perf_counter()
+        choice = best_schedule(graph, cluster, p, sim=sim, accept=accept)
+        got = choice.placement
+        row = _judge(sim, get_planner(name), got, time.perf_counter() - t0)
+        fits = [c for c in choice.candidates if c[2] is not None]
+        shape = f"{got.schedule}, v={got.virtual_stages}, tp={got.tp}, M={got.microbatches}"
+        stopped = [n for n in choice.notes if n.startswith(("stopped", "faster but refused"))]
+        row.update(planner=label, mode="pipeline", schedule=got.schedule, virtual_stages=got.virtual_stages,
+                   tp=got.tp, schedules_tried=len(choice.candidates), schedule_notes=list(choice.notes),
+                   note=(f"{'chose ' + shape if got != p and row['step_time_s'] < step else 'kept ' + shape}: "
+                         f"{len(choice.candidates)} schedule variants tried, {len(fits)} fit"
+                         + "".join(f"; {n}" for n in stopped)))
+        rows.append(row)
+        if got != p and not row["oom"] and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
+            out = (row["step_time_s"], got, row)
+    return out
 
 
 def _compile_note() -> str:
