@@ -10,7 +10,8 @@ import pytest
 
 import autoplace
 from autoplace import Cluster, OpGraph
-from autoplace.sim.tensor_parallel import linear_pairs, tp_problems, tp_stage_cost
+from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes, tp_problems, tp_stage_cost
+from autoplace.tp_rules import tp_refusals
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "rewrite"))
 import rewrite_models as rm  # noqa: E402
@@ -83,3 +84,89 @@ def test_plans_with_tp_simulate_validate_and_round_trip() -> None:
         Placement.pipeline(g, c, half, [[0, 1], [3, 4]], microbatches=2, tp=2)
     with pytest.raises(PlacementError, match=r"one TP group of tp=2 devices per rank"):
         Placement.pipeline(g, c, half, [[0, 1], [2]], microbatches=2, tp=2)
+
+
+def _attention(fused: bool = False) -> OpGraph:
+    # ln -> q, k, v (16 -> 16, bias) -> sdpa -> o (16 -> 16, bias) -> add; batch 4 x 8 tokens, fp32;
+    # fused: one qkv linear (16 -> 48) whose output is split
+    tok = 32 * 4.0
+    if fused:
+        names, kinds = ["ln", "qkv", "sdpa", "o", "add"], ["LayerNorm", "Linear", "scaled_dot_product_attention",
+                                                            "Linear", "add"]
+        paths = ["blk.ln", "blk.attn.qkv", "blk.attn", "blk.attn.o", "blk"]
+        edges = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 4)]
+        out = np.array([16, 48, 16, 16, 16]) * tok
+        members = [("ln",), ("qkv", "split", "getitem", "getitem_1"), ("sdpa",), ("o",), ("add",)]
+        return OpGraph.build(names, kinds, edges, edge_bytes=out[[0, 1, 2, 3, 0]], out_bytes=out,
+                             param_bytes=np.array([32, 17 * 48, 0, 17 * 16, 0]) * 4.0, module_paths=paths,
+                             members=members, batch_size=4, name="fused")
+    names = ["ln", "q", "k", "v", "sdpa", "o", "add"]
+    kinds = ["LayerNorm", "Linear", "Linear", "Linear", "scaled_dot_product_attention", "Linear", "add"]
+    paths = ["blk.ln", "blk.attn.q", "blk.attn.k", "blk.attn.v", "blk.attn", "blk.attn.o", "blk"]
+    edges = [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4), (4, 5), (5, 6), (0, 6)]
+    out = np.full(7, 16 * tok)
+    return OpGraph.build(names, kinds, edges, edge_bytes=np.full(9, 16 * tok), out_bytes=out,
+                         param_bytes=np.array([32, 272, 272, 272, 0, 272, 0]) * 4.0, module_paths=paths,
+                         members=[(n,) for n in names], fwd_time_s=np.ones(7), bwd_time_s=2 * np.ones(7),
+                         profiled_on="toy", batch_size=4, name="attention")
+
+
+def test_attention_block_is_one_block_of_three_columns() -> None:
+    pairs = linear_pairs(_attention())
+    assert [(p.column_path, p.row_path, p.hidden) for p in pairs] == [
+        ("blk.attn.q", "blk.attn.o", 16), ("blk.attn.k", "blk.attn.o", 16), ("blk.attn.v", "blk.attn.o", 16)]
+    # every pair names the whole block, so a stage cut anywhere in it leaves all of it whole
+    assert {tuple(sorted(p.ops)) for p in pairs} == {(1, 2, 3, 4, 5)}
+    assert linear_pairs(_attention(fused=True)) == ()
+    (why,) = tp_refusals(_attention(fused=True))
+    assert "blk.attn.qkv -> blk.attn.o" in why and "fused q/k/v" in why and "separate query, key and value" in why
+    msg = tp_problems(cluster(2), [0, 1], 2, (), graph=_attention(fused=True))[-1]
+    assert "no column/row linear blocks to split" in msg and "fused q/k/v" in msg and "use tp=1" in msg
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_attention_collectives_hand_computed(t: int) -> None:
+    g, c = _attention(), cluster(4, bandwidth=1e9, latency=1e-5)
+    f, b, comm, params = tp_stage_cost(g, c, np.arange(7), list(range(t)), np.ones(7), 2 * np.ones(7), 2)
+    # per micro-batch (2): o's output and each of q, k, v's input are 16 features x 128 bytes / 2 = 1024 bytes;
+    # a ring all-reduce is 2 (t-1)/t x 1024 / 1e9 + 2 (t-1) x 1e-5; forward one (o), backward three (q, k, v)
+    ring = 2 * (t - 1) / t * 1024 / 1e9 + 2 * (t - 1) * 1e-5
+    assert comm == pytest.approx(4 * ring)
+    assert (f, b) == (pytest.approx(2 + 5 / t), pytest.approx(2 * (2 + 5 / t)))
+    assert params == pytest.approx(32 * 4 + 4 * 272 * 4 / t)
+    # sequence parallelism: forward all-gather of the input and reduce-scatter of o's output, backward the
+    # mirror, each (t-1)/t x 1024 / 1e9 + (t-1) x 1e-5; the LayerNorm runs on 1/t of the tokens
+    f_sp, _, comm_sp, _ = tp_stage_cost(g, c, np.arange(7), list(range(t)), np.ones(7), 2 * np.ones(7), 2,
+                                        sequence_parallel=True)
+    half = (t - 1) / t * 1024 / 1e9 + (t - 1) * 1e-5
+    assert comm_sp == pytest.approx(4 * half)
+    assert f_sp == pytest.approx(1 + 6 / t)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_shard_memory_of_an_attention_block(t: int) -> None:
+    g = _attention()
+    one = 16 * 128.0  # every op's output, whole batch
+    # q, k, v and sdpa hold 1/t; ln, o (all-reduced) and add whole
+    assert tp_activation_bytes(g, np.arange(7), t) == pytest.approx(3 * one + 4 * one / t)
+    # with sequence parallelism ln and o (reduce-scattered) are sequence shards too
+    assert tp_activation_bytes(g, np.arange(7), t, sequence_parallel=True) == pytest.approx(one + 6 * one / t)
+    assert tp_activation_bytes(g, np.arange(7), 1) == pytest.approx(7 * one)
+
+
+def test_zoo_attention_blocks() -> None:
+    from autoplace import zoo
+
+    found = {}
+    for name in ("gpt2", "llama", "bert-base", "transformer-xl"):
+        wl = zoo.build(name, small=True)
+        g = autoplace.trace(wl.model, wl.example_inputs)
+        found[name] = ({p.row_path for p in linear_pairs(g)}, tp_refusals(g))
+    rows, why = found["gpt2"]
+    assert rows == {"h.0.c_proj", "h.1.c_proj"} and "h.0.attn.c_attn is split or sliced" in why[0]
+    rows, why = found["llama"]  # RoPE and GQA: q, k, v -> wo; SwiGLU: w1, w3 -> w2
+    assert rows == {f"layers.{i}.{m}" for i in (0, 1) for m in ("attention.wo", "feed_forward.w2")} and not why
+    rows, why = found["bert-base"]
+    assert rows == {f"encoder.{i}.{m}" for i in (0, 1) for m in ("attention.output", "output")} and not why
+    rows, why = found["transformer-xl"]  # relative shift (pad + reshape) and per-head biases u, v
+    assert rows == {"layers.0.ff_out", "layers.1.ff_out"} and "op pad" in why[0]
