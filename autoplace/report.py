@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from .parallel import describe_options
+
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .cost.analytic import CostModel
@@ -14,8 +16,8 @@ if TYPE_CHECKING:
     from .placement import Placement
     from .sim import SimResult
 
-__all__ = ["placement_report", "candidates_table", "planning_summary", "best_single_device", "format_bytes",
-           "format_table", "auto_choice"]
+__all__ = ["placement_report", "candidates_table", "alternatives_table", "plan_summary", "memory_per_device",
+           "planning_summary", "best_single_device", "format_bytes", "format_table", "auto_choice"]
 
 
 def format_bytes(n: float) -> str:
@@ -57,6 +59,65 @@ def best_single_device(graph: "OpGraph", cluster: "Cluster", *,
 
 
 _NOTE_WIDTH = 70  # a longer note goes under the table, whole
+
+
+def plan_summary(plan: "Placement") -> str:
+    """The plan's shape in a few words: ``"2 stages x 4 replicas, M=8, 1f1b, fsdp, recompute"``
+    (replica counts per stage when they differ), ``"model parallel on 3 devices"``."""
+    if plan.mode != "pipeline" or plan.stage_devices is None:
+        return f"model parallel on {len(plan.devices_used())} device{'s' if len(plan.devices_used()) != 1 else ''}"
+    reps = [len(s) for s in plan.stage_devices]
+    n = len(reps)
+    rep = f"{reps[0]} replica{'s' if reps[0] != 1 else ''}" if len(set(reps)) == 1 else f"{reps} replicas"
+    out = f"{n} stage{'s' if n != 1 else ''} x {rep}, M={plan.microbatches}, {plan.schedule}"
+    if plan.virtual_stages != 1:
+        out += f", v={plan.virtual_stages}"
+    if plan.tp != 1:
+        out += f", tp={plan.tp}"
+    return out + ", " + (describe_options(plan) or "ddp")
+
+
+def memory_per_device(nbytes: Sequence[float], capacity: Sequence[float] = ()) -> str:
+    """Bytes per device in runs of devices that hold the same (as :func:`format_bytes` prints
+    it), unused devices left out: ``"12.20 GiB on 0-3, 11.00 GiB on 4-7 (of 15.80 GiB each)"``
+    (the capacity when given and the same on every device shown)."""
+    used = [(i, format_bytes(float(x))) for i, x in enumerate(nbytes) if x > 0]
+    runs: list[tuple[int, int, str]] = []  # (first device, last device, bytes)
+    for i, b in used:
+        if runs and runs[-1][2] == b and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i, b)
+        else:
+            runs.append((i, i, b))
+    caps = {format_bytes(float(c)) for i, c in enumerate(capacity) if i < len(nbytes) and nbytes[i] > 0}
+    tail = f" (of {caps.pop()} each)" if len(caps) == 1 else ""
+    parts = [f"{b} on {a}" + (f"-{z}" if z > a else "") for a, z, b in runs]
+    if len(parts) > 4:
+        parts = parts[:3] + [f"... (max {format_bytes(max(float(x) for x in nbytes))})"]
+    return (", ".join(parts) or "-") + tail
+
+
+def alternatives_table(rows: Sequence[dict[str, Any]], *, top: int = 3, markdown: bool = False) -> str:
+    """The ``top`` fastest distinct plans that fit among the candidate rows: planner, plan in
+    brief, simulated step and memory per device ("" when no row has a plan that fits)."""
+    seen: set[tuple[str, float]] = set()
+    shown: list[dict[str, Any]] = []
+    for r in sorted((r for r in rows if r.get("step_time_s") is not None and not r.get("oom")),
+                    key=lambda r: r["step_time_s"]):
+        key = (str(r.get("plan", r.get("describe", ""))), round(float(r["step_time_s"]), 9))
+        if key not in seen and len(shown) < top:
+            seen.add(key)
+            shown.append(r)
+    if not shown:
+        return ""
+    notes = any(r.get("error") for r in shown)
+    body = []
+    for k, r in enumerate(shown):
+        mem = memory_per_device(r["memory_per_device"], r.get("memory_capacity_bytes", ())) \
+            if r.get("memory_per_device") else format_bytes(r.get("peak_memory_bytes") or 0.0) + " (fullest device)"
+        row = [k + 1, r["planner"], r.get("plan", r.get("mode", "")), f"{r['step_time_s'] * 1e3:.3f}", mem]
+        body.append(row + ([f"not usable here: {r['error']}"[:_NOTE_WIDTH] if r.get("error") else ""] if notes else []))
+    head = ["#", "planner", "plan", "step ms", "memory per device"] + (["note"] if notes else [])
+    return format_table(head, body, markdown=markdown)
 
 
 def candidates_table(rows: Sequence[dict[str, Any]], *, markdown: bool = False) -> str:
@@ -184,6 +245,9 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
             "whole compute (Cluster.from_devices gives each its share of the memory)")
     cands = plan.meta.get("candidates")
     if cands:
+        alts = alternatives_table(cands)
+        if alts:
+            lines += ["", "top alternatives (the fastest distinct plans that fit, simulated):", alts]
         lines += ["", "candidates weighed:", candidates_table(cands)]
         timing = planning_summary(plan.meta)
         if timing:

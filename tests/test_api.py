@@ -254,3 +254,5 @@ def test_auto_mode_weighs_pipeline_plans_but_runs_a_model_parallel_one() -> None
             assert r.get("error"), r
     assert any("needs torchrun --nproc-per-node 2" in r["error"] for r in rows if not r["runs_here"])
     assert "mode='auto': chose " in placed.report()
+    alternatives = placed.report().split("top alternatives")[1].split("\n\n")[0]
+    assert "memory per device" in alternatives and " on 0" in alternatives  # bytes per device, in runs

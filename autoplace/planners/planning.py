@@ -359,13 +359,19 @@ def _share_seeds(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None",
 
 
 def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, Any]:
+    """A candidate row: the simulated step, peak and per-device memory, and the plan in words
+    (``plan``: :func:`autoplace.report.plan_summary`, short; ``describe``: in full)."""
+    from ..report import plan_summary
+
     res = sim.run(out, timeline=False)  # step time, memory and OOM only: no events to build
     peak = np.asarray(res.peak_memory_bytes, dtype=float)
     excess = float(res.oom_excess_bytes)
     return dict(planner=p.name, kind=p.kind, mode=out.mode, step_time_s=float(res.step_time_s),
                 peak_memory_bytes=float(peak.max()) if peak.size else 0.0, oom=bool(res.oom),
                 oom_excess_bytes=excess, plan_time_s=plan_time, devices=len(out.devices_used()),
-                describe=out.describe())
+                memory_per_device=[float(x) for x in peak],
+                memory_capacity_bytes=[float(x) for x in np.asarray(res.memory_capacity_bytes, dtype=float)],
+                plan=plan_summary(out), describe=out.describe())
 
 
 def _stamp(out: Placement, row: dict[str, Any], rows: list[dict[str, Any]]) -> Placement:

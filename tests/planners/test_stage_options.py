@@ -1,0 +1,141 @@
+"""The stage-options pass (planners/heuristic/stage_options.py) and pipedream-dp through it: shard
+kind, recompute per block, reshard_after_forward and precision per stage; every plan runnable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import autoplace.zoo as zoo
+from autoplace import Cluster, CostModel, Placement, plan, simulate
+from autoplace.errors import NoFitError
+from autoplace.graph.trace import trace_module
+from autoplace.graph.units import block_units
+from autoplace.parallel import StageOptions
+from autoplace.planners import get_planner
+from autoplace.planners.heuristic import pipedream_dp
+from autoplace.planners.heuristic.stage_options import balanced_stages, option_variants, polish_stage_options
+from autoplace.rewrite.fsdp import runtime_problems
+from autoplace.sim import Simulator
+
+
+@pytest.fixture(scope="module")
+def wide():  # type: ignore[no-untyped-def]
+    # 8 identical blocks of width 512 on meta: 26M parameters, 0.4 GB of fp32 training state
+    wl = zoo.build("llama", size="test", device="meta", batch_size=8, seq_len=256, dim=512, n_layers=8, n_heads=8,
+                   n_kv_heads=4, ffn_dim=1408, vocab_size=8192)
+    return trace_module(wl.model, wl.example_inputs).graph
+
+
+def _with_memory(c: Cluster, nbytes: float) -> Cluster:
+    devs = tuple(dataclasses.replace(d, memory_bytes=nbytes) for d in c.devices)
+    return Cluster(devs, c.bandwidth_matrix, c.latency_matrix, c.link_names, name=f"{c.name}@{nbytes / 2**20:.0f}MiB")
+
+
+def _whole(g, c):  # type: ignore[no-untyped-def]
+    return np.zeros(g.num_nodes, dtype=np.int64), [list(range(c.num_devices))]
+
+
+def _one_stage_peak(g, c, m: int, **kw: object) -> float:  # type: ignore[no-untyped-def]
+    ev = Simulator(g, c).evaluate_pipeline(*_whole(g, c), m, options=StageOptions.resolve(1, **kw))
+    return float(ev.peak_memory_bytes.max())
+
+
+def test_pipedream_dp_fits_through_recompute_what_it_could_not(wide, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # just above the peak of FSDP over 4 devices with every block recomputed, at one micro-batch
+    base = Cluster.preset("4xA100-nvlink")
+    c = _with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
+    p = get_planner("pipedream-dp").place(wide, c)
+    p.validate(wide, c)
+    assert runtime_problems(p, wide, world=len(p.devices_used())) == []
+    res = simulate(wide, p, c)
+    assert not res.oom and res.step_time_s == pytest.approx(p.meta["predicted_step_time_s"])
+    assert p.shard and p.recompute and any(p.recompute)
+    monkeypatch.setattr(pipedream_dp, "improve", lambda *a, **k: 0)  # without the pass: no plan
+    with pytest.raises(NoFitError, match="pipedream-dp"):
+        get_planner("pipedream-dp").place(wide, c)
+
+
+def test_recomputes_the_fewest_blocks_that_fit(wide) -> None:  # type: ignore[no-untyped-def]
+    base = Cluster.preset("4xA100-nvlink")
+    blocks = [u for u in block_units(wide).names if u.rsplit(".", 1)[-1].isdigit()]
+    assert len(blocks) == 8
+
+    def peak(k: int) -> float:
+        return _one_stage_peak(wide, base, 1, shard="fsdp", recompute=[tuple(blocks[:k])] if k else False,
+                               reshard_after_forward=True)
+
+    peaks = [peak(k) for k in range(9)]
+    # identical blocks: past the first (whose activations come back while its backward runs),
+    # each block recomputed saves the same memory
+    assert all(a > b for a, b in zip(peaks[1:], peaks[2:]))
+    c = _with_memory(base, (peaks[4] + peaks[5]) / 2)  # 5 of 8 blocks fit, 4 do not (at M=1)
+    sim = Simulator(wide, c)
+    got = option_variants(sim, *_whole(wide, c), [1], "1f1b")
+    fits = [v for v in got if not v.oom and v.placement.shard == ("fsdp",)
+            and v.placement.reshard_after_forward in ((), (True,))]
+    best = min(fits, key=lambda v: v.step_time_s)
+    assert len(best.placement.recompute[0]) == 5
+    full = [v for v in got if v.placement.recompute == (True,) and v.placement.shard == ("fsdp",)]
+    assert all(best.step_time_s < v.step_time_s for v in full)  # fewer blocks recomputed: faster
+
+
+def test_precision_keeps_the_sharded_baselines_rule(wide) -> None:  # type: ignore[no-untyped-def]
+    for name, cost, want in (("4xA100-nvlink", CostModel(dtype_bytes=2), {"bf16"}),
+                             ("4xA100-nvlink", CostModel(), {"fp32"}),
+                             ("4xV100-pcie", CostModel(dtype_bytes=2), {"fp32"})):
+        c = Cluster.preset(name)
+        got = option_variants(Simulator(wide, c, cost), *_whole(wide, c), [1, 2], "1f1b")
+        sharded = [v for v in got if v.placement.shard]
+        assert sharded
+        assert {StageOptions.of(v.placement).precision[0] for v in sharded} == want, (name, cost)
+        assert all(not v.placement.precision for v in got if not v.placement.shard)  # ddp stays fp32
+
+
+def test_every_variant_is_one_the_runtime_runs() -> None:
+    wl = zoo.build("gpt2", small=True, batch_size=8)  # its embedding and head share a parameter
+    g = trace_module(wl.model, wl.example_inputs).graph
+    c = Cluster.preset("2x4xV100-25gbe")
+    st = (np.arange(g.num_nodes) >= g.num_nodes // 2).astype(np.int64)  # the tied pair in different stages
+    sim = Simulator(g, c)
+    two = option_variants(sim, st, [[0, 1, 2, 3], [4, 5, 6, 7]], [2, 4], "1f1b")
+    assert two and not any(v.placement.shard for v in two)  # tied across stages: no sharded pipeline
+    one = option_variants(sim, np.zeros(g.num_nodes, dtype=np.int64), [list(range(8))], [1, 2], "1f1b")
+    assert {v.placement.shard for v in one} >= {("fsdp",), ("hsdp",)}  # 2 hosts of 4: hsdp tried
+    for v in two + one:
+        assert v.placement.problems(g, c) == [] and runtime_problems(v.placement, g, world=8) == []
+    assert option_variants(sim, st, [[0, 1, 2], [3]], [1], "1f1b") == []  # uneven replicas: the runtime refuses
+
+
+def test_polish_never_returns_a_slower_plan_and_says_what_it_did(wide) -> None:  # type: ignore[no-untyped-def]
+    c = Cluster.preset("4xV100-pcie")
+    dp = plan(wide, c, planner="data-parallel", mode="pipeline")
+    out = polish_stage_options(wide, c, dp)
+    assert simulate(wide, out, c).step_time_s <= simulate(wide, dp, c).step_time_s
+    if out is not dp:
+        assert out.meta["stage_options"]["variants"] > 0
+        assert runtime_problems(out, wide, world=4) == []
+    g1 = Placement.pipeline(wide, c, np.zeros(wide.num_nodes, dtype=np.int64), [[0, 1, 2, 3]], microbatches=1,
+                            schedule="gpipe")
+    assert polish_stage_options(wide, c, g1).schedule == "gpipe"  # the schedule is the caller's
+    model = Placement.single(wide, c)
+    assert polish_stage_options(wide, c, model) is model  # no stages: nothing to choose
+
+
+def test_pipedream_dp_is_never_slower_than_the_one_stage_sharded_baselines(wide) -> None:  # type: ignore[no-untyped-def]
+    for name in ("4xA100-nvlink", "4xV100-pcie", "2x4xV100-25gbe"):
+        c = Cluster.preset(name)
+        pd = get_planner("pipedream-dp").place(wide, c)
+        assert runtime_problems(pd, wide) == [] or not (pd.shard or pd.recompute)
+        for base in ("fsdp", "fsdp+ac", "data-parallel"):
+            other = get_planner(base).place(wide, c)
+            assert pd.meta["predicted_step_time_s"] <= other.meta["predicted_step_time_s"] * (1 + 1e-9), (name, base)
+
+
+def test_balanced_stages_cut_the_chain_by_work() -> None:
+    bounds = np.array([0, 2, 4, 6, 8])
+    st = balanced_stages(bounds, np.array([3.0, 1.0, 1.0, 1.0]), 2, 8)
+    assert st is not None and st.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]  # 3 | 1 + 1 + 1
+    assert balanced_stages(bounds, np.ones(4), 5, 8) is None
