@@ -22,6 +22,14 @@ policy's samples, before any heuristic plan is imitated) and ``samples`` (every 
 after the imitation warm start included); its returned plan is the best of those and of its
 seeds (pipedream-dp, gpipe-uniform, data-parallel), and ``source`` says which won.
 
+``pipedream-dp+sched`` is pipedream-dp's plan through ``best_schedule`` (the same schedules,
+virtual stages, micro-batches and TP groups pipeline-rl's final polish tries: the fair
+baseline), ``torchtitan`` the registered torchtitan-style planner. ``syn:deep-uniform`` is 32
+uniform Linear blocks too large for one device with Adam (only deep pipelines fit): the deep,
+many-micro-batch case. Tables: per cluster (rl over pd, pd+sched, torchtitan), deep pipelines
+(>= 8 devices and pipeline-rl's or pd+sched's plan with 8 or 16 ranks) and multi-host 25 GbE,
+with issue 13's 1.3x target over PipeDream's planner stated met or not. Simulated only.
+
 Speedups are throughput ratios. The summary gives geometric means of pipeline-rl over
 pipedream-dp on the chains (AlexNet, VGG-16: where PipeDream's dynamic program is optimal),
 the branchy graphs (Inception-V3, NASNet), two hosts over 25 Gb/s and the mixed cluster,
@@ -62,11 +70,12 @@ ZOO: dict[str, tuple[str, dict[str, Any]]] = {
     "nasnet": ("nasnet", {}), "inception_v3": ("inception_v3", {}), "gnmt4-unrolled": ("gnmt4-unrolled", {}),
     "bert-base": ("bert-base", {}), "gpt2": ("gpt2", {}), "gpt2-xl": ("gpt2", {"size": "xl"}),
 }
-WORKLOADS = [f"pd:{n}" for n in PD_NAMES] + [f"zoo:{n}" for n in ZOO]
+WORKLOADS = [f"pd:{n}" for n in PD_NAMES] + [f"zoo:{n}" for n in ZOO] + ["syn:deep-uniform"]
 CLUSTERS = ["4xV100-pcie", "8xV100-nvlink", "2x4xV100-25gbe", "2xA100+2xT4", "2x8xH100-ib"]
 QUICK_WORKLOADS = ["pd:alexnet", "pd:gnmt", "pd:inception_v3"]
 QUICK_CLUSTERS = ["2x4xV100-25gbe", "2xA100+2xT4"]
-BASELINES = ["pipedream-dp", "gpipe-uniform", "data-parallel"]
+BASELINES = ["pipedream-dp", "gpipe-uniform", "data-parallel", "torchtitan"]
+PD_SCHED = "pipedream-dp+sched"  # best_schedule of pipedream-dp's plan
 LEARNED = "pipeline-rl"
 QUICK_ROW = "pipeline-rl (quick)"  # pipeline-rl with budget_s=None, as plan(planner="best") runs it by default
 CHAINS = {"pd:alexnet", "pd:vgg16"}
@@ -81,6 +90,11 @@ def load(workload: str) -> OpGraph:
         if not path.exists():
             raise FileNotFoundError(f"PipeDream profile {path} not found")
         return autoplace.load_pipedream(path)
+    if kind == "syn" and name == "deep-uniform":
+        n = 32
+        return OpGraph.build([f"block{i}" for i in range(n)], ["Linear"] * n, [(i, i + 1) for i in range(n - 1)],
+                             out_bytes=np.full(n, 4e7), param_bytes=np.full(n, 4e8), fwd_flops=np.full(n, 4e11),
+                             bwd_flops=np.full(n, 8e11), batch_size=64, name="deep-uniform")
     if kind == "zoo":
         from autoplace.cli import zoo_graph
 
@@ -94,9 +108,16 @@ def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float 
     label = name
     if name == QUICK_ROW:
         name, budget_s = LEARNED, None
+    sched = name == PD_SCHED
+    if sched:
+        name = "pipedream-dp"
     t0 = time.perf_counter()
     try:
         p = autoplace.plan(graph, cluster, planner=name, mode="pipeline", budget_s=budget_s, seed=seed)
+        if sched:
+            from autoplace.planners.heuristic.schedules import best_schedule
+
+            p = best_schedule(graph, cluster, p, sim=sim).placement
     except NoFitError as e:
         return {"planner": label, "fits": False, "error": str(e).splitlines()[0][:300],
                 "plan_time_s": time.perf_counter() - t0}
@@ -109,8 +130,11 @@ def run_planner(graph: OpGraph, cluster: Cluster, name: str, *, budget_s: float 
         "memory_per_device_gib": [round(float(x) / GiB, 3) for x in peak], "plan_time_s": plan_time,
         "stages": p.num_stages, "replicas": [len(s) for s in (p.stage_devices or ())],
         "stage_devices": [list(s) for s in (p.stage_devices or ())], "microbatches": p.microbatches,
-        "schedule": p.schedule, "problems": p.problems(graph, cluster),
+        "schedule": p.schedule, "virtual_stages": p.virtual_stages, "tp": p.tp, "ranks": len(p.stage_devices or ()),
+        "problems": p.problems(graph, cluster),
     }
+    if "schedule_polish" in p.meta:
+        row["schedule_polish"] = p.meta["schedule_polish"]
     r = LearnedReport.of(p)  # every learned planner's one report (None for a heuristic's plan)
     if r is not None:
         d = dict(r.details)
@@ -233,6 +257,57 @@ def summarise(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+TARGET = 1.3  # issue 13: pipeline-rl over PipeDream's planner on deep pipelines and multi-host 25 GbE
+
+
+def _deep(c: dict[str, Any]) -> bool:
+    """>= 8 devices, and pipeline-rl's or pd+sched's plan has 8 or 16 ranks."""
+    if Cluster.preset(c["cluster"]).num_devices < 8:
+        return False
+    return any((c["rows"].get(k) or {}).get("ranks") in (8, 16) for k in (LEARNED, PD_SCHED))
+
+
+def schedule_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cluster, deep pipelines and 25 GbE: geometric means of rl over pd, pd+sched and
+    torchtitan (and pd+sched over pd), and the 1.3x target."""
+    def group(pred: Any) -> dict[str, Any]:
+        sel = [c for c in cases if pred(c) and not c.get("error")]
+
+        def g(a: str, b: str) -> float | None:
+            return geomean([x for c in sel for x in [speedup(c["rows"].get(a), c["rows"].get(b))] if x])
+        return {"cases": len(sel), "rl/pd": g(LEARNED, "pipedream-dp"), "rl/pd+sched": g(LEARNED, PD_SCHED),
+                "rl/torchtitan": g(LEARNED, "torchtitan"), "pd+sched/pd": g(PD_SCHED, "pipedream-dp")}
+
+    out: dict[str, Any] = {"per_cluster": {cl: group(lambda c, cl=cl: c["cluster"] == cl)
+                                           for cl in dict.fromkeys(c["cluster"] for c in cases)}}
+    out["deep pipelines (>= 8 devices, 8 or 16 ranks)"] = group(_deep)
+    out["deep_cases"] = [f"{c['workload']} on {c['cluster']}" for c in cases if not c.get("error") and _deep(c)]
+    out["multi-host 25 GbE"] = group(lambda c: "25gbe" in c["cluster"])
+    d, e = out["deep pipelines (>= 8 devices, 8 or 16 ranks)"]["rl/pd"], out["multi-host 25 GbE"]["rl/pd"]
+    out["target"] = {"x": TARGET, "deep_rl_over_pd": d, "25gbe_rl_over_pd": e,
+                     "met": bool(d is not None and e is not None and d >= TARGET and e >= TARGET)}
+    return out
+
+
+def schedule_markdown(ss: dict[str, Any]) -> list[str]:
+    head = ["| cases | n | rl/pd | rl/pd+sched | rl/torchtitan | pd+sched/pd |", "|---|---|---|---|---|---|"]
+
+    def line(label: str, v: dict[str, Any]) -> str:
+        return (f"| {label} | {v['cases']} | {fmt(v['rl/pd'], '.3f')} | {fmt(v['rl/pd+sched'], '.3f')} | "
+                f"{fmt(v['rl/torchtitan'], '.3f')} | {fmt(v['pd+sched/pd'], '.3f')} |")
+    t = ss["target"]
+    lines = ["", "## Schedules (issue 13): per cluster, geometric means", "", *head]
+    lines += [line(k, v) for k, v in ss["per_cluster"].items()]
+    lines += ["", "## Deep pipelines and multi-host 25 GbE", "", *head,
+              line("deep pipelines (>= 8 devices, 8 or 16 ranks)", ss["deep pipelines (>= 8 devices, 8 or 16 ranks)"]),
+              line("multi-host 25 GbE", ss["multi-host 25 GbE"]), "",
+              f"Deep cases: {', '.join(ss['deep_cases']) or 'none'}.", "",
+              f"Target {t['x']}x of pipeline-rl over pipedream-dp on deep pipelines ({fmt(t['deep_rl_over_pd'], '.3f')}x) "
+              f"and on multi-host 25 GbE ({fmt(t['25gbe_rl_over_pd'], '.3f')}x): **{'met' if t['met'] else 'not met'}** "
+              "(simulated step times)."]
+    return lines
+
+
 def fmt(x: float | None, spec: str = ".2f", none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
@@ -272,24 +347,30 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{fmt(v['prior_geomean_vs_pipedream'], '.3f')} | "
                      f"{fmt(v.get('hill_climb_geomean_vs_pipedream'), '.3f')} | "
                      f"{fmt(v.get('quick_geomean_vs_pipedream'), '.3f')} |")
+    if "schedules" in report:
+        lines += schedule_markdown(report["schedules"])
     lines += ["", "## Every case", "",
-              "| workload | cluster | pipeline-rl | pipedream-dp | gpipe-uniform | data-parallel | rl/pd | rl/gpipe | "
+              "| workload | cluster | pipeline-rl | pipedream-dp | pd+sched | torchtitan | gpipe-uniform | data-parallel | "
+              "rl/pd | rl/pd+sched | rl/torchtitan | rl/gpipe | "
               "rl/dp | samples/pd | prior/pd | hill climb/pd | quick/pd | rl plan (stages x replicas, M, schedule; "
               "src) | mem rl / pd / dp | plan s rl / quick / pd |",
-              "|" + "---|" * 16]
+              "|" + "---|" * 20]
     for c in report["cases"]:
         r = c["rows"]
         rl, pd, gp, dp = (r.get(k) for k in (LEARNED, "pipedream-dp", "gpipe-uniform", "data-parallel"))
         if c.get("error"):
-            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 13)
+            lines.append(f"| {c['workload']} | {c['cluster']} | error: {c['error'][:80]} |" + " |" * 17)
             continue
-        plan = (f"{rl['replicas']}, M={rl['microbatches']}, {rl['schedule']}; {rl.get('source')}"
+        plan = (f"{rl['replicas']}, M={rl['microbatches']}, {rl['schedule']} v={rl.get('virtual_stages', 1)} "
+                f"tp={rl.get('tp', 1)}; {rl.get('source')}"
                 if rl and rl.get("fits") else "-")
         mem = " / ".join(fmt(x.get("peak_memory_gib") if x and x.get("fits") else None, ".1f") for x in (rl, pd, dp))
         quick = r.get(QUICK_ROW)
         times = " / ".join(fmt(x.get("plan_time_s") if x else None, ".1f") for x in (rl, quick, pd))
-        lines.append(f"| {c['workload']} | {c['cluster']} | {cell(rl)} | {cell(pd)} | {cell(gp)} | {cell(dp)} | "
-                     f"{fmt(speedup(rl, pd), '.3f')} | {fmt(speedup(rl, gp), '.2f')} | {fmt(speedup(rl, dp), '.2f')} | "
+        ps, tt = r.get(PD_SCHED), r.get("torchtitan")
+        lines.append(f"| {c['workload']} | {c['cluster']} | {cell(rl)} | {cell(pd)} | {cell(ps)} | {cell(tt)} | "
+                     f"{cell(gp)} | {cell(dp)} | {fmt(speedup(rl, pd), '.3f')} | {fmt(speedup(rl, ps), '.3f')} | "
+                     f"{fmt(speedup(rl, tt), '.3f')} | {fmt(speedup(rl, gp), '.2f')} | {fmt(speedup(rl, dp), '.2f')} | "
                      f"{fmt(speedup(rl, pd, 'policy_best_throughput'), '.3f')} | "
                      f"{fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')} | "
                      f"{fmt(speedup(r.get('hill-climb'), pd), '.3f')} | {fmt(speedup(quick, pd), '.3f')} | "
@@ -351,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             case: dict[str, Any] = done.get((w, cname)) or {"workload": w, "cluster": cname, "ops": graph.num_nodes,
                                                             "batch": graph.batch_size, "rows": {}}
             try:
-                for name in BASELINES + [LEARNED] + ([QUICK_ROW] if budget is not None else []):
+                for name in BASELINES + [PD_SCHED, LEARNED] + ([QUICK_ROW] if budget is not None else []):
                     if name not in case["rows"]:
                         case["rows"][name] = run_planner(graph, cluster, name, seed=args.seed,
                                                          budget_s=budget if name == LEARNED else None)
@@ -363,20 +444,23 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             cases.append(case)
             rl, pd = case["rows"].get(LEARNED), case["rows"].get("pipedream-dp")
+            ps = case["rows"].get(PD_SCHED)
             print(f"{w:22s} {cname:15s} rl {cell(rl):>10s}  pd {cell(pd):>10s}  rl/pd {fmt(speedup(rl, pd), '.3f')}  "
+                  f"rl/pd+sched {fmt(speedup(rl, ps), '.3f')}  "
                   f"prior/pd {fmt(speedup(rl, pd, 'prior_best_throughput'), '.3f')}  "
                   f"({rl.get('plan_time_s', 0) if rl else 0:.0f} s; {rl.get('source') if rl else ''})", flush=True)
             settings["wall_s"] = wall0 + time.perf_counter() - t_all
-            report = {"settings": settings, "summary": summarise(cases), "cases": cases}
+            report = {"settings": settings, "summary": summarise(cases), "schedules": schedule_summary(cases), "cases": cases}
             out.parent.mkdir(parents=True, exist_ok=True)
             out.with_suffix(".json").write_text(json.dumps(report, indent=1))
             out.with_suffix(".md").write_text(markdown(report))
     settings["wall_s"] = wall0 + time.perf_counter() - t_all
-    report = {"settings": settings, "summary": summarise(cases), "cases": cases}
+    report = {"settings": settings, "summary": summarise(cases), "schedules": schedule_summary(cases), "cases": cases}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report).split("## Every case")[0])
+    print(f"wrote {out.with_suffix('.md')} and .json")
     return 0
 
 

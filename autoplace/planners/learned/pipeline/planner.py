@@ -34,11 +34,20 @@ found the plan):
    came from (``source``) and what the policy reached on its own (``prior_best_step_time_s``:
    step 2 only; ``policy_best_step_time_s``: every sample of steps 2-4).
 
-There is no local search after sampling.
+6. **Schedules** (``schedules``): the best plan and every seed that fits go through
+   :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved, looped-BFS,
+   zero-bubble, ZBV, DualPipeV; virtual stages, micro-batches, TP groups), and the fastest is
+   returned (``meta["schedule_polish"]``; ``source`` ends in ``+sched`` when a variant won). The
+   policy itself samples GPipe/1F1B plans only; this final polish is what lets its answer carry
+   the other schedules, and covers pipedream-dp's plan with the same schedules (``seed +sched``).
+
+There is no other local search after sampling.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -96,6 +105,13 @@ class PipelineRLConfig:
     """PPO samples when ``budget_s`` is None (a fixed count: reproducible from the seed)."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
     """PPO settings (its ``seed`` is replaced by the planner's seed)."""
+    schedules: bool = True
+    """after sampling, polish the best plan and every seed that fits with
+    :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved, zero-bubble, ZBV
+    and DualPipeV schedules, virtual stages, micro-batches, TP groups: step 6) and return the
+    fastest; with a budget, ``schedule_reserve`` of it is kept for this."""
+    schedule_reserve: float = 0.2
+    """share of ``budget_s`` (at most 3 s) kept for the schedule polish."""
     target_entropy: float = 5.0
     """entropy floor, nats per sample: after each PPO update whose samples' entropy fell below
     this, the sampling temperature rises by ``temperature_step`` (and falls back towards 1 when
@@ -113,6 +129,7 @@ class PipelineRLConfig:
                   ("quick_samples", self.quick_samples >= 0, ">= 0"),
                   ("max_stages", self.max_stages is None or self.max_stages >= 1, "None or >= 1"),
                   ("target_entropy", self.target_entropy >= 0, ">= 0"),
+                  ("schedule_reserve", 0 <= self.schedule_reserve < 1, "in [0, 1)"),
                   ("temperature_step", self.temperature_step > 1, "> 1"),
                   ("max_temperature", self.max_temperature >= 1, ">= 1")]
         for name, ok, rule in checks:
@@ -162,8 +179,6 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     ``budget_s``: None for the quick mode (a fixed number of samples, seconds on small graphs);
     a number of seconds to spend in all (seeds included) otherwise.
     """
-    import dataclasses
-
     import torch
 
     from autoplace.cost.analytic import CostModel
@@ -225,7 +240,8 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             result = train(policy, env, ppo_cfg, max_samples=cfg.quick_samples, progress=progress,
                            callback=entropy_floor)
     else:
-        left = budget_s - (time.perf_counter() - t0)
+        reserve = min(cfg.schedule_reserve * budget_s, 3.0) if cfg.schedules else 0.0
+        left = budget_s - reserve - (time.perf_counter() - t0)
         if left > 0.5:
             result = train(policy, env, ppo_cfg, budget_s=left, progress=progress, callback=entropy_floor)
     policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
@@ -243,7 +259,45 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     meta[REPORT_KEY] = LearnedReport.of_env(
         "pipeline-rl", env, updates=meta["ppo_updates"], policy_step_time_s=policy_best, seed_s=seed_time,
         train_s=result.wall_s if result is not None else 0.0, history=meta["history"], details=details).to_dict()
-    return env.placement(planner="pipeline-rl", meta=meta)
+    out = env.placement(planner="pipeline-rl", meta=meta)
+    if cfg.schedules:
+        out = _polish(graph, cluster, sim, out, [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta))
+                                                 for s in seeds if not s.oom])
+    return out
+
+
+def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
+            seeds: list[tuple[str, Placement]]) -> Placement:
+    """Step 6: best_schedule on ``best`` and each seed's plan (each distinct plan once, until
+    planning's deadline); the fastest result, with ``meta["schedule_polish"]``: the step before
+    and after, where the winner came from and the variants tried (``source`` gains ``+sched``
+    when a schedule variant won)."""
+    from autoplace.planners import budget as _budget
+    from autoplace.planners.heuristic.schedules import best_schedule
+
+    before = float(sim.run(best, timeline=False).step_time_s)
+    top: tuple[float, Placement, str] = (before, best, "")
+    tried = 0
+    seen: set[str] = set()
+    for source, p in [("", best), *seeds]:
+        key = json.dumps({f: v for f, v in p.to_dict().items() if f not in ("planner", "meta")}, sort_keys=True)
+        if key in seen or _budget.expired():
+            continue
+        seen.add(key)
+        choice = best_schedule(graph, cluster, p, sim=sim)
+        tried += len(choice.candidates)
+        ev = sim.run(choice.placement, timeline=False)
+        if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
+            top = (float(ev.step_time_s), choice.placement, f"{source or 'its best plan'}+sched")
+    meta = dict(best.meta)
+    meta["schedule_polish"] = {"step_before_s": before, "step_after_s": top[0], "from": top[2] or "unchanged",
+                               "plans": len(seen), "variants_tried": tried}
+    if top[2]:
+        meta["source"] = top[2] if top[2] != "its best plan+sched" else f"{meta.get('source', '')}+sched"
+        report = dict(meta.get(REPORT_KEY, {}))
+        report["source"] = meta["source"]
+        meta[REPORT_KEY] = report
+    return dataclasses.replace(top[1], meta=dict(top[1].meta, **meta), planner="pipeline-rl")
 
 
 def _finite(x: float) -> float | None:
