@@ -12,7 +12,9 @@ rewrites, between a block's columns and its row, every reshape that splits or me
 width: in a split ``(heads, head_dim)`` whose product is a column's width (or ``(heads, -1)``)
 the heads become ``heads / t``, and a merged last size equal to a width becomes ``width / t``;
 ``-1`` and sizes read from tensors at run time stay. A head count that ``t`` does not divide is
-a :class:`TensorParallelError` naming the reshape and the fix. Sharding attention needs the
+a :class:`TensorParallelError` naming the reshape and the fix. A block that a pipeline stage
+boundary cuts (a column computed in an earlier stage) stays whole (:func:`whole_blocks`), as
+the simulator keeps it. Sharding attention needs the
 module as an fx GraphModule (what autoplace's rewrites build); MLP blocks need no rewrite.
 
 The module keeps its parameters' names; the sharded ones become DTensors (``p.full_tensor()``
@@ -30,7 +32,7 @@ import torch.fx
 from ..errors import AutoplaceError
 from ..tp_rules import LinearPair
 
-__all__ = ["TensorParallelError", "tp_layout", "localize_heads", "apply_tensor_parallel"]
+__all__ = ["TensorParallelError", "tp_layout", "whole_blocks", "localize_heads", "apply_tensor_parallel"]
 
 _RESHAPES = frozenset({"view", "reshape", "unflatten"})
 
@@ -81,14 +83,59 @@ def _local(sizes: list[Any], widths: set[int], t: int, where: str) -> list[Any] 
     return [*sizes[:k], n // t, *sizes[k + 1:]]
 
 
+def _widths(gm: torch.nn.Module, layout: dict[str, str]) -> set[int]:
+    mods = dict(gm.named_modules())
+    out = {int(m.out_features) for p, s in layout.items() if s == "colwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
+    return out | {int(m.in_features) for p, s in layout.items() if s == "rowwise"
+                  and isinstance(m := mods.get(p), torch.nn.Linear)}
+
+
+def _splits_a_width(n: torch.fx.Node, widths: set[int]) -> bool:
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if n.op not in ("call_method", "call_function") or name not in _RESHAPES:
+        return False
+    sizes = n.args[2] if name == "unflatten" and len(n.args) > 2 else n.args[1:]
+    if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)):
+        sizes = n.args[1]
+    try:
+        return isinstance(sizes, (tuple, list)) and _local(list(sizes), widths, 1, "") is not None
+    except TensorParallelError:
+        return False
+
+
+def whole_blocks(gm: torch.fx.GraphModule, layout: dict[str, str]) -> dict[str, str]:
+    """``layout`` without the blocks a stage boundary cuts: a row whose inputs, walked back to
+    this module's inputs, meet a module input reshaped into heads (a column computed in an
+    earlier stage) stays whole with its columns here, as the simulator keeps a cut block whole."""
+    widths = _widths(gm, layout)
+    out = dict(layout)
+    for n in gm.graph.nodes:
+        if n.op != "call_module" or layout.get(str(n.target)) != "rowwise":
+            continue
+        seen: set[torch.fx.Node] = set()
+        todo, cols, cut = list(n.all_input_nodes), [], False
+        while todo:
+            a = todo.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            if a.op == "call_module":
+                if layout.get(str(a.target)) == "colwise":
+                    cols.append(str(a.target))
+                continue
+            if a.op == "placeholder" and any(_splits_a_width(u, widths) for u in a.users):
+                cut = True
+            todo.extend(a.all_input_nodes)
+        if cut:
+            for path in (str(n.target), *cols):
+                out.pop(path, None)
+    return out
+
+
 def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> int:
     """Rewrite, in place, the reshapes between the layout's columns and rows to the local head
     count of a TP group of ``t`` (see the module docstring); returns how many changed."""
-    mods = dict(gm.named_modules())
-    widths = {int(m.out_features) for p, s in layout.items() if s == "colwise"
-              and isinstance(m := mods.get(p), torch.nn.Linear)}
-    widths |= {int(m.in_features) for p, s in layout.items() if s == "rowwise"
-               and isinstance(m := mods.get(p), torch.nn.Linear)}
+    widths = _widths(gm, layout)
     changed = 0
     for n in _region(gm, layout):
         name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
@@ -123,6 +170,8 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
 
     names = dict(module.named_modules())
     t = mesh.size()
+    if isinstance(module, torch.fx.GraphModule):
+        layout = whole_blocks(module, layout)
     plan: dict[str, Any] = {}
     for path, style in layout.items():
         mod = names.get(path)

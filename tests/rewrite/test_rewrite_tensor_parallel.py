@@ -17,7 +17,7 @@ import torch.fx
 import autoplace
 import pipeline_workers as pw
 import tp_models as tm
-from autoplace.rewrite.tensor_parallel import TensorParallelError, localize_heads, tp_layout
+from autoplace.rewrite.tensor_parallel import TensorParallelError, localize_heads, tp_layout, whole_blocks
 from autoplace.tp_rules import linear_pairs
 
 CHILD = Path(__file__).with_name("tp_child.py")
@@ -83,3 +83,24 @@ def test_heads_not_divisible_is_refused_with_the_fix() -> None:
     with pytest.raises(TensorParallelError, match=r"has 1 heads on the sharded dimension; tp=2 does not divide them: "
                                                   r"use a tensor-parallel degree that divides 1"):
         localize_heads(gm, layout, 2)
+
+
+class _CutAttention(torch.nn.Module):
+    """A stage that a boundary cut after the query projection: q arrives as an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k, self.v, self.proj = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        qh = q.view(8, 8, 4, 4).transpose(1, 2)
+        k, v = (m(x).view(8, 8, 4, 4).transpose(1, 2) for m in (self.k, self.v))
+        return self.proj(torch.nn.functional.scaled_dot_product_attention(qh, k, v).transpose(1, 2).reshape(8, 8, 16))
+
+
+def test_a_block_cut_by_a_stage_boundary_stays_whole() -> None:
+    gm = torch.fx.symbolic_trace(_CutAttention())
+    layout = {"k": "colwise", "v": "colwise", "proj": "rowwise", "other": "colwise"}
+    assert whole_blocks(gm, layout) == {"other": "colwise"}
+    uncut, full = _traced(4)
+    assert whole_blocks(uncut, full) == full
