@@ -9,11 +9,15 @@ Cases: the memory-fit cases of issue 12 (a Llama-class 7B on 8xV100-32GB, DGX-1 
 and smaller ones where one does (GPT-2 124M, BERT-base, Llama 7B on 8xH100). Models are traced
 on the meta device. Per case and planner: the simulated step time, the peak memory of the
 fullest device against its capacity, the plan in words and the planning time; "no fit" with the
-planner's reason when it has no plan. ``best`` is ``autoplace.plan(planner="best",
-mode="pipeline", kinds=("heuristic",))``: every pipeline heuristic, the fastest that fits; it is
-never slower than any column. Per cluster: the geometric mean over its cases of the best's
-gain over the best of DDP and pipedream-dp (where either fits), and over the best of all five
-baselines.
+planner's reason when it has no plan. ``pipedream-dp`` searches shard kind, recompute and
+precision per stage (planners/heuristic/stage_options.py); ``PipeDream (DDP stages)`` is the
+same dynamic program without that pass (``place_pipedream_dp(stage_options=False)``), the plan
+space before issue 12. ``best`` is ``autoplace.plan(planner="best", mode="pipeline",
+kinds=("heuristic",))``: every pipeline heuristic, the fastest that fits; it is never slower than
+any column. The best plan's memory is given per device. Per cluster: the geometric mean over
+its cases of the best's gain over the best of DDP and PipeDream with DDP stages (where either
+fits), over the best of the hand-written plans (DDP, fsdp, fsdp+ac, torchtitan) and over every
+column.
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ from autoplace import Cluster, CostModel  # noqa: E402
 from autoplace.parallel import NO_BF16_KINDS  # noqa: E402
 from autoplace.graph.trace import trace_module  # noqa: E402
 from autoplace.planners import NoFitError  # noqa: E402
+from autoplace.planners.heuristic.pipedream_dp import place_pipedream_dp  # noqa: E402
+from autoplace.report import memory_per_device  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BASELINES = ["data-parallel", "pipedream-dp", "fsdp", "fsdp+ac", "torchtitan"]
+PLAIN = "PipeDream (DDP stages)"
 GiB = 2**30
 
 
@@ -87,13 +94,15 @@ def run_case(case: str, zoo_name: str, config: dict[str, Any], cluster_name: str
     half = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in c.devices)
     cost = CostModel(dtype_bytes=2) if half else None
     rows: dict[str, dict[str, Any]] = {}
-    for name in BASELINES + ["best"]:
+    for name in [PLAIN] + BASELINES + ["best"]:
         t1 = time.perf_counter()
         try:
-            p = autoplace.plan(g, c, planner=name, mode="pipeline", kinds=("heuristic",), cost=cost)
+            p = place_pipedream_dp(g, c, cost=cost, stage_options=False) if name == PLAIN else \
+                autoplace.plan(g, c, planner=name, mode="pipeline", kinds=("heuristic",), cost=cost)
             res = autoplace.simulate(g, p, c, timeline=False, cost=cost)
             rows[name] = dict(step_time_s=float(res.step_time_s), peak_gib=float(res.peak_memory_bytes.max()) / GiB,
                               oom=bool(res.oom), plan=p.describe(), plan_time_s=time.perf_counter() - t1,
+                              memory_per_device=memory_per_device(res.peak_memory_bytes, res.memory_capacity_bytes),
                               chose=p.planner, plan_json=p.to_dict() if name == "best" else None)
             if name == "best":  # the same plan in fp32: how much of its gain is bf16's
                 f32 = dataclasses.replace(p, precision=())
@@ -110,13 +119,15 @@ def run_case(case: str, zoo_name: str, config: dict[str, Any], cluster_name: str
             rows[name]["plan_json"]["stage_of_node"] = "(omitted)"
             rows[name]["plan_json"]["device_of_node"] = "(omitted)"
     times = {n: r["step_time_s"] for n, r in rows.items() if r.get("step_time_s") is not None and not r.get("oom")}
-    old = [times[n] for n in ("data-parallel", "pipedream-dp") if n in times]
-    every = [times[n] for n in BASELINES if n in times]
+    old = [times[n] for n in ("data-parallel", PLAIN) if n in times]
+    every = [times[n] for n in BASELINES + [PLAIN] if n in times]
+    hand = [times[n] for n in ("data-parallel", "fsdp", "fsdp+ac", "torchtitan") if n in times]
     best = times.get("best")
     return dict(case=case, zoo=zoo_name, config=config, cluster=cluster_name, nodes=g.num_nodes, bits=16 if half else 32,
                 params=float(g.param_bytes.sum() / 4), device_gib=cap / GiB, trace_s=trace_s, rows=rows,
                 gain_over_ddp_pipedream=(min(old) / best) if best and old else None,
                 gain_over_baselines=(min(every) / best) if best and every else None,
+                gain_over_by_hand=(min(hand) / best) if best and hand else None,
                 best_never_slower=bool(best is not None and all(best <= t * (1 + 1e-9) for t in every)))
 
 
@@ -128,13 +139,15 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
            "bf16 tensor cores (A100, H100: `bits` 16) every planner is judged by `CostModel(dtype_bytes=2)` (op "
            "times at the tensor-core peak) and the sharded planners plan bf16 mixed precision (fp32 master weights "
            "and optimizer state); elsewhere (V100: no bf16) everything is fp32. The last column simulates the best "
-           "plan in fp32 with the fp32 cost model.", ""]
-    head = ("| case | cluster | params | device | bits | " + " | ".join(BASELINES + ["best"])
-            + " | best plan | best plan in fp32 |")
-    out += [head, "|" + "---|" * (len(BASELINES) + 7)]
+           "plan in fp32 with the fp32 cost model. `pipedream-dp` searches shard kind, recompute and precision per "
+           "stage (planners/heuristic/stage_options.py); `PipeDream (DDP stages)` is its dynamic program without "
+           "that pass, the plan space before issue 12. All figures are simulated.", ""]
+    head = ("| case | cluster | params | device | bits | " + " | ".join([PLAIN] + BASELINES + ["best"])
+            + " | best plan | its memory per device | best plan in fp32 |")
+    out += [head, "|" + "---|" * (len(BASELINES) + 9)]
     for r in results:
         cells = []
-        for n in BASELINES + ["best"]:
+        for n in [PLAIN] + BASELINES + ["best"]:
             x = r["rows"][n]
             cells.append("no fit" if x.get("step_time_s") is None else
                          f"{x['step_time_s']:.3g} s, {x['peak_gib']:.1f} GiB" + (" OOM" if x.get("oom") else ""))
@@ -144,10 +157,12 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
         f32_text = ("(is fp32)" if f32["same"] else f"{f32['step_time_s']:.3g} s, {f32['peak_gib']:.1f} GiB"
                     + (" OOM" if f32["oom"] else "")) if f32 else ""
         out.append(f"| {r['case']} | {r['cluster']} | {r['params'] / 1e9:.2f} B | {r['device_gib']:.0f} GiB | {r['bits']} | "
-                   + " | ".join(cells) + f" | {bp.get('chose', '')}: {desc} | {f32_text} |")
+                   + " | ".join(cells) + f" | {bp.get('chose', '')}: {desc} | {bp.get('memory_per_device', '')} "
+                   f"| {f32_text} |")
     out += ["", "Gain of `best` (geometric mean over a cluster's cases; `-` where no baseline fits):", "",
-            "| cluster | cases | over best of DDP, pipedream-dp | over best of all five | best never slower |",
-            "|---|---|---|---|---|"]
+            "| cluster | cases | over best of DDP, PipeDream (DDP stages) | over best of DDP, fsdp, fsdp+ac, torchtitan "
+            "| over best of every column | best never slower |",
+            "|---|---|---|---|---|---|"]
     for cl in dict.fromkeys(r["cluster"] for r in results):
         rs = [r for r in results if r["cluster"] == cl]
 
@@ -155,12 +170,13 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
             xs = [r[key] for r in rs if r[key]]
             return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.2f}x ({len(xs)})" if xs else "-"
 
-        out.append(f"| {cl} | {len(rs)} | {gm('gain_over_ddp_pipedream')} | {gm('gain_over_baselines')} | "
+        out.append(f"| {cl} | {len(rs)} | {gm('gain_over_ddp_pipedream')} | {gm('gain_over_by_hand')} | "
+                   f"{gm('gain_over_baselines')} | "
                    f"{all(r['best_never_slower'] for r in rs)} |")
     fits = [r for r in results if r["rows"]["data-parallel"].get("step_time_s") is None
-            and r["rows"]["pipedream-dp"].get("step_time_s") is None and r["rows"]["best"].get("step_time_s")]
+            and r["rows"][PLAIN].get("step_time_s") is None and r["rows"]["best"].get("step_time_s")]
     if fits:
-        out += ["", "Fit only with sharding (no DDP replica and no pipedream-dp pipeline fits): "
+        out += ["", "Fit only with sharding or recompute (no DDP replica and no pipeline of DDP stages fits): "
                 + "; ".join(f"{r['case']} on {r['cluster']} ({r['rows']['best']['chose']}, "
                             f"{r['rows']['best']['peak_gib']:.1f} of {r['device_gib']:.0f} GiB)" for r in fits) + "."]
     return "\n".join(out) + "\n"

@@ -12,6 +12,11 @@ Planners: every registered one (``autoplace.planners()``), in model and pipeline
 learned planner registered later becomes another column with no change here; learned planners
 get ``--budget`` seconds each.
 
+The run also writes ``placement_summary.{json,md}`` beside its output
+(:mod:`placement_summary`: per cluster the gain of the best plan over DDP, pipedream-dp, fsdp,
+fsdp+ac and torchtitan, and every case where the best is below one of them), and its markdown
+carries that table.
+
 Per (workload, cluster): the one-device step time (the fastest device, marked ``*`` when the
 model does not fit it: the time is then what it would take with enough memory), the lower bound
 (:func:`autoplace.lower_bound`), and per planner the simulated step time, the speedup over one
@@ -36,10 +41,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
 from autoplace.planners import NoFitError, get_planner, planners as registered  # noqa: E402
+import placement_summary  # noqa: E402
 
 PROFILES = ROOT.parent / "shared" / "data" / "pipedream"
 PROFILE_NAMES = ["alexnet", "vgg16", "resnet18", "resnet50", "resnext50", "inception_v3", "nasnetalarge", "gnmt"]
@@ -195,6 +202,8 @@ def markdown(results: list[dict[str, Any]], planners: list[tuple[str, str]], com
         out += [f"Learned planners registered but not run in this table: {', '.join(skipped)} "
                 "(run without `--kinds heuristic` to add them as columns).", ""]
     out += summary(results)
+    against = placement_summary.to_markdown(placement_summary.summarise(results), command).splitlines()
+    out += ["## Against the plans users run today", ""] + against[2:] + [""]
     kinds = {n: get_planner(n).kind for n in names}
     header = "| workload | ops | 1 device ms | " + " | ".join(
         f"{n}{' (learned)' if kinds[n] == 'learned' else ''}" for n in names) + " | best | bound |"
@@ -304,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     out.with_suffix(".json").write_text(json.dumps({"command": command.strip(), "elapsed_s": elapsed,
                                                     "planners": planners, "results": results}))
     out.with_suffix(".md").write_text(md + "\n")
+    against = placement_summary.summarise(results)
+    (out.parent / f"{out.name}_summary.json").write_text(json.dumps(against, indent=1))
+    (out.parent / f"{out.name}_summary.md").write_text(placement_summary.to_markdown(against, command.strip()))
     print(md)
 
 
