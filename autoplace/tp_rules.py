@@ -28,8 +28,11 @@ with the local head count; their cost is :mod:`autoplace.sim.tensor_parallel`.
 
 :func:`tp_problems`: a TP group must sit inside one host (the all-reduces are on the critical
 path twice per block; over a network they cost more than they save), and its degree must divide
-each pair's hidden width. The head count is not in the op graph (view sizes are folded into their
-producers), so ``tp`` dividing the heads is checked when the runtime rewrites the views
+each pair's hidden width and, for attention, its heads (key/value heads under GQA). The head
+count is not in the op graph's arrays (view sizes are folded into their producers): it is read
+from ``graph.meta["heads"]`` (``{projection path: heads}``, what
+:func:`autoplace.graph.heads.head_counts` finds in the fx graph) when the trace stored it; else
+the runtime checks it when it rewrites the views
 (:class:`~autoplace.rewrite.tensor_parallel.TensorParallelError`). This module sits below
 :mod:`autoplace.placement` and :mod:`autoplace.sim` and imports neither.
 """
@@ -72,6 +75,9 @@ class LinearPair:
     row_path: str
     hidden: int
     """the width split over the TP group (the column layer's output features)."""
+    heads: int = 0
+    """the heads the column's output is split into (attention), from ``graph.meta["heads"]``
+    (:func:`autoplace.graph.heads.head_counts`); 0 when not known or not attention."""
 
     @property
     def ops(self) -> tuple[int, ...]:
@@ -184,13 +190,15 @@ def tp_blocks(graph: "OpGraph") -> tuple[TPBlock, ...]:
 def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
     """One pair per column of every block that can be split (see the module docstring)."""
     out = []
+    heads = graph.meta.get("heads", {}) if isinstance(graph.meta, dict) else {}
     for b in tp_blocks(graph):
         if b.reason:
             continue
         for c in b.columns:
             rest = tuple(sorted({*b.columns, *b.between} - {c}))
-            out.append(LinearPair(c, b.row, rest, graph.module_paths[c], graph.module_paths[b.row],
-                                  _hidden(graph, c, b.row)))
+            path = graph.module_paths[c]
+            out.append(LinearPair(c, b.row, rest, path, graph.module_paths[b.row], _hidden(graph, c, b.row),
+                                  int(heads.get(path, 0)) if b.kind == "attention" else 0))
     return tuple(out)
 
 
@@ -233,6 +241,10 @@ def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequ
     if bad:
         out.append(f"tp={tp} does not divide the hidden width of {bad[0].column_path} ({bad[0].hidden}); "
                    f"use a degree that divides it")
+    few = [p for p in pairs if p.heads and p.heads % tp]
+    if few:
+        out.append(f"tp={tp} does not divide the {few[0].heads} heads of {few[0].column_path} (each device holds "
+                   f"whole heads; under GQA whole key/value heads too): use a degree that divides {few[0].heads}")
     if tp > 1 and graph is not None and not pairs:
         why = tp_refusals(graph)
         out.append(f"tp={tp}: the graph has no column/row linear blocks to split"

@@ -30,12 +30,10 @@ import torch
 import torch.fx
 
 from ..errors import AutoplaceError
+from ..graph.heads import reshape_sizes, split_index
 from ..tp_rules import LinearPair
 
 __all__ = ["TensorParallelError", "tp_layout", "whole_blocks", "localize_heads", "apply_tensor_parallel"]
-
-_RESHAPES = frozenset({"view", "reshape", "unflatten"})
-
 
 class TensorParallelError(AutoplaceError, ValueError):
     """A tensor-parallel layout does not fit the module; the message names the module and the fix."""
@@ -66,16 +64,10 @@ def _region(gm: torch.fx.GraphModule, layout: dict[str, str]) -> list[torch.fx.N
 
 def _local(sizes: list[Any], widths: set[int], t: int, where: str) -> list[Any] | None:
     """``sizes`` with the sharded entry divided by t, or None when it splits or merges no width."""
-    ints = [s if isinstance(s, int) else None for s in sizes]
-    k = None
-    if len(sizes) >= 1 and ints[-1] in widths:
-        k = len(sizes) - 1  # a merge: (..., heads x head_dim)
-    elif len(sizes) >= 2 and ints[-2] is not None and ints[-2] > 0 and (
-            ints[-1] == -1 or (ints[-1] is not None and ints[-2] * ints[-1] in widths)):
-        k = len(sizes) - 2  # a split: (..., heads, head_dim) or (..., heads, -1)
+    k = split_index(sizes, widths)
     if k is None:
         return None
-    n = int(ints[k] or 0)
+    n = int(sizes[k])
     if n % t:
         raise TensorParallelError(f"{where} has {n} {'heads' if k == len(sizes) - 2 else 'features'} on the "
                                   f"sharded dimension; tp={t} does not divide them: use a tensor-parallel degree "
@@ -85,22 +77,15 @@ def _local(sizes: list[Any], widths: set[int], t: int, where: str) -> list[Any] 
 
 def _widths(gm: torch.nn.Module, layout: dict[str, str]) -> set[int]:
     mods = dict(gm.named_modules())
-    out = {int(m.out_features) for p, s in layout.items() if s == "colwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
-    return out | {int(m.in_features) for p, s in layout.items() if s == "rowwise"
-                  and isinstance(m := mods.get(p), torch.nn.Linear)}
+    out = {int(m.out_features) for p, s in layout.items()
+           if s == "colwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
+    return out | {int(m.in_features) for p, s in layout.items()
+                  if s == "rowwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
 
 
 def _splits_a_width(n: torch.fx.Node, widths: set[int]) -> bool:
-    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-    if n.op not in ("call_method", "call_function") or name not in _RESHAPES:
-        return False
-    sizes = n.args[2] if name == "unflatten" and len(n.args) > 2 else n.args[1:]
-    if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)):
-        sizes = n.args[1]
-    try:
-        return isinstance(sizes, (tuple, list)) and _local(list(sizes), widths, 1, "") is not None
-    except TensorParallelError:
-        return False
+    got = reshape_sizes(n)
+    return got is not None and split_index(got[1], widths) is not None
 
 
 def whole_blocks(gm: torch.fx.GraphModule, layout: dict[str, str]) -> dict[str, str]:
@@ -138,26 +123,22 @@ def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> 
     widths = _widths(gm, layout)
     changed = 0
     for n in _region(gm, layout):
-        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-        if n.op not in ("call_method", "call_function") or name not in _RESHAPES:
+        got = reshape_sizes(n)
+        if got is None:
             continue
-        where = f"fx node {n.name} ({name}{tuple(n.args[1:])})"
-        if name == "unflatten":
-            sizes = n.args[2] if len(n.args) > 2 else n.kwargs.get("sizes")
-            new = _local(list(sizes), widths, t, where) if isinstance(sizes, (tuple, list)) else None
-            if new is not None:
-                n.args = (*n.args[:2], tuple(new), *n.args[3:]) if len(n.args) > 2 else n.args
-                if len(n.args) <= 2:
-                    n.kwargs = {**n.kwargs, "sizes": tuple(new)}
-                changed += 1
+        name, sizes = got
+        new = _local(sizes, widths, t, f"fx node {n.name} ({name}{tuple(n.args[1:])})")
+        if new is None:
             continue
-        first = n.args[1] if len(n.args) > 1 else None
-        one = len(n.args) == 2 and isinstance(first, (tuple, list))
-        shape = list(first) if isinstance(first, (tuple, list)) and one else list(n.args[1:])
-        new = _local(shape, widths, t, where)
-        if new is not None:
-            n.args = (n.args[0], tuple(new)) if one else (n.args[0], *new)
-            changed += 1
+        if name == "unflatten" and len(n.args) > 2:
+            n.args = (*n.args[:2], tuple(new), *n.args[3:])
+        elif name == "unflatten":
+            n.kwargs = {**n.kwargs, "sizes": tuple(new)}
+        elif len(n.args) == 2 and isinstance(n.args[1], (tuple, list)):
+            n.args = (n.args[0], tuple(new))
+        else:
+            n.args = (n.args[0], *new)
+        changed += 1
     if changed:
         gm.recompile()
     return changed

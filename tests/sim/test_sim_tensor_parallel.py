@@ -170,3 +170,27 @@ def test_zoo_attention_blocks() -> None:
     assert rows == {f"encoder.{i}.{m}" for i in (0, 1) for m in ("attention.output", "output")} and not why
     rows, why = found["transformer-xl"]  # relative shift (pad + reshape) and per-head biases u, v
     assert rows == {"layers.0.ff_out", "layers.1.ff_out"} and "op pad" in why[0]
+
+
+def test_gqa_heads_not_divisible_are_refused_with_the_fix() -> None:
+    import dataclasses
+
+    import torch.fx
+
+    from autoplace.graph.heads import head_counts
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "rewrite"))
+    import tp_models as tm
+
+    model = tm.build("llama")  # 4 query heads, 2 key/value heads
+    x, _ = tm.batch(8, 0)
+    g = autoplace.trace(model, (x,))
+    assert all(p.heads == 0 for p in linear_pairs(g))  # the op graph alone does not know them
+    g = dataclasses.replace(g, meta={**g.meta, "heads": head_counts(torch.fx.symbolic_trace(model))})
+    heads = {p.column_path: p.heads for p in linear_pairs(g)}
+    assert heads["layers.0.attention.wq"] == 4 and heads["layers.0.attention.wk"] == 2
+    assert heads["layers.0.feed_forward.w1"] == 0
+    c = cluster(4)
+    assert tp_problems(c, [0, 1], 2, linear_pairs(g)) == []
+    (msg,) = tp_problems(c, [0, 1, 2, 3], 4, linear_pairs(g))
+    assert msg.startswith("tp=4 does not divide the 2 heads of layers.0.attention.wk") and "divides 2" in msg
