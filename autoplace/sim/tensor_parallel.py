@@ -33,6 +33,7 @@ degree divides each pair's hidden width.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["LinearPair", "linear_pairs", "tp_problems", "tp_stage_cost", "tp_activation_bytes", "ELEMENTWISE",
+__all__ = ["LinearPair", "Collective", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
+           "tp_activation_bytes", "ELEMENTWISE",
            "SEQUENCE_KINDS"]
 
 SEQUENCE_KINDS = frozenset({"LayerNorm", "RMSNorm", "Dropout", "dropout", "layer_norm", "rms_norm"})
@@ -80,6 +82,43 @@ def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPai
     return np.where(split, 1.0 / max(t, 1), 1.0)
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a TP group per micro-batch: ``phase`` forward or backward, ``kind``
+    all_reduce, reduce_scatter or all_gather, ``nbytes`` the whole tensor's bytes, ``block``
+    the row's module path."""
+
+    phase: str
+    kind: str
+    nbytes: float
+    block: str
+
+
+def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
+                   *, sequence_parallel: bool = False) -> list[Collective]:
+    """The collectives one micro-batch of the ops ``ops`` runs (see the module docstring)."""
+    mask = np.zeros(graph.num_nodes, dtype=bool)
+    mask[np.asarray(ops)] = True
+    pairs = linear_pairs(graph) if pairs is None else pairs
+    edst, esrc = graph.edges[:, 1], graph.edges[:, 0]
+    out: list[Collective] = []
+    for row, ps in _blocks_inside(mask, pairs).items():
+        inner = [i for p in ps for i in p.ops]
+        name = ps[0].row_path
+        out_b = float(graph.out_bytes[row]) / microbatches
+        into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(esrc, inner)].max(initial=0.0)) / microbatches
+                for p in ps]
+        if sequence_parallel:  # forward: all-gather in, reduce-scatter out; backward: the mirror
+            out += [Collective("forward", "all_gather", max(into), name),
+                    Collective("forward", "reduce_scatter", out_b, name),
+                    Collective("backward", "all_gather", out_b, name),
+                    Collective("backward", "reduce_scatter", max(into), name)]
+        else:  # forward: the row's output; backward: each column's input gradient
+            out.append(Collective("forward", "all_reduce", out_b, name))
+            out += [Collective("backward", "all_reduce", x, name) for x in into]
+    return out
+
+
 def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], fwd: np.ndarray,
                   bwd: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None, *,
                   sequence_parallel: bool = False) -> tuple[float, float, float, float]:
@@ -100,17 +139,8 @@ def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices
         return f, b, 0.0, params
     lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
-    edst = graph.edges[:, 1]
-    comm = 0.0
-    for row, ps in blocks.items():
-        inner = {i for p in ps for i in p.ops}
-        out_b = graph.out_bytes[row] / microbatches
-        into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(graph.edges[:, 0], list(inner))].max(initial=0.0))
-                / microbatches for p in ps]
-        if sequence_parallel:  # forward: all-gather in, reduce-scatter out; backward: the mirror
-            comm += 2 * (_half_ring(max(into), t, inv, lat) + _half_ring(out_b, t, inv, lat))
-        else:  # forward: the row's output; backward: each column's input gradient
-            comm += _ring(out_b, t, inv, lat) + sum(_ring(x, t, inv, lat) for x in into)
+    comm = sum((_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
+               for c in tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel))
     return f, b, comm, params
 
 

@@ -1,15 +1,18 @@
 """Tensor parallelism under torchrun, gloo on CPU: the attention and MLP blocks the op graph
 shows, sharded with ColwiseParallel/RowwiseParallel (attention on local heads), train like the
-unsplit model to 1e-5: TP=2 on 2 ranks, and 2 pipeline stages x TP=2 on 4 ranks."""
+unsplit model to 1e-5: TP=2 on 2 ranks, and 2 pipeline stages x TP=2 on 4 ranks; the collectives
+torch runs are those the simulator charges."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.fx
@@ -18,6 +21,7 @@ import autoplace
 import pipeline_workers as pw
 import tp_models as tm
 from autoplace.rewrite.tensor_parallel import TensorParallelError, localize_heads, tp_layout, whole_blocks
+from autoplace.sim.tensor_parallel import tp_collectives
 from autoplace.tp_rules import linear_pairs
 
 CHILD = Path(__file__).with_name("tp_child.py")
@@ -46,6 +50,11 @@ def test_tp2_attention_and_mlp_equal_the_unsplit_model(tmp_path: Path) -> None:
         llama_layout |= (_attention(f"layers.{b}.attention", ("wq", "wk", "wv"), "wo")
                          | _attention(f"layers.{b}.feed_forward", ("w1", "w3"), "w2"))
     for name, layout in (("gpt", gpt_layout), ("llama", llama_layout)):
+        # the collectives torch ran (CommDebugMode) are the ones the simulator charges
+        graph = autoplace.trace(tm.build("gpt-qkv" if name == "gpt" else "llama"), (tm.batch(8, 0)[0],))
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1))
+        assert got[name][0]["comms"] == dict(charged) == {"forward all_reduce": 4,
+                                                          "backward all_reduce": 8 if name == "gpt" else 10}
         for r in got[name]:
             assert r["layout"] == layout
             assert {n.rsplit(".", 1)[0] for n in r["sharded"]} == set(layout)

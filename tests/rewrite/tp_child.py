@@ -4,7 +4,8 @@ Each case (model, pp): trace the model, find its column/row blocks (attention an
 graph; with pp=1 shard them over all ranks (TP=P) on the fx GraphModule, with pp=2 build a 2-stage
 pipeline whose ranks are TP groups of P/2 (build_schedule_runner, 1f1b); train 5 SGD steps, and
 save the losses, the layout and the largest difference of losses and (gathered) parameters from
-the unsplit model trained alongside on the same batches, to OUT/<id>-rank<r>.pt."""
+the unsplit model trained alongside on the same batches, to OUT/<id>-rank<r>.pt; with pp=1 also
+the collectives of the first step by phase and kind (CommDebugMode)."""
 
 from __future__ import annotations
 
@@ -53,16 +54,27 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     layout = tp_layout(pairs)
     gm = torch.fx.symbolic_trace(model)
     losses: list[float] = []
+    comms: dict[str, int] = {}
     if case["pp"] == 1:
         from torch.distributed.device_mesh import init_device_mesh
 
         apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
         modules: list[torch.nn.Module] = [gm]
         opt = torch.optim.SGD(gm.parameters(), lr=0.1)
+        from torch.distributed.tensor.debug import CommDebugMode
+
         for step in range(STEPS):
             x, y = tm.batch(8, step)
-            loss = tm.loss(gm(x), y)
-            loss.backward()
+            count = CommDebugMode()
+            with count:  # the collectives the sharded step runs, by kind (first step)
+                out_ = gm(x)
+                fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+                loss = tm.loss(out_, y)
+                loss.backward()
+            if step == 0:
+                total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+                comms = {f"forward {k}": v for k, v in fwd.items()}
+                comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
@@ -82,7 +94,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}
     sharded = sorted({n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")})
-    torch.save({"losses": losses, "layout": layout, "sharded": sharded,
+    torch.save({"losses": losses, "layout": layout, "comms": comms if case["pp"] == 1 else {}, "sharded": sharded,
                 "loss_err": max([abs(a - b) for a, b in zip(losses, want_losses)] or [0.0]),
                 "param_err": max((params[n] - want[n]).abs().max().item() for n in params),
                 "checked": sorted(params)}, out / f"{case['id']}-rank{rank}.pt")
