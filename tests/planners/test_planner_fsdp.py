@@ -55,8 +55,9 @@ def test_plans_are_valid_runnable_and_as_predicted(llama, name: str) -> None:  #
     b = plan(llama, c, planner=name, mode="pipeline", cost=half)
     assert b.precision == ("bf16",) * b.num_stages  # A100 has bf16 tensor cores
     assert simulate(llama, b, c, cost=half).step_time_s == pytest.approx(b.meta["predicted_step_time_s"])
-    if name == "fsdp+ac":
-        assert p.recompute and p.recompute[0]
+    if name == "fsdp+ac":  # torchtitan's AC wraps blocks, never the embedding, final norm or output projection
+        assert p.recompute and isinstance(p.recompute[0], tuple) and p.recompute[0]
+        assert all(u.rsplit(".", 1)[-1].isdigit() for u in p.recompute[0]), p.recompute
     p100 = plan(llama, Cluster.preset("4xP100-pcie"), planner=name, mode="pipeline", cost=half)
     assert not p100.precision  # no bf16 tensor cores: fp32
 

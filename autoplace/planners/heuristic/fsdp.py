@@ -10,7 +10,8 @@ checkpointing, and torchtitan's pipeline x FSDP composition.
   MixedPrecisionPolicy, fp32 master weights). Gradient accumulation (micro-batches) as
   the data-parallel baseline: 1, 2, 4, ... until it fits.
 - ``fsdp+ac``: the same with activation checkpointing, torchtitan's ``activation_checkpoint.mode``
-  "full" (every block) and "selective" per layer (every second block); the fastest that fits.
+  "full" (every block: not the embedding, final norm or output projection, which torchtitan
+  does not wrap) and "selective" per layer (every second block); the fastest that fits.
 - ``torchtitan``: torchtitan's recipes compose ``pp`` pipeline stages (the blocks cut evenly,
   embedding in the first stage, norm and output in the last, as its ``pipeline_module_split``)
   with data parallelism over the ``dp = devices / pp`` devices of each stage: FSDP
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.cluster import Cluster
+from autoplace.graph.units import block_units
 from autoplace.parallel import StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
@@ -56,8 +58,6 @@ def block_stages(graph: "OpGraph", pp: int) -> np.ndarray | None:
     """Stage of every op when the blocks (indexed units) are cut into ``pp`` equal runs: ops
     outside blocks follow their inputs (the embedding in the first stage, the head in the last).
     None when there are fewer blocks than stages or the cut would go back along an edge."""
-    from autoplace.graph.units import block_units
-
     units = block_units(graph)
     blocks = [k for k, name in enumerate(units.names) if name.rsplit(".", 1)[-1].isdigit()]
     if len(blocks) < pp:
@@ -148,8 +148,6 @@ def _whole(graph: "OpGraph", cluster: Cluster) -> tuple[np.ndarray, list[list[in
 
 def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner: str,
           recompute_options: list[tuple[str, Any]]) -> Placement:
-    from autoplace.graph.units import block_units
-
     search = _Search(graph, cluster, cost, planner)
     st, devs = _whole(graph, cluster)
     n = cluster.num_devices
@@ -170,6 +168,14 @@ def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner:
     return search.best(f"no micro-batch count makes a fully sharded copy fit on {n} devices")
 
 
+def _every_block(names: tuple[str, ...]) -> list[str] | bool:
+    """Every block, as torchtitan's ``activation_checkpoint.mode="full"`` wraps each transformer
+    block (not the embedding, final norm or output projection); True (every unit) when the
+    model has no blocks."""
+    blocks = [u for u in names if u.rsplit(".", 1)[-1].isdigit()]
+    return blocks if blocks else True
+
+
 def _every_second_block(names: tuple[str, ...]) -> list[str]:
     """The 2nd, 4th, ... block, as torchtitan's selective layer AC "2" picks them (it counts from 1)."""
     blocks = [u for u in names if u.rsplit(".", 1)[-1].isdigit()]
@@ -183,7 +189,8 @@ def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" =
 
 def place_fsdp_ac(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
                   module: Any = None) -> Placement:
-    return _fsdp(graph, cluster, cost, "fsdp+ac", [("full AC", True), ("AC every 2nd block", _every_second_block)])
+    return _fsdp(graph, cluster, cost, "fsdp+ac", [("full AC", _every_block),
+                                                  ("AC every 2nd block", _every_second_block)])
 
 
 def _pp_degrees(cluster: Cluster) -> list[int]:
@@ -194,6 +201,7 @@ def _pp_degrees(cluster: Cluster) -> list[int]:
 def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
                      module: Any = None) -> Placement:
     search = _Search(graph, cluster, cost, "torchtitan")
+    full_ac = _every_block(block_units(graph).names)
     d = cluster.num_devices
     precision = precision_for(cluster, search.cost)
     for pp in _pp_degrees(cluster):
@@ -211,7 +219,7 @@ def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | N
             for ac in (False, True):
                 for m in ms:
                     search.run(f"pp={pp} x {shard} {dp} ({'full AC' if ac else 'no AC'}), {precision}, {m} micro-batches",
-                               st, devs, m, shard=shard, recompute=ac, precision=precision)
+                               st, devs, m, shard=shard, recompute=full_ac if ac else False, precision=precision)
     return search.best(f"no pipeline x FSDP combination over {d} devices fits")
 
 

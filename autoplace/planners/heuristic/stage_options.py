@@ -16,7 +16,8 @@ given (:mod:`autoplace.parallel` names the options):
   when memory allows; a pipeline: free them after each action, tried when memory is short);
 - ``recompute`` per stage, at unit granularity (activation checkpointing, Chen et al., "Training
   Deep Nets with Sublinear Memory Cost", 2016): none, or the fewest blocks of the stage (spread
-  evenly over its blocks, :mod:`autoplace.graph.units`) that bring the stage's devices within
+  evenly over its blocks, :mod:`autoplace.graph.units`; k of U blocks are every (U/k)-th one, so
+  U/2 of them are torchtitan's selective AC "2") that bring the stage's devices within
   memory, found by bisection on the count. All stages bisect together: a stage's memory depends
   on its own options, so one simulation answers every stage's probe; the chosen combination is
   simulated again as a whole.
@@ -108,7 +109,9 @@ class _Space:
             return False
         if k >= len(blocks):
             return True if len(blocks) == len(self.owned[s]) else tuple(blocks)
-        picks = sorted({int((i + 0.5) * len(blocks) / k) for i in range(k)})
+        # every (U/k)-th block, the last one included: torchtitan's selective AC "j" (blocks
+        # j, 2j, ... counted from 1) when k = U / j
+        picks = sorted({int((i + 1) * len(blocks) / k) - 1 for i in range(k)})
         return tuple(blocks[i] for i in picks)
 
 
