@@ -2,6 +2,7 @@
 ``fully_shard`` and ``checkpoint_wrapper``: CPU, gloo, 2 processes, measured side by side.
 
     python benchmarks/fsdp_runtime.py          # writes benchmarks/results/fsdp_runtime.{json,md}
+    python benchmarks/fsdp_runtime.py --smoke  # one short round: checks it runs, writes nothing
 
 Both sides train the same Llama-class model (4 blocks of width 256, batch 8 x 256 tokens) with
 the same plan: FSDP over the 2 processes, one unit per block plus the embedding, the final norm
@@ -9,9 +10,14 @@ and the output projection, and (second pair) full activation checkpointing of th
 hand is torchtitan's composition: ``checkpoint_wrapper`` around each block, ``fully_shard`` on
 each block, on the embedding, norm and output, then on the model. autoplace's side is
 ``build_sharded_runner`` on the traced model (units outlined into GraphModules, the same
-``fully_shard`` calls). Each measured step is a forward, a backward and an SGD step; the two
-sides alternate in rounds (A B, B A, ...) so load on the machine falls on both; the ratio of
-medians and of the fastest rounds are reported with the spread of the per-round ratios.
+``fully_shard`` calls). Each measured step is a forward, a backward and an SGD step, and the
+batch loss all-reduced over the processes (the runner returns it on every rank; by hand does the
+same); the two sides alternate in rounds (A B, B A, ...) so load on the machine falls on both.
+Reported: the median of the per-round ratios (paired: both sides of a round saw the same load)
+with their quartiles, the ratio of medians and the ratio of the fastest rounds. Before timing,
+both sides' first-step losses must agree (the same computation). Run it on a quiet machine
+(``os.getloadavg()`` is recorded before and after); ``--smoke`` runs one round and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 ROUNDS, STEPS, WARMUP = 25, 2, 3
+if "--smoke" in sys.argv or os.environ.get("AUTOPLACE_FSDP_RUNTIME_SMOKE"):
+    ROUNDS, STEPS, WARMUP = 2, 1, 1
 CONFIG = dict(small=True, batch_size=8, seq_len=256, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704,
               vocab_size=4096)
 
@@ -55,8 +63,10 @@ def child(out: Path) -> None:
         by_hand = copy.deepcopy(wl.model)
         traced = trace_module(wl.model, wl.example_inputs)
         c = Cluster.from_devices(["cpu"] * world)
+        # torchtitan's full AC checkpoints the blocks only: the same units on both sides
+        blocks = [f"layers.{i}" for i in range(CONFIG["n_layers"])]
         plan = Placement.pipeline(traced.graph, c, np.zeros(traced.graph.num_nodes, dtype=int), [list(range(world))],
-                                  microbatches=1, shard="fsdp", recompute=ac)
+                                  microbatches=1, shard="fsdp", recompute=blocks if ac else False)
         runner = build_sharded_runner(traced, plan, c, example_inputs=wl.example_inputs, loss_fn=wl.loss_fn)
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
         for i, layer in enumerate(list(by_hand.layers)):
@@ -79,10 +89,21 @@ def child(out: Path) -> None:
             opt_a.step()
             opt_a.zero_grad()
 
-        def step_hand() -> None:
-            wl.loss_fn(by_hand(x[share]), y[share]).backward()
+        def step_hand() -> torch.Tensor:
+            loss = wl.loss_fn(by_hand(x[share]), y[share])
+            loss.backward()
+            total = loss.detach().float()
+            dist.all_reduce(total)  # the batch loss on every rank, as the runner returns it
             opt_b.step()
             opt_b.zero_grad()
+            return total / world
+
+        first_a, first_b = runner.step(x, target=y), step_hand()
+        opt_a.step()
+        opt_a.zero_grad()
+        if not torch.allclose(first_a, first_b, rtol=1e-4, atol=1e-5):
+            raise SystemExit(f"ac={ac}: first-step losses differ (autoplace {float(first_a)}, by hand "
+                             f"{float(first_b)}): the two sides do not run the same computation")
 
         def timed(fn) -> float:  # type: ignore[no-untyped-def]
             dist.barrier()
@@ -100,7 +121,7 @@ def child(out: Path) -> None:
             first, second = (step_autoplace, step_hand) if r % 2 == 0 else (step_hand, step_autoplace)
             t1, t2 = timed(first), timed(second)
             (a.append(t1), b.append(t2)) if r % 2 == 0 else (b.append(t1), a.append(t2))
-        rows["fsdp+ac" if ac else "fsdp"] = dict(autoplace_s=a, by_hand_s=b)
+        rows["fsdp+ac" if ac else "fsdp"] = dict(autoplace_s=a, by_hand_s=b, loadavg=list(os.getloadavg()))
     if rank == 0:
         (out / "runtime.json").write_text(json.dumps(rows))
     dist.barrier()
@@ -117,8 +138,10 @@ def main() -> None:
         cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                __file__, "--child", tmp]
         t0 = time.perf_counter()
+        load_before = list(os.getloadavg())
+        smoke = {"AUTOPLACE_FSDP_RUNTIME_SMOKE": "1"} if "--smoke" in sys.argv else {}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **smoke})
         if proc.returncode:
             sys.exit(proc.stderr[-3000:])
         rows = json.loads(Path(tmp, "runtime.json").read_text())
@@ -126,17 +149,24 @@ def main() -> None:
              f"Written by `python benchmarks/fsdp_runtime.py` ({time.perf_counter() - t0:.0f} s). Llama-class model, "
              f"{CONFIG['n_layers']} blocks of width {CONFIG['dim']}, batch 8 x {CONFIG['seq_len']} tokens; "
              f"{ROUNDS} alternating rounds of {STEPS} steps (forward, backward, SGD step) after {WARMUP} warm-up steps.",
-             "The machine is shared (other processes load its cores), so rounds vary; the ratio of the fastest "
-             "rounds of each side (least disturbed) is given beside the ratio of medians.",
-             "", "| plan | autoplace (median s/step) | by hand (median s/step) | ratio of medians | ratio of fastest "
-             "rounds | per-round ratio (min .. max) |", "|---|---|---|---|---|---|"]
+             f"Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; after: "
+             + "; ".join(f"{k} {', '.join(f'{x:.2f}' for x in r['loadavg'])}" for k, r in rows.items())
+             + ". The per-round ratio pairs the two sides of one round (same load); its median is the figure.",
+             "", "| plan | autoplace (median s/step) | by hand (median s/step) | median per-round ratio (quartiles) "
+             "| ratio of medians | ratio of fastest rounds | per-round ratio (min .. max) |",
+             "|---|---|---|---|---|---|---|"]
     out = {}
     for plan, r in rows.items():
         a, b = statistics.median(r["autoplace_s"]), statistics.median(r["by_hand_s"])
         per = sorted(x / y for x, y in zip(r["autoplace_s"], r["by_hand_s"]))
         fastest = min(r["autoplace_s"]) / min(r["by_hand_s"])
-        out[plan] = dict(**r, ratio=a / b, ratio_fastest=fastest, per_round=per)
-        table.append(f"| {plan} | {a:.4f} | {b:.4f} | {a / b:.3f} | {fastest:.3f} | {per[0]:.3f} .. {per[-1]:.3f} |")
+        q = statistics.quantiles(per, n=4) if len(per) > 1 else [per[0]] * 3
+        out[plan] = dict(**r, ratio=a / b, ratio_fastest=fastest, per_round=per, ratio_paired=q[1])
+        table.append(f"| {plan} | {a:.4f} | {b:.4f} | {q[1]:.3f} ({q[0]:.3f} .. {q[2]:.3f}) | {a / b:.3f} | "
+                     f"{fastest:.3f} | {per[0]:.3f} .. {per[-1]:.3f} |")
+    if "--smoke" in sys.argv:
+        print("\n".join(table))
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fsdp_runtime.json").write_text(json.dumps(out, indent=1))
     (RESULTS / "fsdp_runtime.md").write_text("\n".join(table) + "\n")
