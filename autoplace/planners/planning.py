@@ -318,7 +318,7 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                          + "".join(f"; {n}" for n in stopped)))
         rows.append(row)
         if got != p and not row["oom"] and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
-            out = (row["step_time_s"], got, row)
+            out = (row["step_time_s"], dataclasses.replace(got, planner=label), row)  # "by pipedream-dp+sched"
     return out
 
 

@@ -37,7 +37,8 @@ def test_a_deep_uniform_pipeline_gets_a_schedule_variant_that_runs(monkeypatch: 
     assert without.schedule in ("1f1b", "gpipe") and not any(k.endswith("+sched") for k in _rows(without))
     assert got.schedule in MULTI_SCHEDULES
     assert got.meta["predicted_step_time_s"] < without.meta["predicted_step_time_s"] * 0.99
-    row = _rows(got)[f"{without.planner}+sched"]
+    assert got.planner == f"{without.planner}+sched"  # the plan says where it came from
+    row = _rows(got)[got.planner]
     assert row["note"].startswith(f"chose {got.schedule}, v={got.virtual_stages}") and row["schedules_tried"] > 10
     assert row["step_time_s"] == pytest.approx(got.meta["predicted_step_time_s"])
     c = Cluster.preset("8xV100-nvlink")
