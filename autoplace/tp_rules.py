@@ -15,10 +15,16 @@ refused, with the reason (:func:`tp_refusals`), when
 - a column's output is split or sliced (one fused q/k/v projection, GPT-2's ``c_attn``): its
   weight holds q, k and v one after another, so a contiguous column shard would give device 0
   all of q and half of k (the runtime shards contiguously);
+- an op between is not of :data:`BETWEEN` (Transformer-XL's relative shift, ``pad`` and a
+  reshape over the heads and positions): it may mix features across devices;
 - an op between holds parameters of the block's module (Transformer-XL's per-head biases ``u``,
   ``v``): they would need sharding by heads too (the model's own tables, RoPE's cos and sin, are
-  the same for every head and stay whole); or an op between normalises or reduces over the features (a LayerNorm);
+  the same for every head and stay whole);
 - a value computed from the columns is read outside the block.
+
+A Linear whose walk back meets a norm (a linear after a residual block), a Linear of another
+module, or its module's input directly is no row at all. Values from outside the module met on
+the way (a mask, a table) are side inputs, the same on every device.
 
 :func:`linear_pairs` gives one :class:`LinearPair` (column, row) per column of every block that is
 not refused; the pairs of one block share its row and list the block's other columns and ops in

@@ -10,7 +10,10 @@ columns, the ops between and the row divided by t; in forward one all-reduce of 
 in backward one all-reduce of the gradient of each column's input (torch's ``ColwiseParallel``
 reduces each column module's input gradient on its own: q, k and v give three, as what runs),
 each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Patarasuk and Yuan,
-JPDC 2009) over the slowest link among the t devices.
+JPDC 2009) over the slowest link among the t devices. :func:`tp_collectives` lists them (a
+value); the torchrun test counts the collectives torch runs in a sharded step (CommDebugMode)
+and finds these. Activation bytes per device: :func:`tp_activation_bytes` (the multi-stage
+simulator does not use it yet: it keeps activations whole under TP).
 
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, section 4.2.2, ``sequence_parallel=True``; simulated only: the runtime and the
