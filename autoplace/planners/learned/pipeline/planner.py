@@ -261,15 +261,38 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         train_s=result.wall_s if result is not None else 0.0, history=meta["history"], details=details).to_dict()
     out = env.placement(planner="pipeline-rl", meta=meta)
     if cfg.schedules:
-        out = _polish(graph, cluster, sim, out, [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta))
-                                                 for s in seeds if not s.oom])
+        out = _polish(graph, cluster, sim, out, _seed_plans(graph, cluster, cost, seeds, env, meta))
+    return out
+
+
+def _seed_plans(graph: "OpGraph", cluster: Cluster, cost: "CostModel", seeds: list[Any], env: Any,
+                meta: dict[str, Any]) -> list[tuple[str, Placement]]:
+    """Each seed's plan that fits, as the policy's candidates hold it (stages, devices,
+    micro-batches, schedule) and, where its heuristic sets per-stage options (FSDP shards,
+    recompute, precision: pipedream-dp's stage-options pass), the heuristic's own placement with
+    them (run again; the candidates do not carry options), so the answer is never slower than
+    a seed's plan."""
+    from autoplace.errors import NoFitError
+    from autoplace.planners import budget as _budget
+    from autoplace.planners.registry import call_planner, get_planner
+
+    out = [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta)) for s in seeds if not s.oom]
+    for name in dict.fromkeys(s.planner for s in seeds):
+        if _budget.expired():
+            break
+        try:
+            p = call_planner(get_planner(name), graph, cluster, "pipeline", cost=cost)
+        except (NoFitError, _budget.OutOfTime):
+            continue
+        if p.mode == "pipeline" and (p.shard or p.recompute or p.precision or p.reshard_after_forward):
+            out.append((name, dataclasses.replace(p, planner="pipeline-rl", meta=dict(meta))))
     return out
 
 
 def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
             seeds: list[tuple[str, Placement]]) -> Placement:
     """Step 6: best_schedule on ``best`` and each seed's plan (each distinct plan once, until
-    planning's deadline); the fastest result, with ``meta["schedule_polish"]``: the step before
+    planning's deadline; a plan over memory is never chosen); the fastest result, with ``meta["schedule_polish"]``: the step before
     and after, where the winner came from and the variants tried (``source`` gains ``+sched``
     when a schedule variant won)."""
     from autoplace.planners import budget as _budget
@@ -288,16 +311,22 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         tried += len(choice.candidates)
         ev = sim.run(choice.placement, timeline=False)
         if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
-            top = (float(ev.step_time_s), choice.placement, f"{source or 'its best plan'}+sched")
+            changed = _bare(choice.placement) != _bare(p)
+            top = (float(ev.step_time_s), choice.placement, f"{source or 'its best plan'}" + ("+sched" if changed else ""))
     meta = dict(best.meta)
     meta["schedule_polish"] = {"step_before_s": before, "step_after_s": top[0], "from": top[2] or "unchanged",
                                "plans": len(seen), "variants_tried": tried}
     if top[2]:
-        meta["source"] = top[2] if top[2] != "its best plan+sched" else f"{meta.get('source', '')}+sched"
+        src = top[2]  # "its best plan+sched" (the sampled or seed plan env kept), "NAME+sched" or "NAME"
+        meta["source"] = str(meta.get("source", "")) + src[len("its best plan"):] if src.startswith("its best") else src
         report = dict(meta.get(REPORT_KEY, {}))
         report["source"] = meta["source"]
         meta[REPORT_KEY] = report
     return dataclasses.replace(top[1], meta=dict(top[1].meta, **meta), planner="pipeline-rl")
+
+
+def _bare(p: Placement) -> dict[str, Any]:
+    return {k: v for k, v in p.to_dict().items() if k not in ("planner", "meta")}
 
 
 def _finite(x: float) -> float | None:
