@@ -31,6 +31,7 @@ import torch.fx
 
 from ..errors import AutoplaceError
 from ..graph.heads import reshape_sizes, split_index
+from .sequence_parallel import sequence_parallel_rewrite
 from ..tp_rules import LinearPair
 
 __all__ = ["TensorParallelError", "tp_layout", "whole_blocks", "localize_heads", "apply_tensor_parallel"]
@@ -144,9 +145,13 @@ def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> 
     return changed
 
 
-def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh: Any) -> torch.nn.Module:
+def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh: Any, *,
+                          sequence_parallel: bool = False) -> torch.nn.Module:
     """Shard ``module``'s linears in place as ``layout`` says, over the 1-D ``mesh``, with the
-    attention's reshapes at the local head count; returns it."""
+    attention's reshapes at the local head count; returns it. ``sequence_parallel``: also run
+    the per-token ops between the blocks on the rank's share of the sequence
+    (:mod:`autoplace.rewrite.sequence_parallel`; a GraphModule only)."""
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     names = dict(module.named_modules())
@@ -167,4 +172,15 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
         plan[path] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
     if isinstance(module, torch.fx.GraphModule):
         localize_heads(module, layout, t)
+    if sequence_parallel:
+        if not isinstance(module, torch.fx.GraphModule):
+            raise TensorParallelError(f"sequence parallelism rewrites the module's graph; {type(module).__name__} is "
+                                      "not an fx GraphModule: trace it (torch.fx.symbolic_trace) or drop "
+                                      "sequence_parallel")
+        cols = sequence_parallel_rewrite(module, layout, mesh.get_group(), t, mesh.get_local_rank())
+        for path, style in layout.items():
+            if style == "rowwise":
+                plan[path] = RowwiseParallel(output_layouts=Shard(1))
+            elif path in cols:
+                plan[path] = ColwiseParallel(input_layouts=Shard(1))
     return parallelize_module(module, mesh, plan)

@@ -16,14 +16,17 @@ and finds these. Activation bytes per device: :func:`tp_activation_bytes` (the m
 simulator does not use it yet: it keeps activations whole under TP).
 
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-Models", 2022, section 4.2.2, ``sequence_parallel=True``; simulated only: the runtime and the
-planners do not use it yet): outside the blocks the activations are split on the sequence
-dimension, so each block's input is all-gathered (g) in forward and its output reduce-scattered
-(g-bar), and in backward the mirror (reduce-scatter of the input gradient, once per block as a
-module-input redistribution does, all-gather of the output gradient); each ring
+Models", 2022, section 4.2.2, ``sequence_parallel=True``; the planners do not set it yet):
+outside the blocks the activations are split on the sequence dimension, so each row's output is
+reduce-scattered (g-bar) in forward and its gradient all-gathered in backward, and a block's
+input is all-gathered (g) in forward and its gradient reduce-scattered in backward, once per
+column as the runtime (:mod:`autoplace.rewrite.sequence_parallel`, torch's ``ColwiseParallel``
+per module) does, where the paper has one per block; the first block's input comes before any
+row and stays whole (its columns all-reduce their input gradients as without SP). Each ring
 ``(t - 1) / t x bytes / bandwidth + (t - 1) x latency``. The norms and dropouts outside the
 blocks then run on ``1/t`` of the tokens: their time and activations divided by t
-(:data:`SEQUENCE_KINDS`).
+(:data:`SEQUENCE_KINDS`). Not charged: the norms' weight-gradient all-reduces and the all-gather
+of the last block's output before the model's head (small next to the blocks').
 
 :func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
 the blocks (MLP and attention; fused q/k/v projections and attention with per-head parameters
@@ -105,19 +108,21 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
     pairs = linear_pairs(graph) if pairs is None else pairs
     edst, esrc = graph.edges[:, 1], graph.edges[:, 0]
     out: list[Collective] = []
+    first_row = min((p.row for p in pairs), default=graph.num_nodes)
     for row, ps in _blocks_inside(mask, pairs).items():
         inner = [i for p in ps for i in p.ops]
         name = ps[0].row_path
         out_b = float(graph.out_bytes[row]) / microbatches
         into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(esrc, inner)].max(initial=0.0)) / microbatches
                 for p in ps]
-        if sequence_parallel:  # forward: all-gather in, reduce-scatter out; backward: the mirror
-            out += [Collective("forward", "all_gather", max(into), name),
-                    Collective("forward", "reduce_scatter", out_b, name),
-                    Collective("backward", "all_gather", out_b, name),
-                    Collective("backward", "reduce_scatter", max(into), name)]
-        else:  # forward: the row's output; backward: each column's input gradient
+        if sequence_parallel:  # the row: reduce-scatter of its output, all-gather of its gradient
+            out += [Collective("forward", "reduce_scatter", out_b, name), Collective("backward", "all_gather", out_b, name)]
+        else:  # the row's output
             out.append(Collective("forward", "all_reduce", out_b, name))
+        if sequence_parallel and min(p.column for p in ps) > first_row:  # a sharded input: each column gathers it
+            out += [Collective(ph, k, x, name) for x in into for ph, k in (("forward", "all_gather"),
+                                                                            ("backward", "reduce_scatter"))]
+        else:  # each column's input gradient (the first block's input is whole under SP too)
             out += [Collective("backward", "all_reduce", x, name) for x in into]
     return out
 

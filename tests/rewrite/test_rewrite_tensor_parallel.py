@@ -113,3 +113,21 @@ def test_a_block_cut_by_a_stage_boundary_stays_whole() -> None:
     assert whole_blocks(gm, layout) == {"other": "colwise"}
     uncut, full = _traced(4)
     assert whole_blocks(uncut, full) == full
+
+
+def test_tp2_with_sequence_parallelism_equals_the_unsplit_model(tmp_path: Path) -> None:
+    got = _launch(tmp_path, 2, [{"id": "gpt", "model": "gpt-qkv", "pp": 1, "sp": True},
+                                {"id": "llama", "model": "llama", "pp": 1, "sp": True}])
+    names = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+             "all_gather_into_tensor": "all_gather"}
+    for name, parts in got.items():
+        graph = autoplace.trace(tm.build("gpt-qkv" if name == "gpt" else "llama"), (tm.batch(8, 0)[0],))
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1,
+                                                                        sequence_parallel=True))
+        # the blocks' collectives (DTensor's) are the simulator's; the rewrite's own (allgather_, allreduce_:
+        # the cut before the head, the norms' weight gradients) are not charged
+        ran = {f"{k.split()[0]} {names[k.split()[1]]}": v for k, v in parts[0]["comms"].items()
+               if k.split()[1] in names}
+        assert ran == dict(charged), (name, parts[0]["comms"])
+        for r in parts:
+            assert len(r["losses"]) == 5 and r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (name, r)

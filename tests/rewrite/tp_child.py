@@ -58,7 +58,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     if case["pp"] == 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
+        apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)), sequence_parallel=case.get("sp", False))
         modules: list[torch.nn.Module] = [gm]
         opt = torch.optim.SGD(gm.parameters(), lr=0.1)
         from torch.distributed.tensor.debug import CommDebugMode

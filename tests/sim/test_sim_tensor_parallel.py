@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,8 @@ import pytest
 
 import autoplace
 from autoplace import Cluster, OpGraph
-from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes, tp_problems, tp_stage_cost
+from autoplace.sim.tensor_parallel import (linear_pairs, tp_activation_bytes, tp_collectives, tp_problems,
+                                          tp_stage_cost)
 from autoplace.tp_rules import tp_refusals
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "rewrite"))
@@ -134,13 +137,21 @@ def test_attention_collectives_hand_computed(t: int) -> None:
     assert comm == pytest.approx(4 * ring)
     assert (f, b) == (pytest.approx(2 + 5 / t), pytest.approx(2 * (2 + 5 / t)))
     assert params == pytest.approx(32 * 4 + 4 * 272 * 4 / t)
-    # sequence parallelism: forward all-gather of the input and reduce-scatter of o's output, backward the
-    # mirror, each (t-1)/t x 1024 / 1e9 + (t-1) x 1e-5; the LayerNorm runs on 1/t of the tokens
+    # sequence parallelism, the first block (its input comes before any row, whole): reduce-scatter of o's
+    # output and all-gather of its gradient, each (t-1)/t x 1024 / 1e9 + (t-1) x 1e-5, and the three
+    # columns' input-gradient all-reduces; the LayerNorm runs on 1/t of the tokens
     f_sp, _, comm_sp, _ = tp_stage_cost(g, c, np.arange(7), list(range(t)), np.ones(7), 2 * np.ones(7), 2,
                                         sequence_parallel=True)
     half = (t - 1) / t * 1024 / 1e9 + (t - 1) * 1e-5
-    assert comm_sp == pytest.approx(4 * half)
+    assert comm_sp == pytest.approx(2 * half + 3 * ring)
     assert f_sp == pytest.approx(1 + 6 / t)
+    # a later block (a row before it): each column all-gathers its input and reduce-scatters its gradient
+    pairs = linear_pairs(g)
+    before = dataclasses.replace(pairs[0], column=0, row=0, between=())  # a block at op 0, outside the ops taken
+    kinds = Counter((x.phase, x.kind) for x in tp_collectives(g, np.arange(1, 7), 2, [before, *pairs],
+                                                                 sequence_parallel=True))
+    assert kinds == {("forward", "reduce_scatter"): 1, ("backward", "all_gather"): 1,
+                     ("forward", "all_gather"): 3, ("backward", "reduce_scatter"): 3}
 
 
 @pytest.mark.parametrize("t", [2, 4])

@@ -1,0 +1,144 @@
+"""Sequence parallelism on a traced module (Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models", 2022, section 4.2.2): with tensor parallelism over t
+ranks, the per-token ops outside the column/row blocks (residual adds, norms, dropouts) run on
+``1/t`` of the sequence (dimension 1, batch first) instead of all of it.
+
+:func:`sequence_parallel_rewrite` rewrites the fx graph in place and says how to shard the
+linears: each row's output is reduce-scattered on the sequence (``RowwiseParallel(output_layouts=
+Shard(1))``); the per-token ops reached from a row's output, up to the next block's columns, form
+the sequence-parallel region; a column whose input is in the region all-gathers it
+(``ColwiseParallel(input_layouts=Shard(1))``, reduce-scatter of the input gradient in backward);
+a whole-sequence activation read in the region is cut to the rank's share (``_SeqShard``: the
+gradient all-gathered in backward), and a region value read outside it is all-gathered
+(``_SeqGather``: the rank's share of the gradient in backward). Parameters used in the region
+(the norms' weights) see only the rank's tokens, so their gradients are summed over the group by
+a hook. The first block's input is computed whole (it comes before any row), as is everything
+before it. Where this departs from the paper: the columns of one block each all-gather their
+input (torch's ``ColwiseParallel`` per module) instead of one all-gather per block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+
+__all__ = ["PER_TOKEN", "sequence_parallel_rewrite"]
+
+PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
+                       "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
+                       "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Tanh"})
+"""Ops that work on each token alone (module class names for call_module nodes); ``mean`` and
+``sum`` count when they reduce over the last dimension only."""
+
+
+class _SeqShard(torch.nn.Module):
+    """The rank's share of the sequence of a whole activation; backward all-gathers the gradient."""
+
+    def __init__(self, group: Any, t: int, rank: int) -> None:
+        super().__init__()
+        self.group, self.t, self.rank = group, t, rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Shard.apply(x, self.group, self.t, self.rank)
+
+
+class _SeqGather(_SeqShard):
+    """The whole sequence from every rank's share; backward keeps the rank's share of the gradient."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Shard.apply(x, self.group, self.t, self.rank, True)
+
+
+class _Shard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, t: int, rank: int, gather: bool = False) -> torch.Tensor:
+        ctx.group, ctx.t, ctx.rank, ctx.gather = group, t, rank, gather
+        return _all_gather(x, group, t) if gather else x.chunk(t, dim=1)[rank].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out = g.chunk(ctx.t, dim=1)[ctx.rank].contiguous() if ctx.gather else _all_gather(g, ctx.group, ctx.t)
+        return out, None, None, None, None
+
+
+def _all_gather(x: torch.Tensor, group: Any, t: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(t)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _kind(n: torch.fx.Node, mods: dict[str, torch.nn.Module]) -> str:
+    if n.op == "call_module":
+        return type(mods[str(n.target)]).__name__
+    if n.op in ("call_function", "call_method"):
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if name in ("mean", "sum"):
+            dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+            return name + "-last" if dims in (-1, (-1,), [-1]) else name
+        return name
+    return n.op
+
+
+def sequence_parallel_rewrite(gm: torch.fx.GraphModule, layout: dict[str, str], group: Any, t: int,
+                              rank: int) -> set[str]:
+    """Rewrite ``gm`` in place for sequence parallelism (module docstring); returns the columns
+    whose input is sequence-sharded (they take ``input_layouts=Shard(1)``)."""
+    mods = dict(gm.named_modules())
+    rows = [n for n in gm.graph.nodes if n.op == "call_module" and layout.get(str(n.target)) == "rowwise"]
+    region: set[torch.fx.Node] = set()
+    sharded_cols: set[str] = set()
+    exits: list[tuple[torch.fx.Node, torch.fx.Node]] = []
+    todo = list(rows)
+    while todo:
+        n = todo.pop()
+        for u in list(n.users):
+            style = layout.get(str(u.target)) if u.op == "call_module" else None
+            if style == "colwise":
+                sharded_cols.add(str(u.target))
+            elif u in region:
+                continue
+            elif style is None and _kind(u, mods) in PER_TOKEN | {"mean-last", "sum-last"}:
+                region.add(u)
+                todo.append(u)
+            else:
+                exits.append((n, u))
+    params: list[torch.nn.Parameter] = []
+    k = 0
+    for n in [x for x in gm.graph.nodes if x in region]:
+        if n.op == "call_module":
+            params += list(mods[str(n.target)].parameters())
+        for a in n.all_input_nodes:
+            if a in region or a in rows:
+                continue
+            if a.op == "get_attr":
+                obj = gm.get_parameter(str(a.target)) if str(a.target) in dict(gm.named_parameters()) else None
+                if obj is not None:
+                    params.append(obj)
+                continue
+            name = f"_sp_shard{k}"
+            k += 1
+            gm.add_module(name, _SeqShard(group, t, rank))
+            with gm.graph.inserting_before(n):
+                cut = gm.graph.call_module(name, (a,))
+            n.replace_input_with(a, cut)
+    for a, u in exits:
+        name = f"_sp_gather{k}"
+        k += 1
+        gm.add_module(name, _SeqGather(group, t, rank))
+        with gm.graph.inserting_after(a):
+            whole = gm.graph.call_module(name, (a,))
+        u.replace_input_with(a, whole)
+    for p in {id(p): p for p in params}.values():
+        p.register_hook(lambda g: _summed(g, group))
+    gm.graph.lint()
+    gm.recompile()
+    return sharded_cols
+
+
+def _summed(g: torch.Tensor, group: Any) -> torch.Tensor:
+    g = g.clone()
+    dist.all_reduce(g, group=group)
+    return g
