@@ -13,7 +13,9 @@ gradient all-gathered in backward), and a region value read outside it is all-ga
 (``_SeqGather``: the rank's share of the gradient in backward). Parameters used in the region
 (the norms' weights) see only the rank's tokens, so their gradients are summed over the group by
 a hook. The first block's input is computed whole (it comes before any row), as is everything
-before it. Where this departs from the paper: the columns of one block each all-gather their
+before it. A size read of a region value (``x.size(1)`` for a reshape) is a reader outside the
+region: the value is gathered for it (right, at one more all-gather). Pipeline stages with SP are
+not built (the runner's stage boundaries carry whole sequences). Where this departs from the paper: the columns of one block each all-gather their
 input (torch's ``ColwiseParallel`` per module) instead of one all-gather per block.
 """
 
@@ -25,13 +27,19 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-__all__ = ["PER_TOKEN", "sequence_parallel_rewrite"]
+from ..errors import AutoplaceError
+
+__all__ = ["PER_TOKEN", "SequenceParallelError", "sequence_parallel_rewrite"]
 
 PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
                        "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
                        "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Tanh"})
 """Ops that work on each token alone (module class names for call_module nodes); ``mean`` and
 ``sum`` count when they reduce over the last dimension only."""
+
+
+class SequenceParallelError(AutoplaceError, ValueError):
+    """An activation's sequence does not divide over the TP group; the message says the fix."""
 
 
 class _SeqShard(torch.nn.Module):
@@ -55,6 +63,10 @@ class _SeqGather(_SeqShard):
 class _Shard(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, t: int, rank: int, gather: bool = False) -> torch.Tensor:
+        if not gather and (x.dim() < 2 or x.size(1) % t):
+            raise SequenceParallelError(f"sequence parallelism cuts dimension 1 (the sequence) into tp={t} shares; "
+                                        f"an activation of shape {tuple(x.shape)} does not divide: use a sequence "
+                                        f"length that tp={t} divides, or sequence_parallel=False")
         ctx.group, ctx.t, ctx.rank, ctx.gather = group, t, rank, gather
         return _all_gather(x, group, t) if gather else x.chunk(t, dim=1)[rank].contiguous()
 
