@@ -51,7 +51,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -193,6 +193,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     cost = cost if cost is not None else CostModel()
     seeds = heuristic_seeds(graph, cluster, cost, "pipeline", names=cfg.seeds)
     fitting = [s.step_time_s for s in seeds if not s.oom]
+    with_options = _option_plans(graph, cluster, cost, [s.planner for s in seeds]) if cfg.schedules else []
     from autoplace.sim import simulator_for
 
     sim = simulator_for(graph, cluster, cost)
@@ -261,31 +262,30 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         train_s=result.wall_s if result is not None else 0.0, history=meta["history"], details=details).to_dict()
     out = env.placement(planner="pipeline-rl", meta=meta)
     if cfg.schedules:
-        out = _polish(graph, cluster, sim, out, _seed_plans(graph, cluster, cost, seeds, env, meta))
+        plans = [(n, dataclasses.replace(p, planner="pipeline-rl", meta=dict(meta))) for n, p in with_options]
+        plans += [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta)) for s in seeds if not s.oom]
+        out = _polish(graph, cluster, sim, out, plans)
     return out
 
 
-def _seed_plans(graph: "OpGraph", cluster: Cluster, cost: "CostModel", seeds: list[Any], env: Any,
-                meta: dict[str, Any]) -> list[tuple[str, Placement]]:
-    """Each seed's plan that fits, as the policy's candidates hold it (stages, devices,
-    micro-batches, schedule) and, where its heuristic sets per-stage options (FSDP shards,
-    recompute, precision: pipedream-dp's stage-options pass), the heuristic's own placement with
-    them (run again; the candidates do not carry options), so the answer is never slower than
-    a seed's plan."""
+def _option_plans(graph: "OpGraph", cluster: Cluster, cost: "CostModel",
+                  names: Sequence[str]) -> list[tuple[str, Placement]]:
+    """The seed heuristics' own placements that set per-stage options (FSDP shards, recompute,
+    precision: pipedream-dp's stage-options pass), run again because the policy's candidates
+    (stages, devices, micro-batches, schedule) do not carry options; step 6 weighs them, so
+    the answer is never slower than a seed's plan."""
     from autoplace.errors import NoFitError
     from autoplace.planners import budget as _budget
     from autoplace.planners.registry import call_planner, get_planner
 
-    out = [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta)) for s in seeds if not s.oom]
-    for name in dict.fromkeys(s.planner for s in seeds):
-        if _budget.expired():
-            break
+    out = []
+    for name in names:
         try:
             p = call_planner(get_planner(name), graph, cluster, "pipeline", cost=cost)
         except (NoFitError, _budget.OutOfTime):
             continue
         if p.mode == "pipeline" and (p.shard or p.recompute or p.precision or p.reshard_after_forward):
-            out.append((name, dataclasses.replace(p, planner="pipeline-rl", meta=dict(meta))))
+            out.append((name, p))
     return out
 
 
@@ -304,15 +304,18 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
     seen: set[str] = set()
     for source, p in [("", best), *seeds]:
         key = json.dumps({f: v for f, v in p.to_dict().items() if f not in ("planner", "meta")}, sort_keys=True)
-        if key in seen or _budget.expired():
+        if key in seen:
             continue
         seen.add(key)
-        choice = best_schedule(graph, cluster, p, sim=sim)
-        tried += len(choice.candidates)
-        ev = sim.run(choice.placement, timeline=False)
+        got = p
+        if not _budget.expired():  # past the deadline a plan is still weighed as it is (one simulation)
+            choice = best_schedule(graph, cluster, p, sim=sim)
+            tried += len(choice.candidates)
+            got = choice.placement
+        ev = sim.run(got, timeline=False)
         if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
-            changed = _bare(choice.placement) != _bare(p)
-            top = (float(ev.step_time_s), choice.placement, f"{source or 'its best plan'}" + ("+sched" if changed else ""))
+            changed = _bare(got) != _bare(p)
+            top = (float(ev.step_time_s), got, f"{source or 'its best plan'}" + ("+sched" if changed else ""))
     meta = dict(best.meta)
     meta["schedule_polish"] = {"step_before_s": before, "step_after_s": top[0], "from": top[2] or "unchanged",
                                "plans": len(seen), "variants_tried": tried}
