@@ -195,9 +195,10 @@ def test_gqa_heads_not_divisible_are_refused_with_the_fix() -> None:
 
     model = tm.build("llama")  # 4 query heads, 2 key/value heads
     x, _ = tm.batch(8, 0)
-    g = autoplace.trace(model, (x,))
-    assert all(p.heads == 0 for p in linear_pairs(g))  # the op graph alone does not know them
-    g = dataclasses.replace(g, meta={**g.meta, "heads": head_counts(torch.fx.symbolic_trace(model))})
+    g = autoplace.trace(model, (x,))  # the trace records the head counts (graph.meta["heads"])
+    assert g.meta["heads"] == head_counts(torch.fx.symbolic_trace(model))
+    bare = dataclasses.replace(g, meta={k: v for k, v in g.meta.items() if k != "heads"})
+    assert all(p.heads == 0 for p in linear_pairs(bare))  # without them the op graph alone does not know
     heads = {p.column_path: p.heads for p in linear_pairs(g)}
     assert heads["layers.0.attention.wq"] == 4 and heads["layers.0.attention.wk"] == 2
     assert heads["layers.0.feed_forward.w1"] == 0
