@@ -19,6 +19,7 @@ from autoplace.planners.heuristic import pipedream_dp
 from autoplace.planners.heuristic.stage_options import balanced_stages, option_variants, polish_stage_options
 from autoplace.rewrite.fsdp import runtime_problems
 from autoplace.sim import Simulator
+from planner_graphs import chain
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,15 @@ def test_balanced_stages_cut_the_chain_by_work() -> None:
     st = balanced_stages(bounds, np.array([3.0, 1.0, 1.0, 1.0]), 2, 8)
     assert st is not None and st.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]  # 3 | 1 + 1 + 1
     assert balanced_stages(bounds, np.ones(4), 5, 8) is None
+
+
+def test_an_op_no_device_holds_fits_sharded_over_the_devices() -> None:
+    # one op with 4 GiB of weights needs 16 GiB with gradients and Adam state: no V100 (14.9 GiB)
+    # holds it whole, so PipeDream's DDP stages find nothing; FSDP over the 4 holds a quarter each
+    graph, c = chain(4, params_per_op=[1e6, 4 * 2**30, 1e6, 1e6]), Cluster.preset("4xV100-pcie")
+    with pytest.raises(NoFitError) as e:
+        pipedream_dp.place_pipedream_dp(graph, c, stage_options=False)
+    assert "16.0" in str(e.value) and "14.90 GiB" in str(e.value)
+    p = get_planner("pipedream-dp").place(graph, c)
+    assert p.shard == ("fsdp",) and not simulate(graph, p, c).oom
+    assert runtime_problems(p, graph, world=4) == []
