@@ -103,6 +103,8 @@ def _ac(plan: "Placement", graph: "OpGraph | None", opts: StageOptions) -> dict[
     chosen: set[str] = set()
     for s, r in enumerate(opts.recompute):
         chosen |= {u for u in per_stage[s] if _is_block(u)} if r is True else set(r or ())
+    if chosen == set(blocks):  # every block, named one by one: what torchtitan's full AC checkpoints
+        return {"mode": "full"}
     for k in range(2, len(blocks) + 1):
         if chosen == set(blocks[k - 1::k]):  # torchtitan counts blocks from 1: the k-th, 2k-th, ...
             return {"mode": "selective", "selective_ac_option": str(k)}
@@ -174,9 +176,12 @@ def to_accelerate_fsdp(plan: "Placement", graph: "OpGraph | None" = None, *, clu
     opts = StageOptions.of(plan)
     replicate, shard = _shape(plan, cluster, opts)
     rc = opts.recompute[0]
-    if not isinstance(rc, bool):
-        raise ExportError("accelerate checkpoints every wrapped block or none; the plan recomputes some: "
-                          "re-plan with recompute=True, or export for torchtitan")
+    if not isinstance(rc, bool):  # named blocks: accelerate can say "all of them" only
+        every = graph is not None and set(rc) == {u for u in stage_modules(plan, graph)[0] if _is_block(u)}
+        if not every:
+            raise ExportError("accelerate checkpoints every wrapped block or none; the plan recomputes some: "
+                              "re-plan with recompute=True, or export for torchtitan")
+        rc = True
     hosts = len({cluster.devices[x].host for x in plan.stage_devices[0]}) if cluster is not None else 1
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,

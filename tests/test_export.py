@@ -99,3 +99,19 @@ def test_cli_show_as_torchtitan(wl_g, tmp_path, capsys) -> None:  # type: ignore
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 4
     assert main(["show", "--as", "accelerate", str(path)]) == 0
     assert "fsdp_version: 2" in capsys.readouterr().out
+
+
+def test_every_block_named_one_by_one_is_full_ac(wl_g) -> None:  # type: ignore[no-untyped-def]
+    """The stage-options pass and fsdp+ac name the blocks they recompute; all of them is full AC
+    in torchtitan and accelerate's checkpointing (they raised "re-plan with recompute=True")."""
+    wl, g = wl_g
+    c = Cluster.preset("4xA100-nvlink")
+    blocks = sorted({m.split(".")[0] + "." + m.split(".")[1] for m in g.module_paths if m.startswith("layers.")})
+    every = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]], microbatches=1, shard="fsdp",
+                               recompute=blocks)
+    assert to_torchtitan(every, g)["activation_checkpoint"] == {"mode": "full"}
+    assert to_accelerate_fsdp(every, g, cluster=c)["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    some = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]], microbatches=1, shard="fsdp",
+                              recompute=blocks[:1])
+    with pytest.raises(ExportError, match="recomputes some"):
+        to_accelerate_fsdp(some, g, cluster=c)

@@ -67,9 +67,10 @@ def test_one_copy_does_not_fit(name: str) -> None:
         get_planner(name).place(_too_big_for_one(), Cluster.preset("4xV100-pcie"))
 
 
-@pytest.mark.parametrize("name", HEURISTICS)
+@pytest.mark.parametrize("name", [h for h in HEURISTICS if h != "pipedream-dp"])
 def test_fits_nowhere(name: str) -> None:
     # one op with 4 GiB of weights needs 16 GiB with gradients and Adam state: no V100 holds it
+    # (pipedream-dp shards it with FSDP instead: tests/planners/test_stage_options.py)
     graph = chain(4, params_per_op=[1e6, 4 * GiB, 1e6, 1e6])
     with pytest.raises(NoFitError) as e:
         get_planner(name).place(graph, Cluster.preset("4xV100-pcie"))
