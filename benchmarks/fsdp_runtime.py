@@ -176,5 +176,8 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(Path(sys.argv[2]))
+    elif set(sys.argv[1:]) - {"--smoke"}:  # --help, or anything unknown: say what runs, run nothing
+        print(__doc__)
+        sys.exit(0 if set(sys.argv[1:]) <= {"--help", "-h", "--smoke"} else 2)
     else:
         main()
