@@ -133,3 +133,17 @@ def test_hugging_face_trace_failure_names_the_cause_and_the_config() -> None:
     model.config.mask_time_prob = 0.0
     model.config.layerdrop = 0.0
     assert autoplace.trace(model, (x,)).num_nodes > 10
+
+
+# ---- plan options the hardware cannot run ------------------------------------------------
+
+def test_bf16_on_devices_without_bf16_names_the_device_and_the_fix() -> None:
+    """V100 tensor cores do fp16 only (issue 12's bad input: bf16 on a device that has none)."""
+    wl = autoplace.zoo.build("llama", small=True, device="meta")
+    g = autoplace.trace(wl.model, wl.example_inputs)
+    stages = np.zeros(g.num_nodes, dtype=int)
+    v100 = autoplace.Cluster.preset("4xV100-pcie")
+    with pytest.raises(PlacementError, match=r"device 0 .*has no bf16 tensor cores.*use precision='fp32'"):
+        Placement.pipeline(g, v100, stages, [[0, 1, 2, 3]], microbatches=1, shard="fsdp", precision="bf16")
+    a100 = autoplace.Cluster.preset("4xA100-nvlink")
+    Placement.pipeline(g, a100, stages, [[0, 1, 2, 3]], microbatches=1, shard="fsdp", precision="bf16").validate(g, a100)
