@@ -14,7 +14,11 @@ backward is split; the orders and their simulation are :mod:`autoplace.sim.sched
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["SCHEDULES", "ALL_SCHEDULES", "MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "torch_schedule_class",
+__all__ = ["SCHEDULES", "ALL_SCHEDULES", "MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "torch_schedule_class", "torch_has_schedule",
            "schedule_problems", "stage_ranks", "pipeline_problems", "batch_share_problems", "replica_samples",
            "device_range"]
 
@@ -64,10 +68,35 @@ MULTI_SCHEDULES = tuple(k for k in SPECS if k not in ("gpipe", "1f1b"))
 
 
 def torch_schedule_class(schedule: str) -> type | None:
-    """torch's class for ``schedule`` in the installed torch, or None when it lacks it."""
+    """torch's class for ``schedule`` in the installed torch, or None when it lacks it (imports
+    ``torch.distributed.pipelining``: the runtime's question; planning asks :func:`torch_has_schedule`)."""
     import torch.distributed.pipelining.schedules as ts
 
     return getattr(ts, SPECS[schedule].torch_class, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule_classes_defined() -> frozenset[str] | None:
+    """The class names ``torch/distributed/pipelining/schedules.py`` defines, read from its source
+    without importing it (the import pulls in torch._dynamo: about 1.2 s in a cold process, which
+    planning must not pay); None when the source cannot be read (then :func:`torch_has_schedule`
+    imports)."""
+    spec = importlib.util.find_spec("torch")  # a top-level spec: finds the folder, imports nothing
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        source = (Path(spec.origin).parent / "distributed" / "pipelining" / "schedules.py").read_text()
+    except OSError:
+        return None
+    return frozenset(re.findall(r"^class (\w+)\b", source, re.M))
+
+
+def torch_has_schedule(schedule: str) -> bool:
+    """Whether the installed torch has ``schedule``'s class, without importing the pipelining package."""
+    names = _schedule_classes_defined()
+    if names is None:
+        return torch_schedule_class(schedule) is not None
+    return SPECS[schedule].torch_class in names
 
 
 def schedule_problems(schedule: str, virtual_stages: int, ranks: int, microbatches: int) -> list[str]:
@@ -85,12 +114,12 @@ def schedule_problems(schedule: str, virtual_stages: int, ranks: int, microbatch
         fix = ("use 'interleaved-1f1b', 'looped-bfs' or 'zb-h1' for several stages per rank"
                if hi == 1 else f"set virtual_stages={lo}")
         out.append(f"schedule {schedule!r} with virtual_stages={v}: it needs {need} virtual stage(s) per rank; {fix}")
-    if torch_schedule_class(schedule) is None:
+    if not torch_has_schedule(schedule):
         import torch
 
         out.append(f"schedule {schedule!r} needs torch.distributed.pipelining.{spec.torch_class}, which torch "
                    f"{torch.__version__} lacks: upgrade torch or choose one of "
-                   f"{tuple(k for k in SPECS if torch_schedule_class(k) is not None)}")
+                   f"{tuple(k for k in SPECS if torch_has_schedule(k))}")
     if schedule == "dualpipev" and microbatches < 2 * ranks:
         out.append(f"schedule 'dualpipev' needs at least as many micro-batches as stages: microbatches={microbatches} "
                    f"< {2 * ranks} stages ({ranks} ranks x 2); use microbatches >= {2 * ranks}")
@@ -136,12 +165,21 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
     elif n and s:
         if st.min() < 0 or st.max() >= s:
             stages_ok = False
-            out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; "
-                       f"there are {s} stages (0..{s - 1})")
+            count = f"there are {s} stages (0..{s - 1})"
+            if int(virtual_stages) > 1:  # the count is ranks x virtual stages: say which to change
+                ranks, need = len(stage_devices), int(st.max()) + 1
+                count = (f"there are {ranks} ranks x virtual_stages={int(virtual_stages)} = {s} stages (0..{s - 1}): "
+                         f"cut the ops into {s} stages" + (f", or set virtual_stages={need // ranks}"
+                                                             if need % ranks == 0 and st.min() >= 0 else ""))
+            out.append(f"stage_of_node holds stage {int(st.max() if st.max() >= s else st.min())}; {count}")
         elif every_stage_used:
             missing = sorted(set(range(s)) - set(st.tolist()))
             if missing:
-                out.append(f"stages {missing} have no ops; every stage needs at least one")
+                why = "every stage needs at least one"
+                if int(virtual_stages) > 1:
+                    why += (f" ({len(stage_devices)} ranks x virtual_stages={int(virtual_stages)} = {s} stages: cut the "
+                            f"ops into {s} stages, or lower virtual_stages)")
+                out.append(f"stages {missing} have no ops; {why}")
     used: dict[int, int] = {}
     for k, devs in enumerate(stage_devices):
         if not devs:

@@ -60,11 +60,14 @@ def test_best_is_never_worse_than_any_heuristic(graph: Any, mode: str) -> None:
     t = best.meta["predicted_step_time_s"]
     assert autoplace.simulate(graph, best, cluster).step_time_s == pytest.approx(t)
     rows = best.meta["candidates"]
-    assert {r["planner"] for r in rows} == set(_heuristics(mode))
+    # every heuristic has its row; in pipeline mode the schedule pass adds NAME+sched rows
+    assert {r["planner"] for r in rows if not r["planner"].endswith("+sched")} == set(_heuristics(mode))
+    assert all(r["planner"].split("+sched")[0] in _heuristics(mode) for r in rows)
     for name in _heuristics(mode):
         other = autoplace.plan(graph, cluster, planner=name, mode=mode)
         assert t <= other.meta["predicted_step_time_s"] * (1 + 1e-12)
-    assert best.planner == min((r for r in rows if not r["oom"]), key=lambda r: r["step_time_s"])["planner"]
+    fastest = min((r for r in rows if not r["oom"] and r.get("step_time_s") is not None), key=lambda r: r["step_time_s"])
+    assert best.planner == fastest["planner"]
 
 
 def test_auto_mode_weighs_both() -> None:

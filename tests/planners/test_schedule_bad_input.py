@@ -41,11 +41,12 @@ def test_a_schedule_torch_lacks_is_not_offered_and_a_plan_naming_it_says_the_fix
 def test_virtual_stages_that_do_not_match_the_cut_name_the_counts() -> None:
     g, c = _chain(), cluster(2)
     # 5 stages cut for 2 ranks: 2 virtual stages hold 4, 3 hold 6
-    with pytest.raises(PlacementError, match=r"stage_of_node holds stage 4; there are 4 stages \(0\.\.3\)"):
+    with pytest.raises(PlacementError, match=r"stage_of_node holds stage 4; there are 2 ranks x virtual_stages=2 = "
+                                             r"4 stages \(0\.\.3\): cut the ops into 4 stages"):
         Placement.pipeline(g, c, balanced_cut(np.ones(16), 5), [0, 1], microbatches=4, schedule="interleaved-1f1b",
                            virtual_stages=2)
-    # (neither message names virtual_stages or the fix yet: autoplace.pipeline_rules.pipeline_problems)
-    with pytest.raises(PlacementError, match=r"stages \[5\] have no ops"):
+    with pytest.raises(PlacementError, match=r"stages \[5\] have no ops; .*2 ranks x virtual_stages=3 = 6 stages: "
+                                             r"cut the ops into 6 stages, or lower virtual_stages"):
         Placement.pipeline(g, c, balanced_cut(np.ones(16), 5), [0, 1], microbatches=4, schedule="interleaved-1f1b",
                            virtual_stages=3)
 

@@ -190,7 +190,7 @@ def test_bad_shapes_name_value_rule_and_fix(monkeypatch: pytest.MonkeyPatch) -> 
         Placement.pipeline(g, c, stages, [0, 1], microbatches=4, schedule="1f1b", virtual_stages=3)
     with pytest.raises(PlacementError, match=r"microbatches=5 is not a multiple of its 2 rounds.*multiple of 2"):
         Placement.pipeline(g, c, stages, [0, 1], microbatches=5, schedule="interleaved-1f1b", virtual_stages=3)
-    with pytest.raises(PlacementError, match=r"stage_of_node holds stage 5; there are 4 stages"):
+    with pytest.raises(PlacementError, match=r"stage_of_node holds stage 5; there are 2 ranks x virtual_stages=2 = 4 stages .*or set virtual_stages=3"):
         Placement.pipeline(g, c, stages, [0, 1], microbatches=4, schedule="interleaved-1f1b", virtual_stages=2)
     with pytest.raises(PlacementError, match=r"virtual_stages is 0"):
         Placement.pipeline(g, c, stages, [0, 1], microbatches=4, schedule="interleaved-1f1b", virtual_stages=0)
