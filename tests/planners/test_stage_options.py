@@ -151,3 +151,18 @@ def test_an_op_no_device_holds_fits_sharded_over_the_devices() -> None:
     p = get_planner("pipedream-dp").place(graph, c)
     assert p.shard == ("fsdp",) and not simulate(graph, p, c).oom
     assert runtime_problems(p, graph, world=4) == []
+
+
+def test_pipeline_rl_sets_stage_options_on_its_own_plans(wide) -> None:  # type: ignore[no-untyped-def]
+    """pipeline-rl's policy samples plans without per-stage options; its last step runs the
+    stage-options pass on them, so a plain data-parallel answer that does not fit comes back sharded."""
+    from autoplace.planners.learned.pipeline.planner import _polish
+
+    base = Cluster.preset("4xA100-nvlink")
+    c = _with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
+    ddp = Placement.pipeline(wide, c, *_whole(wide, c), microbatches=1)
+    sim = Simulator(wide, c)
+    assert sim.run(ddp, timeline=False).oom
+    out = _polish(wide, c, sim, dataclasses.replace(ddp, planner="pipeline-rl"), [])
+    assert out.shard and not simulate(wide, out, c).oom
+    assert out.meta["schedule_polish"]["from"].endswith("+opts")

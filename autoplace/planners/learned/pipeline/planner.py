@@ -291,15 +291,18 @@ def _option_plans(graph: "OpGraph", cluster: Cluster, cost: "CostModel",
 
 def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
             seeds: list[tuple[str, Placement]]) -> Placement:
-    """Step 6: best_schedule on ``best`` and each seed's plan (each distinct plan once, until
+    """Step 6: best_schedule on ``best`` and each seed's plan, and the stage-options pass on those that carry
+    no per-stage options (each distinct plan once, until
     planning's deadline; a plan over memory is never chosen); the fastest result, with ``meta["schedule_polish"]``: the step before
     and after, where the winner came from and the variants tried (``source`` gains ``+sched``
     when a schedule variant won)."""
     from autoplace.planners import budget as _budget
     from autoplace.planners.heuristic.schedules import best_schedule
+    from autoplace.planners.heuristic.stage_options import polish_stage_options
 
-    before = float(sim.run(best, timeline=False).step_time_s)
-    top: tuple[float, Placement, str] = (before, best, "")
+    first = sim.run(best, timeline=False)
+    before = float(first.step_time_s)
+    top: tuple[float, Placement, str] = (math.inf if first.oom else before, best, "")  # any plan that fits beats one over memory
     tried = 0
     seen: set[str] = set()
     for source, p in [("", best), *seeds]:
@@ -307,17 +310,24 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         if key in seen:
             continue
         seen.add(key)
-        got = p
+        variants = [(p, "")]
         if not _budget.expired():  # past the deadline a plan is still weighed as it is (one simulation)
             choice = best_schedule(graph, cluster, p, sim=sim)
             tried += len(choice.candidates)
-            got = choice.placement
-        ev = sim.run(got, timeline=False)
-        if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
-            changed = _bare(got) != _bare(p)
-            top = (float(ev.step_time_s), got, f"{source or 'its best plan'}" + ("+sched" if changed else ""))
+            variants.append((choice.placement, "+sched"))
+        if not _budget.expired() and not (p.shard or p.recompute or p.precision):
+            # the policy's plans carry no per-stage options: the stage-options pass sets them
+            # (FSDP/HSDP shards, recompute per block, bf16 where allowed), as pipedream-dp's does
+            opts = polish_stage_options(graph, cluster, p, cost=sim.cost)
+            tried += int(opts.meta.get("stage_options", {}).get("variants", 0) or 0)
+            variants.append((opts, "+opts"))
+        for got, tag in variants:
+            ev = sim.run(got, timeline=False)
+            if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
+                changed = _bare(got) != _bare(p)
+                top = (float(ev.step_time_s), got, f"{source or 'its best plan'}" + (tag if changed else ""))
     meta = dict(best.meta)
-    meta["schedule_polish"] = {"step_before_s": before, "step_after_s": top[0], "from": top[2] or "unchanged",
+    meta["schedule_polish"] = {"step_before_s": before, "step_after_s": _finite(top[0]), "from": top[2] or "unchanged",
                                "plans": len(seen), "variants_tried": tried}
     if top[2]:
         src = top[2]  # "its best plan+sched" (the sampled or seed plan env kept), "NAME+sched" or "NAME"
