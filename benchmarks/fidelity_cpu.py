@@ -164,6 +164,16 @@ def _train_step(model: torch.nn.Module, wl: Any, inputs: tuple[Any, ...], target
     return step
 
 
+def _run_queue_s() -> float:
+    """Seconds this thread has been runnable but waiting for a core (``/proc/thread-self/schedstat``,
+    its second field; 0 where the kernel has no schedstat)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) -> None:
     """One rank: gloo, the host probe (first model only), then every plan of the model, interleaved."""
     import torch.distributed as dist
@@ -233,14 +243,20 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
 
                 steps[key] = step
         cpu: dict[str, list[float]] = {k: [] for k in steps}
+        proc: dict[str, list[float]] = {k: [] for k in steps}
+        queued: dict[str, list[float]] = {k: [] for k in steps}
 
         def counting(key: str, fn: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:  # a block of steps: the first warms the caches another plan used
                 fn()
-                c0 = time.thread_time()
+                q0 = _run_queue_s()
+                c0, p0 = time.thread_time(), time.process_time()
                 for _ in range(STEPS_PER_ROUND - 1):
                     fn()
-                cpu[key].append((time.thread_time() - c0) / (STEPS_PER_ROUND - 1))
+                n = STEPS_PER_ROUND - 1
+                cpu[key].append((time.thread_time() - c0) / n)
+                proc[key].append((time.process_time() - p0) / n)  # every thread: gloo's too
+                queued[key].append((_run_queue_s() - q0) / n)  # main thread runnable, waiting for a core
             return run
 
         load0 = load_average()
@@ -248,10 +264,14 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
                            warmup=payload["warmup"], before=dist.barrier)
         wall = {k: [block / STEPS_PER_ROUND for block in v] for k, v in wall.items()}
         cpu = {k: v[payload["warmup"]:] for k, v in cpu.items()}
+        proc = {k: v[payload["warmup"]:] for k, v in proc.items()}
+        queued = {k: v[payload["warmup"]:] for k, v in queued.items()}
         every: list[Any] = [None] * world
-        dist.all_gather_object(every, {"wall": wall, "cpu": cpu})
+        dist.all_gather_object(every, {"wall": wall, "cpu": cpu, "proc": proc, "queued": queued})
         result["wall"] = [r["wall"] for r in every]
         result["cpu"] = [r["cpu"] for r in every]
+        result["proc"] = [r["proc"] for r in every]
+        result["queued"] = [r["queued"] for r in every]
         result["load"] = [load0, load_average()]
     except Exception:
         result["error"] = traceback.format_exc()
@@ -269,11 +289,18 @@ def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
         return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
 
 
-def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0)) -> HostCostModel:
-    """The cost model with every probed term (and the fitted per-action and per-step constants)."""
+def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, wall_terms: bool = True) -> HostCostModel:
+    """The cost model with every probed term (and the fitted per-action and per-step constants);
+    ``wall_terms=False`` leaves out the terms that are wall time outside the ranks' main-thread CPU
+    (shared cores: ``busy_message_s``, ``idle_message_s``, ``busy_allreduce_s``), for the per-rank
+    CPU comparison."""
+    w = 1.0 if wall_terms else 0.0
     return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
                          pipeline_step_s=probe.get("step_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),
-                         ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1])
+                         ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1],
+                         busy_message_s=w * probe.get("busy_message_s", 0.0),
+                         idle_message_s=w * probe.get("idle_message_s", 0.0),
+                         busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
 
 
 def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
@@ -287,6 +314,7 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
                         corun=corun)
     before_cost = CostModel(optimizer="adam")
     after_cost = host_cost(probe, fit)
+    cpu_cost = host_cost(probe, fit, wall_terms=False)
     out: dict[str, dict[str, float]] = {}
     for key, plan in plans.items():
         kind = plan["kind"]
@@ -300,9 +328,12 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
             cb, ca = p2p_old, p2p
         before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb, cost=before_cost, timeline=False)
         after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=after_cost, timeline=False)
-        # CPU seconds each rank's main thread computes: its ops and update (no waiting)
+        cpu_only = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=cpu_cost, timeline=False)
+        # CPU seconds each rank's main thread computes: its ops and update (no waiting, none of the
+        # wall-time terms of shared cores)
         out[key] = {"before_s": float(before.step_time_s), "after_s": float(after.step_time_s),
-                    "after_compute_s": [float(x) for x in after.compute_s]}
+                    "cpu_terms_only_s": float(cpu_only.step_time_s),
+                    "after_compute_s": [float(x) for x in cpu_only.compute_s]}
     return out
 
 
@@ -343,9 +374,12 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
         step = np.max(np.array([got["wall"][r][key] for r in range(2)]), axis=0)
         s = spread(step.tolist())
         cpu = [float(np.median(got["cpu"][r][key])) for r in range(2)]
+        proc = [float(np.median(got["proc"][r][key])) for r in range(2)]
+        queued = [float(np.median(got["queued"][r][key])) for r in range(2)]
         rows.append({"model": name, "plan": key, "kind": plan["kind"], "multi_process": key in MULTI,
                      "microbatches": plan.get("microbatches", 1), "measured_s": s.to_dict(), "step_s": step.tolist(),
-                     "cpu_s_per_rank": cpu, "fit_on": name in FIT_MODELS})
+                     "cpu_s_per_rank": cpu, "process_cpu_s_per_rank": proc, "run_queue_s_per_rank": queued,
+                     "fit_on": name in FIT_MODELS})
     return {"model": name, "config": {k: v for k, v in wl.config.items()}, "ops": graph.num_nodes,
             "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
             "load": got["load"], "rows": rows, "_graphs": (old, graph, plans)}
@@ -360,6 +394,7 @@ def predict(models: list[dict[str, Any]], fit: tuple[float, float]) -> None:
             p = pred[r["plan"]]
             med = r["measured_s"]["median"]
             r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
+                     cpu_terms_only_s=p["cpu_terms_only_s"],
                      ratio_before=p["before_s"] / med, ratio_after=p["after_s"] / med)
 
 
