@@ -34,8 +34,17 @@ Predictions, per plan, from ``autoplace.simulate`` of the same ``Placement``:
   timing overhead removed, scaled to the whole passes, a second batch size, the loss and Adam's
   step measured) and :class:`autoplace.cost.host.HostCostModel` with the host probe's terms
   (:mod:`autoplace.cost.host_probe`: the gloo link, gloo's all-reduce for DDP's cluster, the
-  corun factor, the pipeline runtime's cost per action), each measured on this machine by its
-  own probe and none fitted to these runs.
+  corun factor, the pipeline runtime's cost per action, and the wall time of shared cores: what a
+  message costs its receiver when it arrives while the receiver computes or while it waits
+  (``busy_message_s``, ``idle_message_s``) and what an all-reduce adds to a computation on both
+  ranks (``busy_allreduce_s``)), each measured on this machine by its own probe (synthetic
+  computations and messages, not these models) and none fitted to these runs.
+
+Where the wall time goes: besides each rank's main-thread CPU clock, every block records the
+rank's CPU over all its threads (``time.process_time``: gloo's loop and worker threads too) and
+the seconds its main thread was runnable but waiting for a core (``/proc/thread-self/schedstat``).
+On a quiet 2-core machine the gap between a 2-process step and its ranks' main-thread CPU is
+gloo's threads (busy-polling for messages whose receive is not posted yet) and waits for a core.
 
 Fit and hold-out: two constants are fitted, on the pipeline runs of ``FIT_MODELS`` (GPT-2 and
 ResNet-18) only: what each rank's CPU spends per step beyond its predicted compute (probed
@@ -466,6 +475,27 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def wall_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each 2-process step's wall time goes, per rank: main-thread CPU, every thread's CPU,
+    the main thread's waits for a core; and the prediction with and without the shared-cores terms."""
+    multi = [r for r in rows if r["multi_process"] and "process_cpu_s_per_rank" in r]
+    if not multi:
+        return []
+    out = ["## Where the wall time goes (2 processes)", "",
+           "Per rank (0 / 1), ms per step: the main thread's CPU clock, the process's CPU over all its threads "
+           "(the difference is gloo's loop and worker threads), and the seconds the main thread was runnable but "
+           "waiting for a core. Predicted: without the terms of shared cores (every other term) and with them.", "",
+           "| model | plan | measured ms | main-thread CPU | all threads CPU | main thread waiting for a core "
+           "| predicted without / with shared-cores terms |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in multi:
+        c, p, q = r["cpu_s_per_rank"], r["process_cpu_s_per_rank"], r["run_queue_s_per_rank"]
+        out.append(f"| {r['model']} | {r['plan']} | {r['measured_s']['median'] * 1e3:.1f} | {c[0] * 1e3:.1f} / {c[1] * 1e3:.1f} "
+                   f"| {p[0] * 1e3:.1f} / {p[1] * 1e3:.1f} | {q[0] * 1e3:.1f} / {q[1] * 1e3:.1f} "
+                   f"| {r.get('cpu_terms_only_s', float('nan')) * 1e3:.1f} / {r['after_s'] * 1e3:.1f} |")
+    return out + [""]
+
+
 def write_markdown(res: dict[str, Any], path: Path) -> None:
     env = res["environment"]
     s = res["summary"]
@@ -490,6 +520,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           f"action, b = {res['fit']['step_s'] * 1e6:.0f} us per step; rows marked 'fit' were fitted on, the rest are held "
           "out. Every other term comes from the profiler or the host probe, measured on this machine before the "
           "timed rounds.", "",
+          "The terms of shared cores (busy_message_s, idle_message_s, busy_allreduce_s) are not fitted: the probe "
+          "measures them on synthetic computations and messages before the timed rounds (values below).", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
           f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "",
           "Per rank, predicted compute (its actions, update and runtime terms) against the rank's main-thread CPU "
@@ -497,6 +529,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           f"{s['compute_vs_cpu_clock']['within_15pct']} of {s['compute_vs_cpu_clock']['ranks']} ranks, geometric-mean "
           f"error {s['compute_vs_cpu_clock']['geomean_abs_log']:.0%}, largest {s['compute_vs_cpu_clock']['max_abs_error']:.0%}.", ""]
     md += table(rows) + [""]
+    md += wall_table(rows)
     md += ["## Host probe (measured on this machine, before the timed rounds)", "",
            f"- gloo send/recv: latency {probe['latency_s'] * 1e6:.0f} us, bandwidth {probe['bandwidth'] / 1e9:.2f} GB/s "
            "(ping-pong; " + ", ".join(f"{r['bytes']:.0f} B {r['seconds'] * 1e6:.0f} us" for r in probe["ping"]) + ").",
@@ -511,6 +544,11 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
            f"- the pipeline runtime's whole-batch BatchNorm over torch's: {probe.get('batchnorm_s', {}).get('per_call_s', 0) * 1e6:.0f} us "
            f"per call + {probe.get('batchnorm_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per input byte, "
            f"{probe.get('batchnorm_s', {}).get('commit_s', 0) * 1e6:.0f} us per layer per step.",
+           f"- shared cores (wall time, two ranks computing about {probe.get('detail', {}).get('ranks', [{}])[0].get('messages', {}).get('compute_s', 0) * 1e3:.1f} ms "
+           f"around 4 messages of 16 KiB): a message that arrives while its receiver computes costs "
+           f"{probe.get('busy_message_s', 0) * 1e3:.2f} ms beyond the link, one whose receiver waits "
+           f"{probe.get('idle_message_s', 0) * 1e3:.2f} ms; an all-reduce of 1 MiB during a computation on both ranks "
+           f"adds {probe.get('busy_allreduce_s', 0) * 1e3:.2f} ms ({probe.get('cores', 0)} cores).",
            "- corun factor (a process's CPU time while the other computes too, over alone), per model: "
            + ", ".join(f"{m['model']} {m['corun']:.3f}" for m in res["models"]) + ".", ""]
     md += ["## Profiles", ""]
