@@ -301,7 +301,7 @@ def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
 def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, wall_terms: bool = True) -> HostCostModel:
     """The cost model with every probed term (and the fitted per-action and per-step constants);
     ``wall_terms=False`` leaves out the terms that are wall time outside the ranks' main-thread CPU
-    (shared cores: ``busy_message_s``, ``idle_message_s``, ``busy_allreduce_s``), for the per-rank
+    (shared cores: ``busy_message_s``, ``idle_message_s``, ``spin_share``, ``busy_allreduce_s``), for the per-rank
     CPU comparison."""
     w = 1.0 if wall_terms else 0.0
     return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
@@ -309,6 +309,7 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
                          ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1],
                          busy_message_s=w * probe.get("busy_message_s", 0.0),
                          idle_message_s=w * probe.get("idle_message_s", 0.0),
+                         spin_share=w * probe.get("spin_share", 0.0),
                          busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
 
 
@@ -520,7 +521,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           f"action, b = {res['fit']['step_s'] * 1e6:.0f} us per step; rows marked 'fit' were fitted on, the rest are held "
           "out. Every other term comes from the profiler or the host probe, measured on this machine before the "
           "timed rounds.", "",
-          "The terms of shared cores (busy_message_s, idle_message_s, busy_allreduce_s) are not fitted: the probe "
+          "The terms of shared cores (busy_message_s, spin_share, idle_message_s, busy_allreduce_s) are not fitted to these runs: the probe "
           "measures them on synthetic computations and messages before the timed rounds (values below).", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
           f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "",
@@ -544,9 +545,10 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
            f"- the pipeline runtime's whole-batch BatchNorm over torch's: {probe.get('batchnorm_s', {}).get('per_call_s', 0) * 1e6:.0f} us "
            f"per call + {probe.get('batchnorm_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per input byte, "
            f"{probe.get('batchnorm_s', {}).get('commit_s', 0) * 1e6:.0f} us per layer per step.",
-           f"- shared cores (wall time, two ranks computing about {probe.get('detail', {}).get('ranks', [{}])[0].get('messages', {}).get('compute_s', 0) * 1e3:.1f} ms "
-           f"around 4 messages of 16 KiB): a message that arrives while its receiver computes costs "
-           f"{probe.get('busy_message_s', 0) * 1e3:.2f} ms beyond the link, one whose receiver waits "
+           "- shared cores (wall time; two ranks computing 0.75-3 ms around 1 or 4 messages of 16 KiB each way, "
+           "against the same computation without messages): a message that arrives while its receiver computes "
+           f"costs {probe.get('busy_message_s', 0) * 1e3:.2f} ms beyond the link, plus "
+           f"{probe.get('spin_share', 0):.2f} s per second it waits for the receiver; one whose receiver waits "
            f"{probe.get('idle_message_s', 0) * 1e3:.2f} ms; an all-reduce of 1 MiB during a computation on both ranks "
            f"adds {probe.get('busy_allreduce_s', 0) * 1e3:.2f} ms ({probe.get('cores', 0)} cores).",
            "- corun factor (a process's CPU time while the other computes too, over alone), per model: "

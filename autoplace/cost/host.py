@@ -36,8 +36,12 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     On a host whose processes fill its cores, gloo's loop thread busy-polls for a message whose
     receive is not posted yet and the threads a message wakes wait for a core (see the probe's
     docstring for the measurements); one pass of the pipeline simulator says which messages
-    arrive while their receiver computes (:meth:`HostCostModel.message_overhead_s`), a second
-    pass charges them. Source of the gap it closes: the 2-process runs of
+    arrive while their receiver computes and for how long they wait
+    (:meth:`HostCostModel.message_overhead_s`), a second pass charges them.
+``spin_share`` (wall time)
+    per second that messages wait for their computing receiver (the union of those waits per
+    receiving stage), the wall seconds that receiver's actions lose: the polling loop thread
+    takes a core from the computing threads (``host_probe.busy_messages``' fit). Source of the gap it closes: the 2-process runs of
     ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
     was predicted within 11% (geometric mean): the missing time was wall time outside it.
 ``busy_allreduce_s`` (wall time)
@@ -128,6 +132,9 @@ class HostCostModel(CostModel):
     receiver computes (``host_probe.busy_messages``; 0: not charged)."""
     idle_message_s: float = 0.0
     """the same when the receiver is waiting for it."""
+    spin_share: float = 0.0
+    """wall seconds per second that messages wait for their computing receiver (the union of the
+    waits, per receiving stage: gloo's loop thread polls through them; ``host_probe.busy_messages``)."""
     busy_allreduce_s: float = 0.0
     """wall seconds each all-reduce call of a replicated stage adds (``host_probe.busy_allreduce``)."""
     fitted_action_s: float = 0.0
@@ -194,7 +201,7 @@ class HostCostModel(CostModel):
         for its receiver (arrival before that start) arrived while the receiver computed. Every
         tensor crossing a boundary is one message (``tensors_per_boundary``), in both directions.
         None when neither term is set."""
-        if not (self.busy_message_s or self.idle_message_s):
+        if not (self.busy_message_s or self.idle_message_s or self.spin_share):
             return None
         n_st = f_start.shape[0]
         fo, bo = np.zeros(n_st), np.zeros(n_st)
@@ -205,11 +212,12 @@ class HostCostModel(CostModel):
         for s in range(n_st - 1):
             if k[s] == 0:
                 continue
-            late_f = f_start[s + 1, :m] - xf_end[s, :m] > 1e-9  # waited for stage s+1 to finish computing
-            late_b = b_start[s, :m] - xb_end[s, :m] > 1e-9
-            per = lambda late: k[s] * float(np.where(late, self.busy_message_s, self.idle_message_s).mean())  # noqa: E731
-            fo[s + 1] += per(late_f)
-            bo[s] += per(late_b)
+            for arrive, start, into in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]),
+                                        (xb_end[s, :m], b_start[s, :m], bo[s:s + 1])):
+                late = start - arrive > 1e-9  # waited for its receiver to finish computing
+                into += k[s] * float(np.where(late, self.busy_message_s, self.idle_message_s).mean())
+                if self.spin_share:
+                    into += self.spin_share * _union_length(arrive[late], start[late]) / m
         return fo, bo
 
     def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -249,6 +257,17 @@ class HostCostModel(CostModel):
         cols = np.array([d.kind == graph.profiled_on for d in cluster.devices])
         measured = np.asarray(upd["update_s"], dtype=float)[:, None] * cluster.time_factors[None, :]
         return np.where(cols[None, :], measured, base)
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length of the union of the intervals ``[starts[i], ends[i]]``."""
+    total, reach = 0.0, -np.inf
+    for a, b in sorted(zip(starts.tolist(), ends.tolist())):
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
 
 
 def tensors_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:

@@ -34,12 +34,13 @@ ever add time).
     per parameter tensor and per gradient byte, and the seconds its broadcast of buffers before
     every forward takes (wall clock: the step waits for it) (:func:`ddp_overhead`).
 ``busy_messages`` (:func:`busy_messages`)
-    wall seconds a point-to-point message costs on the host's shared cores beyond the link's
-    ``latency + bytes / bandwidth``, measured between two ranks that compute (a calibrated loop of
-    matrix products, about 1.5 ms) around their messages: ``busy`` while both ranks compute and
-    each posts its receive only after computing (a message that arrives while its receiver is
-    still computing: a pipeline whose stages are all busy), ``idle`` while the receiver waits with
-    its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
+    wall seconds point-to-point messages cost on the host's shared cores beyond the link's
+    ``latency + bytes / bandwidth``, measured between two ranks that compute (calibrated loops of
+    matrix products, 0.75-3 ms) around their messages: ``busy`` while both ranks compute and each
+    posts its receive only after computing (messages that arrive while their receiver is still
+    computing: a pipeline whose stages are all busy), fitted over the grid as a cost per message
+    plus a share of the time the messages wait (``spin_share``); ``idle`` while the receiver
+    waits with its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
     on a 2-core host (``/proc/<pid>/task/<tid>/schedstat`` of every thread, ``strace -f``): gloo's
     TCP loop thread (``gloo_tcp_loop``) of a rank whose receive is not posted yet busy-polls
     (``epoll_wait`` returns the readable socket at once, about every 20 us, until the receive is
@@ -96,6 +97,8 @@ class HostProbe:
     """the runtime's whole-batch BatchNorm over nn.BatchNorm2d: per call, per input byte, per commit."""
     busy_message_s: float = 0.0
     """wall seconds a message costs beyond the link when it arrives while its receiver computes."""
+    spin_share: float = 0.0
+    """wall seconds per second a message waits for its computing receiver (gloo's polling loop)."""
     idle_message_s: float = 0.0
     """wall seconds a message costs beyond the link when its receiver waits for it."""
     busy_allreduce_s: float = 0.0
@@ -342,7 +345,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
             "buffers_s": buffers, "rows": [list(r) for r in rows]}
 
 
-def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 15) -> tuple[Callable[[], None], float]:
+def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
     """A loop of 160 x 160 matrix products of about ``target_s`` CPU seconds on this thread, and
     its measured CPU seconds (lower quartile)."""
     a = torch.randn(160, 160)
@@ -368,55 +371,80 @@ def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 15) -> tuple
     return compute, _low(ts)
 
 
-def busy_messages(rank: int, *, latency_s: float, bandwidth: float, tensors: int = 4, nbytes: int = 16_384,
+def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 4),
                   repeats: int = 15) -> dict[str, Any]:
-    """Wall seconds per message beyond the link's charge, ``busy`` and ``idle`` (module docstring).
+    """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
-    ``busy``: each rank sends ``tensors`` tensors of ``nbytes`` (``isend``), computes for ``c``,
-    then receives the other's: ideally ``c`` per round (the messages fly during the computation),
-    so ``(wall - c) / tensors`` is what each received message costs. ``idle``: rank 0 computes and
-    sends, rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two
-    transfers of ``latency + tensors x nbytes / bandwidth``, which the simulator charges already;
-    the rest over ``2 x tensors`` messages. Medians over ``repeats`` rounds (both patterns, both
-    ranks, as measured by rank 0's clock)."""
+    ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
+    receives the other's, against the same computation on both ranks without messages (``solo``,
+    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
+    over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
+    (non-negative least squares): a cost per message that arrives while its receiver computes,
+    and a share of every second a message waits for its receiver (the loop thread polling
+    through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
+    rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
+    of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
+    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Medians over ``repeats``
+    rounds, as rank 0's clock measures them."""
     import torch.distributed as dist
+    from scipy.optimize import nnls
 
-    compute, c = _calibrated_compute()
     other = 1 - rank
-    out = [torch.zeros(nbytes // 4) for _ in range(tensors)]
-    inp = [torch.zeros(nbytes // 4) for _ in range(tensors)]
-    walls: dict[str, list[float]] = {"busy": [], "idle": []}
-    for k in range(repeats + 3):
-        for mode in ("busy", "idle"):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if mode == "busy":
-                works = [dist.isend(t, other) for t in out]
-                compute()
-                for t in inp:
-                    dist.recv(t, other)
-                for w in works:
-                    w.wait()
-            elif rank == 0:
-                compute()
-                for t in out:
-                    dist.send(t, 1)
-                for t in inp:
-                    dist.recv(t, 1)
-            else:
-                for t in inp:
-                    dist.recv(t, 0)
-                compute()
-                for t in out:
-                    dist.send(t, 0)
-            if k >= 3:
-                walls[mode].append(time.perf_counter() - t0)
-    busy = _median(walls["busy"])
-    idle = _median(walls["idle"])
-    link = latency_s + tensors * nbytes / bandwidth
-    return {"compute_s": c, "busy_wall_s": busy, "idle_wall_s": idle, "tensors": tensors, "bytes": nbytes,
-            "busy_per_message_s": max((busy - c) / tensors, 0.0),
-            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * tensors), 0.0)}
+    rows = []
+    for target in computes_s:
+        compute, c = _calibrated_compute(target)
+        for k in tensors:
+            out = [torch.zeros(nbytes // 4) for _ in range(k)]
+            inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+            walls: dict[str, list[float]] = {"busy": [], "solo": []}
+            for it in range(repeats + 3):
+                for mode in ("busy", "solo"):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    if mode == "busy":
+                        works = [dist.isend(t, other) for t in out]
+                        compute()
+                        for t in inp:
+                            dist.recv(t, other)
+                        for w in works:
+                            w.wait()
+                    else:
+                        compute()
+                    if it >= 3:
+                        walls[mode].append(time.perf_counter() - t0)
+            busy, solo = _median(walls["busy"]), _median(walls["solo"])
+            rows.append({"compute_s": c, "tensors": k, "busy_wall_s": busy, "solo_wall_s": solo,
+                         "extra_s": max(busy - solo, 0.0)})
+    a = np.array([[r["tensors"], r["compute_s"]] for r in rows])
+    (per_message, spin_share), _ = nnls(a, np.array([r["extra_s"] for r in rows]))
+    compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
+    k = max(tensors)
+    out = [torch.zeros(nbytes // 4) for _ in range(k)]
+    inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+    idle_walls = []
+    for it in range(repeats + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            compute()
+            for t in out:
+                dist.send(t, 1)
+            for t in inp:
+                dist.recv(t, 1)
+        else:
+            for t in inp:
+                dist.recv(t, 0)
+            compute()
+            for t in out:
+                dist.send(t, 0)
+        if it >= 3:
+            idle_walls.append(time.perf_counter() - t0)
+    idle = _median(idle_walls)
+    link = latency_s + k * nbytes / bandwidth
+    return {"bytes": nbytes, "busy": rows, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
+            "idle_compute_s": c, "idle_tensors": k, "idle_wall_s": idle,
+            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
 
 
 def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 15) -> dict[str, Any]:
@@ -472,6 +500,7 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                                   "per_byte_s": mean("batchnorm", "per_byte_s"),
                                   "commit_s": mean("batchnorm", "commit_s")},
                      busy_message_s=mean("messages", "busy_per_message_s"),
+                     spin_share=mean("messages", "spin_share"),
                      idle_message_s=mean("messages", "idle_per_message_s"),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})

@@ -116,3 +116,22 @@ def test_busy_allreduce_per_ddp_bucket() -> None:
     t0 = autoplace.simulate(g, ddp, c, cost=HostCostModel(optimizer="adam"), timeline=False).step_time_s
     t1 = autoplace.simulate(g, ddp, c, cost=cost, timeline=False).step_time_s
     assert t1 - t0 == pytest.approx(2 * MS)
+
+
+def test_spin_share_charges_the_union_of_the_waits() -> None:
+    from autoplace.cost.host import _union_length
+
+    assert _union_length(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0])) == pytest.approx(4.0)
+    g = graph(4, [(0, 1), (1, 2), (2, 3)], [2.0, 2.0, 4.0, 4.0], [4.0, 4.0, 8.0, 8.0], batch_size=8)
+    st = np.array([0, 0, 1, 1])
+    f_start = np.array([[0, 1, 2, 3], [1.5, 3.5, 5.5, 7.5]], dtype=float)
+    xf_end = np.array([[1.5, 2.5, 3.5, 4.5], [0, 0, 0, 0]], dtype=float)
+    b_start = np.array([[20, 22, 24, 26], [9.5, 11.5, 13.5, 15.5]], dtype=float)
+    xb_end = b_start.copy()
+    fo, bo = HostCostModel(spin_share=0.5).message_overhead_s(g, st, 4, f_start, b_start, xf_end, xb_end)
+    # waits [2.5, 3.5], [3.5, 5.5], [4.5, 7.5]: union 5 s, half of it charged, over 4 forwards
+    assert fo[1] == pytest.approx(0.5 * 5.0 / 4) and bo[0] == 0
+    c = cluster(2)
+    plan = Placement.pipeline(g, c, st.tolist(), [0, 1], microbatches=4, schedule="gpipe")
+    assert autoplace.simulate(g, plan, c, cost=HostCostModel(spin_share=0.5), timeline=False).step_time_s > \
+        autoplace.simulate(g, plan, c, cost=HostCostModel(), timeline=False).step_time_s
