@@ -408,7 +408,8 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                         for t in inp:
                             dist.recv(t, other)
                         for w in works:
-                            w.wait()
+                            if w is not None:
+                                w.wait()
                     else:
                         compute()
                     if it >= 3:
@@ -461,7 +462,8 @@ def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 15) -> dict[str, Any
         t0 = time.perf_counter()
         work = dist.all_reduce(buf, async_op=True)
         compute()
-        work.wait()
+        if work is not None:
+            work.wait()
         if k >= 3:
             ts.append(time.perf_counter() - t0)
     wall = _median(ts)
