@@ -314,7 +314,7 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
 
 
 def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
-                corun: float, fit: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, float]]:
+                corun: float, fit: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, Any]]:
     """Simulated step seconds of every plan, before and after (see the module docstring)."""
     one = Cluster.from_devices(["cpu"])
     user_two = Cluster.from_devices(["cpu", "cpu"])
@@ -325,7 +325,7 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
     before_cost = CostModel(optimizer="adam")
     after_cost = host_cost(probe, fit)
     cpu_cost = host_cost(probe, fit, wall_terms=False)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for key, plan in plans.items():
         kind = plan["kind"]
         if kind in ("eager", "accumulate"):
