@@ -653,7 +653,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--render", action="store_true", help="only rewrite the markdown from <out>/fidelity_cpu.json")
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
-    ap.add_argument("--retries", type=int, default=2,
+    ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
                          "multi-process rows was measured while other jobs took the cores (LOADED)")
     ap.add_argument("--quiet-wait-s", type=float, default=90.0, help="how long to wait for a quiet machine before a retry")
