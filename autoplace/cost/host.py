@@ -28,6 +28,26 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     per parameter tensor and per gradient byte, and its broadcast of buffers (BatchNorm's
     running statistics) before every forward (``host_probe.ddp_overhead``); the all-reduce
     itself is the simulator's ring over the cluster's link.
+``busy_message_s``, ``idle_message_s`` (wall time, not CPU)
+    what each point-to-point tensor of a pipeline costs its receiving rank beyond the link's
+    ``latency + bytes / bandwidth``: ``busy_message_s`` when it arrives while the receiver is
+    still computing, ``idle_message_s`` when the receiver is waiting for it
+    (:func:`autoplace.cost.host_probe.busy_messages`, measured between two computing ranks).
+    On a host whose processes fill its cores, gloo's loop thread busy-polls for a message whose
+    receive is not posted yet and the threads a message wakes wait for a core (see the probe's
+    docstring for the measurements); one pass of the pipeline simulator says which messages
+    arrive while their receiver computes and for how long they wait
+    (:meth:`HostCostModel.message_overhead_s`), a second pass charges them.
+``spin_share`` (wall time)
+    per second that messages wait for their computing receiver (the union of those waits per
+    receiving stage), the wall seconds that receiver's actions lose: the polling loop thread
+    takes a core from the computing threads (``host_probe.busy_messages``' fit). Source of the gap it closes: the 2-process runs of
+    ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
+    was predicted within 11% (geometric mean): the missing time was wall time outside it.
+``busy_allreduce_s`` (wall time)
+    each all-reduce call of a replicated stage (DDP: a first bucket of 1 MiB, then 25 MiB
+    buckets) adds what one all-reduce adds to a computation on both ranks
+    (:func:`autoplace.cost.host_probe.busy_allreduce`), charged once per step with the update.
 ``update``
     Adam's step measured over copies of the parameters and split over ops by a per-tensor and
     a per-byte cost (single-tensor Adam on a CPU launches about ten kernels per tensor: the
@@ -53,7 +73,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["HostCostModel", "host_cluster", "profile_terms"]
+__all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "ddp_buckets"]
 
 
 def profile_terms(graph: "OpGraph") -> Mapping[str, Any] | None:
@@ -107,6 +127,16 @@ class HostCostModel(CostModel):
     ddp_s: Mapping[str, float] = field(default_factory=dict)
     """DDP's CPU seconds per step per replica: ``per_tensor_s`` and ``per_byte_s`` of gradients,
     and ``buffers_s`` for its broadcast of buffers before each forward (``host_probe.ddp_overhead``)."""
+    busy_message_s: float = 0.0
+    """wall seconds a pipeline message costs its receiver beyond the link when it arrives while the
+    receiver computes (``host_probe.busy_messages``; 0: not charged)."""
+    idle_message_s: float = 0.0
+    """the same when the receiver is waiting for it."""
+    spin_share: float = 0.0
+    """wall seconds per second that messages wait for their computing receiver (the union of the
+    waits, per receiving stage: gloo's loop thread polls through them; ``host_probe.busy_messages``)."""
+    busy_allreduce_s: float = 0.0
+    """wall seconds each all-reduce call of a replicated stage adds (``host_probe.busy_allreduce``)."""
     fitted_action_s: float = 0.0
     """a per-action constant fitted to measured pipeline steps (0: none fitted; see
     ``benchmarks/fidelity_cpu.py`` for what it is fitted on and held out from)."""
@@ -153,7 +183,42 @@ class HostCostModel(CostModel):
                     fo[k] += self.ddp_s.get("buffers_s", 0.0) / microbatches
                 uo[k] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
                     + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
+        if self.busy_allreduce_s and np.any(replicas > 1):
+            facts = graph.meta.get("memory")
+            grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+            for k in np.nonzero(replicas > 1)[0]:
+                uo[k] += self.busy_allreduce_s * ddp_buckets(float(grads[st == k].sum()))
         return fo, bo, uo
+
+    def message_overhead_s(self, graph: "OpGraph", stage_of_node: np.ndarray, microbatches: int,
+                           f_start: np.ndarray, b_start: np.ndarray, xf_end: np.ndarray,
+                           xb_end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per stage, wall seconds to add to each forward and each backward action for the
+        messages it receives (``busy_message_s`` / ``idle_message_s``), from a first pass of the
+        pipeline simulator: ``xf_end[s, m]`` / ``xb_end[s, m]`` is when micro-batch ``m``'s
+        activations reach stage ``s + 1`` / its gradients reach stage ``s``, ``f_start`` /
+        ``b_start`` when the stage starts the action that consumes them; a message that waits
+        for its receiver (arrival before that start) arrived while the receiver computed. Every
+        tensor crossing a boundary is one message (``tensors_per_boundary``), in both directions.
+        None when neither term is set."""
+        if not (self.busy_message_s or self.idle_message_s or self.spin_share):
+            return None
+        n_st = f_start.shape[0]
+        fo, bo = np.zeros(n_st), np.zeros(n_st)
+        if n_st < 2:
+            return fo, bo
+        k = tensors_per_boundary(graph, np.asarray(stage_of_node), n_st)
+        m = int(microbatches)
+        for s in range(n_st - 1):
+            if k[s] == 0:
+                continue
+            for arrive, start, into in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]),
+                                        (xb_end[s, :m], b_start[s, :m], bo[s:s + 1])):
+                late = start - arrive > 1e-9  # waited for its receiver to finish computing
+                into += k[s] * float(np.where(late, self.busy_message_s, self.idle_message_s).mean())
+                if self.spin_share:
+                    into += self.spin_share * _union_length(arrive[late], start[late]) / m
+        return fo, bo
 
     def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
         fwd, bwd = super()._op_times(graph, cluster, batch_fraction)
@@ -192,6 +257,45 @@ class HostCostModel(CostModel):
         cols = np.array([d.kind == graph.profiled_on for d in cluster.devices])
         measured = np.asarray(upd["update_s"], dtype=float)[:, None] * cluster.time_factors[None, :]
         return np.where(cols[None, :], measured, base)
+
+
+def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length of the union of the intervals ``[starts[i], ends[i]]``."""
+    total, reach = 0.0, -np.inf
+    for a, b in sorted(zip(starts.tolist(), ends.tolist())):
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
+def tensors_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:
+    """Per boundary ``s -> s + 1``, how many tensors cross it: the ops of stages <= s whose output
+    an op of a later stage reads (torch.distributed.pipelining sends each one as its own message)."""
+    out = np.zeros(max(n_stages - 1, 1), dtype=int)
+    if not graph.num_edges:
+        return out
+    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    st = np.asarray(stage_of_node)
+    for s in range(n_stages - 1):
+        cross = (st[src] <= s) & (st[dst] > s)
+        out[s] = int(np.unique(src[cross]).size)
+    return out
+
+
+DDP_FIRST_BUCKET_BYTES = float(2**20)
+"""DistributedDataParallel's first bucket (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+DDP_BUCKET_BYTES = 25.0 * 2**20
+"""its other buckets (``bucket_cap_mb=25``)."""
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """All-reduce calls DDP makes per step for ``grad_bytes`` of gradients (bucket sizes above)."""
+    if grad_bytes <= 0:
+        return 0
+    rest = max(grad_bytes - DDP_FIRST_BUCKET_BYTES, 0.0)
+    return 1 + int(np.ceil(rest / DDP_BUCKET_BYTES))
 
 
 def host_cluster(processes: int, *, latency_s: float, bandwidth: float, corun: float = 1.0,

@@ -33,6 +33,27 @@ ever add time).
     CPU seconds ``DistributedDataParallel`` adds to a step (hooks, bucket copies, division),
     per parameter tensor and per gradient byte, and the seconds its broadcast of buffers before
     every forward takes (wall clock: the step waits for it) (:func:`ddp_overhead`).
+``busy_messages`` (:func:`busy_messages`)
+    wall seconds point-to-point messages cost on the host's shared cores beyond the link's
+    ``latency + bytes / bandwidth``, measured between two ranks that compute (calibrated loops of
+    matrix products, 0.75-3 ms) around their messages: ``busy`` while both ranks compute and each
+    posts its receive only after computing (messages that arrive while their receiver is still
+    computing: a pipeline whose stages are all busy), fitted over the grid as a cost per message
+    plus a share of the time the messages wait (``spin_share``); ``idle`` while the receiver
+    waits with its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
+    on a 2-core host (``/proc/<pid>/task/<tid>/schedstat`` of every thread, ``strace -f``): gloo's
+    TCP loop thread (``gloo_tcp_loop``) of a rank whose receive is not posted yet busy-polls
+    (``epoll_wait`` returns the readable socket at once, about every 20 us, until the receive is
+    posted), so two computing ranks and one polling thread share two cores; and every completed
+    receive wakes threads (the loop thread, the waiting main thread) that, with the cores taken
+    by computing threads, wait for the scheduler (a 4 ms tick with ``CONFIG_HZ=250``). Both are
+    wall time outside the ranks' main-thread CPU clock, which the profiler and the other probes
+    measure.
+``busy_allreduce`` (:func:`busy_allreduce`)
+    the wall seconds one all-reduce call (1 MiB, gloo's worker thread) adds to a step in which
+    both ranks compute while it runs (DDP's buckets, reduced during the backward), beyond the
+    computation itself: its reduction and copies run on the same cores, and its messages pay
+    what ``busy_messages`` measures.
 ``batchnorm``
     what the pipeline runtime's whole-batch BatchNorm (:mod:`autoplace.rewrite.batchnorm`) adds
     over ``nn.BatchNorm2d`` per micro-batch (per call and per input byte) and per step
@@ -51,7 +72,7 @@ import numpy as np
 import torch
 
 __all__ = ["HostProbe", "ping_pong", "fit_link", "all_reduce_times", "corun_factor", "action_overhead",
-           "probe_in_group", "probe"]
+           "busy_messages", "busy_allreduce", "probe_in_group", "probe"]
 
 SIZES = (1, 256, 1024, 16_384, 65_536, 262_144, 1_048_576, 4_194_304)  # float32 elements: 4 B .. 16 MiB
 
@@ -74,12 +95,31 @@ class HostProbe:
     """DDP's CPU seconds per step: per parameter tensor and per gradient byte."""
     batchnorm_s: dict[str, float] = field(default_factory=dict)
     """the runtime's whole-batch BatchNorm over nn.BatchNorm2d: per call, per input byte, per commit."""
+    busy_message_s: float = 0.0
+    """wall seconds a message costs beyond the link when it arrives while its receiver computes."""
+    spin_share: float = 0.0
+    """wall seconds per second a message waits for its computing receiver (gloo's polling loop)."""
+    idle_message_s: float = 0.0
+    """wall seconds a message costs beyond the link when its receiver waits for it."""
+    busy_allreduce_s: float = 0.0
+    """wall seconds one all-reduce call adds to a step while both ranks compute."""
+    cores: int = 0
+    """CPU cores this process may run on (``os.sched_getaffinity``), where the probe ran."""
     ping: list[dict[str, float]] = field(default_factory=list)
     allreduce: list[dict[str, float]] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return int(os.cpu_count() or 1)
 
 
 def _median(xs: list[float]) -> float:
@@ -305,6 +345,131 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
             "buffers_s": buffers, "rows": [list(r) for r in rows]}
 
 
+def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
+    """A loop of 160 x 160 matrix products of about ``target_s`` CPU seconds on this thread, and
+    its measured CPU seconds (lower quartile)."""
+    a = torch.randn(160, 160)
+
+    def once() -> None:
+        a @ a
+
+    c0 = time.thread_time()
+    for _ in range(20):
+        once()
+    per = max((time.thread_time() - c0) / 20, 1e-6)
+    n = max(1, int(round(target_s / per)))
+
+    def compute() -> None:
+        for _ in range(n):
+            a @ a
+
+    ts = []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        compute()
+        ts.append(time.thread_time() - c0)
+    return compute, _low(ts)
+
+
+def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 4),
+                  repeats: int = 15) -> dict[str, Any]:
+    """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
+
+    ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
+    receives the other's, against the same computation on both ranks without messages (``solo``,
+    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
+    over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
+    (non-negative least squares): a cost per message that arrives while its receiver computes,
+    and a share of every second a message waits for its receiver (the loop thread polling
+    through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
+    rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
+    of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
+    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Medians over ``repeats``
+    rounds, as rank 0's clock measures them."""
+    import torch.distributed as dist
+    from scipy.optimize import nnls
+
+    other = 1 - rank
+    rows = []
+    for target in computes_s:
+        compute, c = _calibrated_compute(target)
+        for k in tensors:
+            out = [torch.zeros(nbytes // 4) for _ in range(k)]
+            inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+            walls: dict[str, list[float]] = {"busy": [], "solo": []}
+            for it in range(repeats + 3):
+                for mode in ("busy", "solo"):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    if mode == "busy":
+                        works = [dist.isend(t, other) for t in out]
+                        compute()
+                        for t in inp:
+                            dist.recv(t, other)
+                        for w in works:
+                            if w is not None:
+                                w.wait()
+                    else:
+                        compute()
+                    if it >= 3:
+                        walls[mode].append(time.perf_counter() - t0)
+            busy, solo = _median(walls["busy"]), _median(walls["solo"])
+            rows.append({"compute_s": c, "tensors": k, "busy_wall_s": busy, "solo_wall_s": solo,
+                         "extra_s": max(busy - solo, 0.0)})
+    a = np.array([[r["tensors"], r["compute_s"]] for r in rows])
+    (per_message, spin_share), _ = nnls(a, np.array([r["extra_s"] for r in rows]))
+    compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
+    k = max(tensors)
+    out = [torch.zeros(nbytes // 4) for _ in range(k)]
+    inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+    idle_walls = []
+    for it in range(repeats + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            compute()
+            for t in out:
+                dist.send(t, 1)
+            for t in inp:
+                dist.recv(t, 1)
+        else:
+            for t in inp:
+                dist.recv(t, 0)
+            compute()
+            for t in out:
+                dist.send(t, 0)
+        if it >= 3:
+            idle_walls.append(time.perf_counter() - t0)
+    idle = _median(idle_walls)
+    link = latency_s + k * nbytes / bandwidth
+    return {"bytes": nbytes, "busy": rows, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
+            "idle_compute_s": c, "idle_tensors": k, "idle_wall_s": idle,
+            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
+
+
+def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 15) -> dict[str, Any]:
+    """Wall seconds one asynchronous all-reduce of ``nbytes`` adds to a computation of about
+    1.5 ms that both ranks run while it is in flight (median over ``repeats``), beyond the
+    computation's own CPU seconds."""
+    import torch.distributed as dist
+
+    compute, c = _calibrated_compute()
+    buf = torch.zeros(nbytes // 4)
+    ts = []
+    for k in range(repeats + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        if work is not None:
+            work.wait()
+        if k >= 3:
+            ts.append(time.perf_counter() - t0)
+    wall = _median(ts)
+    return {"compute_s": c, "wall_s": wall, "bytes": nbytes, "per_call_s": max(wall - c, 0.0)}
+
+
 def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats: int = 20) -> HostProbe:
     """Every term, on this rank of a 2-rank gloo group (see the module docstring); both ranks
     get the same :class:`HostProbe` (rank 0's fits, the two ranks' CPU times pooled)."""
@@ -316,7 +481,10 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     act = action_overhead(rank, repeats=max(6, repeats // 2))
     ddp = ddp_overhead(rank, repeats=max(6, repeats // 2))
     bn = batchnorm_overhead(repeats=repeats)
-    mine = {"corun": co, "action": act, "ddp": ddp, "batchnorm": bn}
+    lat0, bw0 = fit_link(ping)
+    msg = busy_messages(rank, latency_s=lat0, bandwidth=bw0, repeats=max(8, repeats))
+    bar = busy_allreduce(repeats=max(8, repeats))
+    mine = {"corun": co, "action": act, "ddp": ddp, "batchnorm": bn, "messages": msg, "allreduce_busy": bar}
     both: list[Any] = [None, None]
     dist.all_gather_object(both, mine)
     lat, bw = fit_link(ping)
@@ -333,6 +501,10 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      batchnorm_s={"per_call_s": mean("batchnorm", "per_call_s"),
                                   "per_byte_s": mean("batchnorm", "per_byte_s"),
                                   "commit_s": mean("batchnorm", "commit_s")},
+                     busy_message_s=mean("messages", "busy_per_message_s"),
+                     spin_share=mean("messages", "spin_share"),
+                     idle_message_s=mean("messages", "idle_per_message_s"),
+                     busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 
 

@@ -354,6 +354,22 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
                      t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
+    # -- host terms (autoplace.cost.host.HostCostModel.message_overhead_s; CPU processes only) -------
+    # what each message costs its receiver on shared cores depends on whether it arrived while the
+    # receiver computed, which this first pass says; a second pass charges it
+    extra = (sim.cost.message_overhead_s(sim.graph, st, m_count, f_start, b_start, xf_end, xb_end)
+             if n_st > 1 and hasattr(sim.cost, "message_overhead_s") else None)
+    if extra is not None and (np.any(extra[0]) or np.any(extra[1])):
+        reps = np.array([len(g) for g in groups])
+        f_rep += np.repeat(extra[0], reps)
+        b_rep += np.repeat(extra[1], reps)
+        out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
+                         mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
+                         mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
+                         mp["capacity"], m_count, DDP_BUCKET_BYTES, b_op)
+        (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
+         last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
+    # -- end of host terms ----------------------------------------------------------------------------
     if sim.memory is not None:  # the memory terms of autoplace.cost.memory, per replica of each stage
         per_stage = sim.memory.pipeline(st, groups, inflight, m_count)
         peak = np.zeros(sim.num_devices)

@@ -71,3 +71,67 @@ def test_host_cluster() -> None:
     c = host_cluster(2, latency_s=5e-5, bandwidth=2e9, corun=1.05)
     assert c.latency(0, 1) == 5e-5 and c.bandwidth(0, 1) == 2e9
     assert np.allclose(c.time_factors, 1.05) and all(d.kind == "cpu" for d in c.devices)
+
+
+def test_messages_that_wait_for_a_computing_receiver_cost_busy_message_s() -> None:
+    """The shared-cores terms (busy_message_s / idle_message_s): a second pipeline pass charges every
+    message by whether its receiver was computing when it arrived; removing the term changes the step."""
+    from autoplace.cost.host import tensors_per_boundary
+
+    # stage 1 twice as slow as stage 0: in GPipe its activations pile up (all but the first wait
+    # for stage 1 to finish computing), stage 0's gradients arrive while stage 0 waits
+    g = graph(4, [(0, 1), (1, 2), (0, 2), (2, 3)], [2.0, 2.0, 4.0, 4.0], [4.0, 4.0, 8.0, 8.0], batch_size=8)
+    c = cluster(2)
+    st = np.array([0, 0, 1, 1])
+    assert tensors_per_boundary(g, st, 2).tolist() == [2]  # ops 0 and 1 feed stage 1
+    plan = Placement.pipeline(g, c, st.tolist(), [0, 1], microbatches=4, schedule="gpipe")
+    base = autoplace.simulate(g, plan, c, cost=HostCostModel(), timeline=False).step_time_s
+    busy = autoplace.simulate(g, plan, c, cost=HostCostModel(busy_message_s=1 * MS), timeline=False).step_time_s
+    idle = autoplace.simulate(g, plan, c, cost=HostCostModel(idle_message_s=1 * MS), timeline=False).step_time_s
+    assert busy > base and idle > base
+    cost = HostCostModel(busy_message_s=1 * MS, idle_message_s=0.1 * MS)
+    m = 4
+    # a first pass by hand: arrival and start times of a stage-1-bound GPipe
+    f_start = np.array([[0, 1, 2, 3], [1.5, 3.5, 5.5, 7.5]], dtype=float)
+    xf_end = np.array([[1.5, 2.5, 3.5, 4.5], [0, 0, 0, 0]], dtype=float)
+    b_start = np.array([[20, 22, 24, 26], [9.5, 11.5, 13.5, 15.5]], dtype=float)
+    xb_end = np.array([[20, 22, 24, 26], [0, 0, 0, 0]], dtype=float)
+    fo, bo = cost.message_overhead_s(g, st, m, f_start, b_start, xf_end, xb_end)
+    # forward: 1 of 4 in time (idle), 3 waited (busy), 2 tensors each; backward: all in time
+    assert fo[1] == pytest.approx(2 * (0.1 * MS + 3 * 1 * MS) / 4) and fo[0] == 0
+    assert bo[0] == pytest.approx(2 * 0.1 * MS) and bo[1] == 0
+    assert HostCostModel().message_overhead_s(g, st, m, f_start, b_start, xf_end, xb_end) is None
+
+
+def test_busy_allreduce_per_ddp_bucket() -> None:
+    from autoplace.cost.host import ddp_buckets
+
+    assert ddp_buckets(0) == 0 and ddp_buckets(1e5) == 1 and ddp_buckets(2**20 + 1) == 2
+    assert ddp_buckets(2**20 + 25 * 2**20 + 1) == 3
+    g, c = _profiled(), cluster(2)
+    cost = HostCostModel(optimizer="adam", busy_allreduce_s=2 * MS)
+    fo, bo, uo = cost.stage_overhead_s(g, np.zeros(4, dtype=int), np.array([2]), 1, "1f1b")
+    assert uo[0] == pytest.approx(2 * MS)  # 4 kB of gradients: one bucket
+    ddp = Placement.pipeline(g, c, [0] * 4, [[0, 1]], microbatches=1)
+    t0 = autoplace.simulate(g, ddp, c, cost=HostCostModel(optimizer="adam"), timeline=False).step_time_s
+    t1 = autoplace.simulate(g, ddp, c, cost=cost, timeline=False).step_time_s
+    assert t1 - t0 == pytest.approx(2 * MS)
+
+
+def test_spin_share_charges_the_union_of_the_waits() -> None:
+    from autoplace.cost.host import _union_length
+
+    assert _union_length(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0])) == pytest.approx(4.0)
+    g = graph(4, [(0, 1), (1, 2), (2, 3)], [2.0, 2.0, 4.0, 4.0], [4.0, 4.0, 8.0, 8.0], batch_size=8)
+    st = np.array([0, 0, 1, 1])
+    f_start = np.array([[0, 1, 2, 3], [1.5, 3.5, 5.5, 7.5]], dtype=float)
+    xf_end = np.array([[1.5, 2.5, 3.5, 4.5], [0, 0, 0, 0]], dtype=float)
+    b_start = np.array([[20, 22, 24, 26], [9.5, 11.5, 13.5, 15.5]], dtype=float)
+    xb_end = b_start.copy()
+    fo, bo = HostCostModel(spin_share=0.5).message_overhead_s(g, st, 4, f_start, b_start, xf_end, xb_end)
+    # waits [2.5, 3.5], [3.5, 5.5], [4.5, 7.5]: union 5 s, half of it charged, over 4 forwards
+    assert fo[1] == pytest.approx(0.5 * 5.0 / 4) and bo[0] == 0
+    c = cluster(2)
+    plan = Placement.pipeline(g, c, st.tolist(), [0, 1], microbatches=4, schedule="gpipe")
+    assert autoplace.simulate(g, plan, c, cost=HostCostModel(spin_share=0.5), timeline=False).step_time_s > \
+        autoplace.simulate(g, plan, c, cost=HostCostModel(), timeline=False).step_time_s
