@@ -62,7 +62,6 @@ ever add time).
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -70,6 +69,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from .shared_cores import busy_allreduce, busy_messages, low, median
 
 __all__ = ["HostProbe", "ping_pong", "fit_link", "all_reduce_times", "corun_factor", "action_overhead",
            "busy_messages", "busy_allreduce", "probe_in_group", "probe"]
@@ -122,17 +123,6 @@ def _cores() -> int:
         return int(os.cpu_count() or 1)
 
 
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
-
-
-def _low(xs: list[float]) -> float:
-    """The lower quartile: other jobs on a shared machine only ever add time to a measurement,
-    so the lower quartile is the steadier estimate of what the operation itself costs (on a
-    quiet machine it is within noise of the median)."""
-    return float(np.percentile(xs, 25))
-
-
 def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
     """One-way seconds of a send/recv of each of :data:`SIZES` (half the round trip's lower quartile)."""
     import torch.distributed as dist
@@ -153,7 +143,7 @@ def ping_pong(rank: int, *, repeats: int = 20) -> list[dict[str, float]]:
                 dist.send(buf, 0)
             if k >= 2:
                 rtt.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "seconds": _low(rtt) / 2, "median_seconds": _median(rtt) / 2,
+        rows.append({"bytes": float(n * 4), "seconds": low(rtt) / 2, "median_seconds": median(rtt) / 2,
                      "min_seconds": float(np.min(rtt)) / 2, "repeats": float(reps)})
     return rows
 
@@ -163,7 +153,7 @@ def fit_link(rows: list[dict[str, float]], *, per_byte_factor: float = 1.0) -> t
     the latency is the median over messages of at most 4 KiB (divided by 2 for an all-reduce's
     ``2 latency``: pass ``per_byte_factor=1`` and halve it yourself), the bandwidth the
     least-squares slope over messages of 256 KiB and more."""
-    lat = _median([r["seconds"] for r in rows if r["bytes"] <= 4096])
+    lat = median([r["seconds"] for r in rows if r["bytes"] <= 4096])
     big = [r for r in rows if r["bytes"] >= 262144]
     slope = float(np.polyfit([r["bytes"] for r in big], [r["seconds"] for r in big], 1)[0])
     if slope <= 0:
@@ -186,7 +176,7 @@ def all_reduce_times(*, repeats: int = 20) -> list[dict[str, float]]:
             dist.all_reduce(buf)
             if k >= 2:
                 ts.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "seconds": _low(ts), "median_seconds": _median(ts),
+        rows.append({"bytes": float(n * 4), "seconds": low(ts), "median_seconds": median(ts),
                      "min_seconds": float(np.min(ts))})
     return rows
 
@@ -212,7 +202,7 @@ def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dic
         c0 = time.thread_time()
         step()
         together.append(time.thread_time() - c0)
-    a, t = _low(alone), _low(together)
+    a, t = low(alone), low(together)
     return {"alone_s": a, "together_s": t, "factor": t / a if a > 0 else 1.0}
 
 
@@ -241,7 +231,7 @@ def action_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 runner.step(x, target=y)
                 if k >= 3:
                     ts.append(time.thread_time() - c0)
-            cpu[m] = _low(ts)
+            cpu[m] = low(ts)
         out[schedule] = {"cpu_s": cpu, "per_action_s": max((cpu[16] - cpu[2]) / (2 * 14), 0.0)}
     return out
 
@@ -260,7 +250,7 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             mod(x).sum().backward()
             if k >= 3:
                 ts.append(time.thread_time() - c0)
-        return _low(ts)
+        return low(ts)
 
     extra = []
     sizes = []
@@ -277,7 +267,7 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             c0 = time.thread_time()
             stats.commit()
             ts.append(time.thread_time() - c0)
-        commit.append(_low(ts))
+        commit.append(low(ts))
     per_byte = max((extra[1] - extra[0]) / (sizes[1] - sizes[0]), 0.0)
     per_call = max(extra[0] - per_byte * sizes[0], 0.0)
     return {"per_call_s": per_call, "per_byte_s": per_byte, "commit_s": float(np.mean(commit)),
@@ -304,7 +294,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 ts.append(time.thread_time() - c0)
             for p in opt_free:
                 p.grad = None
-        return _low(ts)
+        return low(ts)
 
     rows = []
     for width, depth in ((16, 24), (512, 4)):
@@ -333,7 +323,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 ts.append(time.perf_counter() - t0)
             for p in model.parameters():
                 p.grad = None
-        return _low(ts)
+        return low(ts)
 
     torch.manual_seed(0)
     x = torch.randn(8, 64)
@@ -343,131 +333,6 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     buffers = max(wall(synced, x) - wall(unsynced, x), 0.0)
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
             "buffers_s": buffers, "rows": [list(r) for r in rows]}
-
-
-def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
-    """A loop of 160 x 160 matrix products of about ``target_s`` CPU seconds on this thread, and
-    its measured CPU seconds (lower quartile)."""
-    a = torch.randn(160, 160)
-
-    def once() -> None:
-        a @ a
-
-    c0 = time.thread_time()
-    for _ in range(20):
-        once()
-    per = max((time.thread_time() - c0) / 20, 1e-6)
-    n = max(1, int(round(target_s / per)))
-
-    def compute() -> None:
-        for _ in range(n):
-            a @ a
-
-    ts = []
-    for _ in range(repeats):
-        c0 = time.thread_time()
-        compute()
-        ts.append(time.thread_time() - c0)
-    return compute, _low(ts)
-
-
-def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
-                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 4),
-                  repeats: int = 15) -> dict[str, Any]:
-    """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
-
-    ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
-    receives the other's, against the same computation on both ranks without messages (``solo``,
-    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
-    over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
-    (non-negative least squares): a cost per message that arrives while its receiver computes,
-    and a share of every second a message waits for its receiver (the loop thread polling
-    through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
-    rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
-    of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
-    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Medians over ``repeats``
-    rounds, as rank 0's clock measures them."""
-    import torch.distributed as dist
-    from scipy.optimize import nnls
-
-    other = 1 - rank
-    rows = []
-    for target in computes_s:
-        compute, c = _calibrated_compute(target)
-        for k in tensors:
-            out = [torch.zeros(nbytes // 4) for _ in range(k)]
-            inp = [torch.zeros(nbytes // 4) for _ in range(k)]
-            walls: dict[str, list[float]] = {"busy": [], "solo": []}
-            for it in range(repeats + 3):
-                for mode in ("busy", "solo"):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    if mode == "busy":
-                        works = [dist.isend(t, other) for t in out]
-                        compute()
-                        for t in inp:
-                            dist.recv(t, other)
-                        for w in works:
-                            if w is not None:
-                                w.wait()
-                    else:
-                        compute()
-                    if it >= 3:
-                        walls[mode].append(time.perf_counter() - t0)
-            busy, solo = _median(walls["busy"]), _median(walls["solo"])
-            rows.append({"compute_s": c, "tensors": k, "busy_wall_s": busy, "solo_wall_s": solo,
-                         "extra_s": max(busy - solo, 0.0)})
-    a = np.array([[r["tensors"], r["compute_s"]] for r in rows])
-    (per_message, spin_share), _ = nnls(a, np.array([r["extra_s"] for r in rows]))
-    compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
-    k = max(tensors)
-    out = [torch.zeros(nbytes // 4) for _ in range(k)]
-    inp = [torch.zeros(nbytes // 4) for _ in range(k)]
-    idle_walls = []
-    for it in range(repeats + 3):
-        dist.barrier()
-        t0 = time.perf_counter()
-        if rank == 0:
-            compute()
-            for t in out:
-                dist.send(t, 1)
-            for t in inp:
-                dist.recv(t, 1)
-        else:
-            for t in inp:
-                dist.recv(t, 0)
-            compute()
-            for t in out:
-                dist.send(t, 0)
-        if it >= 3:
-            idle_walls.append(time.perf_counter() - t0)
-    idle = _median(idle_walls)
-    link = latency_s + k * nbytes / bandwidth
-    return {"bytes": nbytes, "busy": rows, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
-            "idle_compute_s": c, "idle_tensors": k, "idle_wall_s": idle,
-            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
-
-
-def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 15) -> dict[str, Any]:
-    """Wall seconds one asynchronous all-reduce of ``nbytes`` adds to a computation of about
-    1.5 ms that both ranks run while it is in flight (median over ``repeats``), beyond the
-    computation's own CPU seconds."""
-    import torch.distributed as dist
-
-    compute, c = _calibrated_compute()
-    buf = torch.zeros(nbytes // 4)
-    ts = []
-    for k in range(repeats + 3):
-        dist.barrier()
-        t0 = time.perf_counter()
-        work = dist.all_reduce(buf, async_op=True)
-        compute()
-        if work is not None:
-            work.wait()
-        if k >= 3:
-            ts.append(time.perf_counter() - t0)
-    wall = _median(ts)
-    return {"compute_s": c, "wall_s": wall, "bytes": nbytes, "per_call_s": max(wall - c, 0.0)}
 
 
 def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats: int = 20) -> HostProbe:

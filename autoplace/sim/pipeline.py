@@ -363,10 +363,9 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         reps = np.array([len(g) for g in groups])
         f_rep += np.repeat(extra[0], reps)
         b_rep += np.repeat(extra[1], reps)
-        out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, mp["succ_ptr"],
-                         mp["succ_eid"], mp["edst"], mp["ebytes"], mp["lat"], mp["inv_bw"], mp["out_bytes"],
-                         mp["param_bytes"], mp["opt_factor"], mp["tied_of"], mp["tied_first"], mp["tied_bytes"],
-                         mp["capacity"], m_count, DDP_BUCKET_BYTES, b_op)
+        out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid,
+                         t.edst, t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of,
+                         t.tied_first, t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op)
         (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
          last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- end of host terms ----------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""What two training processes on shared cores pay for their messages, measured: the
+``busy_messages`` and ``busy_allreduce`` probes of :mod:`autoplace.cost.host_probe` (its docstring
+says what each measures and why), and the robust statistics the probes share.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = ["median", "low", "busy_messages", "busy_allreduce"]
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def low(xs: list[float]) -> float:
+    """The lower quartile: other jobs on a shared machine only ever add time to a measurement,
+    so the lower quartile is the steadier estimate of what the operation itself costs (on a
+    quiet machine it is within noise of the median)."""
+    return float(np.percentile(xs, 25))
+
+
+def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
+    """A loop of 160 x 160 matrix products of about ``target_s`` CPU seconds on this thread, and
+    its measured CPU seconds (lower quartile)."""
+    a = torch.randn(160, 160)
+
+    def once() -> None:
+        a @ a
+
+    c0 = time.thread_time()
+    for _ in range(20):
+        once()
+    per = max((time.thread_time() - c0) / 20, 1e-6)
+    n = max(1, int(round(target_s / per)))
+
+    def compute() -> None:
+        for _ in range(n):
+            a @ a
+
+    ts = []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        compute()
+        ts.append(time.thread_time() - c0)
+    return compute, low(ts)
+
+
+def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 4),
+                  repeats: int = 15) -> dict[str, Any]:
+    """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
+
+    ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
+    receives the other's, against the same computation on both ranks without messages (``solo``,
+    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
+    over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
+    (non-negative least squares): a cost per message that arrives while its receiver computes,
+    and a share of every second a message waits for its receiver (the loop thread polling
+    through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
+    rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
+    of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
+    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Medians over ``repeats``
+    rounds, as rank 0's clock measures them."""
+    import torch.distributed as dist
+    from scipy.optimize import nnls
+
+    other = 1 - rank
+    rows = []
+    for target in computes_s:
+        compute, c = _calibrated_compute(target)
+        for k in tensors:
+            out = [torch.zeros(nbytes // 4) for _ in range(k)]
+            inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+            walls: dict[str, list[float]] = {"busy": [], "solo": []}
+            for it in range(repeats + 3):
+                for mode in ("busy", "solo"):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    if mode == "busy":
+                        works = [dist.isend(t, other) for t in out]
+                        compute()
+                        for t in inp:
+                            dist.recv(t, other)
+                        for w in works:
+                            if w is not None:
+                                w.wait()
+                    else:
+                        compute()
+                    if it >= 3:
+                        walls[mode].append(time.perf_counter() - t0)
+            busy, solo = median(walls["busy"]), median(walls["solo"])
+            rows.append({"compute_s": c, "tensors": k, "busy_wall_s": busy, "solo_wall_s": solo,
+                         "extra_s": max(busy - solo, 0.0)})
+    a = np.array([[r["tensors"], r["compute_s"]] for r in rows])
+    (per_message, spin_share), _ = nnls(a, np.array([r["extra_s"] for r in rows]))
+    compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
+    k = max(tensors)
+    out = [torch.zeros(nbytes // 4) for _ in range(k)]
+    inp = [torch.zeros(nbytes // 4) for _ in range(k)]
+    idle_walls = []
+    for it in range(repeats + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            compute()
+            for t in out:
+                dist.send(t, 1)
+            for t in inp:
+                dist.recv(t, 1)
+        else:
+            for t in inp:
+                dist.recv(t, 0)
+            compute()
+            for t in out:
+                dist.send(t, 0)
+        if it >= 3:
+            idle_walls.append(time.perf_counter() - t0)
+    idle = median(idle_walls)
+    link = latency_s + k * nbytes / bandwidth
+    return {"bytes": nbytes, "busy": rows, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
+            "idle_compute_s": c, "idle_tensors": k, "idle_wall_s": idle,
+            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
+
+
+def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 15) -> dict[str, Any]:
+    """Wall seconds one asynchronous all-reduce of ``nbytes`` adds to a computation of about
+    1.5 ms that both ranks run while it is in flight (median over ``repeats``), beyond the
+    computation's own CPU seconds."""
+    import torch.distributed as dist
+
+    compute, c = _calibrated_compute()
+    buf = torch.zeros(nbytes // 4)
+    ts = []
+    for k in range(repeats + 3):
+        dist.barrier()
+        t0 = time.perf_counter()
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        if work is not None:
+            work.wait()
+        if k >= 3:
+            ts.append(time.perf_counter() - t0)
+    wall = median(ts)
+    return {"compute_s": c, "wall_s": wall, "bytes": nbytes, "per_call_s": max(wall - c, 0.0)}
