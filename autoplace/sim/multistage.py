@@ -20,7 +20,8 @@ in flight, summed over the rank's stages (conservative: their peaks need not coi
 Tensor parallelism (``tp > 1``): each rank is a TP group of ``tp`` devices of one host; the
 column/row pairs inside a stage run at ``1/tp`` of their time and parameters, plus their
 all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not used then (the
-plain sum, with sharded parameters and whole activations). Each rank is one device or one TP
+plain sum, with sharded parameters and each device's share of the blocks' activations,
+:func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one device or one TP
 group (no replicas) and the stages keep the default data-parallel options: the plan's
 validation says so for anything else. gpipe and 1f1b with ``tp > 1`` run here too.
 """
@@ -37,7 +38,7 @@ from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, weight_fraction
 from .stages import boundary_bytes, stage_groups
-from .tensor_parallel import linear_pairs, tp_stage_cost
+from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_stage_cost
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -124,6 +125,9 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             cf[s] = tables.lat[a, c] + bnd[s] / m * tables.inv_bw[a, c]
             cb[s] = tables.lat[c, a] + bnd[s] / m * tables.inv_bw[c, a]
     out_b = np.bincount(st, tables.out_bytes, minlength=k)
+    if int(tp) > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
+        pairs = linear_pairs(sim.graph)
+        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], int(tp), pairs) for s in range(k)])
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
     act = (out_b + recv) / m
     order = actions(schedule, p, v, m)
@@ -170,7 +174,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         per_stage = sim.memory.pipeline(st, [[int(d)] for d in dev_of_stage], _inflight(order, k), m)
         peak[dev_rank] = np.bincount(rank_of, per_stage, minlength=p)
     else:
-        for r, grp in enumerate(groups):  # every device of a TP group holds its shard and whole activations
+        for r, grp in enumerate(groups):  # every device of a TP group holds its parameter shard and its activation share
             peak[grp] = params[r] * (2.0 + tables.opt_factor) + t.peak_act[r] + tied_extra[r]
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     evaluation = Evaluation(step, peak, excess)
