@@ -1,9 +1,13 @@
-"""Small op graphs for the planner tests: chains, fork-joins and random branchy DAGs."""
+"""Small op graphs for the planner tests: chains, fork-joins and random branchy DAGs, and a wide
+Llama-class graph (with a way to shrink a cluster's memory) for the sharding tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from autoplace.cluster import Cluster
 from autoplace.graph.ir import OpGraph
 
 GiB = float(2**30)
@@ -41,3 +45,19 @@ def branchy(n: int = 40, *, seed: int = 0, batch: int = 32) -> OpGraph:
     return OpGraph.build([f"v{i}" for i in range(n)], ["Conv2d"] * n, sorted(edges),
                          out_bytes=rng.uniform(1e6, 2e7, n), param_bytes=rng.uniform(0, 5e7, n),
                          fwd_flops=f, bwd_flops=2 * f, batch_size=batch, name=f"branchy{n}")
+
+
+def wide_llama() -> OpGraph:
+    """8 identical blocks of width 512 traced on meta: 26M parameters, 0.4 GB of fp32 training state."""
+    import autoplace.zoo as zoo
+    from autoplace.graph.trace import trace_module
+
+    wl = zoo.build("llama", size="test", device="meta", batch_size=8, seq_len=256, dim=512, n_layers=8, n_heads=8,
+                   n_kv_heads=4, ffn_dim=1408, vocab_size=8192)
+    return trace_module(wl.model, wl.example_inputs).graph
+
+
+def with_memory(c: Cluster, nbytes: float) -> Cluster:
+    """``c`` with every device holding ``nbytes``."""
+    devs = tuple(dataclasses.replace(d, memory_bytes=nbytes) for d in c.devices)
+    return Cluster(devs, c.bandwidth_matrix, c.latency_matrix, c.link_names, name=f"{c.name}@{nbytes / 2**20:.0f}MiB")

@@ -3,8 +3,6 @@ and they fit models that no full replica holds."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from autoplace.parallel import StageOptions
 from autoplace.planners.heuristic.fsdp import block_stages
 from autoplace.sim import Simulator
 from autoplace.rewrite.fsdp import runtime_problems
+from planner_graphs import wide_llama, with_memory
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +26,7 @@ def llama():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def wide():  # type: ignore[no-untyped-def]
-    # 8 blocks of width 512 on meta: 26M parameters, 0.4 GB of fp32 training state
-    wl = zoo.build("llama", size="test", device="meta", batch_size=8, seq_len=256, dim=512, n_layers=8, n_heads=8,
-                   n_kv_heads=4, ffn_dim=1408, vocab_size=8192)
-    return trace_module(wl.model, wl.example_inputs).graph
-
-
-def _with_memory(c: Cluster, nbytes: float) -> Cluster:
-    devs = tuple(dataclasses.replace(d, memory_bytes=nbytes) for d in c.devices)
-    return Cluster(devs, c.bandwidth_matrix, c.latency_matrix, c.link_names, name=f"{c.name}@{nbytes / 2**20:.0f}MiB")
+    return wide_llama()
 
 
 def test_registered_as_pipeline_heuristics() -> None:
@@ -76,7 +67,7 @@ def test_sharding_fits_what_no_replica_holds(wide) -> None:  # type: ignore[no-u
     fsdp_leanest = peak(2)  # the most accumulation the batch of 8 allows on 4 devices
     ac_peak = peak(1, recompute=True)
     assert ac_peak < fsdp_leanest
-    c = _with_memory(base, (ac_peak + fsdp_leanest) / 2)
+    c = with_memory(base, (ac_peak + fsdp_leanest) / 2)
     with pytest.raises(NoFitError):
         plan(wide, c, planner="data-parallel", mode="pipeline")
     with pytest.raises(NoFitError, match="fsdp: no placement fits"):
@@ -115,7 +106,7 @@ def test_torchtitan_never_returns_what_the_runtime_refuses() -> None:
 def test_no_fit_says_why(llama) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(NoFitError, match="does not split into equal shares over 16 devices"):
         plan(llama, Cluster.preset("2x8xH100-ib"), planner="fsdp", mode="pipeline")
-    tiny = _with_memory(Cluster.preset("4xA100-nvlink"), 1e5)
+    tiny = with_memory(Cluster.preset("4xA100-nvlink"), 1e5)
     with pytest.raises(NoFitError, match="the leanest"):
         plan(llama, tiny, planner="fsdp+ac", mode="pipeline")
 

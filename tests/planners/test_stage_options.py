@@ -19,20 +19,12 @@ from autoplace.planners.heuristic import pipedream_dp
 from autoplace.planners.heuristic.stage_options import balanced_stages, option_variants, polish_stage_options
 from autoplace.rewrite.fsdp import runtime_problems
 from autoplace.sim import Simulator
-from planner_graphs import chain
+from planner_graphs import chain, wide_llama, with_memory
 
 
 @pytest.fixture(scope="module")
 def wide():  # type: ignore[no-untyped-def]
-    # 8 identical blocks of width 512 on meta: 26M parameters, 0.4 GB of fp32 training state
-    wl = zoo.build("llama", size="test", device="meta", batch_size=8, seq_len=256, dim=512, n_layers=8, n_heads=8,
-                   n_kv_heads=4, ffn_dim=1408, vocab_size=8192)
-    return trace_module(wl.model, wl.example_inputs).graph
-
-
-def _with_memory(c: Cluster, nbytes: float) -> Cluster:
-    devs = tuple(dataclasses.replace(d, memory_bytes=nbytes) for d in c.devices)
-    return Cluster(devs, c.bandwidth_matrix, c.latency_matrix, c.link_names, name=f"{c.name}@{nbytes / 2**20:.0f}MiB")
+    return wide_llama()
 
 
 def _whole(g, c):  # type: ignore[no-untyped-def]
@@ -47,7 +39,7 @@ def _one_stage_peak(g, c, m: int, **kw: object) -> float:  # type: ignore[no-unt
 def test_pipedream_dp_fits_through_recompute_what_it_could_not(wide) -> None:  # type: ignore[no-untyped-def]
     # just above the peak of FSDP over 4 devices with every block recomputed, at one micro-batch
     base = Cluster.preset("4xA100-nvlink")
-    c = _with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
+    c = with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
     p = get_planner("pipedream-dp").place(wide, c)
     p.validate(wide, c)
     assert runtime_problems(p, wide, world=len(p.devices_used())) == []
@@ -71,7 +63,7 @@ def test_recomputes_the_fewest_blocks_that_fit(wide) -> None:  # type: ignore[no
     # identical blocks: past the first (whose activations come back while its backward runs),
     # each block recomputed saves the same memory
     assert all(a > b for a, b in zip(peaks[1:], peaks[2:]))
-    c = _with_memory(base, (peaks[4] + peaks[5]) / 2)  # 5 of 8 blocks fit, 4 do not (at M=1)
+    c = with_memory(base, (peaks[4] + peaks[5]) / 2)  # 5 of 8 blocks fit, 4 do not (at M=1)
     sim = Simulator(wide, c)
     got = option_variants(sim, *_whole(wide, c), [1], "1f1b")
     fits = [v for v in got if not v.oom and v.placement.shard == ("fsdp",)
@@ -159,7 +151,7 @@ def test_pipeline_rl_sets_stage_options_on_its_own_plans(wide) -> None:  # type:
     from autoplace.planners.learned.pipeline.planner import _polish
 
     base = Cluster.preset("4xA100-nvlink")
-    c = _with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
+    c = with_memory(base, 1.01 * _one_stage_peak(wide, base, 1, shard="fsdp", recompute=True))
     ddp = Placement.pipeline(wide, c, *_whole(wide, c), microbatches=1)
     sim = Simulator(wide, c)
     assert sim.run(ddp, timeline=False).oom
