@@ -164,3 +164,18 @@ def stuck_worker(rank: int, world: int, port: int, out: str, timeout_s: float, s
         time.sleep(timeout_s + 4)  # alive but silent, past rank 0's timeout
     Path(out, f"rank{rank}.json").write_text(json.dumps([result]))
     os._exit(0)  # skip the process group's teardown, which would wait on the dead exchange
+
+
+def run_cases(run: Any) -> None:
+    """A torchrun child's main: join the group, run ``run(case, rank, world, out)`` for every case
+    of ``argv[2]`` (JSON) writing under ``argv[1]``; a case that raises leaves its traceback in
+    ``<id>-rank<r>.err`` and the next one still runs (every rank meets at a barrier per case)."""
+    rank, world, _ = init_distributed(timeout_s=60)
+    out = Path(sys.argv[1])
+    for case in json.loads(sys.argv[2]):
+        try:
+            run(case, rank, world, out)
+        except Exception:
+            (out / f"{case['id']}-rank{rank}.err").write_text(traceback.format_exc())
+        dist.barrier()
+    dist.destroy_process_group()

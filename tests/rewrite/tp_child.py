@@ -10,13 +10,10 @@ the collectives of the first step by phase and kind (CommDebugMode)."""
 from __future__ import annotations
 
 import copy
-import json
 import sys
-import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.fx
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -24,7 +21,6 @@ import pipeline_workers as pw  # noqa: E402
 import tp_models as tm  # noqa: E402
 
 import autoplace  # noqa: E402
-from autoplace.rewrite import init_distributed  # noqa: E402
 from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
 from autoplace.rewrite.tensor_parallel import apply_tensor_parallel, tp_layout  # noqa: E402
 from autoplace.tp_rules import linear_pairs  # noqa: E402
@@ -100,17 +96,5 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                 "checked": sorted(params)}, out / f"{case['id']}-rank{rank}.pt")
 
 
-def main() -> None:
-    rank, world, _ = init_distributed(timeout_s=60)
-    out = Path(sys.argv[1])
-    for case in json.loads(sys.argv[2]):
-        try:
-            run(case, rank, world, out)
-        except Exception:
-            (out / f"{case['id']}-rank{rank}.err").write_text(traceback.format_exc())
-        dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    pw.run_cases(run)
