@@ -279,20 +279,20 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     the bucket copies and the division; the all-reduce's own time is the link's), as
     ``per_tensor_s x parameter tensors + per_byte_s x gradient bytes``: the same step with and
     without DDP on two stacks of linear layers (many small tensors, few large ones)."""
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    def seconds(model: torch.nn.Module, x: torch.Tensor) -> float:
-        opt_free = [p for p in model.parameters()]
+    def seconds(model: torch.nn.Module, x: torch.Tensor, clock: Callable[[], float] = time.thread_time) -> float:
+        """The low end of ``repeats`` forward + backward passes on ``clock``, after 3 warm-up passes,
+        every rank starting each pass together."""
         ts = []
         for k in range(repeats + 3):
-            import torch.distributed as dist
-
             dist.barrier()
-            c0 = time.thread_time()
+            c0 = clock()
             model(x).sum().backward()
             if k >= 3:
-                ts.append(time.thread_time() - c0)
-            for p in opt_free:
+                ts.append(clock() - c0)
+            for p in model.parameters():
                 p.grad = None
         return low(ts)
 
@@ -311,26 +311,12 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     coef = np.linalg.solve(a, y)
     # buffers (BatchNorm's running statistics) are broadcast from rank 0 before every forward
     # (broadcast_buffers=True, the default): a collective the step waits for, so the wall clock
-    import torch.distributed as dist
-
-    def wall(model: torch.nn.Module, x: torch.Tensor) -> float:
-        ts = []
-        for k in range(repeats + 3):
-            dist.barrier()
-            t0 = time.perf_counter()
-            model(x).sum().backward()
-            if k >= 3:
-                ts.append(time.perf_counter() - t0)
-            for p in model.parameters():
-                p.grad = None
-        return low(ts)
-
     torch.manual_seed(0)
     x = torch.randn(8, 64)
     synced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)))
     unsynced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)),
                                        broadcast_buffers=False)
-    buffers = max(wall(synced, x) - wall(unsynced, x), 0.0)
+    buffers = max(seconds(synced, x, time.perf_counter) - seconds(unsynced, x, time.perf_counter), 0.0)
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
             "buffers_s": buffers, "rows": [list(r) for r in rows]}
 
