@@ -222,25 +222,28 @@ def _stage_ranks(num_stages: int, replicas: int, group: Any) -> Callable[[int, i
     return lambda s, j: dist.get_global_rank(group, s)
 
 
-def _tied_groups(split: Split, stage: int, replica: int, replicas: int,
-                 rank_of: Callable[[int, int], int]) -> list[tuple[torch.nn.Parameter, Any]]:
-    """Process groups summing the gradients of parameters used by several stages.
+def tie_groups(modules: Sequence[torch.nn.Module], owners: Sequence[int], copies: int,
+               global_rank: Callable[[int, int], int], me: int) -> list[tuple[torch.nn.Parameter, Any]]:
+    """Process groups summing the gradients of parameters used by modules of several owners.
 
-    Every rank creates every group, in the same order (torch.distributed requires it).
+    ``owners[k]`` owns ``modules[k]`` (a stage, or the pipeline rank holding it); the pipeline runs
+    ``copies`` times (replicas, or TP indices), and copy ``j`` of owner ``o`` is global rank
+    ``global_rank(o, j)``. Returns (parameter, group) for the groups rank ``me`` is in. Every rank
+    creates every group, in the same order (torch.distributed requires it).
     """
-    users: dict[int, tuple[torch.nn.Parameter, list[int]]] = {}
-    for s, mod in enumerate(split.stages):
+    users: dict[int, tuple[torch.nn.Parameter, set[int]]] = {}
+    for mod, owner in zip(modules, owners):
         for p in mod.parameters():
-            users.setdefault(id(p), (p, []))[1].append(s)
-    shared = sorted(((p, tuple(st)) for p, st in users.values() if len(st) > 1), key=lambda x: x[1])
+            users.setdefault(id(p), (p, set()))[1].add(int(owner))
+    shared = sorted(((p, tuple(sorted(o))) for p, o in users.values() if len(o) > 1), key=lambda x: x[1])
     groups: dict[tuple[int, ...], Any] = {}
     out: list[tuple[torch.nn.Parameter, Any]] = []
-    for p, stages in shared:
-        for j in range(replicas):
-            ranks = tuple(rank_of(s, j) for s in stages)
+    for p, owned in shared:
+        for j in range(copies):
+            ranks = tuple(global_rank(o, j) for o in owned)
             if ranks not in groups:
                 groups[ranks] = dist.new_group(list(ranks))
-            if stage in stages and j == replica:
+            if me in ranks:
                 out.append((p, groups[ranks]))
     return out
 
@@ -345,7 +348,7 @@ def build_pipeline_runner(
         pp_group = group
         stage, replica = dist.get_rank(group), 0
     rank_of = _stage_ranks(n_stages, replicas, group)
-    tied = _tied_groups(split, stage, replica, replicas, rank_of)
+    tied = tie_groups(split.stages, range(len(split.stages)), replicas, rank_of, rank_of(stage, replica))
 
     stage_module = split.stages[stage]
     move_to(stage_module, device)

@@ -45,7 +45,7 @@ from .launch import default_device, resolve_timeouts
 from .links import Links
 from .liveness import Timeouts
 from .runner import PipelineRunner
-from .runtime import check_batch, move_to, require_distributed, stage_io, wait_groups
+from .runtime import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = ["MultiStageRunner", "build_schedule_runner"]
@@ -141,28 +141,6 @@ class _Stage(torch.nn.Module):
         if isinstance(out, tuple):
             return tuple(x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in out)
         return out
-
-
-def _tied(stage_modules: Sequence[torch.nn.Module], ranks_of_stage: Sequence[int],
-          rank: int, tp: int = 1) -> list[tuple[torch.nn.Parameter, Any]]:
-    """(parameter, group) for each parameter this rank shares with stages on other pipeline
-    ranks (with ``tp > 1``, one group per TP index: global rank ``pp x tp + j``); every rank
-    creates every group in the same order, as torch.distributed requires."""
-    users: dict[int, tuple[torch.nn.Parameter, set[int]]] = {}
-    for k, mod in enumerate(stage_modules):
-        for p in mod.parameters():
-            users.setdefault(id(p), (p, set()))[1].add(ranks_of_stage[k])
-    shared = sorted(((p, tuple(sorted(rs))) for p, rs in users.values() if len(rs) > 1), key=lambda x: x[1])
-    groups: dict[tuple[int, ...], Any] = {}
-    out = []
-    for p, rs in shared:
-        for j in range(tp):
-            ranks = tuple(r * tp + j for r in rs)
-            if ranks not in groups:
-                groups[ranks] = dist.new_group(list(ranks))
-            if rank in ranks:
-                out.append((p, groups[ranks]))
-    return out
 
 
 def build_schedule_runner(
@@ -262,7 +240,7 @@ def build_schedule_runner(
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
     me = dist.get_rank()
     tp_index = me % tp
-    tied = _tied(split.stages, rank_of, me, tp)
+    tied = tie_groups(split.stages, rank_of, tp, lambda r, j: r * tp + j, me)  # TP index j: global rank pp x tp + j
     runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
                               stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
