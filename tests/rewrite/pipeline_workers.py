@@ -179,3 +179,24 @@ def run_cases(run: Any) -> None:
             (out / f"{case['id']}-rank{rank}.err").write_text(traceback.format_exc())
         dist.barrier()
     dist.destroy_process_group()
+
+
+def train_and_record(runner: Any, name: str, steps: int) -> dict[str, Any]:
+    """``steps`` SGD steps (lr 0.1) of a pipeline ``runner`` on ``batch(name, 8, step)``, and what
+    the transparency tests compare: the losses this rank saw, its stages' parameters after (whole:
+    DTensor shards gathered), its stage indices and which parameters were sharded."""
+    params = list(runner.parameters())  # a rank of a small model cut in 8 may hold no parameters
+    opt = torch.optim.SGD(params, lr=0.1) if params else None
+    losses = []
+    for step in range(steps):
+        x, y = batch(name, 8, step)
+        loss = runner.step(x, target=y)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+        if loss is not None:
+            losses.append(loss.item())
+    named = [(n, p) for mod in runner.stage_modules for n, p in mod.named_parameters()]
+    return {"losses": losses,
+            "params": {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in named},
+            "stages": list(runner.stage_indices), "sharded": [n for n, p in named if hasattr(p, "full_tensor")]}

@@ -35,22 +35,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     runner = build_schedule_runner(gm, pw.contiguous_stages(gm, k), example_inputs=(x,),
                                    microbatches=case["microbatches"], loss_fn=rm.loss_fn(name),
                                    schedule=case["schedule"], virtual_stages=case["v"], tp=tp, tp_pairs=pairs)
-    params = list(runner.parameters())  # a rank of a small model cut in 8 may hold no parameters
-    opt = torch.optim.SGD(params, lr=0.1) if params else None
-    losses = []
-    for step in range(STEPS):
-        x, y = pw.batch(name, 8, step)
-        loss = runner.step(x, target=y)
-        if opt is not None:
-            opt.step()
-            opt.zero_grad()
-        if loss is not None:
-            losses.append(loss.item())
-    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-              for mod in runner.stage_modules for n, p in mod.named_parameters()}
-    sharded = [n for mod in runner.stage_modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")]
-    torch.save({"losses": losses, "params": params, "stages": list(runner.stage_indices), "sharded": sharded},
-               out / f"{case['id']}-rank{rank}.pt")
+    torch.save(pw.train_and_record(runner, name, STEPS), out / f"{case['id']}-rank{rank}.pt")
 
 
 if __name__ == "__main__":

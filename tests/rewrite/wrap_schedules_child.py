@@ -35,22 +35,7 @@ def main() -> None:
                                         schedule=schedule, virtual_stages=v, tp=tp)
     runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x,),
                             loss_fn=rm.loss_fn("gpt"), timeout_s=60, progress=False)
-    params = list(runner.parameters())
-    opt = torch.optim.SGD(params, lr=0.1) if params else None
-    losses = []
-    for step in range(5):
-        x, y = pw.batch("gpt", 8, step)
-        loss = runner.step(x, target=y)
-        if opt is not None:
-            opt.step()
-            opt.zero_grad()
-        if loss is not None:
-            losses.append(loss.item())
-    got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-           for mod in runner.stage_modules for n, p in mod.named_parameters()}
-    torch.save({"losses": losses, "params": got, "stages": list(runner.stage_indices),
-                "sharded": [n for mod in runner.stage_modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")]},
-               out / f"wrap-rank{dist.get_rank()}.pt")
+    torch.save(pw.train_and_record(runner, "gpt", 5), out / f"wrap-rank{dist.get_rank()}.pt")
     dist.destroy_process_group()
 
 
