@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from autoplace.planners.memory import MemoryEstimate
+
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
     from autoplace.cost.analytic import CostModel
@@ -83,7 +85,7 @@ MASK = -1e4
 def _work_and_memory(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> tuple[np.ndarray, np.ndarray]:
     fwd, bwd = cost.op_times(graph, cluster)
     work = np.ascontiguousarray(fwd + bwd, dtype=np.float64)
-    need = graph.param_bytes * (2.0 + float(cost.optimizer_state_factor)) + graph.out_bytes
+    need = MemoryEstimate.of(graph, cost).total  # the planners' estimate: training state + saved activations
     return work, np.ascontiguousarray(need, dtype=np.float64)
 
 
