@@ -47,7 +47,7 @@ __all__ = ["multistage_step", "stage_times"]
 
 
 def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
-                tp_groups: Sequence[Sequence[int]] | None = None,
+                tp_groups: Sequence[Sequence[int]] | None = None, *, sequence_parallel: bool = False,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(K,) forward, backward, weight-gradient and update seconds and parameter bytes per device
     of every virtual stage; with ``tp_groups`` (the TP group of each virtual stage) the stage's
@@ -72,7 +72,7 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
             ops = np.nonzero(st == s)[0]
             if ops.size:
                 ar[s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
-                                      int(microbatches), pairs)[2]
+                                      int(microbatches), pairs, sequence_parallel=sequence_parallel)[2]
         f_op, b_op, w_op, u_op, p_op = f_op * scale, b_op * scale, w_op * scale, u_op * scale, p_op * scale
     return (np.bincount(st, f_op, minlength=k) + ar / 2, np.bincount(st, b_op, minlength=k) + ar / 2,
             np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
@@ -95,8 +95,10 @@ def _inflight(order: tuple, n_stages: int) -> np.ndarray:
 def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                     stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                     virtual_stages: int = 1, *, result: bool, timeline: bool = True,
-                    options: StageOptions | None = None, tp: int = 1) -> PipelineOutcome:
-    """Simulate one step of ``schedule`` (one of :data:`~autoplace.sim.schedules.MULTI_SCHEDULES`)."""
+                    options: StageOptions | None = None, tp: int = 1,
+                    sequence_parallel: bool = False) -> PipelineOutcome:
+    """Simulate one step of ``schedule`` (one of :data:`~autoplace.sim.schedules.MULTI_SCHEDULES`);
+    ``sequence_parallel`` (with ``tp > 1``) is :func:`~.tensor_parallel.tp_stage_cost`'s."""
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64).copy()
     groups = stage_groups(stage_devices)
     v = int(virtual_stages)
@@ -115,7 +117,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     dev_rank = np.array([g[0] for g in groups], dtype=np.int64)
     dev_of_stage = dev_rank[rank_of]
     f, b, w, u, p_stage = stage_times(sim, st, dev_of_stage, m,
-                                      [groups[r] for r in rank_of] if int(tp) > 1 else None)
+                                      [groups[r] for r in rank_of] if int(tp) > 1 else None,
+                                      sequence_parallel=sequence_parallel)
     bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
@@ -127,7 +130,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     out_b = np.bincount(st, tables.out_bytes, minlength=k)
     if int(tp) > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
-        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], int(tp), pairs) for s in range(k)])
+        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], int(tp), pairs,
+                                              sequence_parallel=sequence_parallel) for s in range(k)])
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
     act = (out_b + recv) / m
     order = actions(schedule, p, v, m)
