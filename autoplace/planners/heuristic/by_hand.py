@@ -11,9 +11,9 @@
 - ``accelerate``: Hugging Face accelerate's ``infer_auto_device_map`` rule (accelerate docs,
   "Big model inference"), re-implemented on the op graph: walk the ops in topological order
   (accelerate walks modules in definition order) and fill device 0 up to its memory, less the
-  largest op (accelerate keeps room for the largest layer on its main device), then device 1,
-  and so on; the bytes are an op's training bytes (parameters + gradients + optimizer state +
-  activations: accelerate, built for inference, sizes parameters only). Where the simulator
+  largest op still to come (accelerate keeps room for the largest layer not yet placed on its
+  main device), then device 1, and so on; the bytes are an op's training bytes (parameters +
+  gradients + optimizer state + activations: accelerate, built for inference, sizes parameters only). Where the simulator
   still finds a device over memory, its share shrinks and the fill runs again. It reads the
   graph only, so ``plan()`` and ``wrap()`` (which has the module) give the same plan; to place
   by accelerate's own ``device_map``, pass it to :func:`autoplace.device_map.from_device_map`.
@@ -107,16 +107,23 @@ def place_expert(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None"
 
 
 def greedy_by_bytes(op_bytes: np.ndarray, caps: np.ndarray, *, reserve_largest: bool = True) -> np.ndarray:
-    """accelerate's fill rule on an op sequence: device 0 up to its cap (less the largest op
-    when ``reserve_largest``), then device 1 up to its cap, ...; raises Infeasible when the
-    ops run out of devices."""
+    """accelerate's fill rule on an op sequence: device 0 up to its cap, then device 1 up to its
+    cap, ...; raises Infeasible when the ops run out of devices.
+
+    With ``reserve_largest``, device 0 (accelerate's main device) keeps room for the largest op
+    still to come: op ``i`` goes there only if ``used + bytes[i] <= cap[0] - max(bytes[i+1:])``
+    (``infer_auto_device_map`` in accelerate/utils/modeling.py recomputes its ``max_layer_size``
+    over the modules not yet placed once the largest has been placed, and reserves it on the main
+    device only; tests/planners/test_accelerate_rule.py checks the two agree)."""
     budget = np.asarray(caps, dtype=float).copy()
-    if reserve_largest and op_bytes.size:
-        budget[0] -= float(op_bytes.max())
-    dev = np.zeros(op_bytes.shape[0], dtype=np.int64)
+    sizes = np.asarray(op_bytes, dtype=float)
+    later_max = np.zeros(sizes.shape[0])
+    if reserve_largest and sizes.size > 1:
+        later_max[:-1] = np.maximum.accumulate(sizes[::-1])[::-1][1:]
+    dev = np.zeros(sizes.shape[0], dtype=np.int64)
     d, used = 0, 0.0
-    for i, b in enumerate(op_bytes.tolist()):
-        while d < budget.shape[0] and used + b > budget[d]:
+    for i, b in enumerate(sizes.tolist()):
+        while d < budget.shape[0] and used + b > budget[d] - (later_max[i] if d == 0 else 0.0):
             d, used = d + 1, 0.0
         if d == budget.shape[0]:
             raise Infeasible(f"op {i} does not fit after filling every device")
