@@ -128,10 +128,10 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
         env = PlacementEnv(graph, cluster)
         start = env.best_candidate
         assert isinstance(start, np.ndarray)
-        r = refine(env, start, budget_s=max(budget - (time.perf_counter() - t0), 0.1), seed=seed)
+        rr = refine(env, start, budget_s=max(budget - (time.perf_counter() - t0), 0.1), seed=seed)
         return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
-                "samples": env.num_samples, "wall_s": time.perf_counter() - t0, "moves": r.moves,
-                "passes": r.passes}
+                "samples": env.num_samples, "wall_s": time.perf_counter() - t0, "moves": rr.moves,
+                "passes": rr.passes}
     if kind in ("eagle", "eagle-policy"):
         cfg = EagleConfig(refine=(kind == "eagle"), progress=False)
         p = place_eagle(graph, cluster, budget_s=budget, seed=seed, config=cfg)
@@ -152,33 +152,14 @@ def run_learned(kind: str, graph: OpGraph, cluster: Cluster, budget: float, seed
 
 
 def iterated_local_search(graph: OpGraph, cluster: Cluster, budget: float, seed: int) -> dict[str, Any]:
-    """The ``ils`` control (see the module doc)."""
-    from autoplace.planners.learned.env import PlacementEnv
-    from autoplace.planners.learned.refine import neighbourhood, refine
+    """The ``ils`` control (see the module doc): :func:`autoplace.planners.learned.ils.iterated_local_search`."""
+    from autoplace.planners.learned.ils import iterated_local_search as ils
 
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    env = PlacementEnv(graph, cluster)
-    start = env.best_candidate
-    assert isinstance(start, np.ndarray)
-    best = refine(env, start, seed=seed, budget_s=budget).device_of_node
-    best_t = env.sim.evaluate(best).step_time_s
-    n, d = graph.num_nodes, cluster.num_devices
-    kicks = 0
-    while time.perf_counter() - t0 < budget:
-        length = int(rng.integers(2, 17))
-        lo = int(rng.integers(0, max(n - length, 1)))
-        run = np.arange(lo, min(lo + length, n))
-        trial = best.copy()
-        trial[run] = int(rng.integers(d))
-        r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
-                   budget_s=max(budget - (time.perf_counter() - t0), 0.01))
-        kicks += 1
-        if r.step_time_s < best_t * (1 - 1e-12):
-            best, best_t = r.device_of_node, r.step_time_s
-    return {"step_time_s": env.best_step_time_s, "policy_step_time_s": None, "source": env.best_source,
-            "samples": env.num_samples, "simulations": env.num_simulations, "wall_s": time.perf_counter() - t0,
-            "kicks": kicks, "improvements": [list(x) for x in env.improvements]}
+    r = ils(graph, cluster, budget_s=budget, seed=seed)
+    return {"step_time_s": r.step_time_s, "policy_step_time_s": None, "source": r.source,
+            "samples": r.samples, "simulations": r.simulations, "wall_s": r.wall_s,
+            "kicks": r.kicks, "improvements": [[h[0], h[3]] for h in r.history],
+            "history": [list(h) for h in r.history]}
 
 
 def geomean_gain(rows: list[dict[str, Any]], key: str) -> tuple[float, int] | None:
