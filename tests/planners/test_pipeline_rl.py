@@ -39,7 +39,7 @@ def _scramble(policy: PipelinePolicy, seed: int) -> None:
     with torch.no_grad():
         policy.op_bias.copy_(torch.randn(policy.op_bias.shape, generator=g) * 0.6)
         policy.dev_bias.copy_(torch.randn(policy.dev_bias.shape, generator=g) * 0.3)
-        policy.count_head.bias.copy_(torch.randn(policy.count_head.bias.shape, generator=g))
+        policy.count_bias.copy_(torch.randn(policy.count_bias.shape, generator=g) / policy.table_scale)
 
 
 def _check_valid(graph: OpGraph, cluster: Cluster, c: Candidate) -> None:

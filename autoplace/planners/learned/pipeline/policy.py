@@ -16,7 +16,8 @@ Network (hidden size ``H``, 64 by default):
   starts at -3 and ``v`` at +8 on "fill after this op - 1", so the untrained policy already
   cuts near balanced loads and training moves the cuts.
 - **Summary** ``z = MLP([mean_i h_i, max_i h_i, cluster/graph summary])`` (H).
-- **Count head**: Linear(z) -> ``max_stages`` logits.
+- **Count head**: ``MLP([z, S / D, log2 S / 6, 1 / S])`` per stage count ``S`` (so the same weights
+  serve every cluster size: what pretraining carries across graphs and clusters).
 - **Device head**: ``logit(d, s | S) = MLP([z, device_d, stage_s|S]) + w * |pos_d - pos_s| S`` for
   stage ``s`` of ``S``, and ``MLP_u([z, device_d])`` for leaving ``d`` unused (device features:
   relative speed, memory, host, position; stage features: position, count). ``w`` starts at -3:
@@ -24,7 +25,8 @@ Network (hidden size ``H``, 64 by default):
 - **Micro-batch head**: ``MLP([z, stages used, widest replicas, log2 M])`` per allowed option.
 - **Schedule head**: ``MLP([z, stages used, widest replicas, log2 M])`` -> 2 logits.
 - **Per-graph tables** added to the logits: ``b_i`` per op, one per (S, device, choice), one per
-  micro-batch option. The policy is trained for one graph on one cluster, so these let
+  micro-batch option, one per stage count. The rest (:data:`SHARED`) is the network that
+  :meth:`PipelinePolicy.shared_state` saves and pretraining fits across graphs. The policy is trained for one graph on one cluster, so these let
   imitation and PPO move a single decision without going through the network; they enter
   times ``table_scale`` (10 during the imitation warm start, then folded to 1).
 
@@ -51,7 +53,13 @@ from .space import (CONTEXT, MODE_REPLAY, MODE_SAMPLE, PipelineActions, Pipeline
                              device_mask, walk)
 from ..ppo import PolicySample
 
-__all__ = ["PipelinePolicy", "device_features", "summary_features"]
+__all__ = ["PipelinePolicy", "device_features", "summary_features", "SHARED", "TABLES"]
+
+SHARED = ("inp", "layers", "u", "v", "z", "count_mlp", "dev_head", "unused_head", "dist_w", "micro_head", "sched_head")
+"""The modules and parameters whose shapes do not depend on the graph or the cluster: the
+network that pretrained weights hold."""
+TABLES = ("op_bias", "dev_bias", "micro_bias", "count_bias")
+"""The per-graph tables (never saved: their shapes are the graph's and the cluster's)."""
 
 _NEG = -1e9
 _BIAS_SCALE = 10.0  # per-graph tables start this many times faster than the network (see table_scale)
@@ -139,6 +147,7 @@ class PipelinePolicy(nn.Module):
     stage_feat: torch.Tensor
     dist: torch.Tensor
     stage_ok: torch.Tensor
+    count_feat: torch.Tensor
 
     def __init__(self, space: PipelineSpace, op_features: np.ndarray, dev_features: np.ndarray,
                  summary: np.ndarray, *, hidden: int = 64, layers: int = 3, explore: float = 0.1,
@@ -182,6 +191,8 @@ class PipelinePolicy(nn.Module):
         pos_s = (small_s + 0.5) / big_s
         self.register_buffer("dist", (pos_d[None, :, None] - pos_s[:, None, :]).abs() * big_s[:, None, :])
         self.register_buffer("stage_ok", small_s < big_s)  # (S, s): s exists when S stages
+        counts = torch.arange(1, s_max + 1, dtype=torch.float32)
+        self.register_buffer("count_feat", torch.stack([counts / d, torch.log2(counts) / 6.0, 1.0 / counts], dim=-1))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             self.inp = nn.Linear(x.shape[1], h)
@@ -189,7 +200,8 @@ class PipelinePolicy(nn.Module):
             self.u = nn.Linear(h, 1)
             self.v = nn.Linear(h, CONTEXT)
             self.z = _mlp(2 * h + self.summ.shape[0], h, h)
-            self.count_head = nn.Linear(h, s_max)
+            self.count_mlp = _mlp(h + 3, h, 1)
+            self.count_bias = nn.Parameter(torch.zeros(s_max))
             self.dev_head = _mlp(h + self.dev.shape[1] + 4, h, 1)
             self.unused_head = _mlp(h + self.dev.shape[1], h, 1)
             self.dist_w = nn.Parameter(torch.tensor(-3.0))
@@ -199,13 +211,15 @@ class PipelinePolicy(nn.Module):
             self.micro_bias = nn.Parameter(torch.zeros(len(space.microbatch_options)))
             self.micro_head = _mlp(h + 3, h, 1)
             self.sched_head = _mlp(h + 3, h, 2)
-            for lin in (self.u, self.v, self.count_head):
+            count_last = self.count_mlp[-1]
+            assert isinstance(count_last, nn.Linear)
+            for lin in (self.u, self.v, count_last):
                 nn.init.normal_(lin.weight, std=0.01)
             with torch.no_grad():
                 self.u.bias.fill_(-3.0)
                 self.v.bias.zero_()
                 self.v.bias[1] = 8.0
-                self.count_head.bias.zero_()
+                count_last.bias.zero_()
                 last = self.unused_head[-1]
                 assert isinstance(last, nn.Linear)
                 last.bias.fill_(-2.0)
@@ -230,8 +244,10 @@ class PipelinePolicy(nn.Module):
         st = self.dev_head(pair).squeeze(-1) + self.dist_w * self.dist  # (S, D, s)
         st = torch.where(self.stage_ok[:, None, :], st, torch.full_like(st, _NEG))
         dev_logits = torch.cat([unused[None, :, None].expand(s_max, d, 1), st], dim=-1) + self.table_scale * self.dev_bias
+        count = self.count_mlp(torch.cat([z.expand(s_max, -1), self.count_feat], dim=-1)).squeeze(-1)
+        count = count + self.table_scale * self.count_bias
         t = self.temperature
-        return u / t, v / t, z, dev_logits / t, self.count_head(z) / t
+        return u / t, v / t, z, dev_logits / t, count / t
 
     def _tail_logits(self, z: torch.Tensor, used: torch.Tensor, widest: torch.Tensor,
                      micro_ok: torch.Tensor) -> torch.Tensor:
@@ -338,9 +354,30 @@ class PipelinePolicy(nn.Module):
     def fold_tables(self) -> None:
         """Keep the logits, but let the per-graph tables learn at the network's pace from now on."""
         with torch.no_grad():
-            for t in (self.op_bias, self.dev_bias, self.micro_bias):
+            for t in (self.op_bias, self.dev_bias, self.micro_bias, self.count_bias):
                 t.mul_(self.table_scale)
         self.table_scale = 1.0
+
+    def shared_state(self) -> dict[str, torch.Tensor]:
+        """The network's parameters that carry across graphs and clusters (:data:`SHARED`)."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if k.split(".")[0] in SHARED}
+
+    def load_shared(self, state: dict[str, torch.Tensor]) -> None:
+        """Load :meth:`shared_state` of another policy (pretrained weights); raises ValueError naming
+        the first missing or mis-shaped entry (weights saved with another hidden size or feature set)."""
+        mine = self.shared_state()
+        for k, v in mine.items():
+            if k not in state or tuple(state[k].shape) != tuple(v.shape):
+                got = tuple(state[k].shape) if k in state else "missing"
+                raise ValueError(f"pretrained pipeline weights: {k} is {got}, this policy needs {tuple(v.shape)}; "
+                                 "load weights made with the same hidden size and features, or none")
+        self.load_state_dict({k: state[k] for k in mine}, strict=False)
+
+    def tie(self, other: "PipelinePolicy") -> None:
+        """Use ``other``'s network (:data:`SHARED`, the same objects): pretraining fits one network
+        through many graphs' policies."""
+        for name in SHARED:
+            setattr(self, name, getattr(other, name))
 
     def actions_of(self, plan: PipelinePlan) -> tuple[torch.Tensor, ...]:
         """The actions closest to ``plan`` (:meth:`PipelineSpace.encode`), as tensors."""
