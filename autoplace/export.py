@@ -126,14 +126,18 @@ def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
         raise ExportError("a model-parallel plan has no torchtitan equivalent (torchtitan runs pipeline stages "
                           "with data parallelism): export it as an accelerate device_map (Placement.to_device_map)")
     opts = StageOptions.of(plan)
-    replicate, shard = _shape(plan, cluster, opts)
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise ExportError(f"the plan has tp={plan.tp} without sequence parallelism; torchtitan's tensor parallelism "
+                          "always runs the norms on sequence shards (SequenceParallel): re-plan with "
+                          "sequence_parallel=True, or run this plan with autoplace")
+    replicate, shard = _shape(plan, cluster, opts) if plan.tp == 1 else (1, 1)  # a TP plan's stage is its TP group
     dp = replicate * shard
     pp = plan.num_stages
     batch = graph.batch_size if graph is not None else plan.meta.get("batch_size")
     par: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": 1,
+        "tensor_parallel_degree": plan.tp,
         "pipeline_parallel_degree": pp,
         "context_parallel_degree": 1,
     }

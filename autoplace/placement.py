@@ -99,6 +99,12 @@ class Placement:
     """tensor-parallel degree of every stage (inside one host): ``stage_devices[s]`` then names
     the stage's ``tp`` devices, which split its column/row linear pairs
     (:mod:`autoplace.sim.tensor_parallel`); 1: no tensor parallelism."""
+    sequence_parallel: bool = False
+    """with ``tp > 1``: the per-token ops between the column/row blocks (norms, dropouts, residual
+    adds) run on each TP device's ``1/tp`` share of the sequence, each row's output reduce-
+    scattered and each later block's input all-gathered instead of all-reduced (Korthikanti et
+    al. 2022; :mod:`autoplace.rewrite.sequence_parallel`); False: those ops run whole on every
+    device of the group."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -130,6 +136,15 @@ class Placement:
         if isinstance(self.tp, bool) or not isinstance(self.tp, (int, np.integer)) or self.tp < 1:
             raise PlacementError([f"tp is {self.tp!r}; it must be a whole number >= 1 (devices splitting each layer)"])
         set_(self, "tp", int(self.tp))
+        sp = self.sequence_parallel
+        if not isinstance(sp, (bool, np.bool_)):
+            raise PlacementError([f"sequence_parallel is {sp!r}; it must be true or false (shard the per-token ops "
+                                  "between tensor-parallel blocks on the sequence)"])
+        if sp and self.tp < 2:
+            raise PlacementError([f"sequence_parallel is True with tp={self.tp}; sequence parallelism shards the "
+                                  "sequence over a tensor-parallel group, so it needs tp >= 2: set tp to the group's "
+                                  "size or sequence_parallel=False"])
+        set_(self, "sequence_parallel", bool(sp))
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", dict(self.meta))
@@ -154,12 +169,15 @@ class Placement:
                  stage_devices: Sequence[int | Sequence[int]], *, microbatches: int = 4,
                  schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
                  validate: bool = True, shard: Any = None, recompute: Any = None, precision: Any = None,
-                 reshard_after_forward: Any = None, virtual_stages: int = 1, tp: int = 1) -> "Placement":
+                 reshard_after_forward: Any = None, virtual_stages: int = 1, tp: int = 1,
+                 sequence_parallel: bool = False) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
         over several (a sequence of ints). ``shard``, ``recompute``, ``precision`` and
         ``reshard_after_forward``: one value for every stage or one per stage
         (:mod:`autoplace.parallel`). ``virtual_stages``: stages per rank for the interleaved and
-        zero-bubble schedules (``stage_devices`` then names one device per rank)."""
+        zero-bubble schedules (``stage_devices`` then names one device per rank). ``tp``: the
+        tensor-parallel degree (each stage's devices are one TP group); ``sequence_parallel``: with
+        ``tp > 1``, shard the ops between its blocks on the sequence."""
         sd = tuple(_device_tuple(s) for s in stage_devices)
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
@@ -170,7 +188,8 @@ class Placement:
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
-                reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages, tp=tp)
+                reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages, tp=tp,
+                sequence_parallel=sequence_parallel)
         if validate:
             p.validate(graph, cluster)
         return p
@@ -250,6 +269,7 @@ class Placement:
                 f"{self.microbatches} micro-batches, {self.schedule}"
                 + (f" with {self.virtual_stages} virtual stages per rank" if self.virtual_stages != 1 else "")
                 + (f", tensor parallel x{self.tp}" if self.tp != 1 else "")
+                + (" with sequence parallelism" if self.sequence_parallel else "")
                 + (f", {opts}" if opts else ""))
 
     def __repr__(self) -> str:
@@ -286,6 +306,8 @@ class Placement:
                 d["virtual_stages"] = self.virtual_stages
             if self.tp != 1:
                 d["tp"] = self.tp
+            if self.sequence_parallel:  # absent when False: older plans' JSON is unchanged
+                d["sequence_parallel"] = True
             d.update(options_to_dict(self))
         d["meta"] = _jsonable(self.meta)
         return d
@@ -316,7 +338,8 @@ class Placement:
                        stage_devices=d["stage_devices"], microbatches=d["microbatches"],
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
-                       meta=d.get("meta", {}), virtual_stages=d.get("virtual_stages", 1), tp=d.get("tp", 1), **_options_from_dict(d))
+                       meta=d.get("meta", {}), virtual_stages=d.get("virtual_stages", 1), tp=d.get("tp", 1),
+                       sequence_parallel=d.get("sequence_parallel", False), **_options_from_dict(d))
         return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=d.get("meta", {}))

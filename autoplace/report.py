@@ -73,7 +73,7 @@ def plan_summary(plan: "Placement") -> str:
     if plan.virtual_stages != 1:
         out += f", v={plan.virtual_stages}"
     if plan.tp != 1:
-        out += f", tp={plan.tp}"
+        out += f", tp={plan.tp}" + ("+sp" if plan.sequence_parallel else "")
     return out + ", " + (describe_options(plan) or "ddp")
 
 

@@ -100,16 +100,21 @@ def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                   *, result: bool, timeline: bool = True, options: StageOptions | None = None,
-                  virtual_stages: int = 1, tp: int = 1) -> PipelineOutcome:
+                  virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``). GPipe and 1F1B with the default stage options are
     :mod:`.pipeline`'s; ``options`` (the stages' shard, recompute and precision,
     :mod:`autoplace.parallel`) that are not the default are simulated by :mod:`.sharding`;
     schedules past gpipe and 1f1b (``virtual_stages`` per rank, split backward) and tensor
-    parallelism by :mod:`.multistage`."""
+    parallelism (``tp``, with ``sequence_parallel``: :mod:`.tensor_parallel`) by :mod:`.multistage`."""
+    if sequence_parallel and int(tp) < 2:
+        raise PlacementError([f"sequence_parallel is True with tp={tp}; sequence parallelism shards the sequence "
+                              "over a tensor-parallel group, so it needs tp >= 2: pass the group's tp or "
+                              "sequence_parallel=False"])
     if schedule not in SCHEDULES or int(virtual_stages) != 1 or int(tp) != 1:
         return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
-                               result=result, timeline=timeline, options=options, tp=tp)
+                               result=result, timeline=timeline, options=options, tp=tp,
+                               sequence_parallel=bool(sequence_parallel))
     st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
     if options is not None and not options.is_default:
         opts = stage_options(options, len(groups))
@@ -245,12 +250,14 @@ class Simulator:
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
                           schedule: str = "1f1b", *, options: StageOptions | None = None,
-                          virtual_stages: int = 1, tp: int = 1) -> Evaluation:
+                          virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> Evaluation:
         """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule;
-        ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`);
+        ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`;
+        ``tp``, ``sequence_parallel``: tensor and sequence parallelism, :mod:`.tensor_parallel`);
         raises :class:`PlacementError` naming the problem when the pipeline is not valid."""
         return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False,
-                             options=options, virtual_stages=virtual_stages, tp=tp).evaluation
+                             options=options, virtual_stages=virtual_stages, tp=tp,
+                             sequence_parallel=sequence_parallel).evaluation
 
     # ---- full result --------------------------------------------------------------------
 
@@ -261,7 +268,8 @@ class Simulator:
             assert placement.stage_of_node is not None and placement.stage_devices is not None
             out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
                                 placement.schedule, result=True, timeline=timeline, options=_options(placement),
-                                virtual_stages=placement.virtual_stages, tp=placement.tp)
+                                virtual_stages=placement.virtual_stages, tp=placement.tp,
+                                sequence_parallel=placement.sequence_parallel)
             assert out.result is not None
             return out.result
         dev = self._as_assignment(placement.device_of_node)
