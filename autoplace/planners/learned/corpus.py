@@ -24,6 +24,12 @@ Those are the multi-branch and recurrent workloads of the benchmarks (Inception-
 GNMT, BERT). Their relatives stay in the corpus (ResNets, GPT-2 and Transformer-XL,
 four-layer GNMT, generated multi-branch cells): the split holds out models, not op kinds.
 
+Held-out clusters (:func:`held_out_clusters`; :func:`training_clusters` refuses them): the
+16-device ``2x8xH100-ib``, a 32-device ``4x8xV100-eth100``, the 64-device ``8x8xH100-ib``,
+heterogeneous ``4xA100+4xT4-pcie4`` and ``2x(2xH100+2xV100)-eth100``, and random clusters of
+the seeds :data:`HELD_OUT_CLUSTER_SEEDS`. :func:`held_out_cases` pairs held-out graphs with
+held-out clusters for evaluation.
+
 Graphs are cached as OpGraph JSON under ``$AUTOPLACE_CACHE`` (default
 ``~/.cache/autoplace``) ``/graphs``, keyed by the entry's key, since tracing the larger zoo
 models takes tens of seconds.
@@ -45,7 +51,7 @@ from autoplace.graph.ir import OpGraph
 
 __all__ = ["CorpusGraph", "HELD_OUT", "corpus", "training_graphs", "held_out_graphs", "random_dag",
            "layered_network", "random_cluster", "training_clusters", "cache_dir", "describe_split", "pipedream_dir",
-           "SOURCES"]
+           "SOURCES", "HELD_OUT_CLUSTER_SEEDS", "held_out_clusters", "held_out_cases"]
 
 PIPEDREAM_ENV = "AUTOPLACE_PIPEDREAM_DIR"
 """The environment variable that names the PipeDream profiles' folder when a caller gives none."""
@@ -404,19 +410,90 @@ def random_cluster(seed: int) -> Cluster:
 
 
 def training_clusters(*, random: int = 8, seed: int = 0) -> list[Cluster]:
-    """The presets pretraining uses (all with 2 to 16 devices) and ``random`` random clusters."""
-    return [Cluster.preset(p) for p in _TRAIN_PRESETS] + [random_cluster(seed * 1000 + k) for k in range(random)]
+    """The presets pretraining uses (all with 2 to 16 devices) and ``random`` random clusters
+    (seeds ``seed * 1000 + k``; those of :data:`HELD_OUT_CLUSTER_SEEDS` are refused, and a draw
+    that equals a held-out cluster, as about 1 in 400 does, is left out)."""
+    seeds = [seed * 1000 + k for k in range(random)]
+    leaked = [s for s in seeds if s in HELD_OUT_CLUSTER_SEEDS]
+    if leaked:
+        raise ValueError(f"training_clusters(random={random}, seed={seed}) would draw random clusters of seeds "
+                         f"{leaked[:3]}..., which are held out ({HELD_OUT_CLUSTER_SEEDS}); use seed < "
+                         f"{HELD_OUT_CLUSTER_SEEDS.start // 1000} and random <= 1000")
+    held = {c.fingerprint for c in held_out_clusters()}
+    out = [Cluster.preset(p) for p in _TRAIN_PRESETS]
+    out += [c for c in map(random_cluster, seeds) if c.fingerprint not in held]  # a draw equal to one is left out
+    same = [c.name for c in out if c.fingerprint in held]
+    if same:  # a guard on this module's own lists
+        raise RuntimeError(f"held-out clusters leaked into the training clusters: {same}")
+    return out
+
+
+# ---- the held-out clusters and the held-out evaluation cases --------------------------------
+
+HELD_OUT_CLUSTER_SEEDS = range(900_000, 901_000)
+"""Seeds of :func:`random_cluster` that training never draws (held-out random clusters)."""
+
+
+def _hetero(name: str, groups: list[tuple[str, int]], link: str, *, hosts: int = 1, network: str = "eth100") -> Cluster:
+    """``hosts`` machines, each with ``count`` devices of every ``(kind, count)`` in ``groups``,
+    joined by ``link`` inside a host and ``network`` between hosts."""
+    kinds = [k for k, c in groups for _ in range(c)]
+    devs = []
+    for h in range(hosts):
+        for i, kind in enumerate(kinds):
+            fp32, tensor, bw, mem = DEVICE_KINDS[kind]
+            devs.append(Device(f"cuda:{i}", kind, fp32, bw, mem, tensor, host=h))
+
+    def link_of(i: int, j: int) -> Link:
+        return LINKS[link] if devs[i].host == devs[j].host else LINKS[network]
+
+    return Cluster.from_links(devs, link_of, name=name)
+
+
+def held_out_clusters() -> list[Cluster]:
+    """Clusters pretraining never sees (none of them is a training preset, and the random
+    ones use :data:`HELD_OUT_CLUSTER_SEEDS`): 16-, 32- and 64-device multi-host clusters,
+    heterogeneous ones (one and two hosts), and two random clusters."""
+    return [
+        Cluster.preset("2x8xH100-ib"),  # 16 H100, NVLink 4 inside, 400 Gb/s InfiniBand between
+        Cluster.homogeneous("V100-16GB", 8, "nvlink2", hosts=4, network="eth100", name="4x8xV100-eth100"),
+        Cluster.preset("8x8xH100-ib"),  # 64 devices
+        _hetero("4xA100+4xT4-pcie4", [("A100-40GB", 4), ("T4", 4)], "pcie4"),
+        _hetero("2x(2xH100+2xV100)-eth100", [("H100", 2), ("V100-16GB", 2)], "pcie4", hosts=2),
+        random_cluster(HELD_OUT_CLUSTER_SEEDS.start),
+        random_cluster(HELD_OUT_CLUSTER_SEEDS.start + 1),
+    ]
+
+
+_CASES: tuple[tuple[str, str, str], ...] = (
+    ("zoo", "inception_v3", "2x8xH100-ib"),
+    ("zoo", "inception_v3", "4xA100+4xT4-pcie4"),
+    ("pipedream", "inception_v3", "4x8xV100-eth100"),
+    ("pipedream", "nasnetalarge", "2x8xH100-ib"),
+    ("zoo", "nasnet", "4xA100+4xT4-pcie4"),
+    ("zoo", "gnmt8-unrolled", "2x8xH100-ib"),
+    ("zoo", "gnmt8-unrolled", f"random-{HELD_OUT_CLUSTER_SEEDS.start}"),
+    ("zoo", "bert-base", "2x(2xH100+2xV100)-eth100"),
+)
+
+
+def held_out_cases(pipedream: str | Path | None = None) -> list[tuple[CorpusGraph, Cluster]]:
+    """The held-out evaluation cases: held-out graphs on held-out clusters, eight pairs
+    (Inception-V3, NASNet, unrolled 8-layer GNMT and BERT-base; 154 to 1,296 ops; 4 to 32
+    devices), small enough that a 60 s search per case runs in minutes on 2 cores. PipeDream
+    cases only when their profiles are in the folder ``pipedream`` (see :func:`pipedream_dir`)."""
+    graphs = {(e.source, e.family): e for e in held_out_graphs(pipedream)}
+    clusters = {c.name: c for c in held_out_clusters()}
+    return [(graphs[(s, f)], clusters[c]) for s, f, c in _CASES if (s, f) in graphs]
 
 
 def describe_split(entries: list[CorpusGraph]) -> dict[str, Any]:
     """The corpus and held-out lists as JSON-ready data (recorded next to the weights)."""
     return {"corpus": [e.key for e in entries], "held_out": [e.key for e in held_out_graphs()],
-            "held_out_families": {k: list(v) for k, v in HELD_OUT.items()}}
+            "held_out_families": {k: list(v) for k, v in HELD_OUT.items()},
+            "held_out_clusters": [c.name for c in held_out_clusters()],
+            "held_out_cluster_seeds": [HELD_OUT_CLUSTER_SEEDS.start, HELD_OUT_CLUSTER_SEEDS.stop]}
 
 
-def _selfcheck() -> str:  # pragma: no cover - a manual listing: python -m autoplace.planners.learned.corpus
-    return json.dumps(describe_split(training_graphs()), indent=1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print(_selfcheck())
+if __name__ == "__main__":  # pragma: no cover - a manual listing: python -m autoplace.planners.learned.corpus
+    print(json.dumps(describe_split(training_graphs()), indent=1))
