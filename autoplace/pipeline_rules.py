@@ -204,16 +204,20 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
     elif schedule not in ("1f1b", "gpipe") or int(virtual_stages) != 1 or int(tp) != 1:
         out.extend(schedule_problems(schedule, int(virtual_stages), len(stage_devices), int(microbatches)))
         t = max(int(tp), 1)
-        if any(len(g) != t for g in stage_devices):
+        sizes = sorted({len(g) for g in stage_devices})
+        if len(sizes) > 1 or any(x % t for x in sizes):
             what = "one device per rank" if t == 1 else f"one TP group of tp={t} devices per rank"
-            out.append(f"schedule {schedule!r} with tp={t} runs {what}; stage_devices {[list(g) for g in stage_devices]} "
-                       f"{'replicates a rank' if t == 1 else 'does not'}: give each rank {t} device(s), or use the "
-                       "1f1b/gpipe schedules with tp=1 for replicated stages")
+            out.append(f"schedule {schedule!r} with tp={t} runs {what}, or the same number d of data-parallel "
+                       f"replicas of it on every rank (d x {t} devices each); stage_devices "
+                       f"{[list(g) for g in stage_devices]} gives the ranks {sizes} devices: give every rank the "
+                       f"same multiple of {t} devices, or use the 1f1b/gpipe schedules with tp=1 for stages "
+                       "replicated unevenly")
         if t > 1:
             pairs = linear_pairs(graph)
             for g in stage_devices:
-                if len(g) == t:
-                    out.extend(tp_problems(cluster, list(g), t, pairs))
+                if len(g) % t == 0:  # replica j is the TP group g[j t: (j + 1) t]
+                    for j in range(0, len(g), t):
+                        out.extend(tp_problems(cluster, list(g[j: j + t]), t, pairs))
     if stages_ok and s > 1 and graph.num_edges:
         src, dst = edge_ends if edge_ends is not None else (graph.edges[:, 0], graph.edges[:, 1])
         mask = st[src] > st[dst]

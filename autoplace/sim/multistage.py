@@ -22,8 +22,24 @@ column/row pairs inside a stage run at ``1/tp`` of their time and parameters, pl
 all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not used then (the
 plain sum, with sharded parameters and each device's share of the blocks' activations,
 :func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one device or one TP
-group (no replicas) and the stages keep the default data-parallel options: the plan's
-validation says so for anything else. gpipe and 1f1b with ``tp > 1`` run here too.
+group and the stages keep the default data-parallel options: the plan's validation says so for
+anything else. gpipe and 1f1b with ``tp > 1`` run here too.
+
+Replicated ranks (pp x dp, as torchtitan composes them): every rank may be ``d`` data-parallel
+replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` devices, replica ``j``
+on ``[j tp, (j + 1) tp)``, so replica ``j`` of every rank forms pipeline ``j``). Each replica
+runs ``B / (M d)`` samples per micro-batch (op times at ``batch_fraction = 1/(M d)``); replica
+``j`` of rank r sends to replica ``j`` of rank r + 1 (transfers of ``bytes / (M d)`` in
+parallel: the slowest of the d pairs' links). The runtime wraps each virtual stage in DDP over
+its rank's replicas (:mod:`autoplace.rewrite.schedules`), and torch's pipelining runs every
+backward but a stage's last under ``no_sync`` and its last (full, or weight part with a split
+backward) with the reducer armed (``_PipelineStageBase.backward_maybe_with_nosync``): the
+stage's gradients are all-reduced in DDP buckets while that last backward runs
+(:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group, the network
+when the replicas span hosts), and DDP's reducer waits for the last bucket before the backward
+returns, so what outlives the backward delays the rank's next action
+(:mod:`.order_sim`'s ``tail``). Memory per device: its rank's whole (or TP-sharded) stages'
+parameters, gradients and optimizer state plus one replica's activations.
 """
 
 from __future__ import annotations
@@ -36,6 +52,7 @@ from ..parallel import StageOptions
 from ..placement import PlacementError
 from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .result import Evaluation, Event, PipelineOutcome, SimResult
+from .ddp import ddp_sync
 from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, weight_fraction
 from .stages import boundary_bytes, stage_groups
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_stage_cost
@@ -53,6 +70,18 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
     of every virtual stage; with ``tp_groups`` (the TP group of each virtual stage) the stage's
     column/row pairs are split over its group and their all-reduces added, the forward one to F,
     the backward one to the input-gradient part of B (:mod:`.tensor_parallel`)."""
+    k = dev_of_stage.shape[0]
+    f_op, b_op, w_op, u_op, p_op, ar = _op_times(sim, st, dev_of_stage, microbatches, tp_groups,
+                                                 sequence_parallel=sequence_parallel)
+    return (np.bincount(st, f_op, minlength=k) + ar / 2, np.bincount(st, b_op, minlength=k) + ar / 2,
+            np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
+
+
+def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
+              tp_groups: Sequence[Sequence[int]] | None, *, sequence_parallel: bool,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
+    every op on its stage's device (TP pairs scaled by 1/tp), and (K,) each stage's TP collectives."""
     k = dev_of_stage.shape[0]
     tf, tb = sim.op_times(int(microbatches))
     dev = dev_of_stage[st]
@@ -74,8 +103,52 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
                 ar[s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
                                       int(microbatches), pairs, sequence_parallel=sequence_parallel)[2]
         f_op, b_op, w_op, u_op, p_op = f_op * scale, b_op * scale, w_op * scale, u_op * scale, p_op * scale
-    return (np.bincount(st, f_op, minlength=k) + ar / 2, np.bincount(st, b_op, minlength=k) + ar / 2,
-            np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
+    return f_op, b_op, w_op, u_op, p_op, ar
+
+
+def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(largest latency, largest inverse bandwidth) over the device pairs (a pair on one device: free)."""
+    lt = inv = 0.0
+    for i, j in pairs:
+        if i != j:
+            lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]))
+    return lt, inv
+
+
+def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
+              last_op: np.ndarray, last_s: np.ndarray, p_op: np.ndarray, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) seconds each virtual stage's last backward waits for its DDP all-reduce past its own
+    end, and (K,) its all-reduce seconds: :func:`~.ddp.ddp_sync` over the stage's ops
+    (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
+    rank's replicas, over the slowest link inside each TP shard's replica group."""
+    k = rank_of.shape[0]
+    tail, ar = np.zeros(k), np.zeros(k)
+    tables = sim.tables
+    for s in range(k):
+        grp = list(groups[int(rank_of[s])])
+        d = len(grp) // tp
+        if d <= 1:
+            continue
+        ops = np.nonzero(st == s)[0]
+        lt, inv = _slowest(tables.lat, tables.inv_bw, [(grp[i], grp[j]) for i in range(len(grp))
+                                                       for j in range(len(grp)) if i % tp == j % tp])
+        ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv)
+        tail[s] = max(ready - float(last_s[s]), 0.0)
+    return tail, ar
+
+
+def _last_backward_is_weight(order: tuple, n_stages: int, microbatches: int) -> np.ndarray:
+    """(K,) whether each stage's M-th backward (B and W counted together, as torch counts them for
+    ``last_backward``) is a weight-gradient W (else a full B)."""
+    seen = np.zeros(n_stages, dtype=np.int64)
+    out = np.zeros(n_stages, dtype=bool)
+    for row in order:
+        for a in row:
+            if a.kind in ("B", "W"):
+                seen[a.stage] += 1
+                if seen[a.stage] == microbatches:
+                    out[a.stage] = a.kind == "W"
+    return out
 
 
 def _inflight(order: tuple, n_stages: int) -> np.ndarray:
@@ -113,30 +186,44 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     m = int(microbatches)
     p = len(groups)
     k = p * v
+    t_deg = max(int(tp), 1)
+    d = max(len(groups[0]) // t_deg, 1)  # replicas per rank (the rules make it the same on every rank)
+    parts = m * d
     rank_of = np.array(stage_ranks(schedule, p, v), dtype=np.int64)
     dev_rank = np.array([g[0] for g in groups], dtype=np.int64)
     dev_of_stage = dev_rank[rank_of]
-    f, b, w, u, p_stage = stage_times(sim, st, dev_of_stage, m,
-                                      [groups[r] for r in rank_of] if int(tp) > 1 else None,
-                                      sequence_parallel=sequence_parallel)
+    f_op, b_op, w_op, u_op, p_op, tp_ar = _op_times(sim, st, dev_of_stage, parts,
+                                                    [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
+                                                    sequence_parallel=sequence_parallel)
+    f, b = np.bincount(st, f_op, minlength=k) + tp_ar / 2, np.bincount(st, b_op, minlength=k) + tp_ar / 2
+    w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
+                     np.bincount(st, p_op, minlength=k))
     bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
     for s in range(k - 1):
-        a, c = dev_of_stage[s], dev_of_stage[s + 1]
-        if bnd[s] > 0 and a != c:
-            cf[s] = tables.lat[a, c] + bnd[s] / m * tables.inv_bw[a, c]
-            cb[s] = tables.lat[c, a] + bnd[s] / m * tables.inv_bw[c, a]
+        ra, rc = int(rank_of[s]), int(rank_of[s + 1])
+        if bnd[s] > 0 and ra != rc:  # replica j of one rank sends to replica j of the next
+            lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[ra][j * t_deg], groups[rc][j * t_deg]) for j in range(d)])
+            cf[s] = lt + bnd[s] / parts * inv
+            lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[rc][j * t_deg], groups[ra][j * t_deg]) for j in range(d)])
+            cb[s] = lt + bnd[s] / parts * inv
     out_b = np.bincount(st, tables.out_bytes, minlength=k)
-    if int(tp) > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
+    if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
-        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], int(tp), pairs,
+        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
                                               sequence_parallel=sequence_parallel) for s in range(k)])
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
-    act = (out_b + recv) / m
+    act = (out_b + recv) / parts
     order = actions(schedule, p, v, m)
     split = SPECS[schedule].split_backward
-    t: OrderTimes = simulate_order(order, rank_of, f, b, w if split else None, cf=cf, cb=cb, act=act, microbatches=m)
+    tail, ar = np.zeros(k), np.zeros(k)
+    if d > 1:
+        weight_last = _last_backward_is_weight(order, k, m)
+        last_op = np.where(weight_last[st], w_op, b_op)
+        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg)
+    t: OrderTimes = simulate_order(order, rank_of, f, b, w if split else None, cf=cf, cb=cb, act=act, microbatches=m,
+                                   tail=tail if d > 1 else None)
     if not t.ok:  # the orders of schedules.actions never deadlock; a guard on that code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {p} ranks x {v} virtual stages and "
                            f"{m} micro-batches")
@@ -174,9 +261,10 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         for r in others:
             tied_extra[r] += 2.0 * nbytes
     peak = np.zeros(sim.num_devices)
-    if sim.memory is not None and int(tp) == 1:
-        per_stage = sim.memory.pipeline(st, [[int(d)] for d in dev_of_stage], _inflight(order, k), m)
-        peak[dev_rank] = np.bincount(rank_of, per_stage, minlength=p)
+    if sim.memory is not None and t_deg == 1:  # a replica's share: 1 / (M d) of the batch per micro-batch
+        per_stage = sim.memory.pipeline(st, [groups[r] for r in rank_of], _inflight(order, k), m)
+        for r, per_rank in enumerate(np.bincount(rank_of, per_stage, minlength=p)):
+            peak[groups[r]] = per_rank
     else:
         for r, grp in enumerate(groups):  # every device of a TP group holds its parameter shard and its activation share
             peak[grp] = params[r] * (2.0 + tables.opt_factor) + t.peak_act[r] + tied_extra[r]
@@ -214,6 +302,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         events.sort(key=lambda e: (e.start, e.end, e.lane))
     full = SimResult(mode="pipeline", step_time_s=step, peak_memory_bytes=peak, memory_capacity_bytes=sim.capacity,
                      compute_s=compute, comm_s=comm, link_busy_s=link_busy, batch_size=sim.graph.batch_size,
-                     device_labels=sim.labels, bubble_fraction=bubble_fraction(t), allreduce_s=0.0, microbatches=m,
+                     device_labels=sim.labels, bubble_fraction=bubble_fraction(t),
+                     allreduce_s=float(ar.max(initial=0.0)), microbatches=m,
                      schedule=schedule, timeline=tuple(events) if timeline else ())
     return PipelineOutcome(evaluation, full)

@@ -13,6 +13,12 @@ stages on different ranks costs ``latency + bytes / bandwidth`` per micro-batch 
 ordered pair of ranks (stages on one rank pass values for free: ZBV's turn of the V).
 Bubble: ``1 - busy / (P x end of the last action)``.
 
+Replicated ranks (``tail``): a stage's last backward (its M-th ``B`` or ``W``, counted together
+as torch counts them for ``last_backward``) lasts ``tail[k]`` seconds longer: the gradient
+all-reduce of a DDP-wrapped stage that outlives its last backward, which DDP's reducer waits for
+before the backward returns (:func:`autoplace.sim.ddp.ddp_sync`). The wait is not compute (not
+in ``busy``); the stage's gradient send leaves after it, as torch sends after the backward.
+
 Activation memory per schedule: walking a rank's order, ``F(k, m)`` adds stage k's activations
 of one micro-batch (its ops' outputs and its received inputs), ``B`` frees them, ``I`` frees the
 share not needed by the weight gradient (taken as ``1 - W/B`` of the stage's backward time) and
@@ -80,7 +86,8 @@ class OrderTimes(NamedTuple):
 
 @njit(cache=True)
 def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t: np.ndarray, w_t: np.ndarray,
-         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int) -> tuple[Any, ...]:
+         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int,
+         tail: np.ndarray) -> tuple[Any, ...]:
     n_rank, length, _ = enc.shape
     n_st = rank_of.shape[0]
     f_arr = np.full((n_st, n_mb), -1.0)
@@ -98,6 +105,7 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
     busy = np.zeros(n_rank)
     live = np.zeros(n_rank)
     peak = np.zeros(n_rank)
+    n_back = np.zeros(n_st, np.int64)
     n_send = 0
     sends = np.zeros((2 * n_st * n_mb, 6))
     while True:
@@ -124,6 +132,10 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
                     dur = w_t[s]
                 st = max(free[r], ready)
                 en = st + dur
+                if kind == 1 or kind == 3:
+                    n_back[s] += 1
+                    if n_back[s] == n_mb and tail[s] > 0.0:
+                        en += tail[s]
                 start[r, ptr[r]] = st
                 finish[r, ptr[r]] = en
                 free[r] = en
@@ -175,11 +187,12 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
 def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ...] | np.ndarray,
                    f: np.ndarray, b: np.ndarray, w: np.ndarray | None = None, *, cf: np.ndarray | None = None,
                    cb: np.ndarray | None = None, act: np.ndarray | None = None,
-                   microbatches: int | None = None) -> OrderTimes:
+                   microbatches: int | None = None, tail: np.ndarray | None = None) -> OrderTimes:
     """Run the ranks' orders over per-stage times: ``f[k]``, ``b[k]`` (a full backward) and
     ``w[k]`` (its weight-gradient part; I takes ``b - w``), ``cf[k]``/``cb[k]`` the transfer of
     one micro-batch over boundary k|k+1 forward/back, ``act[k]`` stage k's activation bytes of
-    one micro-batch."""
+    one micro-batch, ``tail[k]`` the seconds stage k's last backward waits for its gradient
+    all-reduce (replicated ranks)."""
     enc = encode(order)
     k = len(rank_of)
     fz = np.ascontiguousarray(f, dtype=np.float64)
@@ -193,7 +206,8 @@ def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ..
     keep = np.where(bz > 0, wz / np.where(bz > 0, bz, 1.0), 0.0)
     m = int(microbatches if microbatches is not None else 1 + max(a.microbatch for r in order for a in r))
     ok, start, finish, busy, peak, sends = _sim(enc, np.asarray(rank_of, dtype=np.int64), fz, bz, iz, wz, cfz, cbz,
-                                                az, keep, m)
+                                                az, keep, m, np.zeros(k) if tail is None else
+                                                np.ascontiguousarray(tail, dtype=np.float64))
     valid = enc[:, :, 0] >= 0
     rank_end = np.where(valid, finish, 0.0).max(axis=1) if enc.shape[1] else np.zeros(len(order))
     return OrderTimes(bool(ok), float(rank_end.max(initial=0.0)), rank_end, busy, start, finish, peak, sends)
