@@ -1,0 +1,250 @@
+"""Pretraining of the pipeline policy: imitation of search over a corpus of graphs and clusters.
+
+    python -m autoplace.planners.learned.pipeline.pretrain      # writes autoplace/weights/pipeline_rl.{pt,json}
+
+Behaviour cloning of an expert (the DAgger family's first step, Ross, Gordon, Bagnell, AISTATS
+2011, without the aggregation rounds): for every (graph, cluster) pair of the corpus the expert
+is :func:`~.search.pipeline_search` (iterated local search from pipedream-dp's plan, a fixed
+number of simulator calls), its best plan is encoded as the policy's actions by teacher forcing
+(:meth:`~.space.PipelineSpace.encode`), and one network (:data:`~.policy.SHARED`, tied into every
+pair's policy) is fitted to maximise
+
+    L = mean over pairs of  log pi(target actions | graph, cluster) / decisions of the pair
+
+(decisions: stage count, one per device, one per op that may open a stage, micro-batches,
+schedule), with Adam. The per-graph tables stay at zero: what is saved is only what carries to
+graphs and clusters the policy has not seen.
+
+Corpus (:func:`pretraining_pairs`): :func:`~autoplace.planners.learned.corpus.training_graphs`
+(zoo training configs, PipeDream training profiles when their folder is given, generated graphs)
+without the GPT-2 family (kept out here so that gpt2 is a held-out graph of the pipeline
+benchmark), each on ``clusters_per_graph`` clusters drawn from
+:func:`~autoplace.planners.learned.corpus.training_clusters` and from :func:`large_cluster`
+(16 to 64 GPUs on 2 to 8 hosts, one or two kinds; seeds from :data:`LARGE_SEED0` on, a range
+the corpus's held-out clusters do not use). ``max_stages`` caps the stage count at 16 (the device
+head costs S x D x S).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
+from autoplace.graph.features import node_features
+from autoplace.sim import simulator_for
+from ..adam import Adam
+from ..corpus import CorpusGraph, training_clusters, training_graphs
+from .policy import PipelinePolicy, device_features, summary_features
+from .search import pipeline_search
+from .space import PipelinePlan, PipelineSpace
+
+if TYPE_CHECKING:
+    from autoplace.cost.analytic import CostModel
+    from autoplace.graph.ir import OpGraph
+
+__all__ = ["PretrainConfig", "make_policy", "imitate", "pretrain", "pretraining_pairs", "large_cluster",
+           "load_weights", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
+
+WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "pipeline_rl.pt"
+"""The shipped weights (their split and command in the ``.json`` beside them)."""
+LARGE_SEED0 = 70_000
+"""First seed of :func:`large_cluster` in pretraining."""
+MAX_STAGES = 16
+"""Most stages the pretrained policy plans (the device head's cost grows as stages^2 x devices)."""
+_GPUS = ("V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100", "T4")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Settings of the pipeline policy's pretraining."""
+
+    hidden: int = 32
+    """hidden size of the network (the planner's policy must use the same)."""
+    generated: int = 24
+    """generated graphs of the corpus."""
+    clusters_per_graph: int = 3
+    """clusters each graph is paired with."""
+    search_calls: int = 1500
+    """simulator calls of the expert search per pair."""
+    epochs: int = 30
+    """passes over the pairs."""
+    lr: float = 3e-3
+    """Adam learning rate."""
+    seed: int = 0
+    """seed of the pairing, the search and the network."""
+    budget_s: float = 840.0
+    """wall-clock limit of the whole run (the fitting stops early when it is reached)."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "clusters_per_graph", "search_calls", "epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PretrainConfig.{name} is {getattr(self, name)}; it must be >= 1")
+        if not self.lr > 0 or not self.budget_s > 0:
+            raise ValueError(f"PretrainConfig lr={self.lr}, budget_s={self.budget_s}; both must be > 0")
+
+
+def large_cluster(seed: int) -> Cluster:
+    """16 to 64 GPUs on 2 to 8 hosts of 8, one or two kinds (mixed per host), NVLink or PCIe in a
+    host, 25/100 GbE or 400 Gb InfiniBand between hosts."""
+    rng = np.random.default_rng(seed)
+    hosts = int(rng.choice((2, 3, 4, 6, 8)))
+    kinds = [str(k) for k in rng.choice(_GPUS, size=2, replace=False)]
+    mixed = rng.random() < 0.5
+    intra = LINKS[str(rng.choice(("pcie4", "nvlink3", "nvlink4")))]
+    inter = LINKS[str(rng.choice(("eth25", "eth100", "ib400")))]
+    devs = []
+    for i in range(hosts * 8):
+        kind = kinds[(i // 8) % 2] if mixed else kinds[0]
+        fp32, tensor, bw, mem = DEVICE_KINDS[kind]
+        devs.append(Device(f"cuda:{i}", kind, fp32, bw, mem, tensor, host=i // 8))
+
+    def link_of(i: int, j: int) -> Link:
+        return intra if devs[i].host == devs[j].host else inter
+
+    return Cluster.from_links(devs, link_of, name=f"large-{seed}")
+
+
+def make_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None" = None, *, hidden: int = 32,
+                max_stages: int | None = MAX_STAGES, explore: float = 0.1, seed: int = 0,
+                weights: Path | str | None = None) -> PipelinePolicy:
+    """The pipeline policy of ``graph`` on ``cluster`` (``weights``: a pretrained network to load)."""
+    sim = simulator_for(graph, cluster, cost)
+    space = PipelineSpace.of(graph, cluster, sim, max_stages=max_stages)
+    x = np.asarray(node_features(graph, cluster, cost=sim.cost), dtype=np.float32)
+    pol = PipelinePolicy(space, x, device_features(space, cluster), summary_features(space, sim, sim.cost),
+                         hidden=hidden, explore=explore, seed=seed)
+    if weights is not None:
+        pol.load_shared(load_weights(weights))
+    return pol
+
+
+def load_weights(path: Path | str) -> dict[str, torch.Tensor]:
+    """The shared network saved by :func:`pretrain`."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no pipeline policy weights at {p}; run python -m "
+                                "autoplace.planners.learned.pipeline.pretrain, or plan without weights")
+    state = torch.load(p, map_location="cpu", weights_only=True)
+    return {str(k): v for k, v in state.items()}
+
+
+def imitate(policies: list[PipelinePolicy], targets: list[tuple[torch.Tensor, ...]], params: list[torch.nn.Parameter],
+            opt: Adam, *, steps: int = 1) -> float:
+    """``steps`` Adam steps on ``params`` raising the mean over pairs of log pi(target) per
+    decision; returns the loss before the last step (mean negative log-probability per decision)."""
+    loss_v = math.nan
+    for _ in range(steps):
+        total = torch.zeros(())
+        for pol, tgt in zip(policies, targets):
+            logp, _ = pol.score(tgt)
+            total = total - logp.mean() / _decisions(pol)
+        loss = total / max(len(policies), 1)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        loss_v = float(loss.detach())
+    return loss_v
+
+
+def _decisions(pol: PipelinePolicy) -> float:
+    sp = pol.space
+    return float(3 + sp.num_devices + sp.num_nodes)
+
+
+def pretraining_pairs(cfg: PretrainConfig, *, pipedream: str | Path | None = None) -> list[tuple[CorpusGraph, Cluster]]:
+    """The (graph, cluster) pairs of the corpus (see the module doc)."""
+    rng = np.random.default_rng(cfg.seed)
+    graphs = [e for e in training_graphs(generated=cfg.generated, seed=cfg.seed, pipedream=pipedream)
+              if e.family != "gpt2"]
+    clusters = training_clusters(seed=cfg.seed) + [large_cluster(LARGE_SEED0 + k) for k in range(8)]
+    return [(g, clusters[int(i)]) for g in graphs
+            for i in rng.choice(len(clusters), size=cfg.clusters_per_graph, replace=False)]
+
+
+def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_ops: int = 1500,
+             progress: bool = True) -> tuple[PipelinePolicy, dict[str, object]]:
+    """Fit the shared network (see the module doc); returns the master policy and the record."""
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    master: PipelinePolicy | None = None
+    policies, targets, keys = [], [], []
+    for k, (entry, cluster) in enumerate(pretraining_pairs(cfg, pipedream=pipedream)):
+        if time.perf_counter() - t0 > cfg.budget_s / 2:
+            break  # keep half the budget for the fitting
+        graph = entry.load()
+        if graph.num_nodes > max_ops:
+            continue
+        res = pipeline_search(graph, cluster, max_calls=cfg.search_calls, seed=cfg.seed + k)
+        if res.plan is None:
+            continue
+        pol = make_policy(graph, cluster, hidden=cfg.hidden, seed=cfg.seed)
+        if master is None:
+            master = pol
+        else:
+            pol.tie(master)
+        policies.append(pol)
+        targets.append(pol.actions_of(res.plan))
+        keys.append(f"{entry.key} @ {cluster.name}")
+        if progress:
+            print(f"[{time.perf_counter() - t0:6.1f}s] {keys[-1]}: {graph.num_nodes} ops, search "
+                  f"{_describe(res.plan)}", flush=True)
+    if master is None:
+        raise RuntimeError("pipeline pretraining found no pair with a plan that fits; check the corpus")
+    params = [p for name, p in master.named_parameters() if name.split(".")[0] not in ("op_bias", "dev_bias",
+                                                                                        "micro_bias", "count_bias")]
+    opt = Adam(params, lr=cfg.lr)
+    losses: list[float] = []
+    order = np.random.default_rng(cfg.seed)
+    for epoch in range(cfg.epochs):
+        if time.perf_counter() - t0 > cfg.budget_s:
+            break
+        perm = order.permutation(len(policies))
+        for lo in range(0, len(perm), 8):  # minibatches of 8 pairs
+            idx = perm[lo:lo + 8]
+            losses.append(imitate([policies[i] for i in idx], [targets[i] for i in idx], params, opt))
+        if progress:
+            print(f"[{time.perf_counter() - t0:6.1f}s] epoch {epoch + 1}: loss {np.mean(losses[-len(perm) // 8 - 1:]):.4f}",
+                  flush=True)
+    record: dict[str, object] = {"config": asdict(cfg), "pairs": keys, "loss_first": losses[0] if losses else None,
+                                 "loss_last": losses[-1] if losses else None, "steps": len(losses),
+                                 "wall_s": time.perf_counter() - t0}
+    return master, record
+
+
+def _describe(plan: PipelinePlan) -> str:
+    return f"{len(plan.stage_devices)} stages x {[len(g) for g in plan.stage_devices]} replicas, " \
+           f"M={plan.microbatches} {plan.schedule}"
+
+
+def main() -> None:  # pragma: no cover - the shipped weights' command
+    ap = argparse.ArgumentParser(description="pretrain the pipeline-rl policy by imitation of search")
+    ap.add_argument("--out", type=Path, default=WEIGHTS_PATH)
+    ap.add_argument("--pipedream", default=None, help="folder of PipeDream profiles (training ones are used)")
+    ap.add_argument("--budget", type=float, default=PretrainConfig.budget_s)
+    ap.add_argument("--epochs", type=int, default=PretrainConfig.epochs)
+    ap.add_argument("--generated", type=int, default=PretrainConfig.generated)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = PretrainConfig(budget_s=args.budget, epochs=args.epochs, generated=args.generated)
+    master, record = pretrain(cfg, pipedream=args.pipedream)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(master.shared_state(), args.out)
+    record["command"] = "python -m autoplace.planners.learned.pipeline.pretrain" + (
+        f" --pipedream {args.pipedream}" if args.pipedream else "") + f" --budget {args.budget:g} --epochs " \
+        f"{args.epochs} --generated {args.generated}"
+    args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out} ({record['steps']} steps, loss {record['loss_first']} -> {record['loss_last']})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
