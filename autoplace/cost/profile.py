@@ -29,10 +29,19 @@ Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``,
     negligible node) and taken off every timed fx node (forward) and op (backward). The whole
     forward (the GraphModule called once) and the whole backward (``.backward()`` into the
     parameters' ``.grad``, as a step runs it: each gradient's AccumulateGrad costs about 15 us
-    on this CPU, which ``autograd.grad`` does not run; the user's ``.grad`` is put back) are
-    timed too, and the ops are scaled to sum to them: per-op medians of a
-    loaded machine's CPU clock are noisy (cache misses from other jobs), whole passes much
-    less so.
+    on this CPU, which ``autograd.grad`` does not run) are timed too, and the ops are scaled
+    to sum to them: per-op medians of a loaded machine's CPU clock are noisy (cache misses
+    from other jobs), whole passes much less so.
+``in-step passes``
+    The whole passes are timed inside training steps of a copy of the model (forward,
+    backward, loss, then Adam's step and ``zero_grad``, again and again), not back to back on
+    their own: after the previous step's update has streamed parameters, gradients and
+    Adam's moments through the caches, the forward and backward of the next step run slower.
+    Source: on this 2-core EPYC VM (one thread, CPU clock), in-step over back-to-back passes:
+    Inception-V3's small config forward 7.8 / 6.7 ms, backward 8.5 / 7.6 ms; the four zoo
+    workloads of ``benchmarks/fidelity_cpu.py``' sum of in-step phases came within 3% of
+    their whole training step (back-to-back passes: 5-9% under it on ResNet-18, GNMT,
+    Inception). The back-to-back passes are kept in ``whole_s["isolated"]`` to show the term.
 ``batch scaling`` (``small_batch``, default ``"auto"``: a quarter of the batch, at least 2)
     Everything above again at a smaller batch (inputs sliced along their first dimension):
     per op, time at a fraction ``f`` of the batch is the line through the two measurements
@@ -41,12 +50,11 @@ Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``,
 ``loss`` (when ``loss_fn`` and ``target`` are given)
     forward and backward of the loss on the model's output, at both batch sizes.
 ``update`` (``optimizer="adam"``)
-    ``torch.optim.Adam``'s step (with ``zero_grad``) inside real training steps of a copy of
-    the model when the loss is given (after a backward the update runs colder than alone:
-    Inception's small config 4.4 ms in steps, 4.2 ms alone), else one step over copies of the
-    parameters; split over ops by a per-tensor and a per-byte cost measured alongside
-    (single-tensor Adam, torch's CPU default, launches about ten kernels per tensor: small
-    tensors cost their launches, not their bytes).
+    ``torch.optim.Adam``'s step (with ``zero_grad``) inside the training steps above (after a
+    backward the update runs colder than alone: Inception's small config 4.4 ms in steps,
+    4.2 ms alone; both kept), split over ops by a per-tensor and a per-byte cost measured
+    alongside (single-tensor Adam, torch's CPU default, launches about ten kernels per tensor:
+    small tensors cost their launches, not their bytes).
 
 Results are cached as JSON by graph hash and device kind, under ``cache_dir`` (default
 ``$AUTOPLACE_CACHE/profiles``, or ``~/.cache/autoplace/profiles`` when that variable is unset);
@@ -75,7 +83,7 @@ from .op_timing import TIMED, Clock, clock_of, fetch_attr, invoke, measure_ops, 
 
 __all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "clock_of", "ProfileError"]
 
-_FORMAT = "autoplace.profile/2"
+_FORMAT = "autoplace.profile/3"  # 3: whole passes timed inside training steps
 _Loss = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
@@ -108,51 +116,70 @@ def _flat_inputs(traced: Traced, placeholders: dict[str, Any]) -> list[Any]:
 
 
 def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int, repeats: int,
-           clock: str, loss: tuple[_Loss, torch.Tensor] | None) -> dict[str, float]:
-    """Median seconds of the whole forward (the GraphModule called once), the whole backward
-    (``.backward()`` of its outputs, ones as gradients, into every parameter's ``.grad``, which
-    is put back as it was) and, with ``loss``, the loss's forward and backward on the output."""
-    placeholders = placeholders_on(traced, example_inputs, device)
-    flat = _flat_inputs(traced, placeholders)
+           clock: str, loss: tuple[_Loss, torch.Tensor] | None, optimizer: str | None) -> dict[str, Any]:
+    """Median seconds of the whole passes as training steps run them (``in-step passes``, the
+    module docstring), on a copy of the model so the user's weights and ``.grad`` stay as they
+    are. Each repeat is one step: the forward (the GraphModule called once), the backward
+    (``.backward()`` of its outputs, ones as gradients, into every parameter's ``.grad``), with
+    ``loss`` the loss's forward and backward on the (detached) output, and with ``optimizer``
+    Adam's ``step`` and ``zero_grad``. Then ``isolated``: the same forward and backward again
+    and again with nothing between them (what the whole passes were before the in-step term:
+    kept to show the term)."""
+    import copy
+
+    gm = copy.deepcopy(traced.gm)
+    flat = _flat_inputs(traced, placeholders_on(traced, example_inputs, device))
     timer = Clock(device, clock)
-    params = [p for p in traced.gm.parameters() if p.requires_grad]
-    leaves = params + [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    params = [p for p in gm.parameters() if p.requires_grad]
     inputs_grad = [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-    out_f: list[float] = []
-    out_b: list[float] = []
-    out_l: list[float] = []
-    with torch.enable_grad():
+    leaves = params + inputs_grad
+    opt = torch.optim.Adam(params, lr=1e-4) if optimizer == "adam" and params else None
+
+    def passes(update: bool) -> list[list[float]]:
+        runs: list[list[float]] = []
         for r in range(warmup + repeats):
-            out, _ = timer.time(lambda: traced.gm(*flat))
-            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-            if outs and leaves:
-                # as a training step runs it: .backward() into .grad (each parameter's gradient
-                # accumulated by its AccumulateGrad node), the user's .grad put back afterwards
-                grads = [torch.ones_like(t) for t in outs]
-                saved = [p.grad for p in params]
+            with torch.enable_grad():
+                out, _ = timer.time(lambda: gm(*flat))
+                outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+                tickets = {"fwd": 0}
+                if outs and leaves:
+                    grads = [torch.ones_like(t) for t in outs]
+                    tickets["bwd"] = timer.time(lambda: torch.autograd.backward(outs, grads))[1]
+                    for t in inputs_grad:
+                        t.grad = None
+                if update and loss is not None:
+                    fn, target = loss
+                    value = traced.output(out) if traced.out_spec is not None else out
+                    value = tree_map(lambda v: v.detach().requires_grad_(v.is_floating_point())
+                                     if isinstance(v, torch.Tensor) else v, value)
+                    tgt = target.to(device)
+                    tickets["loss"] = timer.time(lambda: fn(value, tgt).backward())[1]
+                del out, outs
+            if update and opt is not None:
+                def step(o: torch.optim.Optimizer = opt) -> None:
+                    o.step()
+                    o.zero_grad(set_to_none=True)
+
+                tickets["update"] = timer.time(step)[1]
+            else:
                 for p in params:
                     p.grad = None
-                timer.time(lambda: torch.autograd.backward(outs, grads))
-                for p, g in zip(params, saved):
-                    p.grad = g
-                for t in inputs_grad:
-                    t.grad = None
-            if loss is not None:
-                fn, target = loss
-                value = traced.output(out) if traced.out_spec is not None else out
-                value = tree_map(lambda v: v.detach().requires_grad_(v.is_floating_point())
-                                 if isinstance(v, torch.Tensor) else v, value)
-                tgt = target.to(device)
-                timer.time(lambda: fn(value, tgt).backward())
             times = timer.read()
             if r >= warmup:
-                out_f.append(times[0])
-                if outs and leaves:
-                    out_b.append(times[1])
-                if loss is not None:
-                    out_l.append(times[-1])
-    med = lambda xs: float(statistics.median(xs)) if xs else 0.0  # noqa: E731
-    return {"fwd": med(out_f), "bwd": med(out_b), "loss": med(out_l)}
+                runs.append([times[tickets[k]] if k in tickets else float("nan")
+                             for k in ("fwd", "bwd", "loss", "update")])
+        return runs
+
+    def med(runs: list[list[float]], k: int) -> float:
+        xs = [r[k] for r in runs if r[k] == r[k]]
+        return float(statistics.median(xs)) if xs else 0.0
+
+    step, alone = passes(True), passes(False)
+    out: dict[str, Any] = {"fwd": med(step, 0), "bwd": med(step, 1), "loss": med(step, 2)}
+    if opt is not None:
+        out["update"] = med(step, 3)
+    out["isolated"] = {"fwd": med(alone, 0), "bwd": med(alone, 1)}
+    return out
 
 
 def _timing_overhead(device: torch.device, clock: str, warmup: int, repeats: int) -> tuple[float, float]:
@@ -174,7 +201,7 @@ def _timing_overhead(device: torch.device, clock: str, warmup: int, repeats: int
     return fwd, bwd
 
 
-def _normalized(traced: Traced, fwd: np.ndarray, bwd: np.ndarray, whole: dict[str, float],
+def _normalized(traced: Traced, fwd: np.ndarray, bwd: np.ndarray, whole: dict[str, Any],
                 overhead: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Per-op times less the timing overhead (per timed fx node forward, per op backward), then
     scaled so that they sum to the whole passes."""
@@ -220,38 +247,11 @@ def _adam_seconds(tensors: Sequence[torch.Tensor], warmup: int, repeats: int, cl
     return float(statistics.median(clock.read()[warmup:]))
 
 
-def _in_step_update(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int,
-                    repeats: int, clock: str, loss: tuple[_Loss, torch.Tensor]) -> float:
-    """Median seconds of ``opt.step()`` (and ``zero_grad``) inside real training steps of a copy of
-    the model (so the user's weights do not move): after a backward has streamed the
-    activations through the caches, the update runs colder than on its own."""
-    import copy
-
-    gm = copy.deepcopy(traced.gm)
-    flat = _flat_inputs(traced, placeholders_on(traced, example_inputs, device))
-    params = [p for p in gm.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=1e-4)
-    fn, target = loss
-    tgt = target.to(device)
-    timer = Clock(device, clock)
-    for _ in range(warmup + repeats):
-        with torch.enable_grad():
-            out = gm(*flat)
-            fn(traced.output(out) if traced.out_spec is not None else out, tgt).backward()
-
-        def update() -> None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        timer.time(update)
-    return float(statistics.median(timer.read()[warmup:]))
-
-
 def _update(traced: Traced, device: torch.device, warmup: int, repeats: int, clock: str,
-            step: tuple[ExampleInputs, tuple[_Loss, torch.Tensor]] | None = None) -> dict[str, Any]:
+            in_step: float | None = None) -> dict[str, Any]:
     """Adam's step, split over ops by the per-tensor and per-byte costs of Adam on this device
-    (each measured on its own): inside real training steps of a copy of the model when ``step``
-    (the example inputs and the loss) is given, else one step over copies of the parameters."""
+    (each measured on its own): ``in_step`` seconds (measured inside the training steps of
+    :func:`_whole`) when given, else one step over copies of the parameters."""
     timer = Clock(device, clock)
     owners = _owners(traced)
     every = [p for ps in owners for p in ps]
@@ -259,7 +259,7 @@ def _update(traced: Traced, device: torch.device, warmup: int, repeats: int, clo
         return {"total_s": 0.0, "per_tensor_s": 0.0, "per_byte_s": 0.0, "update_s": [0.0] * len(owners),
                 "param_tensors": [0] * len(owners)}
     alone = _adam_seconds(every, warmup, repeats, timer)
-    total = _in_step_update(traced, step[0], device, warmup, repeats, clock, step[1]) if step is not None else alone
+    total = in_step if in_step is not None else alone
     small = [torch.zeros(16, device=device) for _ in range(64)]
     per_tensor = max(_adam_seconds(small, warmup, repeats, timer) / 64, 0.0)
     big = torch.zeros(1 << 20, device=device)
@@ -268,7 +268,7 @@ def _update(traced: Traced, device: torch.device, warmup: int, repeats: int, clo
     share = np.array([len(ps) * per_tensor + sum(p.numel() * p.element_size() for p in ps) * per_byte
                       for ps in owners])
     update = share * (total / share.sum()) if share.sum() > 0 else share
-    return {"total_s": total, "alone_s": alone, "in_step": step is not None, "per_tensor_s": per_tensor,
+    return {"total_s": total, "alone_s": alone, "in_step": in_step is not None, "per_tensor_s": per_tensor,
             "per_byte_s": per_byte, "update_s": update.tolist(), "param_tensors": [len(ps) for ps in owners]}
 
 
@@ -312,19 +312,19 @@ def profile_traced(traced: Traced, example_inputs: ExampleInputs, *, device: str
     record: dict[str, Any] = {"format": _FORMAT, "key": key, "options": options, "hash": g.hash, "profiled_on": kind,
                               "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
                               "names": list(g.names), "batch_size": batch}
-    record.update(_at_batch(traced, example_inputs, dev, int(warmup), int(repeats), how, normalize, loss))
+    record.update(_at_batch(traced, example_inputs, dev, int(warmup), int(repeats), how, normalize, loss, optimizer))
     if small is not None:
         small_inputs = _sliced(example_inputs, batch, small)
         small_loss = (loss[0], _sliced(loss[1], batch, small)) if loss is not None else None
         try:
-            part = _at_batch(traced, small_inputs, dev, int(warmup), int(repeats), how, normalize, small_loss)
+            part = _at_batch(traced, small_inputs, dev, int(warmup), int(repeats), how, normalize, small_loss,
+                             optimizer)
         except Exception as e:  # noqa: BLE001 - a model that cannot run at the smaller batch keeps the full one
             record["small"] = {"batch_size": small, "error": f"{type(e).__name__}: {str(e)[:200]}"}
         else:
             record["small"] = {"batch_size": small, **part}
     if optimizer is not None:
-        record["update"] = _update(traced, dev, int(warmup), int(repeats), how,
-                                   (example_inputs, loss) if loss is not None else None)
+        record["update"] = _update(traced, dev, int(warmup), int(repeats), how, record["whole_s"].get("update"))
     path.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record))
@@ -344,9 +344,10 @@ def _small_batch(small_batch: int | str | None, batch: int) -> int | None:
 
 
 def _at_batch(traced: Traced, example_inputs: ExampleInputs, dev: torch.device, warmup: int, repeats: int,
-              clock: str, normalize: bool, loss: tuple[_Loss, torch.Tensor] | None) -> dict[str, Any]:
+              clock: str, normalize: bool, loss: tuple[_Loss, torch.Tensor] | None,
+              optimizer: str | None) -> dict[str, Any]:
     fwd, bwd = measure_ops(traced, example_inputs, dev, warmup, repeats, clock)
-    whole = _whole(traced, example_inputs, dev, warmup, repeats, clock, loss)
+    whole = _whole(traced, example_inputs, dev, warmup, repeats, clock, loss, optimizer)
     out: dict[str, Any] = {"whole_s": whole}
     if normalize:
         fwd, bwd, terms = _normalized(traced, fwd, bwd, whole, _timing_overhead(dev, clock, warmup, repeats))

@@ -120,3 +120,31 @@ def test_profile_on_cuda(tmp_path: Path) -> None:
     g = profile(model, x, device="cuda", warmup=2, repeats=3, cache_dir=tmp_path)
     assert g.profiled_on == device_kind("cuda")
     assert np.all(g.fwd_time_s > 0) and np.all(np.isfinite(g.bwd_time_s))
+
+
+def test_whole_passes_are_timed_inside_training_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-step passes: every timed whole forward is followed by Adam's step before the next
+    one (at both batch sizes), the ops are scaled to those passes, and the passes back to back
+    without the update are kept beside them."""
+    model, x = _net()
+    events: list[str] = []
+    model.fc2.register_forward_hook(lambda *_: events.append("fwd"))  # deep copies share the hook
+    step = torch.optim.Adam.step
+
+    def counted(self: torch.optim.Adam, *a: object, **k: object) -> object:
+        events.append("step")
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", counted)
+    loss = lambda out, y: F.cross_entropy(out, y)  # noqa: E731
+    g = profile(model, x, warmup=1, repeats=3, cache_dir=tmp_path, loss_fn=loss, target=torch.zeros(8, dtype=torch.long),
+                small_batch=2)
+    in_step = sum(a == "fwd" and b == "step" for a, b in zip(events, events[1:]))
+    assert in_step >= 2 * (1 + 3), events  # warmup + repeats steps, at the full and the small batch
+    p = g.meta["profile"]
+    whole = p["whole_s"]
+    assert whole["update"] > 0 and p["update"]["in_step"] and p["update"]["total_s"] == whole["update"]
+    assert set(whole["isolated"]) == {"fwd", "bwd"} and whole["isolated"]["fwd"] > 0
+    np.testing.assert_allclose(g.fwd_time_s.sum(), whole["fwd"], rtol=1e-6)
+    np.testing.assert_allclose(g.bwd_time_s.sum(), whole["bwd"], rtol=1e-6)
+    assert all(q.grad is None for q in model.parameters())  # the steps ran on a copy
