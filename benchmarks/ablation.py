@@ -1,0 +1,307 @@
+"""Which part of Mars's pretraining helps: zero-shot plans of each pretraining variant on the
+held-out split (held-out graphs on held-out clusters), against the learning-free search control.
+
+    python benchmarks/ablation.py                    # every part; writes benchmarks/results/ablation.{json,md}
+    python benchmarks/ablation.py --resume           # keep what the JSON has (the 60 s searches), add the rest
+    python benchmarks/ablation.py --resume --parts zero_shot --replace   # redo the zero-shot columns
+    python benchmarks/ablation.py --report           # rewrite the .md from the .json
+
+Cases: :func:`autoplace.planners.learned.corpus.held_out_cases` (eight pairs; graphs and
+clusters that no pretraining run reads). Per case:
+
+- ``heuristics``: every registered model-parallel heuristic (the environment's seeds); the
+  best one is the reference;
+- ``lower_bound``: :func:`autoplace.lower_bound` (``sim/bounds.py``), mode "model";
+- ``ils``: :func:`autoplace.planners.learned.ils.iterated_local_search` for ``--ils-budget``
+  seconds (60 s), seed 0, its curve (samples, simulations, wall s, best) kept, computed once
+  (``--resume`` keeps it);
+- ``zero_shot``: for each weights variant (``--variants``), ``MarsPlanner().place(graph,
+  cluster, weights=...)`` with no budget: ``greedy`` (the greedy decode alone), ``best16``
+  (best of it and 16 samples), ``returned`` (what the planner returns: those and the heuristic
+  seeds), and ``policy_s`` (the network's part of the plan time: features, GNN, decode,
+  simulation of 17 placements, in a warm process, one thread);
+- ``tuned`` (``--parts tuned``): fine-tuning from each variant in ``--tune-variants`` for
+  ``--tune-budget`` seconds with the Mars planner's fine-tune path (``MarsConfig.expert``
+  off: PPO then refine; on: expert iteration, :mod:`autoplace.planners.learned.expert`), and
+  ILS at the same simulator calls (from its curve).
+
+Variants (``autoplace/weights``; a missing file is skipped): ``fresh`` (a new network: the
+earliest-finish prior alone, seed 0), ``dgi`` (``mars_dgi.pt``: DGI encoder, untrained
+placer), ``dgi+ppo`` (``mars.pt``, the shipped weights), ``imitation`` (``mars_imitation_fresh.pt``:
+imitation of search alone, from a fresh network), ``dgi+ppo+imitation`` (``mars_imitation.pt``:
+the shipped weights, then imitation). A "PPO only" variant (the shipped recipe without DGI)
+is not trained (it takes hours of one core).
+
+Step times are simulated (the simulator is the judge; no measured run backs them). Times are
+wall-clock on 2 CPU cores shared with other jobs (the JSON records the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPEDREAM = ROOT.parent / "shared" / "data" / "pipedream"
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import autoplace  # noqa: E402
+from autoplace.planners.learned.corpus import held_out_cases  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+WEIGHTS = ROOT / "autoplace" / "weights"
+VARIANTS: dict[str, str] = {"fresh": "", "dgi": "mars_dgi.pt", "dgi+ppo": "mars.pt",
+                            "imitation": "mars_imitation_fresh.pt", "dgi+ppo+imitation": "mars_imitation.pt"}
+BRANCHY = ("inception_v3", "nasnet", "nasnetalarge", "gnmt8-unrolled")
+
+
+def _weights(variant: str, tmp: Path) -> Path | None:
+    if variant == "fresh":
+        from autoplace.planners.learned.mars.planner import new_net, save_net
+
+        path = tmp / "fresh.pt"
+        if not path.exists():
+            torch.manual_seed(0)
+            save_net(new_net(), path)
+        return path
+    path = WEIGHTS / VARIANTS[variant]
+    return path if path.exists() else None
+
+
+def run_case_base(entry: Any, cluster: Any, ils_budget: float) -> dict[str, Any]:
+    from autoplace.planners.learned.env import PlacementEnv
+    from autoplace.planners.learned.ils import iterated_local_search
+
+    graph = entry.load()
+    t0 = time.perf_counter()
+    env = PlacementEnv(graph, cluster)
+    seed_s = time.perf_counter() - t0
+    best = env.seeds[0]
+    r = iterated_local_search(graph, cluster, budget_s=max(ils_budget - seed_s, 1.0), seed=0, seeds=env.seeds)
+    return {"graph": entry.key, "cluster": cluster.name, "ops": graph.num_nodes, "devices": cluster.num_devices,
+            "heuristics": {s.planner: s.step_time_s for s in env.seeds if not s.oom},
+            "best_heuristic": best.planner, "best_heuristic_s": best.step_time_s, "seed_s": seed_s,
+            "lower_bound_s": autoplace.lower_bound(graph, cluster, mode="model"),
+            "ils": {"budget_s": ils_budget, "step_time_s": r.step_time_s, "samples": r.samples,
+                    "simulations": r.simulations, "kicks": r.kicks, "wall_s": r.wall_s + seed_s,
+                    "history": [list(h) for h in r.history]}}
+
+
+def run_zero_shot(entry: Any, cluster: Any, weights: Path) -> dict[str, Any]:
+    from autoplace.planners.learned.mars.planner import MarsPlanner
+
+    graph = entry.load()
+    p = MarsPlanner().place(graph, cluster, weights=weights)
+    m = p.meta
+    step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
+    greedy = math.inf if m["greedy_oom"] else m["greedy_step_time_s"]
+    return {"greedy": greedy, "best16": min(greedy, m["best_sample_step_time_s"]), "returned": step,
+            "source": m["source"], "policy_s": m["policy_s"], "total_s": m["total_s"]}
+
+
+def run_tuned(entry: Any, cluster: Any, weights: Path, budget: float, expert: bool) -> dict[str, Any]:
+    from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
+
+    graph = entry.load()
+    t0 = time.perf_counter()
+    p = MarsPlanner().place(graph, cluster, weights=weights, budget_s=budget, seed=0,
+                            config=MarsConfig(expert=expert))
+    wall = time.perf_counter() - t0
+    m = p.meta
+    step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
+    return {"step_time_s": step, "policy_step_time_s": m["policy_step_time_s"], "samples": m["samples"],
+            "source": m["source"], "wall_s": wall, "expert": expert}
+
+
+def ils_at(row: dict[str, Any], samples: int) -> float | None:
+    """The ILS's best step time once it had made ``samples`` simulator calls (None: beyond its run)."""
+    hist = row["ils"]["history"]
+    if samples > row["ils"]["samples"]:
+        return None
+    reached = [h[3] for h in hist if h[0] <= samples]
+    return min(reached) if reached else row["best_heuristic_s"]
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(np.exp(np.mean(np.log(xs)))) if xs else None
+
+
+def gap_closed(row: dict[str, Any], t: float) -> float:
+    """Share of the gap between the best heuristic and the lower bound closed by step time ``t``."""
+    gap = row["best_heuristic_s"] - row["lower_bound_s"]
+    return (row["best_heuristic_s"] - t) / gap if gap > 0 else float("nan")
+
+
+def fmt(x: float | None, nd: int = 3) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{nd}f}"
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    rows, meta = data["rows"], data["meta"]
+    variants = [v for v in VARIANTS if any(v in r.get("zero_shot", {}) for r in rows)]
+    lines = ["# Mars pretraining ablation on the held-out split", "",
+             "Commands (in order): " + ", ".join(f"`{c}`" for c in meta["commands"]) +
+             f". Machine: {meta['cpus']} CPU cores shared with other jobs (load average {meta['load_before']:.1f} "
+             f"before, {meta.get('load_after', float('nan')):.1f} after the last command), torch "
+             f"{meta['torch']}, one thread. Step times are simulated (no measured run backs them).", "",
+             "Cases: held-out graphs on held-out clusters (`corpus.held_out_cases`): no pretraining run read "
+             "any of these graph families or clusters. `ils`: the learning-free iterated local search for "
+             f"{rows[0]['ils']['budget_s']:.0f} s per case (seed 0). Ratios are step time over the 60 s ILS's "
+             "(below 1: better than the search); `/heur`: over the best heuristic's.", "",
+             "## Zero-shot (no fine-tuning): step time / 60 s ILS", "",
+             "| graph | cluster | ops | dev | best heuristic ms | ILS 60 s ms | lower bound ms | " +
+             " | ".join(f"{v} greedy / best16 / returned" for v in variants) + " |",
+             "|---|---|---:|---:|---|---:|---:|" + "---|" * len(variants)]
+    for r in rows:
+        ils = r["ils"]["step_time_s"]
+        cells = []
+        for v in variants:
+            z = r.get("zero_shot", {}).get(v)
+            cells.append("-" if not z else " / ".join(fmt(z[k] / ils) for k in ("greedy", "best16", "returned")))
+        lines.append(f"| {r['graph']} | {r['cluster']} | {r['ops']} | {r['devices']} | {r['best_heuristic']} "
+                     f"{r['best_heuristic_s'] * 1e3:.1f} | {ils * 1e3:.1f} | {r['lower_bound_s'] * 1e3:.1f} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Geometric means over the cases (goal: zero-shot within 2% of the 60 s ILS, i.e. <= 1.02):", "",
+              "| variant | greedy / ILS | best16 / ILS | returned / ILS | returned / heur | policy s per 1,000 ops "
+              "(max) | plan s per 1,000 ops (max, seeds + policy) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for v in variants:
+        zs = [(r, r["zero_shot"][v]) for r in rows if v in r.get("zero_shot", {})]
+        g = {k: geomean([z[k] / r["ils"]["step_time_s"] for r, z in zs]) for k in ("greedy", "best16", "returned")}
+        heur = geomean([z["returned"] / r["best_heuristic_s"] for r, z in zs])
+        pol = max(z["policy_s"] / r["ops"] * 1e3 for r, z in zs)
+        tot = max((z["policy_s"] + r["seed_s"]) / r["ops"] * 1e3 for r, z in zs)
+        lines.append(f"| {v} | {fmt(g['greedy'])} | {fmt(g['best16'])} | {fmt(g['returned'])} | {fmt(heur)} | "
+                     f"{pol:.2f} | {tot:.2f} |")
+    lines += ["", "ILS 60 s / best heuristic, geometric mean: " +
+              fmt(geomean([r["ils"]["step_time_s"] / r["best_heuristic_s"] for r in rows])) + "."]
+    tuned = [r for r in rows if r.get("tuned")]
+    if tuned:
+        keys = sorted({k for r in tuned for k in r["tuned"]})
+        lines += ["", f"## Fine-tuned ({meta.get('tune_budget_s', 60):.0f} s per case) vs ILS at equal wall time and "
+                  "at equal simulator calls", "",
+                  "Equal time: ILS's 60 s result (its time includes heuristic seeding, as the planner's does). Equal "
+                  "calls: the ILS's best once it had made as many simulator calls (samples, cache hits included) as "
+                  "the fine-tune did. Goal: at least 3% better than ILS on both (ratio <= 0.97).", "",
+                  "| graph | cluster | run | step ms | / ILS 60 s | samples | / ILS at equal samples | gap closed |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
+        for r in tuned:
+            for k in keys:
+                t = r["tuned"].get(k)
+                if not t:
+                    continue
+                eq = ils_at(r, t["samples"])
+                lines.append(f"| {r['graph']} | {r['cluster']} | {k} | {t['step_time_s'] * 1e3:.1f} | "
+                             f"{fmt(t['step_time_s'] / r['ils']['step_time_s'])} | {t['samples']} | "
+                             f"{fmt(None if eq is None else t['step_time_s'] / eq)} | "
+                             f"{fmt(gap_closed(r, t['step_time_s']), 2)} |")
+        lines += ["", "| run | / ILS 60 s (geomean) | / ILS at equal samples (geomean) |", "|---|---:|---:|"]
+        for k in keys:
+            pairs = [(r, r["tuned"][k]) for r in tuned if k in r["tuned"]]
+            eqs = [(t["step_time_s"] / e) if (e := ils_at(r, t["samples"])) else None for r, t in pairs]
+            lines.append(f"| {k} | {fmt(geomean([t['step_time_s'] / r['ils']['step_time_s'] for r, t in pairs]))} "
+                         f"| {fmt(geomean([x for x in eqs if x is not None]))} |")
+    lines += ["", "## Branchy graphs: share of the gap (best heuristic - lower bound) closed (goal: >= 0.5 per case)", "",
+              "| graph | cluster | gap ms | ILS 60 s | " + " | ".join(f"{v} returned" for v in variants) +
+              (" | " + " | ".join(f"tuned {k}" for k in keys) if tuned else "") + " |",
+              "|---|---|---:|---:|" + "---:|" * (len(variants) + (len(keys) if tuned else 0))]
+    for r in rows:
+        if r["graph"].split("/")[1].split("?")[0] not in BRANCHY:
+            continue
+        cells = [fmt(gap_closed(r, r["zero_shot"][v]["returned"]), 2) if v in r.get("zero_shot", {}) else "-"
+                 for v in variants]
+        if tuned:
+            cells += [fmt(gap_closed(r, r["tuned"][k]["step_time_s"]), 2) if k in r.get("tuned", {}) else "-"
+                      for k in keys]
+        lines.append(f"| {r['graph']} | {r['cluster']} | {(r['best_heuristic_s'] - r['lower_bound_s']) * 1e3:.1f} | "
+                     f"{fmt(gap_closed(r, r['ils']['step_time_s']), 2)} | " + " | ".join(cells) + " |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def save(data: dict[str, Any], out: Path) -> None:
+    data["meta"]["load_after"] = os.getloadavg()[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, separators=(",", ":")))
+    write_report(data, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", nargs="*", default=["zero_shot"], choices=["zero_shot", "tuned"])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--tune-variants", nargs="*", default=["dgi+ppo"], choices=list(VARIANTS))
+    ap.add_argument("--tune-modes", nargs="*", default=["ppo", "expert"], choices=["ppo", "expert"])
+    ap.add_argument("--tune-budget", type=float, default=60.0)
+    ap.add_argument("--ils-budget", type=float, default=60.0)
+    ap.add_argument("--cases", type=int, default=None, help="only the first N cases")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--replace", action="store_true", help="with --resume: redo the chosen parts")
+    ap.add_argument("--report", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "ablation.json"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.report:
+        write_report(json.loads(out.read_text()), out)
+        return
+    torch.set_num_threads(1)
+    data: dict[str, Any] = json.loads(out.read_text()) if args.resume and out.exists() else {"meta": {}, "rows": []}
+    command = "python benchmarks/ablation.py " + " ".join(sys.argv[1:])
+    data["meta"] = {**data["meta"], "commands": data["meta"].get("commands", []) + [command], "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "load_before": os.getloadavg()[0]}
+    if "tuned" in args.parts:
+        data["meta"]["tune_budget_s"] = args.tune_budget
+    done = {(r["graph"], r["cluster"]): r for r in data["rows"]}
+    tmp = Path(tempfile.mkdtemp(prefix="ablation-"))
+    cases = held_out_cases(PIPEDREAM if PIPEDREAM.exists() else None)[:args.cases]
+    for entry, cluster in cases:
+        row = done.get((entry.key, cluster.name))
+        if row is None:
+            row = run_case_base(entry, cluster, args.ils_budget)
+            data["rows"].append(row)
+            done[(entry.key, cluster.name)] = row
+            print(f"{entry.key:>24} {cluster.name:>26}: heuristic {row['best_heuristic_s'] * 1e3:.1f}, ILS "
+                  f"{row['ils']['step_time_s'] * 1e3:.1f} ms ({row['ils']['samples']} samples)", flush=True)
+            save(data, out)
+        if "zero_shot" in args.parts:
+            zs = row.setdefault("zero_shot", {})
+            for v in args.variants:
+                w = _weights(v, tmp)
+                if w is None or (v in zs and not args.replace):
+                    continue
+                run_zero_shot(entry, cluster, w)  # warm: the compiled decoder, caches
+                zs[v] = run_zero_shot(entry, cluster, w)
+                print(f"    {v:>20}: returned/ILS {zs[v]['returned'] / row['ils']['step_time_s']:.3f}, policy "
+                      f"{zs[v]['policy_s']:.2f} s", flush=True)
+            save(data, out)
+        if "tuned" in args.parts:
+            tu = row.setdefault("tuned", {})
+            for v in args.tune_variants:
+                w = _weights(v, tmp)
+                for mode in args.tune_modes:
+                    key = f"{v} {mode}"
+                    if w is None or (key in tu and not args.replace):
+                        continue
+                    tu[key] = run_tuned(entry, cluster, w, args.tune_budget, mode == "expert")
+                    print(f"    {key:>24}: {tu[key]['step_time_s'] / row['ils']['step_time_s']:.3f} of ILS, "
+                          f"{tu[key]['samples']} samples", flush=True)
+                    save(data, out)
+    save(data, out)
+
+
+if __name__ == "__main__":
+    main()
