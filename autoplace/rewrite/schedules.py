@@ -20,7 +20,15 @@ stages on one rank share the Parameter object, so its gradient accumulates there
 the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
 parameter two stages of one rank share, as ZBV's first and last stages do with a tied head).
 
-Each rank runs on one device (no data-parallel replicas) and waits for its peers as every pipeline
+Data-parallel replicas (``dp > 1``, pp x dp as torchtitan composes them): the world is a
+("pp", "dp") DeviceMesh, global rank ``r x dp + j`` runs pipeline rank r's stages as replica j on
+``1 / dp`` of every micro-batch (pipeline j is the ranks ``r x dp + j``); each stage averages its
+gradients over its rank's replicas once per step, after its last backward
+(:mod:`autoplace.rewrite.stage_replicas`: DDP for the schedules without a split backward, an
+all-reduce in torch's ``REDUCE_GRAD`` action for the split ones), and the loss is the mean over
+the replicas. Replicas with tensor parallelism are not run (the plan rules refuse them).
+
+Each rank runs on one device (or ``dp`` replicas of it) and waits for its peers as every pipeline
 does (:mod:`autoplace.rewrite.liveness`: heartbeat, a gate at the start of each step, bounds that
 scale with the predicted step; ``timeouts=``, or ``init_distributed(timeout_s=...)``'s number).
 The runner is a :class:`~autoplace.rewrite.runner.PipelineRunner` (an ``nn.Module``) holding its
@@ -59,10 +67,12 @@ class MultiStageRunner(PipelineRunner):
     def __init__(self, *, rank: int, ranks: int, stage_indices: tuple[int, ...], num_stages: int, microbatches: int,
                  batch_size: int, schedule_name: str, stage_modules: Sequence[torch.fx.GraphModule], schedule: Any,
                  scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = (),
-                 timeouts: Timeouts | None = None, predicted_step_s: float | None = None) -> None:
-        super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=0, replicas=1,
-                         microbatches=microbatches, batch_size=batch_size, stage_module=stage_modules[0],
-                         module=stage_modules[0], schedule=schedule, scale_grads=scale_grads, tied=tied,
+                 timeouts: Timeouts | None = None, predicted_step_s: float | None = None, replica: int = 0,
+                 replicas: int = 1, dp_group: Any = None) -> None:
+        super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=replica,
+                         replicas=replicas, microbatches=microbatches, batch_size=batch_size,
+                         stage_module=stage_modules[0], module=stage_modules[0], schedule=schedule,
+                         scale_grads=scale_grads, dp_group=dp_group, tied=tied,
                          timeouts=timeouts, predicted_step_s=predicted_step_s, stage_modules=stage_modules)
         self.ranks = ranks
         self.stage_indices = stage_indices
@@ -86,7 +96,9 @@ class MultiStageRunner(PipelineRunner):
         return self.has_last
 
     def _where(self) -> str:
-        return f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, {self.schedule_name})"
+        rep = f", replica {self.replica} of {self.replicas}" if self.replicas > 1 else ""
+        return (f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, "
+                f"{self.schedule_name}{rep})")
 
     def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if self.has_first:
@@ -103,7 +115,14 @@ class MultiStageRunner(PipelineRunner):
             for p in self.parameters():
                 if p.grad is not None:
                     p.grad.div_(self.microbatches)
-        super()._finish_grads()
+        elif self.replicas > 1:  # the replicas averaged; a summed loss wants the sum (once per parameter)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(self.replicas)
+        for p, group in self.tied:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -158,6 +177,7 @@ def build_schedule_runner(
     tp_pairs: Sequence[tuple[str, str]] = (),
     timeouts: Timeouts | float | None = None,
     predicted_step_s: float | None = None,
+    dp: int = 1,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -171,7 +191,9 @@ def build_schedule_runner(
     pairs :func:`autoplace.sim.tensor_parallel.linear_pairs` finds). ``timeouts`` and
     ``predicted_step_s``: how long a rank waits for its peers, as for
     :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (heartbeat, gate and bounds of
-    :mod:`autoplace.rewrite.liveness`).
+    :mod:`autoplace.rewrite.liveness`). ``dp``: data-parallel replicas of every pipeline rank;
+    the world is then a (pipeline ranks x dp) DeviceMesh ("pp", "dp"), global rank ``r x dp + j``
+    runs pipeline rank r's stages as replica j (see the module's docstring).
     """
     require_distributed()
     if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
@@ -180,9 +202,23 @@ def build_schedule_runner(
     world = dist.get_world_size()
     if tp < 1 or world % tp:
         raise PipelineError(f"tp={tp} does not divide the {world} processes: launch tp x pipeline ranks processes")
-    ranks = world // tp
+    if dp < 1 or world % (tp * dp):
+        raise PipelineError(f"dp={dp} replicas x tp={tp} do not divide the {world} processes: launch pipeline ranks "
+                            f"x {dp} replicas x {tp} processes")
+    if dp > 1 and tp > 1:
+        raise PipelineError(f"dp={dp} replicas with tp={tp}: this runner runs pp x dp or pp x tp, not both; use tp=1 "
+                            "(replicated ranks) or dp=1 (TP groups)")
+    ranks = world // (tp * dp)
     mesh = None
-    if tp > 1:
+    dp_group = None
+    replica = 0
+    if dp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (ranks, dp),
+                                mesh_dim_names=("pp", "dp"))
+        rank, replica, dp_group = mesh.get_local_rank("pp"), mesh.get_local_rank("dp"), mesh.get_group("dp")
+    elif tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
         dev_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -202,9 +238,10 @@ def build_schedule_runner(
     if hb is not None:
         hb.state = "building"
     device = default_device(device)
-    batch = check_batch(example_inputs, microbatches, f"microbatches = {microbatches}")
+    batch = check_batch(example_inputs, microbatches * dp,
+                        f"microbatches = {microbatches}" + (f" x replicas = {dp}" if dp > 1 else ""))
     k_count = ranks * virtual_stages
-    micro = tuple(x[: batch // microbatches] for x in example_inputs)
+    micro = tuple(x[: batch // (microbatches * dp)] for x in example_inputs)
     used = max((int(s) for s in stage_of_fx.values()), default=0) + 1
     if used > k_count:
         raise PipelineError(f"the stage assignment has {used} stages; {ranks} ranks x {virtual_stages} virtual stages "
@@ -216,13 +253,15 @@ def build_schedule_runner(
 
     from torch.distributed.pipelining import PipelineStage  # a second to import: when a pipeline is built
 
+    from .stage_replicas import ReplicatedStage, ddp_stage_module
+
     cls = torch_schedule_class(schedule)
     assert cls is not None  # schedule_problems checked it
-    stages = []
+    stages: list[PipelineStage] = []
     modules = []
     for k in mine:
         mod = split.stages[k]
-        if mesh is not None:
+        if mesh is not None and tp > 1:
             here = {n for n, _ in mod.named_modules()}
             layout = {path: style for a, b in tp_pairs if a in here and b in here
                       for path, style in ((a, "colwise"), (b, "rowwise"))}
@@ -231,28 +270,39 @@ def build_schedule_runner(
         move_to(mod, device)
         inputs, outputs = stage_io(gm, split, values, micro, k, device)
         split_bw = SPECS[schedule].split_backward
-        wrapped = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
-        stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
-                                    group=mesh.get_group("pp") if mesh is not None else None))
+        wrapped: torch.nn.Module = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
+        pp_group = mesh.get_group("pp") if mesh is not None else None
+        if dp > 1 and split_bw:  # torch's REDUCE_GRAD action averages it over the replicas (stage_replicas)
+            stages.append(ReplicatedStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
+                                          group=pp_group, dp_group=dp_group))
+        else:
+            if dp > 1:  # DDP, armed by torch on the stage's last backward
+                wrapped = ddp_stage_module(wrapped, dp_group, torch.device(device))
+            stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
+                                        group=pp_group))
         modules.append(mod)
     loss = model_output_loss(gm, loss_fn)
     sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if schedule in ("gpipe", "1f1b")
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
     me = dist.get_rank()
-    tp_index = me % tp
-    tied = tie_groups(split.stages, rank_of, tp, lambda r, j: r * tp + j, me)  # TP index j: global rank pp x tp + j
+    cols = tp * dp  # the copies of the pipeline: TP index or replica j runs on global ranks pp x cols + j
+    tp_index = me % cols
+    tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
     runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
                               stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
-                              timeouts=limits, predicted_step_s=predicted_step_s)
-    # Liveness as every pipeline has it: each TP index's pipeline ranks exchange activations.
-    columns = [[r * tp + j for r in range(ranks)] for j in range(tp)]
+                              timeouts=limits, predicted_step_s=predicted_step_s, replica=replica, replicas=dp,
+                              dp_group=dp_group)
+    # Liveness as every pipeline has it: each TP index's (or replica's) pipeline ranks exchange activations.
+    columns = [[r * cols + j for r in range(ranks)] for j in range(cols)]
     _, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)
-    names = {r * tp + j: f"rank {r * tp + j} (pipeline rank {r} of {ranks}, stages "
-                         f"{[k for k in range(k_count) if rank_of[k] == r]}{f', tp {j} of {tp}' if tp > 1 else ''})"
-             for r in range(ranks) for j in range(tp)}
+    what = "tp" if tp > 1 else "replica"
+    names = {r * cols + j: f"rank {r * cols + j} (pipeline rank {r} of {ranks}, stages "
+                           f"{[k for k in range(k_count) if rank_of[k] == r]}{f', {what} {j} of {cols}' if cols > 1 else ''})"
+             for r in range(ranks) for j in range(cols)}
     near = sorted({rank_of[k + d] for k in mine for d in (-1, 1) if 0 <= k + d < k_count} - {rank})
-    runner.links = Links(limits, range(world), columns[tp_index], [r * tp + tp_index for r in near], names,
-                         list({id(g): g for _, g in tied}.values()), gate_group, p2p)
+    groups = [*({id(g): g for _, g in tied}.values()), *([dp_group] if dp_group is not None else [])]
+    runner.links = Links(limits, range(world), columns[tp_index], [r * cols + tp_index for r in near], names,
+                         groups, gate_group, p2p)
     runner.links.stages = list(stages)
     return runner

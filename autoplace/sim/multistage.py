@@ -30,16 +30,21 @@ replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` device
 on ``[j tp, (j + 1) tp)``, so replica ``j`` of every rank forms pipeline ``j``). Each replica
 runs ``B / (M d)`` samples per micro-batch (op times at ``batch_fraction = 1/(M d)``); replica
 ``j`` of rank r sends to replica ``j`` of rank r + 1 (transfers of ``bytes / (M d)`` in
-parallel: the slowest of the d pairs' links). The runtime wraps each virtual stage in DDP over
-its rank's replicas (:mod:`autoplace.rewrite.schedules`), and torch's pipelining runs every
-backward but a stage's last under ``no_sync`` and its last (full, or weight part with a split
-backward) with the reducer armed (``_PipelineStageBase.backward_maybe_with_nosync``): the
-stage's gradients are all-reduced in DDP buckets while that last backward runs
-(:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group, the network
-when the replicas span hosts), and DDP's reducer waits for the last bucket before the backward
-returns, so what outlives the backward delays the rank's next action
-(:mod:`.order_sim`'s ``tail``). Memory per device: its rank's whole (or TP-sharded) stages'
-parameters, gradients and optimizer state plus one replica's activations.
+parallel: the slowest of the d pairs' links). Each stage's gradients are averaged over its
+rank's replicas once per step, as the runtime does it (:mod:`autoplace.rewrite.stage_replicas`),
+in DDP buckets (:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group,
+the network when the replicas span hosts), and the rank waits for them before its next action
+(:mod:`.order_sim`'s ``tail``):
+
+- without a split backward the stage runs in DDP, which torch arms on the stage's last backward
+  only (``_PipelineStageBase.backward_maybe_with_nosync``): buckets are all-reduced while that
+  backward runs, and DDP's reducer waits for the last one before the backward returns;
+- with a split backward (ZB-H1, ZBV, DualPipeV) the weight gradients bypass DDP's hooks, so the
+  runtime all-reduces them in torch's ``REDUCE_GRAD`` action right after the stage's last ``W``:
+  every bucket after that backward, one after another.
+
+Memory per device: its rank's whole (or TP-sharded) stages' parameters, gradients and optimizer
+state plus one replica's activations.
 """
 
 from __future__ import annotations
@@ -116,11 +121,13 @@ def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int
 
 
 def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
-              last_op: np.ndarray, last_s: np.ndarray, p_op: np.ndarray, tp: int) -> tuple[np.ndarray, np.ndarray]:
+              last_op: np.ndarray, last_s: np.ndarray, p_op: np.ndarray, tp: int, *,
+              after: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(K,) seconds each virtual stage's last backward waits for its DDP all-reduce past its own
     end, and (K,) its all-reduce seconds: :func:`~.ddp.ddp_sync` over the stage's ops
     (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
-    rank's replicas, over the slowest link inside each TP shard's replica group."""
+    rank's replicas, over the slowest link inside each TP shard's replica group. ``after``: the
+    buckets are all-reduced after the backward (split schedules), not during it (DDP)."""
     k = rank_of.shape[0]
     tail, ar = np.zeros(k), np.zeros(k)
     tables = sim.tables
@@ -132,7 +139,10 @@ def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]],
         ops = np.nonzero(st == s)[0]
         lt, inv = _slowest(tables.lat, tables.inv_bw, [(grp[i], grp[j]) for i in range(len(grp))
                                                        for j in range(len(grp)) if i % tp == j % tp])
-        ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv)
+        if after:  # every bucket ready when the backward ends
+            ready, ar[s] = ddp_sync(np.zeros(ops.size), p_op[ops], d, float(last_s[s]), 0.0, lt, inv)
+        else:
+            ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv)
         tail[s] = max(ready - float(last_s[s]), 0.0)
     return tail, ar
 
@@ -221,7 +231,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     if d > 1:
         weight_last = _last_backward_is_weight(order, k, m)
         last_op = np.where(weight_last[st], w_op, b_op)
-        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg)
+        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg, after=split)
     t: OrderTimes = simulate_order(order, rank_of, f, b, w if split else None, cf=cf, cb=cb, act=act, microbatches=m,
                                    tail=tail if d > 1 else None)
     if not t.ok:  # the orders of schedules.actions never deadlock; a guard on that code

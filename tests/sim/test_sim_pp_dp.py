@@ -101,3 +101,20 @@ def test_one_replica_per_rank_is_unchanged() -> None:
     ra, rb = autoplace.simulate(g, a, c), autoplace.simulate(g, b, c)
     assert ra.step_time_s == rb.step_time_s and ra.allreduce_s == 0.0
     assert np.array_equal(ra.peak_memory_bytes, rb.peak_memory_bytes)
+
+
+def test_ddp_overlaps_the_last_backward_and_a_split_backward_reduces_after_it() -> None:
+    # one rank of 2 replicas, one stage of 2 ops with 32 MiB of parameters each (a DDP bucket each:
+    # ring = 2 (2-1)/2 x 2^25 B / 1e9 B/s), 2 ms forward / 4 ms backward per op at any batch share.
+    # looped BFS (full backward, DDP): op 1's bucket goes when its backward ends (4 ms into B), op 0's
+    # after B and after op 1's ring: 4 + 4 + ring + ring; ZB-H1 (I then W, 4 ms each: half of each
+    # op's backward is its weight part) reduces both after W: 4 + 4 + 4 + 2 ring
+    g = graph(2, [(0, 1)], [2.0, 2.0], [4.0, 4.0], edge_bytes=[0.0], param_bytes=[2.0**25] * 2)
+    c = cluster(2, bandwidth=1e9)
+    ring, upd = 2.0**25 / 1e9, 2 * 2.0**25 * UPDATE_S_PER_BYTE
+    steps = {}
+    for schedule in ("looped-bfs", "zb-h1"):
+        p = Placement.pipeline(g, c, [0, 0], [[0, 1]], microbatches=1, schedule=schedule, virtual_stages=1)
+        steps[schedule] = autoplace.simulate(g, p, c).step_time_s
+    assert steps["looped-bfs"] == pytest.approx(8 * MS + 2 * ring + upd, rel=1e-12)
+    assert steps["zb-h1"] == pytest.approx(12 * MS + 2 * ring + upd, rel=1e-12)

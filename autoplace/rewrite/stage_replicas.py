@@ -1,0 +1,90 @@
+"""Data-parallel replicas of the stages of a multi-stage schedule (pp x dp, as torchtitan composes
+them): what runs a virtual stage whose rank is one of ``d`` replicas.
+
+torch's pipelining syncs a data-parallel stage's gradients once per step, on the stage's last
+backward (``_PipelineStageBase.backward_maybe_with_nosync``, torch 2.13): a stage in
+``DistributedDataParallel`` runs every backward but its last under ``no_sync`` and arms the
+reducer before the last, so DDP's buckets are all-reduced while that last backward runs and the
+backward returns once they are done. That needs the backward to reach DDP's hooks on the
+parameters' gradient accumulators, which a full backward (``B``) does and a split one does not:
+the weight half (``W``, ``stage_backward_weight``) computes the weight gradients with
+``torch.autograd.grad`` and adds them to ``.grad`` itself, so DDP would never reduce them. So:
+
+- schedules without a split backward (interleaved 1F1B, looped BFS): each stage module in DDP
+  over its rank's replicas (:func:`ddp_stage_module`);
+- schedules with a split backward (ZB-H1, ZBV, DualPipeV): a :class:`ReplicatedStage`, a
+  ``PipelineStage`` whose ``perform_reduce_grad`` (the ``REDUCE_GRAD`` action torch's runtime
+  schedules right after a stage's last ``B`` or ``W``, where it runs FSDP's gradient sync)
+  first averages the stage's gradients over the replicas, in buckets of DDP's size, one
+  blocking all-reduce each.
+
+Either way each stage's gradients leave its last backward averaged over the replicas, which the
+simulator charges (:mod:`autoplace.sim.multistage`: overlapped with the last backward for DDP,
+after it for the split schedules).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+from ..sim.ddp import DDP_BUCKET_BYTES
+
+__all__ = ["ReplicatedStage", "ddp_stage_module", "average_grads"]
+
+
+def ddp_stage_module(module: torch.nn.Module, group: Any, device: torch.device) -> torch.nn.Module:
+    """``module`` in DistributedDataParallel over ``group`` (a module without trainable parameters
+    as it is: there is nothing to all-reduce and DDP refuses it)."""
+    if not any(p.requires_grad for p in module.parameters()):
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, process_group=group,
+                                   device_ids=[device] if device.type == "cuda" else None)
+
+
+def average_grads(params: list[torch.nn.Parameter], group: Any, bucket_bytes: float = DDP_BUCKET_BYTES) -> None:
+    """Average the gradients of ``params`` over ``group``: walking them in reverse (the order a
+    backward makes them), flattened into buckets of up to ``bucket_bytes``, one all-reduce each."""
+    size = dist.get_world_size(group)
+    grads = [p.grad for p in reversed(params) if p.grad is not None]
+    bucket: list[torch.Tensor] = []
+    used = 0
+
+    def flush() -> None:
+        if not bucket:
+            return
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        flat.div_(size)
+        at = 0
+        for g in bucket:
+            g.copy_(flat[at: at + g.numel()].view_as(g))
+            at += g.numel()
+        bucket.clear()
+
+    for g in grads:
+        bucket.append(g)
+        used += g.numel() * g.element_size()
+        if used >= bucket_bytes:
+            flush()
+            used = 0
+    flush()
+
+
+class ReplicatedStage(PipelineStage):
+    """A ``PipelineStage`` one of several data-parallel replicas run: its ``REDUCE_GRAD`` action
+    (after the stage's last backward) averages the stage's gradients over ``dp_group`` first."""
+
+    def __init__(self, *args: Any, dp_group: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dp_group = dp_group
+
+    def perform_reduce_grad(self, grad_scale_factor: int) -> None:  # noqa: D102
+        params = list({id(p): p for p in self.submod.parameters() if p.requires_grad}.values())
+        average_grads(params, self.dp_group)
+        super().perform_reduce_grad(grad_scale_factor)
