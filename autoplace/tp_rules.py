@@ -55,7 +55,16 @@ if TYPE_CHECKING:
     from .graph.ir import OpGraph
 
 __all__ = ["LinearPair", "TPBlock", "tp_blocks", "linear_pairs", "tp_refusals", "tp_problems", "ELEMENTWISE",
-           "BETWEEN"]
+           "BETWEEN", "PER_TOKEN"]
+
+PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
+                       "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
+                       "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Tanh"})
+"""Ops that work on each token alone (function names; module class names for modules): what
+sequence parallelism runs on a sequence shard between the blocks (the runtime,
+:mod:`autoplace.rewrite.sequence_parallel`, and the simulator,
+:func:`autoplace.sim.tensor_parallel.sequence_region`, read this one set); ``mean`` and ``sum``
+count too when they reduce over the last dimension only (an RMSNorm's)."""
 
 ELEMENTWISE = frozenset({"gelu", "relu", "silu", "tanh", "sigmoid", "GELU", "ReLU", "SiLU", "Tanh", "Sigmoid",
                          "Dropout", "dropout", "NewGELUActivation", "GELUActivation"})

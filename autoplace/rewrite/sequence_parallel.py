@@ -28,15 +28,9 @@ import torch.distributed as dist
 import torch.fx
 
 from ..errors import AutoplaceError
+from ..tp_rules import PER_TOKEN
 
 __all__ = ["PER_TOKEN", "SequenceParallelError", "sequence_parallel_rewrite"]
-
-PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
-                       "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
-                       "LayerNorm", "Dropout", "GELU", "ReLU", "SiLU", "Tanh"})
-"""Ops that work on each token alone (module class names for call_module nodes); ``mean`` and
-``sum`` count when they reduce over the last dimension only."""
-
 
 class SequenceParallelError(AutoplaceError, ValueError):
     """An activation's sequence does not divide over the TP group; the message says the fix."""
@@ -97,7 +91,9 @@ def _kind(n: torch.fx.Node, mods: dict[str, torch.nn.Module]) -> str:
 def sequence_parallel_rewrite(gm: torch.fx.GraphModule, layout: dict[str, str], group: Any, t: int,
                               rank: int) -> set[str]:
     """Rewrite ``gm`` in place for sequence parallelism (module docstring); returns the columns
-    whose input is sequence-sharded (they take ``input_layouts=Shard(1)``)."""
+    whose input is sequence-sharded (they take ``input_layouts=Shard(1)``). The region's node
+    names go to ``gm.meta["sequence_region"]`` (the simulator's
+    :func:`autoplace.sim.tensor_parallel.sequence_region` finds the same ops in the op graph)."""
     mods = dict(gm.named_modules())
     rows = [n for n in gm.graph.nodes if n.op == "call_module" and layout.get(str(n.target)) == "rowwise"]
     region: set[torch.fx.Node] = set()
@@ -117,6 +113,7 @@ def sequence_parallel_rewrite(gm: torch.fx.GraphModule, layout: dict[str, str], 
                 todo.append(u)
             else:
                 exits.append((n, u))
+    gm.meta["sequence_region"] = [n.name for n in gm.graph.nodes if n in region]  # what the simulator charges
     params: list[torch.nn.Parameter] = []
     k = 0
     for n in [x for x in gm.graph.nodes if x in region]:

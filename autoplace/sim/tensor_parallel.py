@@ -16,17 +16,22 @@ and finds these. Activation bytes per device: :func:`tp_activation_bytes` (the m
 simulator does not use it yet: it keeps activations whole under TP).
 
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-Models", 2022, section 4.2.2, ``sequence_parallel=True``; the planners do not set it yet):
+Models", 2022, section 4.2.2, ``sequence_parallel=True``; a plan's ``Placement.sequence_parallel``,
+chosen by :mod:`autoplace.planners.heuristic.sequence_parallel`):
 outside the blocks the activations are split on the sequence dimension, so each row's output is
 reduce-scattered (g-bar) in forward and its gradient all-gathered in backward, and a block's
 input is all-gathered (g) in forward and its gradient reduce-scattered in backward, once per
 column as the runtime (:mod:`autoplace.rewrite.sequence_parallel`, torch's ``ColwiseParallel``
 per module) does, where the paper has one per block; the first block's input comes before any
 row and stays whole (its columns all-reduce their input gradients as without SP). Each ring
-``(t - 1) / t x bytes / bandwidth + (t - 1) x latency``. The norms and dropouts outside the
-blocks then run on ``1/t`` of the tokens: their time and activations divided by t
-(:data:`SEQUENCE_KINDS`). Not charged: the norms' weight-gradient all-reduces and the all-gather
-of the last block's output before the model's head (small next to the blocks').
+``(t - 1) / t x bytes / bandwidth + (t - 1) x latency``. The ops of the sequence-parallel region
+(:func:`sequence_region`: the per-token ops reached from a row's output before the next block's
+columns, as the runtime walks its fx graph: residual adds, norms, an RMSNorm's pow/mean/rsqrt/mul,
+dropouts) then run on ``1/t`` of the tokens: their time and activations divided by t. Not
+charged (the runtime's own collectives, outside DTensor's): the region's parameters' gradient
+all-reduces (the norms' weights; small, latency-bound), the all-gather of a region value read
+outside it (the last norm's output before the model's head) and of the gradient of a whole value
+read in it (the first residual).
 
 :func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
 the blocks (MLP and attention; fused q/k/v projections and attention with per-head parameters
@@ -44,18 +49,45 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..tp_rules import ELEMENTWISE, LinearPair, linear_pairs, tp_problems
+from ..tp_rules import ELEMENTWISE, PER_TOKEN, LinearPair, linear_pairs, tp_problems
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
 __all__ = ["LinearPair", "Collective", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
-           "tp_activation_bytes", "ELEMENTWISE",
-           "SEQUENCE_KINDS"]
+           "tp_activation_bytes", "sequence_region", "ELEMENTWISE", "PER_TOKEN"]
 
-SEQUENCE_KINDS = frozenset({"LayerNorm", "RMSNorm", "Dropout", "dropout", "layer_norm", "rms_norm"})
-"""Ops that sequence parallelism runs on the sequence shard outside the blocks."""
+_REGION_KINDS = PER_TOKEN | {"mean", "sum"}
+"""The op graph keeps no reduction dimensions: a mean or sum reached from a row is taken to be
+an RMSNorm's (over the last dimension), as the runtime checks on the fx graph."""
+
+
+def sequence_region(graph: "OpGraph", pairs: Sequence[LinearPair] | None = None,
+                    ops: np.ndarray | None = None) -> np.ndarray:
+    """(N,) bool: the ops sequence parallelism runs on a sequence shard: from each row of
+    ``pairs`` (default: every pair), the successors of :data:`~autoplace.tp_rules.PER_TOKEN` kinds
+    (and ``mean``/``sum``), walked until a block's column (whose input is then all-gathered) or
+    any other op (where the value is gathered whole); the rows themselves are not in it (their
+    output is the reduce-scatter's). ``ops`` (indices or a bool mask): one pipeline stage's ops,
+    whose module the runtime rewrites alone (a value leaving the stage is gathered whole)."""
+    pairs = linear_pairs(graph) if pairs is None else pairs
+    allowed = np.ones(graph.num_nodes, dtype=bool)
+    if ops is not None:
+        allowed[:] = False
+        allowed[np.asarray(ops)] = True
+    inside = {i for p in pairs for i in p.ops}
+    region = np.zeros(graph.num_nodes, dtype=bool)
+    todo = sorted({p.row for p in pairs if allowed[p.row]})
+    while todo:
+        n = todo.pop()
+        for u in graph.successors(n):
+            u = int(u)
+            if region[u] or not allowed[u] or u in inside or graph.kinds[u] not in _REGION_KINDS:
+                continue
+            region[u] = True
+            todo.append(u)
+    return region
 
 
 def _ring(nbytes: float, t: int, inv_bw: float, lat: float) -> float:
@@ -83,8 +115,8 @@ def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPai
     for ps in blocks.values():
         for p in ps:
             split[list(p.ops)] = True
-    if sequence_parallel and t > 1:
-        split |= mask & np.array([k in SEQUENCE_KINDS for k in graph.kinds])
+    if sequence_parallel and t > 1 and blocks:
+        split |= sequence_region(graph, [p for ps in blocks.values() for p in ps], mask)
     return np.where(split, 1.0 / max(t, 1), 1.0)
 
 
@@ -157,7 +189,7 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     """Activation bytes (the ops' outputs, whole batch) one device of a TP group of ``t`` keeps
     for the ops ``ops``: inside a block the columns' and the ops-between outputs are a 1/t share
     (the row's output is whole: all-reduced); with ``sequence_parallel`` the row's output (reduce-
-    scattered) and the norms' and dropouts' outputs too."""
+    scattered) and the outputs of the sequence-parallel region (:func:`sequence_region`) too."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
