@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
 
-__all__ = ["ExpertConfig", "ExpertResult", "expert_iteration"]
+__all__ = ["ExpertConfig", "ExpertResult", "expert_iteration", "zero_shot"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +177,32 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
         time.perf_counter() - t0, rounds
     out.improvements = [(k - calls0, float(v)) for k, v in env.improvements if k >= calls0]
     return out
+
+
+def zero_shot(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, *, samples: int = 64,
+              seed: int = 0, weights: Path | str | None = None, hidden: int = 32,
+              env: PlacementEnv | None = None) -> ExpertResult:
+    """The policy alone, without fine-tuning: its greedy plan and ``samples - 1`` sampled ones,
+    simulated; the best that fits (``step_time_s``, inf when none does; the seeds are not in it)."""
+    t0 = time.perf_counter()
+    if env is None:
+        env = PlacementEnv(graph, cluster, cost, "pipeline",
+                           seeds=heuristic_seeds(graph, cluster, cost, "pipeline", names=SEARCH_SEEDS))
+    calls0 = env.num_samples
+    policy = make_policy(graph, cluster, env.cost, hidden=hidden, seed=seed, weights=weights)
+    gen = torch.Generator().manual_seed(int(seed))
+    policy.eval()
+    with torch.no_grad():
+        plans = policy.decode(policy.sample(1, gen, greedy=True).actions)
+        if samples > 1:
+            plans += policy.decode(policy.sample(samples - 1, gen).actions)
+    best: tuple[float, PipelinePlan | None] = (math.inf, None)
+    for p in plans:
+        try:
+            _, ev = env.evaluate(p, source="proposal")
+        except PlacementError:
+            continue
+        if not ev.oom and ev.step_time_s < best[0]:
+            best = (float(ev.step_time_s), p)
+    wall = time.perf_counter() - t0
+    return ExpertResult(best[1], best[0], env.num_samples - calls0, wall, best[0], math.nan, 0, best[0])

@@ -61,12 +61,13 @@ from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
 from ...candidate import pipeline_plan
+from .pretrain import load_weights, weights_hidden
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
 
-__all__ = ["PipelineRLConfig", "PipelineRL", "place_pipeline_rl", "SEED_PLANNERS"]
+__all__ = ["PipelineRLConfig", "PipelineRL", "place_pipeline_rl", "schedule_polish", "SEED_PLANNERS"]
 
 SEED_PLANNERS = ("pipedream-dp", "gpipe-uniform", "data-parallel")
 
@@ -81,7 +82,12 @@ class PipelineRLConfig:
     """Settings of the pipeline policy and its training."""
 
     hidden: int = 64
-    """hidden size of the op encoder and the heads."""
+    """hidden size of the op encoder and the heads (with ``weights``: the weights' own, from their .json)."""
+    weights: str | None = None
+    """pretrained network to start from (``autoplace/weights/pipeline_rl.pt``, made by
+    ``python -m autoplace.planners.learned.pipeline.pretrain``); None: a fresh network. Not the
+    default: on the held-out split the pretrained network did not beat a fresh one by a margin
+    that pays for loading it (benchmarks/results/learning.md)."""
     max_stages: int | None = None
     """most stages a plan may have (None: one per device, at most one per op)."""
     seeds: tuple[str, ...] = SEED_PLANNERS
@@ -203,8 +209,11 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     env = PlacementEnv(graph, cluster, cost, "pipeline", seeds=seeds, reference_s=reference)
     seed_time = time.perf_counter() - t0
 
+    hidden = cfg.hidden if cfg.weights is None else weights_hidden(cfg.weights)
     policy = PipelinePolicy(space, _op_features(graph, cluster, cost), device_features(space, cluster),
-                            summary_features(space, sim, cost), hidden=cfg.hidden, explore=cfg.explore, seed=seed)
+                            summary_features(space, sim, cost), hidden=hidden, explore=cfg.explore, seed=seed)
+    if cfg.weights is not None:
+        policy.load_shared(load_weights(cfg.weights))
     gen = torch.Generator().manual_seed(int(seed))
 
     # step 2: the untrained policy on its own
@@ -287,6 +296,14 @@ def _option_plans(graph: "OpGraph", cluster: Cluster, cost: "CostModel",
         if p.mode == "pipeline" and (p.shard or p.recompute or p.precision or p.reshard_after_forward):
             out.append((name, p))
     return out
+
+
+def schedule_polish(graph: "OpGraph", cluster: Cluster, plan: Placement, *, cost: "CostModel | None" = None) -> Placement:
+    """Step 6 on one plan alone: the schedule pass and the stage-options pass, the fastest result
+    (what pipeline-rl does to its answer; benchmarks apply it to the search control's too)."""
+    from autoplace.sim import simulator_for
+
+    return _polish(graph, cluster, simulator_for(graph, cluster, cost), plan, [])
 
 
 def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,

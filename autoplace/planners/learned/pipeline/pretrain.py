@@ -42,7 +42,7 @@ from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
 from autoplace.graph.features import node_features
 from autoplace.sim import simulator_for
 from ..adam import Adam
-from ..corpus import CorpusGraph, training_clusters, training_graphs
+from ..corpus import CorpusGraph, held_out_clusters, training_clusters, training_graphs
 from .policy import PipelinePolicy, device_features, summary_features
 from .search import pipeline_search
 from .space import PipelinePlan, PipelineSpace
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
 
 __all__ = ["PretrainConfig", "make_policy", "imitate", "pretrain", "pretraining_pairs", "large_cluster",
-           "load_weights", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
+           "load_weights", "weights_hidden", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
 
 WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "pipeline_rl.pt"
 """The shipped weights (their split and command in the ``.json`` beside them)."""
@@ -137,6 +137,15 @@ def load_weights(path: Path | str) -> dict[str, torch.Tensor]:
     return {str(k): v for k, v in state.items()}
 
 
+def weights_hidden(path: Path | str) -> int:
+    """The hidden size the weights at ``path`` were made with (from the .json beside them)."""
+    meta = Path(path).with_suffix(".json")
+    if not meta.exists():
+        raise FileNotFoundError(f"{meta} is missing: the pipeline weights' record (hidden size, split, command) "
+                                "is written beside them by python -m autoplace.planners.learned.pipeline.pretrain")
+    return int(json.loads(meta.read_text())["config"]["hidden"])
+
+
 def imitate(policies: list[PipelinePolicy], targets: list[tuple[torch.Tensor, ...]], params: list[torch.nn.Parameter],
             opt: Adam, *, steps: int = 1) -> float:
     """``steps`` Adam steps on ``params`` raising the mean over pairs of log pi(target) per
@@ -166,7 +175,9 @@ def pretraining_pairs(cfg: PretrainConfig, *, pipedream: str | Path | None = Non
     rng = np.random.default_rng(cfg.seed)
     graphs = [e for e in training_graphs(generated=cfg.generated, seed=cfg.seed, pipedream=pipedream)
               if e.family != "gpt2"]
-    clusters = training_clusters(seed=cfg.seed) + [large_cluster(LARGE_SEED0 + k) for k in range(8)]
+    held = {c.fingerprint for c in held_out_clusters()}
+    clusters = training_clusters(seed=cfg.seed) + [c for c in (large_cluster(LARGE_SEED0 + k) for k in range(8))
+                                                   if c.fingerprint not in held]
     return [(g, clusters[int(i)]) for g in graphs
             for i in rng.choice(len(clusters), size=cfg.clusters_per_graph, replace=False)]
 
