@@ -177,7 +177,7 @@ def build_schedule_runner(
     tp_pairs: Sequence[tuple[str, str]] = (),
     timeouts: Timeouts | float | None = None,
     predicted_step_s: float | None = None,
-    dp: int = 1,
+    dp: int | None = None,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -193,13 +193,20 @@ def build_schedule_runner(
     :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (heartbeat, gate and bounds of
     :mod:`autoplace.rewrite.liveness`). ``dp``: data-parallel replicas of every pipeline rank;
     the world is then a (pipeline ranks x dp) DeviceMesh ("pp", "dp"), global rank ``r x dp + j``
-    runs pipeline rank r's stages as replica j (see the module's docstring).
+    runs pipeline rank r's stages as replica j (see the module's docstring). None: what the stage
+    assignment implies, ``world / (tp x ranks)`` with ``ranks`` = its stages / ``virtual_stages``
+    (every stage has ops in a validated plan), else 1.
     """
     require_distributed()
     if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
         raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b with tp > 1; "
                             "with tp=1: autoplace.rewrite.build_pipeline_runner)")
     world = dist.get_world_size()
+    if dp is None:
+        used = max((int(s) for s in stage_of_fx.values()), default=0) + 1
+        n_ranks = used // max(virtual_stages, 1)
+        fits = used % max(virtual_stages, 1) == 0 and n_ranks >= 1 and tp >= 1 and world % (tp * n_ranks) == 0
+        dp = world // (tp * n_ranks) if fits else 1
     if tp < 1 or world % tp:
         raise PipelineError(f"tp={tp} does not divide the {world} processes: launch tp x pipeline ranks processes")
     if dp < 1 or world % (tp * dp):

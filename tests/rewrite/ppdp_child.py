@@ -32,7 +32,8 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     k = world // dp * case["v"]
     runner = build_schedule_runner(gm, pw.contiguous_stages(gm, k), example_inputs=(x,),
                                    microbatches=case["microbatches"], loss_fn=rm.loss_fn(name),
-                                   schedule=case["schedule"], virtual_stages=case["v"], dp=dp)
+                                   schedule=case["schedule"], virtual_stages=case["v"],
+                                   dp=None if case.get("infer") else dp)
     record = pw.train_and_record(runner, name, STEPS)
     record["replica"] = runner.replica
     torch.save(record, out / f"{case['id']}-rank{rank}.pt")

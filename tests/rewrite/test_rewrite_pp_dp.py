@@ -55,7 +55,8 @@ def _check(tmp_path: Path, world: int, cases: list[dict]) -> None:
 
 
 def _cases() -> list[dict]:
-    return [{"id": f"{m}-{s}-v{v}", "model": m, "schedule": s, "v": v, "microbatches": 4, "dp": 2}
+    # zbv: dp left to build_schedule_runner, which infers it from the stage assignment (2 x 2 stages, 4 ranks)
+    return [{"id": f"{m}-{s}-v{v}", "model": m, "schedule": s, "v": v, "microbatches": 4, "dp": 2, "infer": s == "zbv"}
             for m in MODELS for s, v in SCHEDULES]
 
 

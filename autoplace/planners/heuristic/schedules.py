@@ -18,9 +18,18 @@ Candidates, for a plan whose stages each run on one device (``P`` ranks):
   where they divide the batch (a deep pipeline's bubble shrinks with M / P).
 
 A plan whose stages are replicated (pipeline x data parallel, or plain data parallelism) keeps
-its own shape, and the shapes above are tried on an *unreplicated* pipeline over all of its
-devices (in its stage order, one device per rank: the multi-stage runner runs no replicas), the
-ops re-cut. Uniformly replicated multi-stage pipelines (pp x dp) are not built.
+its own shape, and the shapes above are tried
+
+- on an *unreplicated* pipeline over all of its devices (in its stage order, one device per
+  rank), the ops re-cut;
+- keeping replicas (pp x dp, as torchtitan composes them; :mod:`autoplace.sim.multistage`, run by
+  :mod:`autoplace.rewrite.schedules` with ``dp``): ``n / d`` ranks of ``d`` replicas each, for the
+  plan's own count ``d`` when every stage has it (with the plan's own stages and devices too)
+  and for every ``d`` dividing its ``n`` devices with at least two ranks, in two layouts of the
+  plan's device order: a rank's replicas side by side (``devs[i d: (i + 1) d]``: inside a host
+  when the hosts are contiguous) or strided (``devs[i + j n / d]``: each replica's pipeline
+  side by side, the replicas across hosts, as a ("dp", "pp") mesh). Micro-batches where
+  ``d x M`` divides the batch (the runtime's equal shares). The simulator says which is faster.
 
 Not offered (the runtime could not run them, or would change the model's arithmetic): any
 multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
@@ -92,16 +101,27 @@ def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
     return chunk
 
 
-def _microbatch_options(plan: Placement, graph: "OpGraph", ranks: int) -> list[int]:
+def _microbatch_options(plan: Placement, graph: "OpGraph", ranks: int, replicas: int = 1) -> list[int]:
     """The plan's micro-batches and, for a pipeline of ``ranks`` ranks, ``ranks``, ``2 x ranks``
-    and ``4 x ranks`` where they divide the batch (deep pipelines need M >= ranks for a small bubble)."""
+    and ``4 x ranks`` where they divide the batch (deep pipelines need M >= ranks for a small
+    bubble); with ``replicas`` per rank only those with ``replicas x M`` dividing the batch."""
     b = graph.batch_size
-    out = [plan.microbatches]
+    out = [plan.microbatches] if replicas == 1 or b % (plan.microbatches * replicas) == 0 else []
     for k in (1, 2, 4):
         m = ranks * k
-        if m <= b and b % m == 0 and m not in out:
+        if m * replicas <= b and b % (m * replicas) == 0 and m not in out:
             out.append(m)
     return out
+
+
+def replica_layouts(devs: Sequence[int], d: int) -> list[list[list[int]]]:
+    """The ways :func:`best_schedule` groups ``devs`` (in order) into ``len(devs) / d`` ranks of
+    ``d`` replicas: side by side, and strided (replica j of rank i is ``devs[i + j len / d]``)."""
+    n = len(devs)
+    ranks = n // d
+    side = [list(devs[i * d:(i + 1) * d]) for i in range(ranks)]
+    strided = [[devs[i + j * ranks] for j in range(d)] for i in range(ranks)]
+    return [side] if strided == side else [side, strided]
 
 
 def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None,
@@ -159,9 +179,12 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         except PlacementError:
             return None
 
-    def sweep(devs: list[int], cut_v1: np.ndarray | None, ms: Sequence[int], tp: int, label: str) -> None:
-        """Every multi-stage shape on ranks of ``tp`` consecutive devices of ``devs``."""
-        groups = [devs[i * tp:(i + 1) * tp] for i in range(len(devs) // tp)]
+    def sweep(devs: list[int], cut_v1: np.ndarray | None, ms: Sequence[int], tp: int, label: str,
+              ranks: Sequence[Sequence[int]] | None = None) -> None:
+        """Every multi-stage shape on ranks of ``tp`` consecutive devices of ``devs`` (or on
+        ``ranks``: each a rank's replicas)."""
+        groups = [list(g) for g in ranks] if ranks is not None else [devs[i * tp:(i + 1) * tp]
+                                                                      for i in range(len(devs) // tp)]
         n_ranks = len(groups)
         tf, tb = sim.op_times(ms[0])
         firsts = [g[0] for g in groups]
@@ -175,7 +198,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
             for schedule, v in shapes:
                 bad = schedule_problems(schedule, v, n_ranks, m)
                 if bad or n_ranks * v > graph.num_nodes:
-                    if m == ms[0] and tp == 1:
+                    if m == ms[0] and tp == 1 and ranks is None:
                         why = bad[0] if bad else f"{n_ranks * v} stages for {graph.num_nodes} ops"
                         notes.append(f"{schedule} with v={v}{label} not offered: {why}")
                     continue
@@ -215,9 +238,11 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
             label = " unreplicated"
             notes.append(f"stages replicated {[len(g) for g in plan.stage_devices]} times: the multi-stage "
                          f"schedules are tried on an unreplicated pipeline of its {len(devs)} devices (one "
-                         "device per rank: the multi-stage runner runs no replicas), ops re-cut")
+                         "device per rank, ops re-cut) and on ranks of d replicas (pp x dp, labelled dp=d)")
         ms = _microbatch_options(plan, graph, len(devs))
         sweep(devs, None if replicated else plan.stage_of_node, ms, 1, label)
+        if replicated:
+            _replicated_sweeps(plan, graph, devs, sweep)
         from autoplace.sim.tensor_parallel import linear_pairs
 
         hosts = cluster.hosts
@@ -242,6 +267,25 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                              planner=chosen.planner, meta=meta, virtual_stages=chosen.virtual_stages,
                              tp=chosen.tp, validate=False, **_options(chosen))
     return ScheduleChoice(out, tuple(tried), tuple(notes), tuple(offered))
+
+
+def _replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sweep: Callable[..., None]) -> None:
+    """pp x dp: the multi-stage shapes on ranks of ``d`` replicas (the module docstring's list)."""
+    assert plan.stage_devices is not None and plan.stage_of_node is not None
+    counts = {len(g) for g in plan.stage_devices}
+    n = len(devs)
+    own = next(iter(counts)) if len(counts) == 1 else 0
+    if own > 1 and len(plan.stage_devices) > 1:  # the plan's own stages and devices, its replicas kept
+        ms = _microbatch_options(plan, graph, len(plan.stage_devices), own)
+        sweep(devs, plan.stage_of_node, ms, 1, f" dp={own}", ranks=plan.stage_devices)
+    for d in range(2, n // 2 + 1):
+        if n % d:
+            continue
+        ms = _microbatch_options(plan, graph, n // d, d)
+        if not ms:
+            continue
+        for k, groups in enumerate(replica_layouts(devs, d)):
+            sweep(devs, None, ms, 1, f" dp={d}" + (" strided" if k else ""), ranks=groups)
 
 
 def _options(p: Placement) -> dict[str, Any]:
