@@ -221,6 +221,7 @@ def comparisons(rows: list[dict[str, Any]]) -> dict[str, Any]:
     cases = {(r["graph"], r["cluster"], r["mode"]) for r in rows}
     for p in (*MP, *PIPE):
         eq_t, eq_c, vs_full, pol = [], [], [], []
+        ends: list[tuple[float | None, float | None]] = []
         for case in sorted(cases):
             mine = [r for r in rows if (r["graph"], r["cluster"], r["mode"]) == case and r["planner"] == p]
             ctrl = [r for r in rows if (r["graph"], r["cluster"], r["mode"]) == case and r["planner"] == CONTROL[case[2]]]
@@ -230,12 +231,17 @@ def comparisons(rows: list[dict[str, Any]]) -> dict[str, Any]:
             end = at_calls(a, len(a))
             t_end = a[-1][0] if a else 0.0
             ct, cc, cf = at_time(b, t_end), at_calls(b, len(a)), at_calls(b, len(b))
+            ends.append((end, cf))
             if end is not None:
                 eq_t.append(end / ct if ct else None)
                 eq_c.append(end / cc if cc else None)
                 vs_full.append(end / cf if cf else None)
             if mine[0].get("polished") and ctrl[0].get("polished"):
                 pol.append(mine[0]["polished"] / ctrl[0]["polished"])
+        if p.startswith("zero-shot") and vs_full:  # with the heuristic seeds (1.0), as a planner returns
+            with_seeds = [min(end / cf, 1.0 / cf) if end is not None and cf else None for end, cf in ends]
+            out[p + "+seeds"] = {"equal_time": None, "equal_calls": None, "vs_control_full": gm(with_seeds),
+                                 "polished": None, "cases": len(with_seeds)}
         if eq_c:
             out[p] = {"equal_time": gm(eq_t), "equal_calls": gm(eq_c), "vs_control_full": gm(vs_full), "polished": gm(pol),
                       "cases": len(eq_c)}

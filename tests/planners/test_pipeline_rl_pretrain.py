@@ -80,3 +80,29 @@ def test_expert_iteration_never_worse_than_the_polish_of_its_first_proposal() ->
         assert res.step_time_s <= res.first_polish_s
         assert res.step_time_s <= res.first_proposal_s and res.calls <= 400
         assert res.rounds >= 1
+
+
+def test_pipeline_rl_plans_from_pretrained_weights(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from autoplace.planners.learned.pipeline.planner import PipelineRLConfig, place_pipeline_rl
+    from autoplace.planners.learned.pipeline.policy import PipelinePolicy
+
+    loaded: list[int] = []
+    original = PipelinePolicy.load_shared
+
+    def spy(self: PipelinePolicy, state: dict[str, torch.Tensor]) -> None:
+        loaded.append(len(state))
+        original(self, state)
+
+    monkeypatch.setattr(PipelinePolicy, "load_shared", spy)
+
+    pol = make_policy(GRAPH, CLUSTER, hidden=16, seed=3)
+    path = os.path.join(str(tmp_path), "w.pt")
+    torch.save(pol.shared_state(), path)
+    with open(path[:-3] + ".json", "w") as f:
+        json.dump({"config": {"hidden": 16}}, f)
+    cfg = PipelineRLConfig(prior_samples=8, imitation_steps=2, quick_samples=16, weights=path)
+    out = place_pipeline_rl(GRAPH, CLUSTER, config=cfg)
+    assert out.mode == "pipeline" and out.stage_devices
+    assert loaded == [len(pol.shared_state())]  # the planner's policy started from the weights
