@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -83,17 +83,19 @@ class ILSResult:
 
 
 def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generator, *,
-                    budget_s: float | None = None, max_evaluations: int | None = None) -> tuple[np.ndarray, float]:
+                    budget_s: float | None = None, max_evaluations: int | None = None,
+                    device: Callable[[np.ndarray], int] | None = None) -> tuple[np.ndarray, float]:
     """One ILS step from ``best``: move a random run of 2-16 consecutive ops to one random
-    device, refine those ops and their neighbours (<= 3 passes); returns the refined trial
-    and its step time (``inf`` when it does not fit)."""
+    device (or to ``device(run)``: a chooser given the run's op indices), refine those ops and
+    their neighbours (<= 3 passes); returns the refined trial and its step time (``inf`` when
+    it does not fit)."""
     graph = env.graph
     n, d = graph.num_nodes, env.cluster.num_devices
     length = int(rng.integers(2, 17))
     lo = int(rng.integers(0, max(n - length, 1)))
     run = np.arange(lo, min(lo + length, n))
     trial = best.copy()
-    trial[run] = int(rng.integers(d))
+    trial[run] = int(rng.integers(d)) if device is None else int(device(run))
     r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
                budget_s=budget_s, max_evaluations=max_evaluations)
     return r.device_of_node, r.step_time_s

@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(".cache/imitation"), help="targets, checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
     parser.add_argument("--time-limit-s", type=float, default=None, help="end this sitting after so many seconds")
+    parser.add_argument("--targets", type=Path, default=None, help="the targets file (default WORK/targets.jsonl)")
     for f in dataclasses.fields(ImitationConfig):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                             help=f"ImitationConfig.{f.name} (default {f.default!r})")
