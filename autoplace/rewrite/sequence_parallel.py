@@ -14,9 +14,11 @@ gradient all-gathered in backward), and a region value read outside it is all-ga
 (the norms' weights) see only the rank's tokens, so their gradients are summed over the group by
 a hook. The first block's input is computed whole (it comes before any row), as is everything
 before it. A size read of a region value (``x.size(1)`` for a reshape) is a reader outside the
-region: the value is gathered for it (right, at one more all-gather). Pipeline stages with SP are
-not built (the runner's stage boundaries carry whole sequences). Where this departs from the paper: the columns of one block each all-gather their
-input (torch's ``ColwiseParallel`` per module) instead of one all-gather per block.
+region: the value is gathered for it (right, at one more all-gather). In a pipeline each stage
+module is rewritten alone: its region starts at its own rows, and what leaves the stage is
+gathered whole (its boundary carries whole sequences; ``tests/rewrite/test_rewrite_sequence_parallel.py``
+runs 2 stages x TP 2 with SP). Where this departs from the paper: the columns of one block each
+all-gather their input (torch's ``ColwiseParallel`` per module) instead of one all-gather per block.
 """
 
 from __future__ import annotations
