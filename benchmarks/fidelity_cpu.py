@@ -83,12 +83,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoplace  # noqa: E402
-from autoplace import Cluster, CostModel, OpGraph, Placement  # noqa: E402
-from autoplace.cost.host import HostCostModel, host_cluster  # noqa: E402
+from autoplace import Cluster, OpGraph, Placement  # noqa: E402
 from autoplace.cost.profile import profile  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 from _timing import interleaved, load_average, spread  # noqa: E402
+from fidelity_cpu_predict import FIT_MODELS, fit_runtime, predict  # noqa: E402
 from fidelity_cpu_report import _loaded, _wait_for_quiet, notes, summary, table, write_markdown  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -99,9 +99,6 @@ MODELS: dict[str, dict[str, Any]] = {
     "gnmt4-unrolled": dict(small=True, hidden=96, seq_len=8, vocab_size=512, batch_size=16),
     "inception_v3": dict(small=True, batch_size=8),
 }
-FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
-"""the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
-(GNMT-4 unrolled, Inception-V3) are held out."""
 SKEW = 0.3
 STEPS_PER_ROUND = 3
 """steps of a plan per round, back to back (its time: the block's mean; its CPU: all but the first)."""
@@ -136,22 +133,6 @@ def plans_of(graph: OpGraph) -> dict[str, dict[str, Any]]:
         "1f1b M4": {"kind": "pipeline", "stage_of_node": even, "microbatches": 4, "schedule": "1f1b"},
         "1f1b M4 skewed": {"kind": "pipeline", "stage_of_node": skew, "microbatches": 4, "schedule": "1f1b"},
     }
-
-
-def placement(graph: OpGraph, plan: dict[str, Any], cluster: Cluster) -> Placement:
-    n = graph.num_nodes
-    kind = plan["kind"]
-    if kind == "eager":
-        return Placement.single(graph, cluster)
-    if kind == "accumulate":
-        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [0], microbatches=plan["microbatches"],
-                                  schedule="gpipe")
-    if kind == "model":
-        return Placement.from_assignment(graph, cluster, plan["stage_of_node"])
-    if kind == "ddp":
-        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [[0, 1]], microbatches=1)
-    return Placement.pipeline(graph, cluster, plan["stage_of_node"], [0, 1], microbatches=plan["microbatches"],
-                              schedule=plan["schedule"])
 
 
 # ---- the two processes ---------------------------------------------------------------------
@@ -297,55 +278,6 @@ def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
         return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
 
 
-def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, wall_terms: bool = True) -> HostCostModel:
-    """The cost model with every probed term (and the fitted per-action and per-step constants);
-    ``wall_terms=False`` leaves out the terms that are wall time outside the ranks' main-thread CPU
-    (shared cores: ``busy_message_s``, ``idle_message_s``, ``spin_share``, ``busy_allreduce_s``), for the per-rank
-    CPU comparison."""
-    w = 1.0 if wall_terms else 0.0
-    return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
-                         pipeline_step_s=probe.get("step_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),
-                         ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1],
-                         busy_message_s=w * probe.get("busy_message_s", 0.0),
-                         idle_message_s=w * probe.get("idle_message_s", 0.0),
-                         spin_share=w * probe.get("spin_share", 0.0),
-                         busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
-
-
-def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
-                corun: float, fit: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, Any]]:
-    """Simulated step seconds of every plan, before and after (see the module docstring)."""
-    one = Cluster.from_devices(["cpu"])
-    user_two = Cluster.from_devices(["cpu", "cpu"])
-    p2p_old = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"])
-    p2p = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"], corun=corun)
-    ring = host_cluster(2, latency_s=probe["allreduce_latency_s"], bandwidth=probe["allreduce_bandwidth"],
-                        corun=corun)
-    before_cost = CostModel(optimizer="adam")
-    after_cost = host_cost(probe, fit)
-    cpu_cost = host_cost(probe, fit, wall_terms=False)
-    out: dict[str, dict[str, Any]] = {}
-    for key, plan in plans.items():
-        kind = plan["kind"]
-        if kind in ("eager", "accumulate"):
-            cb = ca = one
-        elif kind == "model":
-            cb = ca = user_two  # what a user plans two targets on one CPU with
-        elif kind == "ddp":
-            cb, ca = p2p_old, ring
-        else:
-            cb, ca = p2p_old, p2p
-        before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb, cost=before_cost, timeline=False)
-        after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=after_cost, timeline=False)
-        cpu_only = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=cpu_cost, timeline=False)
-        # CPU seconds each rank's main thread computes: its ops and update (no waiting, none of the
-        # wall-time terms of shared cores)
-        out[key] = {"before_s": float(before.step_time_s), "after_s": float(after.step_time_s),
-                    "cpu_terms_only_s": float(cpu_only.step_time_s),
-                    "after_compute_s": [float(x) for x in cpu_only.compute_s]}
-    return out
-
-
 def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, probe: dict[str, Any] | None,
               probe_repeats: int, profile_repeats: int) -> dict[str, Any]:
     import torch.multiprocessing as mp
@@ -382,39 +314,6 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
     return {"model": name, "config": {k: v for k, v in wl.config.items()}, "ops": graph.num_nodes,
             "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
             "load": got["load"], "rows": rows, "_graphs": (old, graph, plans)}
-
-
-def predict(models: list[dict[str, Any]], fit: tuple[float, float]) -> None:
-    """Fill every row's predictions (before, after with ``fit``)."""
-    for m in models:
-        old, graph, plans = m["_graphs"]
-        pred = predictions(old, graph, plans, m["probe"], m["corun"], fit)
-        for r in m["rows"]:
-            p = pred[r["plan"]]
-            med = r["measured_s"]["median"]
-            r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
-                     cpu_terms_only_s=p["cpu_terms_only_s"],
-                     ratio_before=p["before_s"] / med, ratio_after=p["after_s"] / med)
-
-
-def fit_runtime(models: list[dict[str, Any]]) -> dict[str, Any]:
-    """Non-negative least squares of each rank's CPU seconds beyond its predicted compute
-    (probed terms included) over the pipeline plans of ``FIT_MODELS``: ``residual = a x actions
-    + b`` with ``a, b >= 0``, its actions ``2 M``. Returns a, b and the residuals."""
-    fit_x, fit_y = [], []
-    for m in models:
-        for r in m["rows"]:
-            if r["kind"] == "pipeline" and m["model"] in FIT_MODELS:
-                for k in range(2):
-                    fit_x.append([2 * r["microbatches"], 1.0])
-                    fit_y.append(r["cpu_s_per_rank"][k] - r["after_compute_s"][k])
-    if len(fit_y) < 2:
-        return {"action_s": 0.0, "step_s": 0.0, "rows": 0}
-    from scipy.optimize import nnls
-
-    (a, b), _ = nnls(np.array(fit_x), np.array(fit_y))  # a runtime adds time, never takes it away
-    return {"action_s": float(a), "step_s": float(b), "rows": len(fit_y), "fit_models": list(FIT_MODELS),
-            "residual_s": fit_y}
 
 
 def render(out: Path) -> None:
@@ -475,8 +374,11 @@ def main() -> None:
                 f"{r['cpu_s_per_rank'][1] * 1e3:.1f} pred compute {'/'.join(f'{x * 1e3:.1f}' for x in r['after_compute_s'])}")
     predict(res["models"], (0.0, 0.0))
     probed = {(r["model"], r["plan"]): (r["after_s"], r["ratio_after"]) for m in res["models"] for r in m["rows"]}
-    res["fit"] = fit_runtime(res["models"]) if not args.no_fit else {"action_s": 0.0, "step_s": 0.0, "rows": 0}
-    predict(res["models"], (res["fit"]["action_s"], res["fit"]["step_s"]))
+    none = {"action_s": 0.0, "step_s": 0.0, "rows": 0}
+    res["fit"] = fit_runtime(res["models"]) if not args.no_fit else none
+    res["fit_no_in_step"] = fit_runtime(res["models"], "no_in_step_compute_s") if not args.no_fit else none
+    predict(res["models"], (res["fit"]["action_s"], res["fit"]["step_s"]),
+            (res["fit_no_in_step"]["action_s"], res["fit_no_in_step"]["step_s"]))
     for m in res["models"]:
         del m["_graphs"]
         for r in m["rows"]:

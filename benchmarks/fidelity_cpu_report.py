@@ -78,7 +78,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["held_out"] = {"configs": len(held),
                        "within_15pct": int(sum(abs(r["ratio_after"] - 1) <= TARGET for r in held)),
                        "kendall_tau_all": kendall_tau([r["after_s"] for r in held], [med(r) for r in held])}
-    for which in ("before", "after"):
+    variants = ("before", "after") + (("no_in_step",) if multi and "ratio_no_in_step" in multi[0] else ())
+    for which in variants[2:]:  # an ablation: the held-out rows with and without the term
+        out["held_out"][which] = {
+            "within_15pct": int(sum(abs(r[f"ratio_{which}"] - 1) <= TARGET for r in held)),
+            "geomean_abs_log": float(np.exp(np.mean([abs(np.log(r[f"ratio_{which}"])) for r in held])) - 1),
+            "kendall_tau_all": kendall_tau([r[f"{which}_s"] for r in held], [med(r) for r in held])}
+    if held:
+        out["held_out"]["geomean_abs_log"] = float(np.exp(np.mean([abs(np.log(r["ratio_after"])) for r in held])) - 1)
+    for which in variants:
         ratios = np.array([r[f"ratio_{which}"] for r in multi])
         out[which] = {
             "within_15pct": int(np.sum(np.abs(ratios - 1) <= TARGET)),
@@ -162,7 +170,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
                        f"{', '.join(str(a['loaded_rows']) for a in m['attempts'])})"
                        for m in res["models"] if len(m.get("attempts", [])) > 1) or "none") + ".", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
-          f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "",
+          f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "", *in_step_lines(res),
           (f"Rows measured while other jobs took the cores (a main thread waited for a core more than {LOADED:.0%} of the "
            f"step; this run's own gloo threads make it wait a few percent too; see the wall-time table): {', '.join(s['quiet_rows']['loaded']) or 'none'}. The other "
            f"{s['quiet_rows']['configs']} multi-process rows: within 15% {s['quiet_rows']['within_15pct']}, Kendall tau "
@@ -181,7 +189,10 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
            + ", ".join(f"{r['bytes']:.0f} B {r['seconds'] * 1e6:.0f} us" for r in probe["allreduce"]) + ").",
            "- pipeline runtime per action (CPU): " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in
                                                                probe["action_overhead_s"].items())
-           + "; per step: " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in probe.get("step_overhead_s", {}).items()) + ".",
+           + "; per step: " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in probe.get("step_overhead_s", {}).items())
+           + "; per boundary tensor beyond the first, per action: "
+           + (", ".join(f"{k} {v * 1e6:.0f} us" for k, v in probe.get("tensor_overhead_s", {}).items()) or "not measured")
+           + ".",
            f"- DDP per step: {probe.get('ddp_s', {}).get('per_tensor_s', 0) * 1e6:.1f} us per parameter tensor + "
            f"{probe.get('ddp_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per gradient byte.",
            f"- the pipeline runtime's whole-batch BatchNorm over torch's: {probe.get('batchnorm_s', {}).get('per_call_s', 0) * 1e6:.0f} us "
@@ -209,6 +220,28 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
                   f"({upd.get('per_tensor_s', 0) * 1e6:.1f} us per tensor).")
     md += [""] + res.get("notes", []) + [""]
     path.write_text("\n".join(md))
+
+
+def in_step_lines(res: dict[str, Any]) -> list[str]:
+    """The ablation of the profiler's in-step passes (``autoplace.cost.profile``): the same profile
+    with its whole passes timed back to back and Adam timed alone, with its own fit."""
+    s = res["summary"]
+    if "no_in_step" not in s:
+        return []
+    a, n = s["after"], s["no_in_step"]
+    h, hn = s["held_out"], s["held_out"].get("no_in_step", {})
+    one = [r for m in res["models"] for r in m["rows"] if not r["multi_process"]]
+    fit = res.get("fit_no_in_step", {})
+    return [f"The in-step passes (the profiler times the whole forward and backward inside training steps, after "
+            f"Adam's update, instead of back to back; `autoplace/cost/profile.py`), kept because of the held-out rows: "
+            f"with the term / without it (the same profile with the back-to-back passes, its own fit: "
+            f"a = {fit.get('action_s', 0) * 1e6:.0f} us, b = {fit.get('step_s', 0) * 1e6:.0f} us): held out within 15% "
+            f"{h['within_15pct']} / {hn.get('within_15pct', 0)} of {h['configs']}, geometric-mean error "
+            f"{h.get('geomean_abs_log', float('nan')):.0%} / {hn.get('geomean_abs_log', float('nan')):.0%}, Kendall tau "
+            f"{h['kendall_tau_all']:.2f} / {hn.get('kendall_tau_all', float('nan')):.2f}; all multi-process rows within 15% "
+            f"{a['within_15pct']} / {n['within_15pct']}. One process (predicted / measured, with / without): "
+            + ", ".join(f"{r['model']} {r['plan']} {r['ratio_after']:.2f} / {r['ratio_no_in_step']:.2f}" for r in one)
+            + ".", ""]
 
 
 def notes(res: dict[str, Any]) -> list[str]:

@@ -20,6 +20,14 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     send/recv calls), and per step: measured per schedule by
     :func:`autoplace.cost.host_probe.action_overhead`; the pipeline simulator adds them to
     every stage of a plan of two stages or more (:meth:`HostCostModel.stage_overhead_s`).
+``pipeline_tensor``
+    CPU seconds each tensor crossing a stage boundary adds to every forward and backward action
+    of the stages that send and receive it, beyond the one tensor of the action probe
+    (``host_probe.action_overhead``, a boundary of 4 tensors against 1 with the same compute).
+    The tensors are the fx values that cross (:func:`tensors_per_boundary`). Source: GNMT-4
+    unrolled's even split sends 21 tensors each way per micro-batch (19 ``send`` calls per
+    micro-batch in cProfile of its GPipe M2 stage 0), and its ranks' CPU was 15% over the
+    predicted compute in ``benchmarks/fidelity_cpu.py`` where the one-tensor models' was not.
 ``batchnorm``
     the pipeline runtime's whole-batch BatchNorm (:mod:`autoplace.rewrite.batchnorm`) over
     torch's, per call, per input byte and per step (``host_probe.batchnorm_overhead``).
@@ -121,6 +129,9 @@ class HostCostModel(CostModel):
     of a stage (``autoplace.cost.host_probe.action_overhead``)."""
     pipeline_step_s: Mapping[str, float] = field(default_factory=dict)
     """per schedule, CPU seconds the pipeline runtime adds per step on each rank (the same probe)."""
+    pipeline_tensor_s: Mapping[str, float] = field(default_factory=dict)
+    """per schedule, CPU seconds each boundary tensor beyond the first adds to an action of a stage
+    that sends or receives it (``host_probe.action_overhead``'s ``per_tensor_s``)."""
     batchnorm_s: Mapping[str, float] = field(default_factory=dict)
     """the runtime's whole-batch BatchNorm over torch's, per call (``per_call_s``), per input byte
     (``per_byte_s``) and per step (``commit_s``) (``host_probe.batchnorm_overhead``)."""
@@ -156,6 +167,15 @@ class HostCostModel(CostModel):
             act = float(self.pipeline_action_s.get(schedule, 0.0)) + self.fitted_action_s
             fo += act
             bo += act
+            per_tensor = float(self.pipeline_tensor_s.get(schedule, 0.0))
+            if per_tensor:
+                crossing = tensors_per_boundary(graph, st, n_st)
+                handled = np.zeros(n_st)  # tensors a stage receives and sends per action
+                handled[1:] += crossing[:n_st - 1]
+                handled[:-1] += crossing[:n_st - 1]
+                extra = per_tensor * np.maximum(handled - 1, 0)  # the probe's action has one
+                fo += extra
+                bo += extra
             uo += float(self.pipeline_step_s.get(schedule, 0.0)) + self.fitted_step_s
             if self.batchnorm_s:
                 bn = np.array(["batchnorm" in k.lower() for k in graph.kinds])
@@ -271,13 +291,25 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
 
 
 def tensors_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:
-    """Per boundary ``s -> s + 1``, how many tensors cross it: the ops of stages <= s whose output
-    an op of a later stage reads (torch.distributed.pipelining sends each one as its own message)."""
+    """Per boundary ``s -> s + 1``, how many tensors cross it (torch.distributed.pipelining sends
+    each one as its own message): the fx values that an op of stages <= s produces and an op of a
+    later stage reads, from the profile's ``fx_values`` (:func:`autoplace.cost.profile.fx_values`);
+    without them (a graph not profiled by autoplace), the ops of stages <= s whose output a later
+    stage reads (an op that hands several values on counts once: GNMT-4 unrolled's even split
+    crosses 8 ops but 21 values)."""
     out = np.zeros(max(n_stages - 1, 1), dtype=int)
+    st = np.asarray(stage_of_node)
+    p = profile_terms(graph)
+    values = p.get("fx_values") if p is not None else None
+    if values:
+        src = np.array([v[0] for v in values])
+        last = np.array([max(st[d] for d in v[1]) for v in values])
+        for s in range(n_stages - 1):
+            out[s] = int(np.sum((st[src] <= s) & (last > s)))
+        return out
     if not graph.num_edges:
         return out
     src, dst = graph.edges[:, 0], graph.edges[:, 1]
-    st = np.asarray(stage_of_node)
     for s in range(n_stages - 1):
         cross = (st[src] <= s) & (st[dst] > s)
         out[s] = int(np.unique(src[cross]).size)

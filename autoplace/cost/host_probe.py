@@ -28,7 +28,10 @@ ever add time).
     slope of each rank's CPU seconds per step over micro-batches, halved, is what one forward or
     backward action costs the stage beyond its ops (torch.distributed.pipelining's schedule,
     the stage's input and output handling, the send/recv calls), per schedule; the rest at 2
-    micro-batches is the runtime's cost per step.
+    micro-batches is the runtime's cost per step. ``per_tensor_s``: the same slope for a
+    boundary of 4 tensors against 1 with the same compute (``Linear(8, 32)``, chunks, ``cat``,
+    ``Linear(32, 8)``), over the 3 extra tensors: each tensor is its own send and receive, its
+    own gradient, and its own input and output handling in the stage.
 ``ddp``
     CPU seconds ``DistributedDataParallel`` adds to a step (hooks, bucket copies, division),
     per parameter tensor and per gradient byte, and the seconds its broadcast of buffers before
@@ -92,6 +95,8 @@ class HostProbe:
     """per schedule: CPU seconds one forward or backward action of a stage adds."""
     step_overhead_s: dict[str, float] = field(default_factory=dict)
     """per schedule: CPU seconds a pipeline step adds per rank beyond its actions."""
+    tensor_overhead_s: dict[str, float] = field(default_factory=dict)
+    """per schedule: CPU seconds each boundary tensor beyond the first adds to an action."""
     ddp_s: dict[str, float] = field(default_factory=dict)
     """DDP's CPU seconds per step: per parameter tensor and per gradient byte."""
     batchnorm_s: dict[str, float] = field(default_factory=dict)
@@ -206,33 +211,65 @@ def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dic
     return {"alone_s": a, "together_s": t, "factor": t / a if a > 0 else 1.0}
 
 
-def action_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
-    """CPU seconds per forward or backward action that the pipeline runtime adds, per schedule."""
+class _Chunks(torch.nn.Module):
+    """``Linear(8, 32)``, its output in ``k`` chunks, ``cat``, ``Linear(32, 8)``: cut after the
+    chunks, ``k`` tensors cross the boundary for the same compute."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+        self.a = torch.nn.Linear(8, 32)
+        self.b = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.a(x).chunk(self.k, dim=1)
+        return self.b(torch.cat([parts[i] for i in range(self.k)], dim=1))
+
+
+def _per_action(rank: int, model: torch.nn.Module, first: str, schedule: str, repeats: int) -> dict[int, float]:
+    """Each rank's CPU seconds per step (lower quartile) of a 2-stage pipeline of ``model`` at 2
+    and 16 micro-batches, stage 1 from the op of fx node ``first`` on."""
     import torch.distributed as dist
 
     from ..graph.trace import trace_module
     from ..rewrite.runtime import build_pipeline_runner
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     x, y = torch.randn(16, 8), torch.randn(16, 8)
     traced = trace_module(model, (x,))
-    stage = {fx: int(op >= 1) for fx, op in traced.op_of_fx.items()}
+    cut = traced.op_of_fx[first]
+    stage = {fx: int(op >= cut) for fx, op in traced.op_of_fx.items()}
+    cpu = {}
+    for m in (2, 16):
+        runner = build_pipeline_runner(traced.gm, stage, example_inputs=(x,), microbatches=m,
+                                       loss_fn=torch.nn.functional.mse_loss, schedule=schedule)
+        ts = []
+        for k in range(repeats + 3):
+            dist.barrier()
+            c0 = time.thread_time()
+            runner.step(x, target=y)
+            if k >= 3:
+                ts.append(time.thread_time() - c0)
+        cpu[m] = low(ts)
+    return cpu
+
+
+def action_overhead(rank: int, *, repeats: int = 12, tensors: int = 4) -> dict[str, Any]:
+    """CPU seconds per forward or backward action that the pipeline runtime adds, per schedule
+    (two 8x8 linear layers, one tensor across the boundary), and per extra boundary tensor
+    (``per_tensor_s``: :class:`_Chunks` with ``tensors`` chunks against one, the same compute)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     out: dict[str, Any] = {}
     for schedule in ("gpipe", "1f1b"):
-        cpu = {}
-        for m in (2, 16):
-            runner = build_pipeline_runner(traced.gm, stage, example_inputs=(x,), microbatches=m,
-                                           loss_fn=torch.nn.functional.mse_loss, schedule=schedule)
-            ts = []
-            for k in range(repeats + 3):
-                dist.barrier()
-                c0 = time.thread_time()
-                runner.step(x, target=y)
-                if k >= 3:
-                    ts.append(time.thread_time() - c0)
-            cpu[m] = low(ts)
-        out[schedule] = {"cpu_s": cpu, "per_action_s": max((cpu[16] - cpu[2]) / (2 * 14), 0.0)}
+        cpu = _per_action(rank, model, "_1", schedule, repeats)
+        slope = {}
+        for k in (1, tensors):
+            torch.manual_seed(0)
+            c = _per_action(rank, _Chunks(k), "cat", schedule, repeats)
+            slope[k] = (c[16] - c[2]) / (2 * 14)
+        out[schedule] = {"cpu_s": cpu, "per_action_s": max((cpu[16] - cpu[2]) / (2 * 14), 0.0),
+                         "per_tensor_s": max((slope[tensors] - slope[1]) / (tensors - 1), 0.0),
+                         "chunks_per_action_s": slope}
     return out
 
 
@@ -344,9 +381,11 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     per_action = {s: float(np.mean([b["action"][s]["per_action_s"] for b in both])) for s in ("gpipe", "1f1b")}
     per_step = {s: float(np.mean([max(b["action"][s]["cpu_s"][2] - 4 * b["action"][s]["per_action_s"], 0.0)
                                   for b in both])) for s in ("gpipe", "1f1b")}
+    per_tensor = {s: float(np.mean([b["action"][s]["per_tensor_s"] for b in both])) for s in ("gpipe", "1f1b")}
     mean = lambda key, f: float(np.mean([b[key][f] for b in both]))  # noqa: E731
     return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_lat / 2, allreduce_bandwidth=ar_bw,
                      corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
+                     tensor_overhead_s=per_tensor,
                      ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s"),
                             "buffers_s": mean("ddp", "buffers_s")},
                      batchnorm_s={"per_call_s": mean("batchnorm", "per_call_s"),

@@ -47,6 +47,9 @@ Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``,
     per op, time at a fraction ``f`` of the batch is the line through the two measurements
     (small micro-batches on one CPU thread pay each op's dispatch and cache costs, which do
     not shrink with the batch).
+``fx_values``
+    every fx value one op reads from another (``[producing op, [reading ops]]``): what a pipeline
+    stage sends, one tensor per value, where the op graph's edges join several values into one.
 ``loss`` (when ``loss_fn`` and ``target`` are given)
     forward and backward of the loss on the model's output, at both batch sizes.
 ``update`` (``optimizer="adam"``)
@@ -81,7 +84,7 @@ from ..graph.ir import OpGraph
 from ..graph.trace import ExampleInputs, Traced, trace_module
 from .op_timing import TIMED, Clock, clock_of, fetch_attr, invoke, measure_ops, placeholders_on
 
-__all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "clock_of", "ProfileError"]
+__all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "clock_of", "fx_values", "ProfileError"]
 
 _FORMAT = "autoplace.profile/3"  # 3: whole passes timed inside training steps
 _Loss = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -312,6 +315,7 @@ def profile_traced(traced: Traced, example_inputs: ExampleInputs, *, device: str
     record: dict[str, Any] = {"format": _FORMAT, "key": key, "options": options, "hash": g.hash, "profiled_on": kind,
                               "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
                               "names": list(g.names), "batch_size": batch}
+    record["fx_values"] = fx_values(traced)
     record.update(_at_batch(traced, example_inputs, dev, int(warmup), int(repeats), how, normalize, loss, optimizer))
     if small is not None:
         small_inputs = _sliced(example_inputs, batch, small)
@@ -330,6 +334,21 @@ def profile_traced(traced: Traced, example_inputs: ExampleInputs, *, device: str
     tmp.write_text(json.dumps(record))
     tmp.replace(file)  # atomic: a concurrent reader sees the old file or the whole new one
     return _graph(g, record, kind)
+
+
+def fx_values(traced: Traced) -> list[list[Any]]:
+    """Every fx value that an op reads from another op, as ``[producing op, [reading ops]]``: a
+    pipeline stage sends each such value as its own tensor (one op of the graph may hand several
+    values to a later stage: GNMT's unrolled LSTM steps pass each step's hidden state)."""
+    out: list[list[Any]] = []
+    for n in traced.gm.graph.nodes:
+        if n.name not in traced.op_of_fx:
+            continue
+        src = traced.op_of_fx[n.name]
+        dst = sorted({traced.op_of_fx[u.name] for u in n.users if u.name in traced.op_of_fx} - {src})
+        if dst:
+            out.append([int(src), [int(d) for d in dst]])
+    return out
 
 
 def _small_batch(small_batch: int | str | None, batch: int) -> int | None:

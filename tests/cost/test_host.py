@@ -135,3 +135,28 @@ def test_spin_share_charges_the_union_of_the_waits() -> None:
     plan = Placement.pipeline(g, c, st.tolist(), [0, 1], microbatches=4, schedule="gpipe")
     assert autoplace.simulate(g, plan, c, cost=HostCostModel(spin_share=0.5), timeline=False).step_time_s > \
         autoplace.simulate(g, plan, c, cost=HostCostModel(), timeline=False).step_time_s
+
+
+def test_boundary_tensors_are_the_fx_values_that_cross() -> None:
+    """A traced op that hands several values on (chunks of one output) sends each as its own
+    tensor: the profile's fx_values count them where the op graph's edges count the op once; the
+    per-tensor CPU term charges every one beyond the first to both stages' actions."""
+    import torch
+
+    from autoplace.cost.host import tensors_per_boundary
+    from autoplace.cost.host_probe import _Chunks
+    from autoplace.cost.profile import fx_values
+    from autoplace.graph.trace import trace_module
+
+    traced = trace_module(_Chunks(4), (torch.randn(16, 8),))
+    g = traced.graph
+    st = (np.arange(g.num_nodes) >= traced.op_of_fx["cat"]).astype(int)
+    assert tensors_per_boundary(g, st, 2).tolist() == [1]  # edges: one producing op
+    meta = {"whole_s": {"fwd": MS, "bwd": MS}, "fx_values": fx_values(traced)}
+    gp = replace(g, meta={**g.meta, "profile": meta})
+    assert tensors_per_boundary(gp, st, 2).tolist() == [4]  # four chunks cross
+    cost = HostCostModel(pipeline_tensor_s={"1f1b": 1 * MS})
+    fo, bo, _ = cost.stage_overhead_s(gp, st, np.array([1, 1]), 4, "1f1b")
+    assert fo.tolist() == pytest.approx([3 * MS, 3 * MS]) and bo.tolist() == pytest.approx([3 * MS, 3 * MS])
+    fo, _, _ = cost.stage_overhead_s(g, st, np.array([1, 1]), 4, "1f1b")
+    assert fo.tolist() == [0.0, 0.0]  # one tensor: the action probe's own

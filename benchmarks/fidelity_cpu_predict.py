@@ -1,0 +1,158 @@
+"""The predictions of :mod:`fidelity_cpu`: every timed plan as a :class:`~autoplace.Placement`,
+simulated before (the profile as ``benchmarks/runtime.py`` had it) and after (the profiler and
+the host probe as they are now), the two runtime constants fitted on ``FIT_MODELS``' pipeline
+rows, and the ablation of the in-step passes (``no_in_step``: the same profile with its whole
+passes timed back to back instead of inside training steps, and Adam's step timed alone; see
+``autoplace.cost.profile``), with its own fit on the same rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import autoplace
+from autoplace import Cluster, CostModel, OpGraph, Placement
+from autoplace.cost.host import HostCostModel, host_cluster
+
+FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
+"""the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
+(GNMT-4 unrolled, Inception-V3) are held out."""
+
+
+def placement(graph: OpGraph, plan: dict[str, Any], cluster: Cluster) -> Placement:
+    n = graph.num_nodes
+    kind = plan["kind"]
+    if kind == "eager":
+        return Placement.single(graph, cluster)
+    if kind == "accumulate":
+        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [0], microbatches=plan["microbatches"],
+                                  schedule="gpipe")
+    if kind == "model":
+        return Placement.from_assignment(graph, cluster, plan["stage_of_node"])
+    if kind == "ddp":
+        return Placement.pipeline(graph, cluster, np.zeros(n, dtype=int), [[0, 1]], microbatches=1)
+    return Placement.pipeline(graph, cluster, plan["stage_of_node"], [0, 1], microbatches=plan["microbatches"],
+                              schedule=plan["schedule"])
+
+
+def without_in_step(graph: OpGraph) -> OpGraph:
+    """``graph`` as the profiler measured it before the in-step passes: every op's forward and
+    backward scaled to the whole passes timed back to back (``whole_s["isolated"]``, at both
+    batch sizes) and Adam's step timed alone (``update["alone_s"]``). The same measurement, so the
+    difference is the term alone, not another moment's noise."""
+    p = dict(graph.meta["profile"])
+
+    def scaled(part: dict[str, Any], f: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        w = part["whole_s"]
+        iso = w.get("isolated", {})
+        sf = iso.get("fwd", w["fwd"]) / w["fwd"] if w["fwd"] > 0 else 1.0
+        sb = iso.get("bwd", w["bwd"]) / w["bwd"] if w["bwd"] > 0 else 1.0
+        return f * sf, b * sb
+
+    fwd, bwd = scaled(p, np.nan_to_num(graph.fwd_time_s), np.nan_to_num(graph.bwd_time_s))
+    small = p.get("small")
+    if small and "fwd_time_s" in small:
+        sf, sb = scaled(small, np.asarray(small["fwd_time_s"]), np.asarray(small["bwd_time_s"]))
+        p["small"] = {**small, "fwd_time_s": sf.tolist(), "bwd_time_s": sb.tolist()}
+    upd = p.get("update")
+    if upd and upd.get("total_s", 0) > 0 and "alone_s" in upd:
+        k = upd["alone_s"] / upd["total_s"]
+        p["update"] = {**upd, "total_s": upd["alone_s"], "update_s": [u * k for u in upd["update_s"]]}
+    out = graph.with_times(fwd, bwd, profiled_on=graph.profiled_on or "cpu")
+    return out.replace(meta={**graph.meta, "profile": p})
+
+
+def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, wall_terms: bool = True) -> HostCostModel:
+    """The cost model with every probed term (and the fitted per-action and per-step constants);
+    ``wall_terms=False`` leaves out the terms that are wall time outside the ranks' main-thread CPU
+    (shared cores: ``busy_message_s``, ``idle_message_s``, ``spin_share``, ``busy_allreduce_s``), for the per-rank
+    CPU comparison."""
+    w = 1.0 if wall_terms else 0.0
+    return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
+                         pipeline_step_s=probe.get("step_overhead_s", {}),
+                         pipeline_tensor_s=probe.get("tensor_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),
+                         ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1],
+                         busy_message_s=w * probe.get("busy_message_s", 0.0),
+                         idle_message_s=w * probe.get("idle_message_s", 0.0),
+                         spin_share=w * probe.get("spin_share", 0.0),
+                         busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
+
+
+def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
+                corun: float, fit: tuple[float, float] = (0.0, 0.0),
+                fit_iso: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, Any]]:
+    """Simulated step seconds of every plan, before, after and after without the in-step passes
+    (``fit_iso``: its own fitted constants; see the module docstring)."""
+    iso = without_in_step(graph)
+    iso_cost, iso_cpu = host_cost(probe, fit_iso), host_cost(probe, fit_iso, wall_terms=False)
+    one = Cluster.from_devices(["cpu"])
+    user_two = Cluster.from_devices(["cpu", "cpu"])
+    p2p_old = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"])
+    p2p = host_cluster(2, latency_s=probe["latency_s"], bandwidth=probe["bandwidth"], corun=corun)
+    ring = host_cluster(2, latency_s=probe["allreduce_latency_s"], bandwidth=probe["allreduce_bandwidth"],
+                        corun=corun)
+    before_cost = CostModel(optimizer="adam")
+    after_cost = host_cost(probe, fit)
+    cpu_cost = host_cost(probe, fit, wall_terms=False)
+    out: dict[str, dict[str, Any]] = {}
+    for key, plan in plans.items():
+        kind = plan["kind"]
+        if kind in ("eager", "accumulate"):
+            cb = ca = one
+        elif kind == "model":
+            cb = ca = user_two  # what a user plans two targets on one CPU with
+        elif kind == "ddp":
+            cb, ca = p2p_old, ring
+        else:
+            cb, ca = p2p_old, p2p
+        before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb, cost=before_cost, timeline=False)
+        after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=after_cost, timeline=False)
+        cpu_only = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=cpu_cost, timeline=False)
+        # CPU seconds each rank's main thread computes: its ops and update (no waiting, none of the
+        # wall-time terms of shared cores)
+        no_in = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=iso_cost, timeline=False)
+        no_in_cpu = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=iso_cpu, timeline=False)
+        out[key] = {"before_s": float(before.step_time_s), "after_s": float(after.step_time_s),
+                    "cpu_terms_only_s": float(cpu_only.step_time_s),
+                    "after_compute_s": [float(x) for x in cpu_only.compute_s],
+                    "no_in_step_s": float(no_in.step_time_s),
+                    "no_in_step_compute_s": [float(x) for x in no_in_cpu.compute_s]}
+    return out
+
+
+def predict(models: list[dict[str, Any]], fit: tuple[float, float],
+            fit_iso: tuple[float, float] = (0.0, 0.0)) -> None:
+    """Fill every row's predictions (before, after with ``fit``, without the in-step passes with
+    ``fit_iso``)."""
+    for m in models:
+        old, graph, plans = m["_graphs"]
+        pred = predictions(old, graph, plans, m["probe"], m["corun"], fit, fit_iso)
+        for r in m["rows"]:
+            p = pred[r["plan"]]
+            med = r["measured_s"]["median"]
+            r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
+                     cpu_terms_only_s=p["cpu_terms_only_s"], no_in_step_s=p["no_in_step_s"],
+                     no_in_step_compute_s=p["no_in_step_compute_s"],
+                     ratio_before=p["before_s"] / med, ratio_after=p["after_s"] / med,
+                     ratio_no_in_step=p["no_in_step_s"] / med)
+
+
+def fit_runtime(models: list[dict[str, Any]], compute: str = "after_compute_s") -> dict[str, Any]:
+    """Non-negative least squares of each rank's CPU seconds beyond its predicted compute
+    (probed terms included) over the pipeline plans of ``FIT_MODELS``: ``residual = a x actions
+    + b`` with ``a, b >= 0``, its actions ``2 M``. Returns a, b and the residuals."""
+    fit_x, fit_y = [], []
+    for m in models:
+        for r in m["rows"]:
+            if r["kind"] == "pipeline" and m["model"] in FIT_MODELS:
+                for k in range(2):
+                    fit_x.append([2 * r["microbatches"], 1.0])
+                    fit_y.append(r["cpu_s_per_rank"][k] - r[compute][k])
+    if len(fit_y) < 2:
+        return {"action_s": 0.0, "step_s": 0.0, "rows": 0}
+    from scipy.optimize import nnls
+
+    (a, b), _ = nnls(np.array(fit_x), np.array(fit_y))  # a runtime adds time, never takes it away
+    return {"action_s": float(a), "step_s": float(b), "rows": len(fit_y), "fit_models": list(FIT_MODELS),
+            "residual_s": fit_y}
