@@ -175,6 +175,19 @@ def test_fine_tuning_reports_the_policy_apart_from_refine() -> None:
     assert "refine" not in off and off["policy_step_time_s"] == m["policy_step_time_s"]
 
 
+def test_expert_fine_tuning_is_the_planners_path_behind_its_flag() -> None:
+    graph, cluster = branchy(60, seed=12), Cluster.preset("2xA100+2xT4")
+    cfg = MarsConfig(expert=True)
+    p = MarsPlanner(cfg).place(graph, cluster, seed=1, max_samples=1000)
+    q = MarsPlanner(cfg).place(graph, cluster, seed=1, max_samples=1000)
+    np.testing.assert_array_equal(p.device_of_node, q.device_of_node)
+    m = p.meta
+    returned = simulator_for(graph, cluster).evaluate(p.device_of_node).step_time_s
+    assert "expert" in m and "refine" not in m and m["updates"] >= 1
+    assert returned <= min(m["expert"]["first_polish_s"], m["reference_s"]) * (1 + 1e-12)
+    assert 1000 <= m["samples"] <= 1000 + cfg.expert_config.samples_per_round + cluster.num_devices
+
+
 def test_never_worse_than_the_heuristics_it_was_seeded_with() -> None:
     graph, cluster = branchy(80, seed=2), Cluster.preset("2xA100+2xT4")
     placement = MarsPlanner().place(graph, cluster, seed=0)

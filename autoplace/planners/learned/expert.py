@@ -19,7 +19,7 @@ the apprentice itself guides). Here the expert is the local search of
             uniform random device
         PPO update on S (reward -log(step / best heuristic)), if `ppo`
         imitation_steps Adam steps on -mean_i log p(incumbent_i | incumbent_<i)
-            (:func:`autoplace.planners.learned.imitation.imitation_loss`)
+            (:func:`imitation_loss`, also the offline pretraining's: :mod:`autoplace.planners.learned.imitation`)
 
 Every evaluation goes through one :class:`PlacementEnv`, so the result is the best placement
 that fits among the seeds, the samples and the search's trials: never worse than the
@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from .ils import kick_and_refine
-from .imitation import imitation_loss
+from .mars.decoder import MASK
 from .ppo import PPOConfig, PPOUpdate
 from .refine import neighbourhood, refine
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from .env import PlacementEnv
     from .mars.planner import MarsPolicy
 
-__all__ = ["ExpertConfig", "ExpertResult", "expert_iteration"]
+__all__ = ["ExpertConfig", "ExpertResult", "expert_iteration", "imitation_loss"]
 
 
 def _default_ppo() -> PPOConfig:
@@ -103,6 +104,18 @@ class ExpertResult:
     history: tuple[tuple[int, float, float], ...]
     """(samples, wall s, best step time) after each round."""
     wall_s: float
+
+
+def imitation_loss(policy: MarsPolicy, targets: Tensor) -> Tensor:
+    """Mean negative log-likelihood per op of the placements ``targets`` (m, N) under
+    ``policy`` with teacher forcing; ops whose target device the decoder masks are left out
+    (see the module doc)."""
+    logp = policy.step_log_probs(targets)  # (m, N, D)
+    chosen = logp.gather(2, targets.unsqueeze(2)).squeeze(2)  # (m, N)
+    keep = chosen.detach() > MASK / 2
+    if not bool(keep.any()):
+        return chosen.sum() * 0.0
+    return -(chosen * keep).sum() / keep.sum()
 
 
 def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertConfig = ExpertConfig(), *,

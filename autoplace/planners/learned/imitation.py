@@ -45,10 +45,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from .corpus import describe_split, training_clusters, training_graphs
-from .mars.decoder import MASK
+from .expert import imitation_loss
 from .mars.planner import MarsNet, MarsPolicy, load_net, new_net, save_net
 
 __all__ = ["ImitationConfig", "imitation_loss", "canonical_target", "imitate", "main"]
@@ -92,18 +91,6 @@ class ImitationConfig:
                 raise ValueError(f"ImitationConfig.{name} is {getattr(self, name)}; it must be >= 1")
         if not self.lr > 0:
             raise ValueError(f"ImitationConfig.lr is {self.lr}; it must be > 0")
-
-
-def imitation_loss(policy: MarsPolicy, targets: Tensor) -> Tensor:
-    """Mean negative log-likelihood per op of the placements ``targets`` (m, N) under
-    ``policy`` with teacher forcing; ops whose target device the decoder masks are left out
-    (see the module doc)."""
-    logp = policy.step_log_probs(targets)  # (m, N, D)
-    chosen = logp.gather(2, targets.unsqueeze(2)).squeeze(2)  # (m, N)
-    keep = chosen.detach() > MASK / 2
-    if not bool(keep.any()):
-        return chosen.sum() * 0.0
-    return -(chosen * keep).sum() / keep.sum()
 
 
 def canonical_target(device_of_node: np.ndarray, cluster: Any, sim: Any) -> np.ndarray:

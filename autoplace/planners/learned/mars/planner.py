@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
+from ..expert import ExpertConfig, expert_iteration
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport, LearnedRun
 
@@ -344,6 +345,11 @@ class MarsConfig:
     with ``budget_s=None`` it turns zero-shot placement into fine-tuning."""
     progress: bool = False
     """show fine-tuning progress."""
+    expert: bool = False
+    """fine-tune by expert iteration (:mod:`autoplace.planners.learned.expert`: the policy proposes,
+    the search polishes, the policy learns from it) instead of PPO then ``refine``."""
+    expert_config: ExpertConfig = field(default_factory=ExpertConfig)
+    """expert iteration's settings (with ``expert``)."""
 
     def __post_init__(self) -> None:
         if self.zero_shot_samples < 1:
@@ -416,6 +422,12 @@ class MarsPlanner:
             fits = [e.step_time_s for e in evs if not e.oom]
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
             meta["policy_s"] = time.perf_counter() - t_policy
+        elif cfg.expert:
+            left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+            ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
+            meta.update(best_sample_step_time_s=ex.policy_step_time_s, updates=ex.rounds, history=list(ex.history),
+                        tuned_weights=str(keep_tuned(net)), expert={"first_polish_s": ex.first_polish_s})
+            train_s, meta["policy_step_time_s"] = ex.wall_s, min(greedy_fit, ex.policy_step_time_s)
         else:
             from ..refine import refine
 
@@ -440,7 +452,7 @@ class MarsPlanner:
         meta["seed_s"] = t_policy - t_seed
         meta["total_s"] = time.perf_counter() - t0
         details: dict[str, Any] = {k: meta[k] for k in ("weights", "greedy_step_time_s", "greedy_oom", "best_sample_step_time_s",
-                                        "refine", "total_s") if k in meta}
+                                        "refine", "expert", "total_s") if k in meta}
         meta[REPORT_KEY] = LearnedReport.of_env(
             self.name, env, updates=meta.get("updates", 0), policy_step_time_s=meta["policy_step_time_s"],
             seed_s=meta["seed_s"], train_s=train_s, history=meta.get("history", []), details=details).to_dict()
