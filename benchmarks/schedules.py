@@ -15,7 +15,8 @@ Per (workload, cluster), three plans and each with its best schedule:
 ``+sched`` is ``best_schedule`` of that plan: the fastest of the plan's own schedule and every
 runnable alternative (virtual stages 2-4 on a balanced re-cut, zero bubble, ZBV, DualPipeV,
 and tensor-parallel groups of 2, 4 or 8 devices inside a host with the stages re-cut).
-Speedups are step-time ratios. The issue's target: 1.3x over PipeDream's planner on deep
+``+sched`` also tries each plan's devices as ranks of d data-parallel replicas (pp x dp with
+the multi-stage schedules, shown as ``pp=P dp=D``). Speedups are step-time ratios. The issue's target: 1.3x over PipeDream's planner on deep
 pipelines (8 and 16 stages) and on multi-host 25 GbE; the summary says whether it is met.
 Simulated only: the numbers are the simulator's (autoplace.sim), not measurements.
 """
@@ -70,6 +71,14 @@ def _deep(g: Any, c: Cluster, sim: Simulator) -> Placement:
                               planner="deep-1f1b")
 
 
+def _shape(p: Placement) -> str:
+    """``schedule v=V`` with `` tp=T`` and `` pp=P dp=D`` (P ranks of D replicas) where they apply."""
+    sizes = sorted({len(g) for g in p.stage_devices or ()})
+    reps = (f" pp={p.num_stages} dp={sizes[0] // p.tp}" if len(sizes) == 1 and sizes[0] > p.tp
+            else "" if sizes == [p.tp] else f" replicas {[len(g) for g in p.stage_devices or ()]}")
+    return f"{p.schedule} v={p.virtual_stages}" + (f" tp={p.tp}" if p.tp > 1 else "") + reps
+
+
 def run_one(workload: str, cname: str) -> dict[str, Any]:
     g = _load(workload)
     c = Cluster.preset(cname)
@@ -92,8 +101,7 @@ def run_one(workload: str, cname: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         ch = best_schedule(g, c, p, sim=sim)
         row[f"{name}+sched"] = _step(sim, ch.placement)
-        row[f"{name}+sched_choice"] = (f"{ch.placement.schedule} v={ch.placement.virtual_stages}"
-                                       + (f" tp={ch.placement.tp}" if ch.placement.tp > 1 else ""))
+        row[f"{name}+sched_choice"] = _shape(ch.placement)
         row[f"{name}+sched_s"] = time.perf_counter() - t0
         row[f"{name}_desc"] = f"{p.num_stages} stages, M={p.microbatches}, {p.schedule}"
         row[f"{name}+sched_notes"] = list(ch.notes)

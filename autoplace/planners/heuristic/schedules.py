@@ -18,18 +18,17 @@ Candidates, for a plan whose stages each run on one device (``P`` ranks):
   where they divide the batch (a deep pipeline's bubble shrinks with M / P).
 
 A plan whose stages are replicated (pipeline x data parallel, or plain data parallelism) keeps
-its own shape, and the shapes above are tried
-
-- on an *unreplicated* pipeline over all of its devices (in its stage order, one device per
-  rank), the ops re-cut;
-- keeping replicas (pp x dp, as torchtitan composes them; :mod:`autoplace.sim.multistage`, run by
-  :mod:`autoplace.rewrite.schedules` with ``dp``): ``n / d`` ranks of ``d`` replicas each, for the
-  plan's own count ``d`` when every stage has it (with the plan's own stages and devices too)
-  and for every ``d`` dividing its ``n`` devices with at least two ranks, in two layouts of the
-  plan's device order: a rank's replicas side by side (``devs[i d: (i + 1) d]``: inside a host
-  when the hosts are contiguous) or strided (``devs[i + j n / d]``: each replica's pipeline
-  side by side, the replicas across hosts, as a ("dp", "pp") mesh). Micro-batches where
-  ``d x M`` divides the batch (the runtime's equal shares). The simulator says which is faster.
+its own shape, and the shapes above are tried on an *unreplicated* pipeline over all of its
+devices (in its stage order, one device per rank), the ops re-cut. Every plan (replicated or
+not) also gets them on ranks of replicas (pp x dp, as torchtitan composes them;
+:mod:`autoplace.sim.multistage`, run by :mod:`autoplace.rewrite.schedules` with ``dp``):
+``n / d`` ranks of ``d`` replicas each, for the plan's own count ``d`` when every stage has it
+(with the plan's own stages and devices too) and for every ``d`` dividing its ``n`` devices
+with at least two ranks, in two layouts of the plan's device order: a rank's replicas side by
+side (``devs[i d: (i + 1) d]``: inside a host when the hosts are contiguous) or strided
+(``devs[i + j n / d]``: each replica's pipeline side by side, the replicas across hosts, as a
+("dp", "pp") mesh). Micro-batches where ``d x M`` divides the batch (the runtime's equal
+shares). The simulator says which is faster.
 
 Not offered (the runtime could not run them, or would change the model's arithmetic): any
 multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
@@ -241,8 +240,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                          "device per rank, ops re-cut) and on ranks of d replicas (pp x dp, labelled dp=d)")
         ms = _microbatch_options(plan, graph, len(devs))
         sweep(devs, None if replicated else plan.stage_of_node, ms, 1, label)
-        if replicated:
-            _replicated_sweeps(plan, graph, devs, sweep)
+        _replicated_sweeps(plan, graph, devs, sweep)
         from autoplace.sim.tensor_parallel import linear_pairs
 
         hosts = cluster.hosts
