@@ -6,6 +6,7 @@ what the TP plan needs with and without SP."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -84,3 +85,19 @@ def test_sp_is_not_chosen_when_the_plain_plan_fits_as_fast(long_llama: OpGraph) 
     for p in (p for p in choice.offered if p.tp == 2):  # SP is never faster in the simulator here
         assert not sp_choice(sim, p)[0].sequence_parallel
     assert sp_variant(next(p for p in choice.offered if p.tp == 1)) is None  # tp=1: nothing to try
+
+
+def test_stage_options_pass_sets_sp_on_a_tp_plan_that_fits_only_with_it(long_llama: OpGraph) -> None:
+    from autoplace.planners.heuristic.stage_options import polish_stage_options
+
+    c = Cluster.preset("8xV100-nvlink")
+    plain_need, sp_need = _tp_needs(long_llama, c)
+    tight = with_memory(c, (sp_need + plain_need) / 2)
+    sim = simulator_for(long_llama, tight)
+    choice, _ = _pass(long_llama, tight)
+    tp = min((p for p in choice.offered if p.tp == 2), key=lambda p: sim.run(p, timeline=False).step_time_s)
+    got = polish_stage_options(long_llama, tight, tp)
+    assert got.sequence_parallel and not sim.run(got, timeline=False).oom
+    assert got.meta["stage_options"]["variant"] == "sequence parallel"
+    roomy = polish_stage_options(long_llama, c, dataclasses.replace(tp, cluster_fingerprint=c.fingerprint))
+    assert not roomy.sequence_parallel  # fits as fast without SP: kept as it is

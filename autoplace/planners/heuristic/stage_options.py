@@ -49,6 +49,7 @@ from autoplace.placement import Placement
 from autoplace.rewrite.fsdp import runtime_problems
 from .. import budget as _budget
 from ..judge import Choice, Judge
+from .sequence_parallel import sp_choice
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -223,10 +224,17 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
     """``plan`` with the shard kind, recompute, reshard_after_forward and precision per stage
     that give the fastest simulated step that fits, over ``plan``'s micro-batch count and
     :func:`microbatch_counts`; ``plan`` itself when no variant beats it (or it is not a GPipe
-    or 1F1B pipeline). The answer records ``meta["stage_options"]``: variants simulated, the
-    step time before, the variant chosen."""
+    or 1F1B pipeline). A tensor-parallel plan's one option is sequence parallelism
+    (:func:`~.sequence_parallel.sp_choice`). The answer records ``meta["stage_options"]``:
+    variants simulated, the step time before, the variant chosen."""
     from autoplace.sim import simulator_for
 
+    if plan.mode == "pipeline" and plan.tp > 1 and not plan.sequence_parallel:  # a TP plan's one option: SP
+        chosen, step = sp_choice(simulator_for(graph, cluster, cost), plan)
+        if chosen is plan:
+            return plan
+        return dataclasses.replace(chosen, meta=dict(plan.meta, predicted_step_time_s=step,
+                                                     stage_options={"variants": 1, "variant": "sequence parallel"}))
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None \
             or plan.schedule not in SCHEDULES or plan.virtual_stages != 1 or plan.tp != 1:
         return plan
