@@ -66,7 +66,7 @@ def plan_summary(plan: "Placement") -> str:
     (replica counts per stage when they differ), ``"model parallel on 3 devices"``."""
     if plan.mode != "pipeline" or plan.stage_devices is None:
         return f"model parallel on {len(plan.devices_used())} device{'s' if len(plan.devices_used()) != 1 else ''}"
-    reps = [len(s) for s in plan.stage_devices]
+    reps = [len(s) // plan.tp for s in plan.stage_devices]  # a stage's devices are replicas x its TP group
     n = len(reps)
     rep = f"{reps[0]} replica{'s' if reps[0] != 1 else ''}" if len(set(reps)) == 1 else f"{reps} replicas"
     out = f"{n} stage{'s' if n != 1 else ''} x {rep}, M={plan.microbatches}, {plan.schedule}"
