@@ -28,9 +28,9 @@ anything else. gpipe and 1f1b with ``tp > 1`` run here too.
 Replicated ranks (pp x dp, as torchtitan composes them): every rank may be ``d`` data-parallel
 replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` devices, replica ``j``
 on ``[j tp, (j + 1) tp)``, so replica ``j`` of every rank forms pipeline ``j``). Each replica
-runs ``B / (M d)`` samples per micro-batch (op times at ``batch_fraction = 1/(M d)``); replica
-``j`` of rank r sends to replica ``j`` of rank r + 1 (transfers of ``bytes / (M d)`` in
-parallel: the slowest of the d pairs' links). Each stage's gradients are averaged over its
+runs ``B / (M d)`` samples per micro-batch (op times at ``batch_fraction = 1/(M d)``, each
+op on its slowest replica's device); replica ``j`` of rank r sends to replica ``j`` of rank
+r + 1 (transfers of ``bytes / (M d)`` in parallel: the slowest of the d pairs' links). Each stage's gradients are averaged over its
 rank's replicas once per step, as the runtime does it (:mod:`autoplace.rewrite.stage_replicas`),
 in DDP buckets (:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group,
 the network when the replicas span hosts), and the rank waits for them before its next action
@@ -84,14 +84,24 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
 
 def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
               tp_groups: Sequence[Sequence[int]] | None, *, sequence_parallel: bool,
+              replicas: Sequence[Sequence[int]] | None = None,
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
-    every op on its stage's device (TP pairs scaled by 1/tp), and (K,) each stage's TP collectives."""
+    every op on its stage's device (TP pairs scaled by 1/tp), and (K,) each stage's TP collectives.
+    ``replicas``: each stage's replicas' devices; an op then takes its slowest replica's time."""
     k = dev_of_stage.shape[0]
     tf, tb = sim.op_times(int(microbatches))
     dev = dev_of_stage[st]
     rows = np.arange(st.shape[0])
     f_op, b_op, u_op = tf[rows, dev], tb[rows, dev], sim.upd[rows, dev]
+    if replicas is not None:
+        for s in range(k):
+            devs = np.asarray(replicas[s], dtype=np.int64)
+            ops = np.nonzero(st == s)[0]
+            if len(devs) > 1 and ops.size:
+                f_op[ops] = tf[np.ix_(ops, devs)].max(axis=1)
+                b_op[ops] = tb[np.ix_(ops, devs)].max(axis=1)
+                u_op[ops] = sim.upd[np.ix_(ops, devs)].max(axis=1)
     w_op = b_op * weight_fraction(sim.graph.param_bytes)
     p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
     ar = np.zeros(k)
@@ -204,7 +214,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     dev_of_stage = dev_rank[rank_of]
     f_op, b_op, w_op, u_op, p_op, tp_ar = _op_times(sim, st, dev_of_stage, parts,
                                                     [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
-                                                    sequence_parallel=sequence_parallel)
+                                                    sequence_parallel=sequence_parallel,
+                                                    replicas=[groups[r][::t_deg] for r in rank_of] if d > 1 else None)
     f, b = np.bincount(st, f_op, minlength=k) + tp_ar / 2, np.bincount(st, b_op, minlength=k) + tp_ar / 2
     w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
                      np.bincount(st, p_op, minlength=k))

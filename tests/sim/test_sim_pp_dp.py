@@ -118,3 +118,22 @@ def test_ddp_overlaps_the_last_backward_and_a_split_backward_reduces_after_it() 
         steps[schedule] = autoplace.simulate(g, p, c).step_time_s
     assert steps["looped-bfs"] == pytest.approx(8 * MS + 2 * ring + upd, rel=1e-12)
     assert steps["zb-h1"] == pytest.approx(12 * MS + 2 * ring + upd, rel=1e-12)
+
+
+def test_a_rank_runs_at_its_slowest_replica() -> None:
+    # the same plan with one replica of rank 0 made 3x slower (time_factor) runs rank 0's actions 3x
+    # longer: as if the whole rank were on the slow device
+    g = _chain(4)
+    fast = cluster(4)
+    devs = [Device(f"cuda:{i}", KIND, 1e12, 1e12, 16 * 2**30, launch_overhead_s=0.0, time_factor=3.0 if i == 2 else 1.0)
+            for i in range(4)]
+    mixed = Cluster.from_links(devs, lambda i, j: Link("toy-link", 1e9, 0.0))
+    slow_all = Cluster.from_links([Device(f"cuda:{i}", KIND, 1e12, 1e12, 16 * 2**30, launch_overhead_s=0.0,
+                                          time_factor=3.0 if i in (0, 2) else 1.0) for i in range(4)],
+                                  lambda i, j: Link("toy-link", 1e9, 0.0))
+    shape = dict(microbatches=4, schedule="interleaved-1f1b", virtual_stages=2)
+    rep = Placement.pipeline(g, fast, [0, 1, 2, 3], [[0, 2], [1, 3]], **shape)  # type: ignore[arg-type]
+    r_mixed = autoplace.simulate(g, rep, mixed)
+    r_slow = autoplace.simulate(g, rep, slow_all)
+    assert r_mixed.step_time_s == pytest.approx(r_slow.step_time_s, rel=1e-12)
+    assert r_mixed.step_time_s > autoplace.simulate(g, rep, fast).step_time_s
