@@ -130,7 +130,8 @@ def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
         raise ExportError(f"the plan has tp={plan.tp} without sequence parallelism; torchtitan's tensor parallelism "
                           "always runs the norms on sequence shards (SequenceParallel): re-plan with "
                           "sequence_parallel=True, or run this plan with autoplace")
-    replicate, shard = _shape(plan, cluster, opts) if plan.tp == 1 else (1, 1)  # a TP plan's stage is its TP group
+    # a TP plan's stage is its replicas x its TP group (the replicas data parallel, ddp)
+    replicate, shard = _shape(plan, cluster, opts) if plan.tp == 1 else (len(plan.stage_devices[0]) // plan.tp, 1)
     dp = replicate * shard
     pp = plan.num_stages
     batch = graph.batch_size if graph is not None else plan.meta.get("batch_size")

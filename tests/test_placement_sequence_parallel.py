@@ -71,3 +71,14 @@ def test_simulator_reads_it(gpt2: OpGraph) -> None:
         ev = sim.evaluate_pipeline(np.zeros(gpt2.num_nodes, int), [list(range(t))], 1, tp=t, sequence_parallel=True)
         assert ev.step_time_s == sp.step_time_s and np.array_equal(ev.peak_memory_bytes, sp.peak_memory_bytes)
 
+
+
+def test_torchtitan_export(gpt2: OpGraph) -> None:
+    from autoplace.export import ExportError, to_torchtitan
+
+    c = Cluster.preset("8xV100-nvlink")
+    par = to_torchtitan(_tp(gpt2, c, 4, True), gpt2)["parallelism"]
+    assert (par["tensor_parallel_degree"], par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
+            par["pipeline_parallel_degree"]) == (4, 1, 1, 1)
+    with pytest.raises(ExportError, match="tp=4 without sequence parallelism.*sequence_parallel=True"):
+        to_torchtitan(_tp(gpt2, c, 4, False), gpt2)
