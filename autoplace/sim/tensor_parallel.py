@@ -12,8 +12,10 @@ reduces each column module's input gradient on its own: q, k and v give three, a
 each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Patarasuk and Yuan,
 JPDC 2009) over the slowest link among the t devices. :func:`tp_collectives` lists them (a
 value); the torchrun test counts the collectives torch runs in a sharded step (CommDebugMode)
-and finds these. Activation bytes per device: :func:`tp_activation_bytes` (the multi-stage
-simulator does not use it yet: it keeps activations whole under TP).
+and finds these. Activation bytes per device: :func:`tp_activation_bytes` (what the multi-stage
+simulator keeps per TP device). The multi-stage simulator takes only the collectives' seconds of
+:func:`tp_stage_cost` and splits the pairs' own time: the sequence-parallel region's ``1/t``
+compute is not in its step yet (its memory is).
 
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, section 4.2.2, ``sequence_parallel=True``; a plan's ``Placement.sequence_parallel``,
