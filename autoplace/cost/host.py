@@ -37,7 +37,8 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     running statistics) before every forward (``host_probe.ddp_overhead``); the all-reduce
     itself is the simulator's ring over the cluster's link.
 ``busy_message_s``, ``idle_message_s`` (wall time, not CPU)
-    what each point-to-point tensor of a pipeline costs its receiving rank beyond the link's
+    what each point-to-point message of a pipeline (one per op whose output crosses:
+    :func:`messages_per_boundary`) costs its receiving rank beyond the link's
     ``latency + bytes / bandwidth``: ``busy_message_s`` when it arrives while the receiver is
     still computing, ``idle_message_s`` when the receiver is waiting for it
     (:func:`autoplace.cost.host_probe.busy_messages`, measured between two computing ranks).
@@ -81,7 +82,8 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "ddp_buckets"]
+__all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "messages_per_boundary",
+           "ddp_buckets"]
 
 
 def profile_terms(graph: "OpGraph") -> Mapping[str, Any] | None:
@@ -219,7 +221,8 @@ class HostCostModel(CostModel):
         activations reach stage ``s + 1`` / its gradients reach stage ``s``, ``f_start`` /
         ``b_start`` when the stage starts the action that consumes them; a message that waits
         for its receiver (arrival before that start) arrived while the receiver computed. Every
-        tensor crossing a boundary is one message (``tensors_per_boundary``), in both directions.
+        op whose output crosses a boundary is one message (``messages_per_boundary``), in both
+        directions.
         None when neither term is set."""
         if not (self.busy_message_s or self.idle_message_s or self.spin_share):
             return None
@@ -227,7 +230,7 @@ class HostCostModel(CostModel):
         fo, bo = np.zeros(n_st), np.zeros(n_st)
         if n_st < 2:
             return fo, bo
-        k = tensors_per_boundary(graph, np.asarray(stage_of_node), n_st)
+        k = messages_per_boundary(graph, np.asarray(stage_of_node), n_st)
         m = int(microbatches)
         for s in range(n_st - 1):
             if k[s] == 0:
@@ -292,24 +295,36 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
 
 def tensors_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:
     """Per boundary ``s -> s + 1``, how many tensors cross it (torch.distributed.pipelining sends
-    each one as its own message): the fx values that an op of stages <= s produces and an op of a
-    later stage reads, from the profile's ``fx_values`` (:func:`autoplace.cost.profile.fx_values`);
-    without them (a graph not profiled by autoplace), the ops of stages <= s whose output a later
-    stage reads (an op that hands several values on counts once: GNMT-4 unrolled's even split
-    crosses 8 ops but 21 values)."""
-    out = np.zeros(max(n_stages - 1, 1), dtype=int)
-    st = np.asarray(stage_of_node)
+    each one with its own send and receive): the fx values that an op of stages <= s produces and
+    an op of a later stage reads, from the profile's ``fx_values``
+    (:func:`autoplace.cost.profile.fx_values`); without them (a graph not profiled by autoplace),
+    :func:`messages_per_boundary` (an op that hands several values on counts once: GNMT-4
+    unrolled's even split crosses 8 ops but 21 values)."""
     p = profile_terms(graph)
     values = p.get("fx_values") if p is not None else None
-    if values:
-        src = np.array([v[0] for v in values])
-        last = np.array([max(st[d] for d in v[1]) for v in values])
-        for s in range(n_stages - 1):
-            out[s] = int(np.sum((st[src] <= s) & (last > s)))
-        return out
+    if not values:
+        return messages_per_boundary(graph, stage_of_node, n_stages)
+    out = np.zeros(max(n_stages - 1, 1), dtype=int)
+    st = np.asarray(stage_of_node)
+    src = np.array([v[0] for v in values])
+    last = np.array([max(st[d] for d in v[1]) for v in values])
+    for s in range(n_stages - 1):
+        out[s] = int(np.sum((st[src] <= s) & (last > s)))
+    return out
+
+
+def messages_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:
+    """Per boundary ``s -> s + 1``, the ops of stages <= s whose output an op of a later stage reads:
+    what the wall terms of shared cores (``busy_message_s``, ``idle_message_s``) count. Not
+    :func:`tensors_per_boundary`: torch's schedules post the tensors of one action together
+    (``batch_isend_irecv``) and wait on them once, so a receiver is woken about once per producing
+    op, not once per tensor (charged per tensor, GNMT-4 unrolled's 21 tensors put its GPipe M2
+    at 3x its measured step in a trial run of ``benchmarks/fidelity_cpu.py``)."""
+    out = np.zeros(max(n_stages - 1, 1), dtype=int)
     if not graph.num_edges:
         return out
     src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    st = np.asarray(stage_of_node)
     for s in range(n_stages - 1):
         cross = (st[src] <= s) & (st[dst] > s)
         out[s] = int(np.unique(src[cross]).size)

@@ -143,7 +143,7 @@ def test_boundary_tensors_are_the_fx_values_that_cross() -> None:
     per-tensor CPU term charges every one beyond the first to both stages' actions."""
     import torch
 
-    from autoplace.cost.host import tensors_per_boundary
+    from autoplace.cost.host import messages_per_boundary, tensors_per_boundary
     from autoplace.cost.host_probe import _Chunks
     from autoplace.cost.profile import fx_values
     from autoplace.graph.trace import trace_module
@@ -155,6 +155,7 @@ def test_boundary_tensors_are_the_fx_values_that_cross() -> None:
     meta = {"whole_s": {"fwd": MS, "bwd": MS}, "fx_values": fx_values(traced)}
     gp = replace(g, meta={**g.meta, "profile": meta})
     assert tensors_per_boundary(gp, st, 2).tolist() == [4]  # four chunks cross
+    assert messages_per_boundary(gp, st, 2).tolist() == [1]  # one wake-up per producing op (wall terms)
     cost = HostCostModel(pipeline_tensor_s={"1f1b": 1 * MS})
     fo, bo, _ = cost.stage_overhead_s(gp, st, np.array([1, 1]), 4, "1f1b")
     assert fo.tolist() == pytest.approx([3 * MS, 3 * MS]) and bo.tolist() == pytest.approx([3 * MS, 3 * MS])
