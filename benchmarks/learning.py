@@ -20,8 +20,9 @@ Every value is best step time so far / the best heuristic seed's step time (belo
   ``zero-shot`` (the pretrained policy alone: greedy + 63 samples, no fine-tuning),
   ``zero-shot-fresh`` (the same with an untrained network), ``expert`` (expert iteration from the
   pretrained network, learned/pipeline/expert.py), ``expert-fresh`` (from an untrained one) and
-  ``pipeline-rl`` (the registered PPO planner; its curve leaves out its final schedule pass,
-  which does not go through the environment) for ``--budget`` s.
+  ``pipeline-rl`` (the registered PPO planner from a fresh network; its curve leaves out its
+  final schedule pass, which does not go through the environment) and ``pipeline-rl-pretrained``
+  (the same from the pretrained network) for ``--budget`` s.
 
 Comparisons (the issue's targets): zero-shot against the control at ``--search-budget`` s
 (within 2%, geometric mean?); the learned planners against their control at equal time (the
@@ -64,7 +65,7 @@ from autoplace.planners.learned.pipeline.search import SEARCH_SEEDS, pipeline_se
 
 RESULTS = ROOT / "benchmarks" / "results"
 MP = ("eagle", "mars", "reinforce")
-PIPE = ("zero-shot", "zero-shot-fresh", "expert", "expert-fresh", "pipeline-rl")
+PIPE = ("zero-shot", "zero-shot-fresh", "expert", "expert-fresh", "pipeline-rl", "pipeline-rl-pretrained")
 CONTROL = {"model": "ils", "pipeline": "pipeline-search"}
 CALL_MARKS = (1, 16, 64, 256, 1024)
 TIME_MARKS = (1.0, 5.0, 15.0, 30.0, 60.0)
@@ -95,7 +96,7 @@ def runner(name: str, budget: float, search_budget: float, weights: Path) -> Cal
     from autoplace.planners.learned.eagle.planner import place_eagle
     from autoplace.planners.learned.ils import iterated_local_search
     from autoplace.planners.learned.mars.planner import WEIGHTS_PATH as MARS_WEIGHTS, MarsPlanner
-    from autoplace.planners.learned.pipeline.planner import place_pipeline_rl
+    from autoplace.planners.learned.pipeline.planner import PipelineRLConfig, place_pipeline_rl
     from autoplace.planners.learned.reinforce import ReinforceConfig, place_reinforce
 
     cfg = ExpertConfig(hidden=_hidden(weights))
@@ -110,7 +111,10 @@ def runner(name: str, budget: float, search_budget: float, weights: Path) -> Cal
         "zero-shot-fresh": lambda g, c, s: zero_shot(g, c, seed=s, weights=None, hidden=cfg.hidden),
         "expert": lambda g, c, s: expert_iteration(g, c, budget_s=budget, seed=s, weights=weights, config=cfg),
         "expert-fresh": lambda g, c, s: expert_iteration(g, c, budget_s=budget, seed=s, weights=None, config=cfg),
-        "pipeline-rl": lambda g, c, s: place_pipeline_rl(g, c, budget_s=budget, seed=s),
+        "pipeline-rl": lambda g, c, s: place_pipeline_rl(g, c, budget_s=budget, seed=s,
+                                                         config=PipelineRLConfig(weights=None)),
+        "pipeline-rl-pretrained": lambda g, c, s: place_pipeline_rl(g, c, budget_s=budget, seed=s,
+                                                                    config=PipelineRLConfig(weights=str(weights))),
     }
     return table[name]
 
@@ -191,7 +195,7 @@ def run(cases: list[tuple[Any, Cluster]], mp_cases: int, planners: set[str], bud
                     plan = out if isinstance(out, Placement) else (
                         to_placement(graph, cluster, out.plan, planner=name) if out.plan is not None else None)
                     if plan is not None:
-                        got = plan if name == "pipeline-rl" else schedule_polish(graph, cluster, plan)
+                        got = plan if name.startswith("pipeline-rl") else schedule_polish(graph, cluster, plan)
                         polished = float(simulator_for(graph, cluster).run(got, timeline=False).step_time_s) / reference
                 row = {"graph": entry.key, "ops": graph.num_nodes, "cluster": cluster.name,
                        "devices": cluster.num_devices, "mode": mode, "planner": name, "reference_s": reference,

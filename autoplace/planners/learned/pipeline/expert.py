@@ -11,7 +11,8 @@ tree search::
              ``polish_calls`` calls): the *first polish*
     each round: ``imitation_steps`` Adam steps raising log pi(best plan found so far)
                 (the apprentice learns from the expert);
-                the policy samples ``samples`` plans; the best new one is polished by descent
+                the policy samples ``samples`` plans; the best new one is polished by descent;
+                then (``search_calls`` > 0) iterated local search from the best plan so far
     until ``max_calls`` simulator calls or ``budget_s`` seconds; the best plan seen is returned
 
 so the answer is never slower than the first polish (nor than the seeds), in the simulator.
@@ -59,12 +60,17 @@ class ExpertConfig:
     """failed neighbours in a row that end a polish."""
     imitation_steps: int = 3
     """Adam steps on the best plan per round."""
+    search_calls: int = 0
+    """simulator calls per round of iterated local search (kicks included) from the best plan
+    so far, after the polish (0: none; the policy's proposals are then the only restarts)."""
     lr: float = 3e-3
     """Adam learning rate."""
     hidden: int = 32
     """hidden size (must match the weights)."""
 
     def __post_init__(self) -> None:
+        if self.search_calls < 0:
+            raise ValueError(f"ExpertConfig.search_calls is {self.search_calls}; it must be >= 0")
         for name in ("samples", "polish_calls", "patience", "hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ExpertConfig.{name} is {getattr(self, name)}; it must be >= 1")
@@ -142,16 +148,16 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
                 best = (float(ev.step_time_s), p)
         return best[1], best[0]
 
-    def polish(plan: PipelinePlan, k: int) -> float:
+    def polish(plan: PipelinePlan, k: int, limit: int, kicks: bool) -> float:
         lc, tl = left_calls(), time_left()
-        calls = cfg.polish_calls if lc is None else max(min(cfg.polish_calls, lc), 0)
+        calls = limit if lc is None else max(min(limit, lc), 0)
         if calls <= 0:
             return math.inf
         return local_search(env, plan, seed=seed * 7919 + k, max_calls=calls, budget_s=tl, config=search_cfg,
-                            kicks=False, source="polish").step_time_s
+                            kicks=kicks, source="search" if kicks else "polish").step_time_s
 
     first, first_t = propose(True)
-    first_polish = polish(first, 0) if first is not None else math.inf
+    first_polish = polish(first, 0, cfg.polish_calls, False) if first is not None else math.inf
     out = ExpertResult(None, math.inf, 0, 0.0, first_t, first_polish, 0, first_t)
     rounds = 0
     while not done():
@@ -171,7 +177,9 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
         plan, t = propose(False)
         out.proposal_best_s = min(out.proposal_best_s, t)
         if plan is not None and not done():
-            polish(plan, rounds)
+            polish(plan, rounds, cfg.polish_calls, False)
+        if cfg.search_calls and not done() and env.best_candidate is not None:
+            polish(pipeline_plan(env.best_candidate), -rounds, cfg.search_calls, True)
     out.plan = pipeline_plan(env.best_candidate) if env.best_candidate is not None else None
     out.step_time_s, out.calls, out.wall_s, out.rounds = env.best_step_time_s, env.num_samples - calls0, \
         time.perf_counter() - t0, rounds

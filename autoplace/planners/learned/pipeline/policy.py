@@ -25,10 +25,11 @@ Network (hidden size ``H``, 64 by default):
 - **Micro-batch head**: ``MLP([z, stages used, widest replicas, log2 M])`` per allowed option.
 - **Schedule head**: ``MLP([z, stages used, widest replicas, log2 M])`` -> 2 logits.
 - **Per-graph tables** added to the logits: ``b_i`` per op, one per (S, device, choice), one per
-  micro-batch option, one per stage count. The rest (:data:`SHARED`) is the network that
-  :meth:`PipelinePolicy.shared_state` saves and pretraining fits across graphs. The policy is trained for one graph on one cluster, so these let
-  imitation and PPO move a single decision without going through the network; they enter
-  times ``table_scale`` (10 during the imitation warm start, then folded to 1).
+  micro-batch option, one per stage count. The policy is fine-tuned for one graph on one
+  cluster, so these let imitation and PPO move a single decision without going through the
+  network; they enter times ``table_scale`` (10 during the imitation warm start, then folded to
+  1). The rest (:data:`SHARED`) is the network that :meth:`PipelinePolicy.shared_state` saves
+  and pretraining (:mod:`.pretrain`) fits across graphs and clusters.
 
 Exploration: all logits are divided by ``temperature`` (raised by the planner when a sample's
 entropy falls under its floor), and each group of decisions mixes ``explore`` of uniform

@@ -42,7 +42,7 @@ from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
 from autoplace.graph.features import node_features
 from autoplace.sim import simulator_for
 from ..adam import Adam
-from ..corpus import CorpusGraph, held_out_clusters, training_clusters, training_graphs
+from ..corpus import HELD_OUT, CorpusGraph, held_out_clusters, held_out_graphs, training_clusters, training_graphs
 from .policy import PipelinePolicy, device_features, summary_features
 from .search import pipeline_search
 from .space import PipelinePlan, PipelineSpace
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
 
 __all__ = ["PretrainConfig", "make_policy", "imitate", "pretrain", "pretraining_pairs", "large_cluster",
-           "load_weights", "weights_hidden", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
+           "load_weights", "weights_hidden", "split_record", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
 
 WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "pipeline_rl.pt"
 """The shipped weights (their split and command in the ``.json`` beside them)."""
@@ -224,12 +224,19 @@ def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_op
             idx = perm[lo:lo + 8]
             losses.append(imitate([policies[i] for i in idx], [targets[i] for i in idx], params, opt))
         if progress:
-            print(f"[{time.perf_counter() - t0:6.1f}s] epoch {epoch + 1}: loss {np.mean(losses[-len(perm) // 8 - 1:]):.4f}",
-                  flush=True)
+            recent = float(np.mean(losses[-(len(perm) // 8 + 1):]))
+            print(f"[{time.perf_counter() - t0:6.1f}s] epoch {epoch + 1}: loss {recent:.4f}", flush=True)
     record: dict[str, object] = {"config": asdict(cfg), "pairs": keys, "loss_first": losses[0] if losses else None,
                                  "loss_last": losses[-1] if losses else None, "steps": len(losses),
                                  "wall_s": time.perf_counter() - t0}
     return master, record
+
+
+def split_record() -> dict[str, object]:
+    """What pretraining kept out (written into the weights' .json)."""
+    return {"held_out_graphs": [e.key for e in held_out_graphs()],
+            "held_out_families": {k: list(v) for k, v in HELD_OUT.items()}, "held_out_clusters": [c.name for c in held_out_clusters()], "also_left_out": ["zoo/gpt2 (every size)"],
+            "large_cluster_seeds": [LARGE_SEED0, LARGE_SEED0 + 8]}
 
 
 def _describe(plan: PipelinePlan) -> str:
@@ -253,6 +260,7 @@ def main() -> None:  # pragma: no cover - the shipped weights' command
     record["command"] = "python -m autoplace.planners.learned.pipeline.pretrain" + (
         f" --pipedream {args.pipedream}" if args.pipedream else "") + f" --budget {args.budget:g} --epochs " \
         f"{args.epochs} --generated {args.generated}"
+    record["split"] = split_record()
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out} ({record['steps']} steps, loss {record['loss_first']} -> {record['loss_last']})")
 
