@@ -4,6 +4,7 @@ prediction from autoplace's own profiler and host probe, nothing fitted per run.
     python benchmarks/fidelity_cpu.py            # about 2 minutes on a quiet 2-core machine (9 at load 10-17)
     python benchmarks/fidelity_cpu.py --quick    # fewer rounds, to check that it runs
     python benchmarks/fidelity_cpu.py --render   # rewrite the markdown from the JSON
+    python benchmarks/fidelity_cpu.py --repredict  # the same measurements, simulated again (cost model changes)
 
 For four zoo workloads at CPU sizes (GPT-2, ResNet-18, GNMT-4 unrolled, Inception-V3, small
 configs at batch 8-16), every plan below runs for real and is timed, interleaved (one step of
@@ -316,6 +317,50 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
             "load": got["load"], "rows": rows, "_graphs": (old, graph, plans)}
 
 
+GRAPHS = "fidelity_cpu_graphs.json"
+"""beside the results: every model's two profiles (before, after) and its plans, so that
+``--repredict`` can simulate the measured runs again after a change to the cost model."""
+
+
+def save_graphs(models: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {m["model"]: {"old": m["_graphs"][0].to_dict(), "new": m["_graphs"][1].to_dict(), "plans": m["_graphs"][2]}
+            for m in models}
+    path.write_text(json.dumps(data, default=lambda o: o.tolist() if hasattr(o, "tolist") else float(o)))
+
+
+def conclude(res: dict[str, Any], *, no_fit: bool = False) -> None:
+    """Predict every row (probed terms only, then with the fitted constants, and the ablation with
+    its own), drop the graphs, and summarise."""
+    predict(res["models"], (0.0, 0.0))
+    probed = {(r["model"], r["plan"]): (r["after_s"], r["ratio_after"]) for m in res["models"] for r in m["rows"]}
+    none = {"action_s": 0.0, "step_s": 0.0, "rows": 0}
+    res["fit"] = fit_runtime(res["models"]) if not no_fit else none
+    res["fit_no_in_step"] = fit_runtime(res["models"], "no_in_step_compute_s") if not no_fit else none
+    predict(res["models"], (res["fit"]["action_s"], res["fit"]["step_s"]),
+            (res["fit_no_in_step"]["action_s"], res["fit_no_in_step"]["step_s"]))
+    for m in res["models"]:
+        del m["_graphs"]
+        for r in m["rows"]:
+            r["probed_only_s"], r["ratio_probed_only"] = probed[(r["model"], r["plan"])]
+    res["summary"] = summary([r for m in res["models"] for r in m["rows"]])
+
+
+def repredict(out: Path, no_fit: bool) -> None:
+    """Simulate the measured runs in ``out`` again with the cost model as it is now."""
+    res = json.loads((out / "fidelity_cpu.json").read_text())
+    graphs = json.loads((out / GRAPHS).read_text())
+    for m in res["models"]:
+        g = graphs[m["model"]]
+        m["_graphs"] = (OpGraph.from_dict(g["old"]), OpGraph.from_dict(g["new"]), g["plans"])
+    conclude(res, no_fit=no_fit)
+    res["notes"] = notes(res)
+    res["repredicted"] = "the measurements of the command above, simulated again by --repredict"
+    (out / "fidelity_cpu.json").write_text(json.dumps(res, indent=1, default=float))
+    write_markdown(res, out / "fidelity_cpu.md")
+    say("\n".join(table([r for m in res["models"] for r in m["rows"]])))
+
+
 def render(out: Path) -> None:
     res = json.loads((out / "fidelity_cpu.json").read_text())
     res["summary"] = summary([r for m in res["models"] for r in m["rows"]])
@@ -331,6 +376,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, help=f"subset of {list(MODELS)}")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--render", action="store_true", help="only rewrite the markdown from <out>/fidelity_cpu.json")
+    ap.add_argument("--repredict", action="store_true",
+                    help="simulate the runs measured in <out> again (their profiles in <out>/" + GRAPHS + ")")
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
     ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
@@ -339,6 +386,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.render:
         render(args.out)
+        return
+    if args.repredict:
+        repredict(args.out, args.no_fit)
         return
     rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 20, 7)
     torch.set_num_threads(1)
@@ -372,23 +422,12 @@ def main() -> None:
             say(f"  {r['plan']:16s} measured {r['measured_s']['median'] * 1e3:7.1f} ms  before {r['ratio_before']:.2f}  "
                 f"probed terms {r['ratio_after']:.2f}  cpu {r['cpu_s_per_rank'][0] * 1e3:.1f}/"
                 f"{r['cpu_s_per_rank'][1] * 1e3:.1f} pred compute {'/'.join(f'{x * 1e3:.1f}' for x in r['after_compute_s'])}")
-    predict(res["models"], (0.0, 0.0))
-    probed = {(r["model"], r["plan"]): (r["after_s"], r["ratio_after"]) for m in res["models"] for r in m["rows"]}
-    none = {"action_s": 0.0, "step_s": 0.0, "rows": 0}
-    res["fit"] = fit_runtime(res["models"]) if not args.no_fit else none
-    res["fit_no_in_step"] = fit_runtime(res["models"], "no_in_step_compute_s") if not args.no_fit else none
-    predict(res["models"], (res["fit"]["action_s"], res["fit"]["step_s"]),
-            (res["fit_no_in_step"]["action_s"], res["fit_no_in_step"]["step_s"]))
-    for m in res["models"]:
-        del m["_graphs"]
-        for r in m["rows"]:
-            r["probed_only_s"], r["ratio_probed_only"] = probed[(r["model"], r["plan"])]
+    save_graphs(res["models"], args.out / GRAPHS)
+    conclude(res, no_fit=args.no_fit)
     rows = [r for m in res["models"] for r in m["rows"]]
-    res["summary"] = summary(rows)
     res["environment"]["load_end"] = load_average()
     res["seconds"] = time.perf_counter() - start
     res["notes"] = notes(res)
-    args.out.mkdir(parents=True, exist_ok=True)
     say("\n" + "\n".join(table(rows)))
     (args.out / "fidelity_cpu.json").write_text(json.dumps(res, indent=1, default=float))
     write_markdown(res, args.out / "fidelity_cpu.md")
