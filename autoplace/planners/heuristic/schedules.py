@@ -24,7 +24,8 @@ not) also gets them on ranks of replicas (pp x dp, as torchtitan composes them;
 :mod:`autoplace.sim.multistage`, run by :mod:`autoplace.rewrite.schedules` with ``dp``):
 ``n / d`` ranks of ``d`` replicas each, for the plan's own count ``d`` when every stage has it
 (with the plan's own stages and devices too) and for every ``d`` dividing its ``n`` devices
-with at least two ranks, in two layouts of the plan's device order: a rank's replicas side by
+with at least two ranks (and the same over all the cluster's devices, in their order, when the
+plan leaves some idle), in two layouts of the plan's device order: a rank's replicas side by
 side (``devs[i d: (i + 1) d]``: inside a host when the hosts are contiguous) or strided
 (``devs[i + j n / d]``: each replica's pipeline side by side, the replicas across hosts, as a
 ("dp", "pp") mesh). Micro-batches where ``d x M`` divides the batch (the runtime's equal
@@ -32,9 +33,11 @@ shares). The simulator says which is faster.
 
 Not offered (the runtime could not run them, or would change the model's arithmetic): any
 multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
-runner keeps whole-batch ones) or the plan sets per-stage shard/recompute/precision options,
-shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
-a stage without ops. Each skipped family is named in the result's notes.
+runner keeps whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
+a stage without ops. Each skipped family is named in the result's notes. A plan with per-stage
+shard/recompute/precision options keeps them only in its gpipe/1f1b twin: the re-cut shapes run
+the default options (what the multi-stage runner runs), and the simulator says whether they
+fit.
 
 Tensor parallelism: with ``tp_degrees``, the devices are also regrouped into TP groups of
 ``t`` consecutive devices inside one host (``P / t`` ranks), the ops re-cut into ``P / t x v``
@@ -194,6 +197,9 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
             if tp == 1:
                 shapes.append(("dualpipev", 2))
         for m in ms:
+            if ranks is not None:  # replicas: balance the stages at the replicas' micro-batch, B / (M d)
+                tf, tb = sim.op_times(m * max(len(groups[0]) // tp, 1))
+                work = (tf[:, firsts] + tb[:, firsts]).mean(axis=1)
             for schedule, v in shapes:
                 bad = schedule_problems(schedule, v, n_ranks, m)
                 if bad or n_ranks * v > graph.num_nodes:
@@ -223,7 +229,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if any("BatchNorm" in k for k in graph.kinds):
         reasons.append("the graph has BatchNorm (the multi-stage runner would take its statistics per micro-batch)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
-        reasons.append("the plan sets per-stage shard/recompute/precision options")
+        notes.append("the plan's per-stage shard/recompute/precision options are not kept in the multi-stage "
+                     "shapes (their runner runs the default options)")
     if plan.virtual_stages != 1 or plan.tp != 1:
         reasons.append("the plan already has virtual stages or tensor parallelism")
     if len(devs) < 2:
@@ -240,7 +247,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                          "device per rank, ops re-cut) and on ranks of d replicas (pp x dp, labelled dp=d)")
         ms = _microbatch_options(plan, graph, len(devs))
         sweep(devs, None if replicated else plan.stage_of_node, ms, 1, label)
-        _replicated_sweeps(plan, graph, devs, sweep)
+        _replicated_sweeps(plan, graph, devs, sweep, cluster.num_devices)
         from autoplace.sim.tensor_parallel import linear_pairs
 
         hosts = cluster.hosts
@@ -267,23 +274,27 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     return ScheduleChoice(out, tuple(tried), tuple(notes), tuple(offered))
 
 
-def _replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sweep: Callable[..., None]) -> None:
-    """pp x dp: the multi-stage shapes on ranks of ``d`` replicas (the module docstring's list)."""
+def _replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sweep: Callable[..., None],
+                       n_cluster: int) -> None:
+    """pp x dp: the multi-stage shapes on ranks of ``d`` replicas (the module docstring's list),
+    over the plan's devices and, when it leaves some idle, over all ``n_cluster`` devices too."""
     assert plan.stage_devices is not None and plan.stage_of_node is not None
     counts = {len(g) for g in plan.stage_devices}
-    n = len(devs)
     own = next(iter(counts)) if len(counts) == 1 else 0
     if own > 1 and len(plan.stage_devices) > 1:  # the plan's own stages and devices, its replicas kept
         ms = _microbatch_options(plan, graph, len(plan.stage_devices), own)
         sweep(devs, plan.stage_of_node, ms, 1, f" dp={own}", ranks=plan.stage_devices)
-    for d in range(2, n // 2 + 1):
-        if n % d:
-            continue
-        ms = _microbatch_options(plan, graph, n // d, d)
-        if not ms:
-            continue
-        for k, groups in enumerate(replica_layouts(devs, d)):
-            sweep(devs, None, ms, 1, f" dp={d}" + (" strided" if k else ""), ranks=groups)
+    pools = [(devs, "")] + ([(list(range(n_cluster)), " all devices")] if len(set(devs)) < n_cluster else [])
+    for pool, where in pools:
+        n = len(pool)
+        for d in range(2, n // 2 + 1):
+            if n % d:
+                continue
+            ms = _microbatch_options(plan, graph, n // d, d)
+            if not ms:
+                continue
+            for k, groups in enumerate(replica_layouts(pool, d)):
+                sweep(pool, None, ms, 1, f" dp={d}" + (" strided" if k else "") + where, ranks=groups)
 
 
 def _options(p: Placement) -> dict[str, Any]:
