@@ -61,7 +61,7 @@ from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
 from ...candidate import pipeline_plan
-from .pretrain import load_weights, weights_hidden
+from .pretrain import WEIGHTS_PATH, load_weights, weights_hidden
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
@@ -83,11 +83,11 @@ class PipelineRLConfig:
 
     hidden: int = 64
     """hidden size of the op encoder and the heads (with ``weights``: the weights' own, from their .json)."""
-    weights: str | None = None
-    """pretrained network to start from (``autoplace/weights/pipeline_rl.pt``, made by
-    ``python -m autoplace.planners.learned.pipeline.pretrain``); None: a fresh network. Not the
-    default: on the held-out split the pretrained network did not beat a fresh one by a margin
-    that pays for loading it (benchmarks/results/learning.md)."""
+    weights: str | None = field(default_factory=lambda: str(WEIGHTS_PATH) if WEIGHTS_PATH.exists() else None)
+    """pretrained network that PPO fine-tunes (default: the shipped ``autoplace/weights/pipeline_rl.pt``,
+    made by ``python -m autoplace.planners.learned.pipeline.pretrain``; None: a fresh network). The
+    default because on the held-out split (benchmarks/results/learning.md) the policy's own
+    samples from it reach the search control's level, where a fresh network's stay above it."""
     max_stages: int | None = None
     """most stages a plan may have (None: one per device, at most one per op)."""
     seeds: tuple[str, ...] = SEED_PLANNERS
