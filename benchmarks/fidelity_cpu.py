@@ -89,6 +89,7 @@ from autoplace.cost.profile import profile  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 from _timing import interleaved, load_average, spread  # noqa: E402
+import fidelity_cpu_predict  # noqa: E402
 from fidelity_cpu_predict import FIT_MODELS, fit_runtime, predict  # noqa: E402
 from fidelity_cpu_report import _loaded, _wait_for_quiet, notes, summary, table, write_markdown  # noqa: E402
 
@@ -355,7 +356,8 @@ def repredict(out: Path, no_fit: bool) -> None:
         m["_graphs"] = (OpGraph.from_dict(g["old"]), OpGraph.from_dict(g["new"]), g["plans"])
     conclude(res, no_fit=no_fit)
     res["notes"] = notes(res)
-    res["repredicted"] = "the measurements of the command above, simulated again by --repredict"
+    res["repredicted"] = {"note": "the measurements of the command above, simulated again by --repredict",
+                          "without": list(fidelity_cpu_predict.WITHOUT)}
     (out / "fidelity_cpu.json").write_text(json.dumps(res, indent=1, default=float))
     write_markdown(res, out / "fidelity_cpu.md")
     say("\n".join(table([r for m in res["models"] for r in m["rows"]])))
@@ -378,6 +380,8 @@ def main() -> None:
     ap.add_argument("--render", action="store_true", help="only rewrite the markdown from <out>/fidelity_cpu.json")
     ap.add_argument("--repredict", action="store_true",
                     help="simulate the runs measured in <out> again (their profiles in <out>/" + GRAPHS + ")")
+    ap.add_argument("--without", nargs="*", default=[], help="with --repredict: HostCostModel fields left out "
+                    "(an ablation, e.g. pipeline_tensor_s); writes into --out, so point it at a copy")
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
     ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
@@ -388,6 +392,7 @@ def main() -> None:
         render(args.out)
         return
     if args.repredict:
+        fidelity_cpu_predict.WITHOUT[:] = args.without
         repredict(args.out, args.no_fit)
         return
     rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 20, 7)

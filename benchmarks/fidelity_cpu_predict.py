@@ -7,6 +7,7 @@ passes timed back to back instead of inside training steps, and Adam's step time
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,8 @@ import autoplace
 from autoplace import Cluster, CostModel, OpGraph, Placement
 from autoplace.cost.host import HostCostModel, host_cluster
 
+WITHOUT: list[str] = []
+"""HostCostModel fields left at their defaults (``fidelity_cpu.py --repredict --without NAME``)."""
 FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
 """the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
 (GNMT-4 unrolled, Inception-V3) are held out."""
@@ -69,7 +72,7 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
     (shared cores: ``busy_message_s``, ``idle_message_s``, ``spin_share``, ``busy_allreduce_s``), for the per-rank
     CPU comparison."""
     w = 1.0 if wall_terms else 0.0
-    return HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
+    cost = HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
                          pipeline_step_s=probe.get("step_overhead_s", {}),
                          pipeline_tensor_s=probe.get("tensor_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),
                          ddp_s=probe.get("ddp_s", {}), fitted_action_s=fit[0], fitted_step_s=fit[1],
@@ -77,6 +80,10 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
                          idle_message_s=w * probe.get("idle_message_s", 0.0),
                          spin_share=w * probe.get("spin_share", 0.0),
                          busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
+    if WITHOUT:  # an ablation (--repredict --without NAME): the term left out
+        blank = HostCostModel()
+        cost = replace(cost, **{name: getattr(blank, name) for name in WITHOUT})
+    return cost
 
 
 def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],

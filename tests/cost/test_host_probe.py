@@ -1,5 +1,6 @@
-"""The shared-cores probes (autoplace.cost.host_probe.busy_messages, busy_allreduce) on two real
-gloo processes: they run, and report non-negative wall seconds per message and per all-reduce."""
+"""The shared-cores probes (autoplace.cost.host_probe.busy_messages, busy_allreduce) and the pipeline
+runtime's (action_overhead) on two real gloo processes: they run, and report non-negative seconds
+per message, per all-reduce, per action and per boundary tensor."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def _worker(rank: int, port: int, out: str) -> None:
     try:
         msg = host_probe.busy_messages(rank, latency_s=5e-5, bandwidth=2e9, repeats=2)
         ar = host_probe.busy_allreduce(repeats=2)
+        act = host_probe.action_overhead(rank, repeats=2)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"messages": msg, "allreduce": ar}, f)
+                json.dump({"messages": msg, "allreduce": ar, "action": act}, f)
     finally:
         dist.destroy_process_group()
 
@@ -46,6 +48,10 @@ def test_busy_probes_run_on_two_processes() -> None:
     assert m["busy_per_message_s"] >= 0 and m["idle_per_message_s"] >= 0
     assert a["per_call_s"] >= 0 and a["wall_s"] > 0
     assert m["busy_per_message_s"] < 1.0 and a["per_call_s"] < 1.0  # seconds: sane on any host
+    for schedule in ("gpipe", "1f1b"):  # the pipeline runtime per action, and per boundary tensor
+        act = got["action"][schedule]
+        assert 0 <= act["per_action_s"] < 0.1 and 0 <= act["per_tensor_s"] < 0.1
+        assert set(act["chunks_per_action_s"]) == {"1", "4"}  # a 4-tensor boundary against 1
 
 
 def test_cores_is_positive() -> None:
