@@ -250,13 +250,18 @@ def notes(res: dict[str, Any]) -> list[str]:
     eager = {r["model"]: r for r in rows if r["kind"] == "eager"}
     out = ["## Notes", "",
            "- `model-parallel` (two targets on this one CPU, one process) is predicted on "
-           "`Cluster.from_devices(['cpu', 'cpu'])`, as a user would plan it. A contiguous split leaves the two "
-           "targets nothing to run at once, so the simulator runs them one after the other (predicted over the "
+           "`Cluster.from_devices(['cpu', 'cpu'])`, as a user would plan it. The simulator treats the two targets as "
+           "two devices: target 1 runs its share of Adam's update as soon as its own backward is done, while target 0 "
+           "is still in its backward (and independent branches on the two targets would run at once), although they "
+           "share one core and one process calls `optimizer.step()` after the whole backward. Predicted over the "
            "one-process prediction: "
            + ", ".join(f"{r['model']} {r['after_s'] / eager[r['model']]['after_s']:.2f}" for r in mp_rows)
-           + "). A split with independent branches on the two targets would be predicted to overlap although "
-           "they share one core: targets with the same device name should share its compute, which is the "
-           "simulator's model-parallel semantics (autoplace/sim/model_parallel.py), not a cost term.",
+           + " (measured: " + ", ".join(f"{r['model']} {r['measured_s']['median'] / eager[r['model']]['measured_s']['median']:.2f}"
+                                       for r in mp_rows)
+           + "). The change belongs in the simulator (autoplace/sim/model_parallel.py: targets with the same device "
+           "name on one host share one queue, and in one process every target's update starts after the last "
+           "backward op of all targets), not in a cost term; the 'predicted compute' column splits the one CPU's "
+           "work between the two targets.",
            "- The hybrid (2 stages x 2 replicas) needs 4 processes; this machine has 2 cores, so it is not run.",
            "- DDP is predicted on a cluster whose link is gloo's measured all-reduce (the simulator has one link per "
            "device pair for both send/recv and collectives; gloo's all-reduce reduces on the CPU and reaches about "
