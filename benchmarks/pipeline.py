@@ -28,7 +28,9 @@ baseline), ``torchtitan`` the registered torchtitan-style planner. ``syn:deep-un
 uniform Linear blocks too large for one device with Adam (only deep pipelines fit): the deep,
 many-micro-batch case. Tables: per cluster (rl over pd, pd+sched, torchtitan), deep pipelines
 (>= 8 devices and pipeline-rl's or pd+sched's plan with 8 or 16 ranks) and multi-host 25 GbE,
-with issue 13's 1.3x target over PipeDream's planner stated met or not. Simulated only.
+with issue 13's 1.3x target over PipeDream's planner stated met or not, and the previous run's
+deep cases as a fixed set (``FIXED_DEEP``; ``--render`` rewrites the tables from the JSON).
+``+sched`` and pipeline-rl's polish include pp x dp multi-stage shapes. Simulated only.
 
 Speedups are throughput ratios. The summary gives geometric means of pipeline-rl over
 pipedream-dp on the chains (AlexNet, VGG-16: where PipeDream's dynamic program is optimal),
@@ -267,6 +269,12 @@ def _deep(c: dict[str, Any]) -> bool:
     return any((c["rows"].get(k) or {}).get("ranks") in (8, 16) for k in (LEARNED, PD_SCHED))
 
 
+FIXED_DEEP = (("zoo:bert-base", "2x4xV100-25gbe"), ("syn:deep-uniform", "8xV100-nvlink"),
+              ("syn:deep-uniform", "2x4xV100-25gbe"), ("syn:deep-uniform", "2x8xH100-ib"))
+"""The deep cases of the run before pp x dp schedules (issue 13 part 2): a fixed set to compare
+runs by, since ``_deep`` follows the plans (a pp x dp plan of 4 ranks of 2 replicas is not deep)."""
+
+
 def schedule_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
     """Per cluster, deep pipelines and 25 GbE: geometric means of rl over pd, pd+sched and
     torchtitan (and pd+sched over pd), and the 1.3x target."""
@@ -282,6 +290,7 @@ def schedule_summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
                                            for cl in dict.fromkeys(c["cluster"] for c in cases)}}
     out["deep pipelines (>= 8 devices, 8 or 16 ranks)"] = group(_deep)
     out["deep_cases"] = [f"{c['workload']} on {c['cluster']}" for c in cases if not c.get("error") and _deep(c)]
+    out["deep cases of the run before pp x dp (fixed set)"] = group(lambda c: (c["workload"], c["cluster"]) in FIXED_DEEP)
     out["multi-host 25 GbE"] = group(lambda c: "25gbe" in c["cluster"])
     d, e = out["deep pipelines (>= 8 devices, 8 or 16 ranks)"]["rl/pd"], out["multi-host 25 GbE"]["rl/pd"]
     out["target"] = {"x": TARGET, "deep_rl_over_pd": d, "25gbe_rl_over_pd": e,
@@ -300,6 +309,9 @@ def schedule_markdown(ss: dict[str, Any]) -> list[str]:
     lines += [line(k, v) for k, v in ss["per_cluster"].items()]
     lines += ["", "## Deep pipelines and multi-host 25 GbE", "", *head,
               line("deep pipelines (>= 8 devices, 8 or 16 ranks)", ss["deep pipelines (>= 8 devices, 8 or 16 ranks)"]),
+              *([line("deep cases of the run before pp x dp (fixed set)",
+                      ss["deep cases of the run before pp x dp (fixed set)"])]
+                if "deep cases of the run before pp x dp (fixed set)" in ss else []),
               line("multi-host 25 GbE", ss["multi-host 25 GbE"]), "",
               f"Deep cases: {', '.join(ss['deep_cases']) or 'none'}.", "",
               f"Target {t['x']}x of pipeline-rl over pipedream-dp on deep pipelines ({fmt(t['deep_rl_over_pd'], '.3f')}x) "
@@ -398,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output path without extension (default "
                     "benchmarks/results/pipeline, or pipeline-quick with --quick)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in the output JSON")
+    ap.add_argument("--render", action="store_true", help="rewrite the summaries and the markdown of the output "
+                    "JSON (no planning)")
     ap.add_argument("--no-hill-climb", dest="hill_climb", action="store_false",
                     help="skip the hill-climbing reference (same number of simulator calls as pipeline-rl)")
     args = ap.parse_args(argv)
@@ -406,6 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     clusters = args.clusters.split(",") if args.clusters else (QUICK_CLUSTERS if args.quick else CLUSTERS)
     budget = None if args.quick or args.budget <= 0 else args.budget
     out = Path(args.out) if args.out else RESULTS / ("pipeline-quick" if args.quick else "pipeline")
+    if args.render:
+        report = json.loads(out.with_suffix(".json").read_text())
+        report["summary"], report["schedules"] = summarise(report["cases"]), schedule_summary(report["cases"])
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        out.with_suffix(".md").write_text(markdown(report))
+        print(markdown(report).split("## Every case")[0])
+        return 0
     done: dict[tuple[str, str], dict[str, Any]] = {}
     if args.resume and out.with_suffix(".json").exists():
         old = json.loads(out.with_suffix(".json").read_text())
