@@ -2,7 +2,7 @@
 held-out split, by simulator calls and by time.
 
     python benchmarks/learning.py                     # writes benchmarks/results/learning.{json,md,png}
-    python benchmarks/learning.py --cases 2 --budget 10 --search-budget 20     # quicker
+    python benchmarks/learning.py --cases 2 --mp-cases 0 --budget 5 --search-budget 10     # quicker
     python benchmarks/learning.py --report-only       # rewrite .md and .png from the .json
 
 Cases: :func:`autoplace.planners.learned.corpus.held_out_cases` (held-out graphs on held-out
@@ -12,7 +12,7 @@ clusters; neither is seen by any pretraining). Every simulator call a planner ma
 (heuristic seeding included), so each run gives two best-so-far curves: by calls and by seconds.
 Every value is best step time so far / the best heuristic seed's step time (below 1: better).
 
-- **model-parallel** (``--mp-cases`` of the cases): ``eagle``, ``mars`` (shipped weights),
+- **model-parallel** (the cases ``--mp-cases`` names): ``eagle``, ``mars`` (shipped weights),
   ``reinforce``, each for ``--budget`` s, against ``ils`` (learned/ils.py, iterated local search
   from the best heuristic) for ``--search-budget`` s.
 - **pipeline** (every case): ``pipeline-search`` (learned/pipeline/search.py, iterated local
@@ -166,7 +166,7 @@ def expand(points: list[list[Any]]) -> list[list[Any]]:
     return out
 
 
-def run(cases: list[tuple[Any, Cluster]], mp_cases: int, planners: set[str], budget: float,
+def run(cases: list[tuple[Any, Cluster]], mp_cases: set[int], planners: set[str], budget: float,
         search_budget: float, seed: int, weights: Path) -> list[dict[str, Any]]:
     from autoplace.sim import simulator_for
 
@@ -174,7 +174,7 @@ def run(cases: list[tuple[Any, Cluster]], mp_cases: int, planners: set[str], bud
     for i, (entry, cluster) in enumerate(cases):
         graph = entry.load()
         for mode, names in (("model", (*MP, "ils")), ("pipeline", ("pipeline-search", *PIPE))):
-            if mode == "model" and i >= mp_cases:
+            if mode == "model" and i not in mp_cases:
                 continue
             seeds = heuristic_seeds(graph, cluster, None, mode, names=SEARCH_SEEDS if mode == "pipeline" else None)
             env = PlacementEnv(graph, cluster, None, mode, seeds=seeds)
@@ -260,7 +260,7 @@ def report(result: dict[str, Any]) -> str:
              "cores with other jobs running: wall times are noisy). Plot: `learning.png` (per case: by calls, log "
              "scale, and by seconds). Cases: `corpus.held_out_cases()` (held-out graphs on held-out clusters). "
              f"Reduced sizes: learned planners {a['budget']:g} s per case, controls {a['search_budget']:g} s, "
-             f"model-parallel planners on the first {a['mp_cases']} cases only. Each value: best simulated step "
+             f"model-parallel planners on cases {a['mp_cases']} (0-based) only. Each value: best simulated step "
              "time so far over the best heuristic seed's (below 1: better); `-`: nothing fit yet. `returned`: "
              "what the planner returns (pipeline-rl: after its schedule pass, outside the curve). Step times are "
              "simulated.", ""]
@@ -339,9 +339,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=int, default=8, help="how many of corpus.held_out_cases() to run")
-    ap.add_argument("--mp-cases", type=int, default=3, help="how many of them also run the model-parallel planners")
-    ap.add_argument("--budget", type=float, default=20.0, help="seconds per learned planner and case")
-    ap.add_argument("--search-budget", type=float, default=60.0, help="seconds per control run")
+    ap.add_argument("--mp-cases", default="0,4,7", help="indices of the cases that also run the model-parallel planners")
+    ap.add_argument("--budget", type=float, default=15.0, help="seconds per learned planner and case")
+    ap.add_argument("--search-budget", type=float, default=40.0, help="seconds per control run")
     ap.add_argument("--planners", default=",".join((*MP, "ils", "pipeline-search", *PIPE)))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--weights", type=Path, default=WEIGHTS_PATH, help="pipeline_rl.pt")
@@ -354,7 +354,8 @@ def main() -> None:
         torch.set_num_threads(1)
         start = time.perf_counter()
         cases = held_out_cases(PIPEDREAM)[: args.cases]
-        rows = run(cases, args.mp_cases, set(args.planners.split(",")), args.budget, args.search_budget, args.seed,
+        mp = {int(x) for x in args.mp_cases.split(",") if x != ""}
+        rows = run(cases, mp, set(args.planners.split(",")), args.budget, args.search_budget, args.seed,
                    args.weights)
         cmd = "python benchmarks/learning.py " + " ".join(a for a in sys.argv[1:])
         result = {"rows": rows, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -52,7 +52,7 @@ __all__ = ["ExpertConfig", "ExpertResult", "expert_iteration", "zero_shot"]
 class ExpertConfig:
     """Settings of expert iteration."""
 
-    samples: int = 16
+    samples: int = 32
     """plans the policy proposes per round."""
     polish_calls: int = 300
     """most simulator calls of one polish."""
@@ -60,9 +60,11 @@ class ExpertConfig:
     """failed neighbours in a row that end a polish."""
     imitation_steps: int = 3
     """Adam steps on the best plan per round."""
-    search_calls: int = 0
+    search_calls: int = 300
     """simulator calls per round of iterated local search (kicks included) from the best plan
-    so far, after the polish (0: none; the policy's proposals are then the only restarts)."""
+    so far, after the polish (0: none; the policy's proposals are then the only restarts). At
+    3,000 calls on the eight held-out cases 0 and 300 ended within 0.1% of each other (geometric
+    mean); 300 spends less time in the network per call."""
     lr: float = 3e-3
     """Adam learning rate."""
     hidden: int = 32
@@ -179,7 +181,7 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
         if plan is not None and not done():
             polish(plan, rounds, cfg.polish_calls, False)
         if cfg.search_calls and not done() and env.best_candidate is not None:
-            polish(pipeline_plan(env.best_candidate), -rounds, cfg.search_calls, True)
+            polish(pipeline_plan(env.best_candidate), 1_000_003 + rounds, cfg.search_calls, True)
     out.plan = pipeline_plan(env.best_candidate) if env.best_candidate is not None else None
     out.step_time_s, out.calls, out.wall_s, out.rounds = env.best_step_time_s, env.num_samples - calls0, \
         time.perf_counter() - t0, rounds
