@@ -32,10 +32,12 @@ Predictions, per plan, from ``autoplace.simulate`` of the same ``Placement``:
   whole-pass normalisation, one batch size), ``CostModel(optimizer="adam")``, two CPU devices
   joined by the send/recv link measured by ping-pong.
 - **after**: :func:`autoplace.cost.profile.profile` as it is now (the thread's CPU clock,
-  timing overhead removed, scaled to the whole passes, a second batch size, the loss and Adam's
-  step measured) and :class:`autoplace.cost.host.HostCostModel` with the host probe's terms
+  timing overhead removed, scaled to the whole passes timed inside training steps, a second
+  batch size, the loss and Adam's step measured, the fx values that cross each op boundary) and
+  :class:`autoplace.cost.host.HostCostModel` with the host probe's terms
   (:mod:`autoplace.cost.host_probe`: the gloo link, gloo's all-reduce for DDP's cluster, the
-  corun factor, the pipeline runtime's cost per action, and the wall time of shared cores: what a
+  corun factor, the pipeline runtime's cost per action and per boundary tensor beyond the
+  first, and the wall time of shared cores: what a
   message costs its receiver when it arrives while the receiver computes or while it waits
   (``busy_message_s``, ``idle_message_s``) and what an all-reduce adds to a computation on both
   ranks (``busy_allreduce_s``)), each measured on this machine by its own probe (synthetic
@@ -53,6 +55,10 @@ terms included), as ``a x actions + b`` (non-negative least squares over their 4
 x 2 ranks).
 GNMT-4 unrolled and Inception-V3 are held out; the table marks which rows were fitted on, and
 the JSON keeps the prediction with the probed terms alone (``probed_only_s``).
+
+Ablations on the same measurements: ``no_in_step`` (in the JSON and the report: the profile's
+whole passes timed back to back instead of inside training steps, with its own fit), and
+``--repredict --without FIELD`` for any HostCostModel term.
 
 Reported: predicted / measured per configuration (before, after), whether it is within 15%, and
 Kendall's tau between the order of plans by prediction and by measurement (the multi-process

@@ -233,7 +233,7 @@ def in_step_lines(res: dict[str, Any]) -> list[str]:
     one = [r for m in res["models"] for r in m["rows"] if not r["multi_process"]]
     fit = res.get("fit_no_in_step", {})
     return [f"The in-step passes (the profiler times the whole forward and backward inside training steps, after "
-            f"Adam's update, instead of back to back; `autoplace/cost/profile.py`), kept because of the held-out rows: "
+            f"Adam's update, instead of back to back; `autoplace/cost/profile.py`): "
             f"with the term / without it (the same profile with the back-to-back passes, its own fit: "
             f"a = {fit.get('action_s', 0) * 1e6:.0f} us, b = {fit.get('step_s', 0) * 1e6:.0f} us): held out within 15% "
             f"{h['within_15pct']} / {hn.get('within_15pct', 0)} of {h['configs']}, geometric-mean error "
