@@ -29,7 +29,9 @@ Variants (``autoplace/weights``; a missing file is skipped): ``fresh`` (a new ne
 earliest-finish prior alone, seed 0), ``dgi`` (``mars_dgi.pt``: DGI encoder, untrained
 placer), ``dgi+ppo`` (``mars.pt``, the shipped weights), ``imitation`` (``mars_imitation_fresh.pt``:
 imitation of search alone, from a fresh network), ``dgi+ppo+imitation`` (``mars_imitation.pt``:
-the shipped weights, then imitation). A "PPO only" variant (the shipped recipe without DGI)
+the shipped weights, then imitation of the ILS targets), ``dgi+ppo+on-policy``
+(``mars_imitation_onpolicy.pt``: the shipped weights, then imitation of their own greedy decode
+polished by ``refine``, ``ImitationConfig.on_policy``). A "PPO only" variant (the shipped recipe without DGI)
 is not trained (it takes hours of one core).
 
 Step times are simulated (the simulator is the judge; no measured run backs them). Times are
@@ -65,7 +67,8 @@ from autoplace.planners.learned.corpus import held_out_cases  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 WEIGHTS = ROOT / "autoplace" / "weights"
 VARIANTS: dict[str, str] = {"fresh": "", "dgi": "mars_dgi.pt", "dgi+ppo": "mars.pt",
-                            "imitation": "mars_imitation_fresh.pt", "dgi+ppo+imitation": "mars_imitation.pt"}
+                            "imitation": "mars_imitation_fresh.pt", "dgi+ppo+imitation": "mars_imitation.pt",
+                            "dgi+ppo+on-policy": "mars_imitation_onpolicy.pt"}
 BRANCHY = ("inception_v3", "nasnet", "nasnetalarge", "gnmt8-unrolled")
 
 

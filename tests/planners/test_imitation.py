@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from autoplace.cluster import Cluster
@@ -64,3 +65,27 @@ def test_a_tiny_imitation_run_writes_weights_and_resumes(tmp_path: Path) -> None
     assert whole["done"] and whole["step"] == 4 and len(whole["losses"]) == 2
     load_net(tmp_path / "w" / "mars_imitation.pt")
     assert not set(whole["held_out_clusters"]) & set(whole["clusters"])
+
+
+def test_on_policy_imitation_targets_the_polished_greedy_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoplace.planners.learned.imitation as imitation_mod
+    from autoplace.planners.learned.env import PlacementEnv
+    from autoplace.planners.learned.refine import refine
+
+    seen: list[tuple[MarsPolicy, torch.Tensor, np.ndarray]] = []
+
+    def recording(policy: MarsPolicy, target: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            greedy = policy.decode(policy.sample(1, torch.Generator(), greedy=True).actions)[0]
+        seen.append((policy, target.clone(), greedy))
+        return imitation_loss(policy, target)
+
+    monkeypatch.setattr(imitation_mod, "imitation_loss", recording)
+    cfg = ImitationConfig(seed=1, pairs=2, search_samples=150, max_ops=80, sources="generated", generated=6,
+                          random_clusters=1, steps=3, checkpoint_every=3, on_policy=120)
+    rec = imitate(cfg, out=tmp_path / "w", work=tmp_path / "work", log=lambda s: None)
+    assert rec["done"] and len(seen) == 3
+    for step, (policy, target, greedy) in enumerate(seen):
+        env = PlacementEnv(policy.graph, policy.cluster, reference_s=1.0)
+        polished = refine(env, greedy, seed=step, max_evaluations=120).device_of_node
+        assert np.array_equal(target[0].numpy(), polished)

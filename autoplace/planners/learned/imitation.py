@@ -84,8 +84,15 @@ class ImitationConfig:
     """gradient clipping."""
     checkpoint_every: int = 25
     """steps between checkpoints."""
+    on_policy: int = 0
+    """0: imitate the cached ILS targets. N > 0: imitate, at each step, the policy's own greedy
+    decode polished by ``refine`` with at most N simulator calls (a local expert around the
+    states the policy visits, against the exposure bias of whole-placement targets; the ILS
+    targets then only choose the pairs)."""
 
     def __post_init__(self) -> None:
+        if self.on_policy < 0:
+            raise ValueError(f"ImitationConfig.on_policy is {self.on_policy}; it must be >= 0 simulator calls")
         for name in ("pairs", "search_samples", "max_ops", "steps", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ImitationConfig.{name} is {getattr(self, name)}; it must be >= 1")
@@ -194,8 +201,19 @@ class _Run:
     def train_step(self, targets: list[dict[str, Any]]) -> float:
         t = targets[int(self.rng.integers(len(targets)))]
         policy = self.policy(t)
+        target = torch.tensor([t["target"]], dtype=torch.long)
+        if self.config.on_policy:
+            from .env import PlacementEnv
+            from .refine import refine
+
+            policy.eval()
+            with torch.no_grad():
+                greedy = policy.decode(policy.sample(1, torch.Generator().manual_seed(self.step), greedy=True).actions)
+            env = PlacementEnv(policy.graph, policy.cluster, reference_s=t["heuristic_s"])
+            r = refine(env, greedy[0], seed=self.step, max_evaluations=self.config.on_policy)
+            target = torch.from_numpy(r.device_of_node).unsqueeze(0)  # its own labels: no renaming
         policy.train()
-        loss = imitation_loss(policy, torch.tensor([t["target"]], dtype=torch.long))
+        loss = imitation_loss(policy, target)
         self.opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
