@@ -21,9 +21,10 @@ clusters that no pretraining run reads). Per case:
   seeds), and ``policy_s`` (the network's part of the plan time: features, GNN, decode,
   simulation of 17 placements, in a warm process, one thread);
 - ``tuned`` (``--parts tuned``): fine-tuning from each variant in ``--tune-variants`` for
-  ``--tune-budget`` seconds with the Mars planner's fine-tune path (``MarsConfig.expert``
-  off: PPO then refine; on: expert iteration, :mod:`autoplace.planners.learned.expert`), and
-  ILS at the same simulator calls (from its curve).
+  ``--tune-budget`` seconds with the Mars planner's fine-tune path, in each of ``--tune-modes``
+  (:data:`TUNE_MODES`: ``ppo`` = ``MarsConfig.expert`` off, PPO then refine; ``expert`` and
+  ``expert-lean`` = expert iteration, :mod:`autoplace.planners.learned.expert`), against ILS
+  at the same wall time and at the same simulator calls (from its curve).
 
 Variants (``autoplace/weights``; a missing file is skipped): ``fresh`` (a new network: the
 earliest-finish prior alone, seed 0), ``dgi`` (``mars_dgi.pt``: DGI encoder, untrained
@@ -116,18 +117,27 @@ def run_zero_shot(entry: Any, cluster: Any, weights: Path) -> dict[str, Any]:
             "source": m["source"], "policy_s": m["policy_s"], "total_s": m["total_s"]}
 
 
-def run_tuned(entry: Any, cluster: Any, weights: Path, budget: float, expert: bool) -> dict[str, Any]:
+TUNE_MODES = ("ppo", "expert", "expert-lean")
+"""``ppo``: the planner's default fine-tune (PPO, then ``refine``); ``expert``: expert iteration
+with its defaults; ``expert-lean``: expert iteration that gives the search most of the time
+(no PPO, one imitation step and 48 kicks per round of 8 samples)."""
+
+
+def run_tuned(entry: Any, cluster: Any, weights: Path, budget: float, mode: str) -> dict[str, Any]:
+    from autoplace.planners.learned.expert import ExpertConfig
     from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
 
     graph = entry.load()
+    expert = ExpertConfig(ppo=False, imitation_steps=1, kicks_per_round=48, samples_per_round=8) \
+        if mode == "expert-lean" else ExpertConfig()
     t0 = time.perf_counter()
     p = MarsPlanner().place(graph, cluster, weights=weights, budget_s=budget, seed=0,
-                            config=MarsConfig(expert=expert))
+                            config=MarsConfig(expert=mode != "ppo", expert_config=expert))
     wall = time.perf_counter() - t0
     m = p.meta
     step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
     return {"step_time_s": step, "policy_step_time_s": m["policy_step_time_s"], "samples": m["samples"],
-            "source": m["source"], "wall_s": wall, "expert": expert}
+            "source": m["source"], "wall_s": wall, "mode": mode}
 
 
 def ils_at(row: dict[str, Any], samples: int) -> float | None:
@@ -162,6 +172,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
              f". Machine: {meta['cpus']} CPU cores shared with other jobs (load average {meta['load_before']:.1f} "
              f"before, {meta.get('load_after', float('nan')):.1f} after the last command), torch "
              f"{meta['torch']}, one thread. Step times are simulated (no measured run backs them).", "",
+             *[f"Note: {n}" for n in meta.get("notes", [])], *([""] if meta.get("notes") else []),
              "Cases: held-out graphs on held-out clusters (`corpus.held_out_cases`): no pretraining run read "
              "any of these graph families or clusters. `ils`: the learning-free iterated local search for "
              f"{rows[0]['ils']['budget_s']:.0f} s per case (seed 0). Ratios are step time over the 60 s ILS's "
@@ -181,13 +192,15 @@ def write_report(data: dict[str, Any], out: Path) -> None:
                      + " | ".join(cells) + " |")
     lines += ["", "Geometric means over the cases (goal: zero-shot within 2% of the 60 s ILS, i.e. <= 1.02):", "",
               "| variant | greedy / ILS | best16 / ILS | returned / ILS | returned / heur | policy s per 1,000 ops "
-              "(max) | plan s per 1,000 ops (max, seeds + policy) |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "(max) | plan s per 1,000 ops (max over graphs of >= 1,000 ops; heuristic seeds + policy) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for v in variants:
         zs = [(r, r["zero_shot"][v]) for r in rows if v in r.get("zero_shot", {})]
         g = {k: geomean([z[k] / r["ils"]["step_time_s"] for r, z in zs]) for k in ("greedy", "best16", "returned")}
         heur = geomean([z["returned"] / r["best_heuristic_s"] for r, z in zs])
         pol = max(z["policy_s"] / r["ops"] * 1e3 for r, z in zs)
-        tot = max((z["policy_s"] + r["seed_s"]) / r["ops"] * 1e3 for r, z in zs)
+        big = [(r, z) for r, z in zs if r["ops"] >= 1000] or zs
+        tot = max((z["policy_s"] + r["seed_s"]) / r["ops"] * 1e3 for r, z in big)
         lines.append(f"| {v} | {fmt(g['greedy'])} | {fmt(g['best16'])} | {fmt(g['returned'])} | {fmt(heur)} | "
                      f"{pol:.2f} | {tot:.2f} |")
     lines += ["", "ILS 60 s / best heuristic, geometric mean: " +
@@ -247,18 +260,22 @@ def main() -> None:
     ap.add_argument("--parts", nargs="*", default=["zero_shot"], choices=["zero_shot", "tuned"])
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--tune-variants", nargs="*", default=["dgi+ppo"], choices=list(VARIANTS))
-    ap.add_argument("--tune-modes", nargs="*", default=["ppo", "expert"], choices=["ppo", "expert"])
+    ap.add_argument("--tune-modes", nargs="*", default=list(TUNE_MODES), choices=list(TUNE_MODES))
     ap.add_argument("--tune-budget", type=float, default=60.0)
     ap.add_argument("--ils-budget", type=float, default=60.0)
     ap.add_argument("--cases", type=int, default=None, help="only the first N cases")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--replace", action="store_true", help="with --resume: redo the chosen parts")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's notes (kept in the JSON)")
     ap.add_argument("--out", default=str(RESULTS / "ablation.json"))
     args = ap.parse_args()
     out = Path(args.out)
     if args.report:
-        write_report(json.loads(out.read_text()), out)
+        saved = json.loads(out.read_text())
+        saved["meta"]["notes"] = saved["meta"].get("notes", []) + args.note
+        out.write_text(json.dumps(saved, separators=(",", ":")))
+        write_report(saved, out)
         return
     torch.set_num_threads(1)
     data: dict[str, Any] = json.loads(out.read_text()) if args.resume and out.exists() else {"meta": {}, "rows": []}
@@ -299,7 +316,7 @@ def main() -> None:
                     key = f"{v} {mode}"
                     if w is None or (key in tu and not args.replace):
                         continue
-                    tu[key] = run_tuned(entry, cluster, w, args.tune_budget, mode == "expert")
+                    tu[key] = run_tuned(entry, cluster, w, args.tune_budget, mode)
                     print(f"    {key:>24}: {tu[key]['step_time_s'] / row['ils']['step_time_s']:.3f} of ILS, "
                           f"{tu[key]['samples']} samples", flush=True)
                     save(data, out)
