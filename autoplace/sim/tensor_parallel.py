@@ -30,10 +30,11 @@ row and stays whole (its columns all-reduce their input gradients as without SP)
 (:func:`sequence_region`: the per-token ops reached from a row's output before the next block's
 columns, as the runtime walks its fx graph: residual adds, norms, an RMSNorm's pow/mean/rsqrt/mul,
 dropouts) then run on ``1/t`` of the tokens: their time and activations divided by t. Not
-charged (the runtime's own collectives, outside DTensor's): the region's parameters' gradient
-all-reduces (the norms' weights; small, latency-bound), the all-gather of a region value read
-outside it (the last norm's output before the model's head) and of the gradient of a whole value
-read in it (the first residual).
+charged (the runtime's own collectives, outside DTensor's, listed by
+:func:`sp_runtime_collectives`): the region's parameters' gradient all-reduces (the norms'
+weights; small, latency-bound), the all-gather of a region value read outside it (the last
+norm's output before the model's head) and of the gradient of a whole value read in it (the
+first residual).
 
 :func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
 the blocks (MLP and attention; fused q/k/v projections and attention with per-head parameters
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
 
 __all__ = ["LinearPair", "Collective", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
-           "tp_activation_bytes", "sequence_region", "ELEMENTWISE", "PER_TOKEN"]
+           "tp_activation_bytes", "sequence_region", "sp_runtime_collectives", "ELEMENTWISE", "PER_TOKEN"]
 
 _REGION_KINDS = PER_TOKEN | {"mean", "sum"}
 """The op graph keeps no reduction dimensions: a mean or sum reached from a row is taken to be
@@ -158,6 +159,39 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
                                                                             ("backward", "reduce_scatter"))]
         else:  # each column's input gradient (the first block's input is whole under SP too)
             out += [Collective("backward", "all_reduce", x, name) for x in into]
+    return out
+
+
+def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
+                           pairs: Sequence[LinearPair] | None = None) -> list[Collective]:
+    """The collectives the sequence-parallel rewrite runs itself (outside DTensor's), per
+    micro-batch of the ops ``ops``, which :func:`tp_stage_cost` does not charge: a backward
+    all-reduce of each region parameter's gradient (two for a LayerNorm: weight and bias), a
+    forward all-gather of each region value read outside the region (``_SeqGather``; the model's
+    output and a stage's boundary values too) and a backward all-gather of the gradient of each
+    whole value read in it (``_SeqShard``). Size reads of a region value (``x.size(1)`` for a
+    reshape), which the runtime gathers for once each, are folded in the op graph into an edge to
+    the op that uses the size: one gather per such edge. A value, for reports."""
+    mask = np.zeros(graph.num_nodes, dtype=bool)
+    mask[np.asarray(ops)] = True
+    pairs = linear_pairs(graph) if pairs is None else pairs
+    inner = [p for ps in _blocks_inside(mask, pairs).values() for p in ps]
+    region = sequence_region(graph, inner, mask)
+    rows = {p.row for p in inner}
+    columns = {p.column for p in inner}
+    out: list[Collective] = []
+    for u in np.nonzero(region)[0].tolist():
+        path = graph.module_paths[u] if graph.module_paths else ""
+        if graph.param_bytes[u] > 0:
+            k = 2 if graph.kinds[u] == "LayerNorm" else 1
+            out += [Collective("backward", "all_reduce", float(graph.param_bytes[u]) / k, path)] * k
+        for a in graph.predecessors(u).tolist():
+            if not region[a] and a not in rows:
+                out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches, path))
+        users = graph.successors(u).tolist()
+        exits = [v for v in users if not (mask[v] and (region[v] or v in columns))]
+        out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches, path)] * (
+            len(exits) + (not users))
     return out
 
 

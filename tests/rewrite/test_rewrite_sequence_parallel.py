@@ -21,7 +21,7 @@ import autoplace
 import pipeline_workers as pw
 import tp_models as tm
 from autoplace.placement import Placement
-from autoplace.sim.tensor_parallel import linear_pairs, sequence_region, tp_collectives
+from autoplace.sim.tensor_parallel import linear_pairs, sequence_region, sp_runtime_collectives, tp_collectives
 
 CHILD = Path(__file__).with_name("sp_child.py")
 DTENSOR = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter", "all_gather_into_tensor": "all_gather"}
@@ -57,18 +57,27 @@ def _check(name: str, parts: list[dict]) -> None:
 
 def test_planned_sp_tp2_equals_the_unsplit_model(tmp_path: Path) -> None:
     got = _launch(tmp_path, 2, [{"id": "gpt", "model": "gpt-qkv", "pp": 1, "via": "apply"},
-                                {"id": "llama", "model": "llama", "pp": 1, "via": "runner"}])
-    for case, name in (("gpt", "gpt-qkv"), ("llama", "llama")):
+                                {"id": "llama", "model": "llama", "pp": 1, "via": "apply"},
+                                {"id": "llama-runner", "model": "llama", "pp": 1, "via": "runner"}])
+    for case, name in (("gpt", "gpt-qkv"), ("llama", "llama"), ("llama-runner", "llama")):
         _check(name, got[case])
-    # the collectives torch ran in the first step are the ones the simulator charges for the plan
-    plan = Placement.from_dict(got["gpt"][0]["plan"])
-    graph = autoplace.trace(tm.build("gpt-qkv"), (tm.batch(8, 0)[0],))
-    charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes),
-                                                                    plan.microbatches,
-                                                                    sequence_parallel=plan.sequence_parallel))
-    ran = {f"{k.split()[0]} {DTENSOR[k.split()[1]]}": v for k, v in got["gpt"][0]["comms"].items()
-           if k.split()[1] in DTENSOR}
-    assert ran == dict(charged) and "forward all_reduce" not in ran, got["gpt"][0]["comms"]
+    for case, name in (("gpt", "gpt-qkv"), ("llama", "llama")):
+        # the collectives torch ran in the first step are the ones the simulator charges for the plan
+        plan = Placement.from_dict(got[case][0]["plan"])
+        graph = autoplace.trace(tm.build(name), (tm.batch(8, 0)[0],))
+        ops = np.arange(graph.num_nodes)
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, ops, plan.microbatches,
+                                                                        sequence_parallel=plan.sequence_parallel))
+        comms = got[case][0]["comms"]
+        ran = {f"{k.split()[0]} {DTENSOR[k.split()[1]]}": v for k, v in comms.items() if k.split()[1] in DTENSOR}
+        assert ran == dict(charged) and "forward all_reduce" not in ran, (case, comms)
+        # the rewrite's own (not charged) are those sp_runtime_collectives lists; size reads are a gather
+        # each at run time and one per op-graph edge (the QKV GPT's block 1 reads two sizes; Llama none)
+        own = Counter(f"{c.phase} {c.kind}" for c in sp_runtime_collectives(graph, ops, plan.microbatches))
+        assert own["backward all_reduce"] == comms.get("backward allreduce_", 0) > 0, (case, comms)
+        assert own["backward all_gather"] == comms.get("backward allgather_", 0), (case, comms)
+        gathers = comms.get("forward allgather_", 0)
+        assert own["forward all_gather"] == gathers if name == "llama" else 0 < own["forward all_gather"] <= gathers
 
 
 @pytest.mark.slow
