@@ -59,7 +59,8 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
 
 __all__ = ["LinearPair", "Collective", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
-           "tp_activation_bytes", "sequence_region", "sp_runtime_collectives", "ELEMENTWISE", "PER_TOKEN"]
+           "tp_activation_bytes", "sequence_region", "sp_runtime_collectives",
+           "sp_runtime_seconds", "ELEMENTWISE", "PER_TOKEN"]
 
 _REGION_KINDS = PER_TOKEN | {"mean", "sum"}
 """The op graph keeps no reduction dimensions: a mean or sum reached from a row is taken to be
@@ -193,6 +194,22 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
         out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches, path)] * (
             len(exits) + (not users))
     return out
+
+
+def sp_runtime_seconds(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int],
+                       microbatches: int, pairs: Sequence[LinearPair] | None = None) -> tuple[float, float]:
+    """(forward s, backward s) per micro-batch of :func:`sp_runtime_collectives` over ``devices``,
+    priced as :func:`tp_stage_cost` prices its rings (the slowest link among them); what a
+    schedule simulator adds to a TP stage's F and B under sequence parallelism to charge them."""
+    t = len(devices)
+    if t <= 1:
+        return 0.0, 0.0
+    lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
+    inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
+    out = {"forward": 0.0, "backward": 0.0}
+    for c in sp_runtime_collectives(graph, ops, microbatches, pairs):
+        out[c.phase] += (_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
+    return out["forward"], out["backward"]
 
 
 def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], fwd: np.ndarray,

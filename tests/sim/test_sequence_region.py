@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch.fx
 
+from autoplace.graph.ir import OpGraph
+
 import autoplace
 from autoplace.rewrite.sequence_parallel import sequence_parallel_rewrite
 from autoplace.rewrite.tensor_parallel import tp_layout
@@ -48,3 +50,32 @@ def test_a_stage_keeps_its_own_region() -> None:
     assert not mine[:cut].any() and mine.sum() < whole[cut:].sum()
     assert not mine[cut:rows[1]].any()  # the next stage's ops before its own first row run whole
     assert mine[rows[1] + 1:].tolist() == whole[rows[1] + 1:].tolist()
+
+
+def _mlp_then_head() -> OpGraph:
+    # ln -> fc -> gelu -> fc2 -> add (+ ln) -> ln2 -> head; 16 features x 128 bytes per token row, fp32
+
+    names = ["ln", "fc", "gelu", "fc2", "add", "ln2", "head"]
+    kinds = ["LayerNorm", "Linear", "gelu", "Linear", "add", "LayerNorm", "Linear"]
+    paths = ["blk.ln", "blk.fc", "blk", "blk.fc2", "blk", "ln2", "head"]
+    out = np.array([16, 64, 64, 16, 16, 16, 32]) * 128.0
+    edges = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (4, 5), (5, 6)]
+    return OpGraph.build(names, kinds, edges, edge_bytes=out[[e[0] for e in edges]], out_bytes=out,
+                         param_bytes=np.array([32, 17 * 64, 0, 65 * 16, 0, 32, 17 * 32]) * 4.0, module_paths=paths,
+                         fwd_time_s=np.ones(7), bwd_time_s=2 * np.ones(7), profiled_on="toy", batch_size=4, name="mlp")
+
+
+def test_runtime_collectives_hand_computed() -> None:
+    from autoplace.sim.tensor_parallel import sp_runtime_collectives, sp_runtime_seconds
+    from sim_helpers import cluster
+
+    g = _mlp_then_head()
+    assert [g.names[i] for i in np.nonzero(sequence_region(g))[0]] == ["add", "ln2"]
+    got = sorted((c.phase, c.kind, c.nbytes) for c in sp_runtime_collectives(g, np.arange(7), 2))
+    # add reads ln's whole output (its gradient gathered), ln2's weight and bias gradients are summed,
+    # head reads ln2's sequence shard (gathered whole)
+    assert got == [("backward", "all_gather", 16 * 128 / 2), ("backward", "all_reduce", 16.0 * 4),
+                   ("backward", "all_reduce", 16.0 * 4), ("forward", "all_gather", 16 * 128 / 2)]
+    f, b = sp_runtime_seconds(g, cluster(2, bandwidth=1e9, latency=1e-5), np.arange(7), [0, 1], 2)
+    half = 0.5 * 1024 / 1e9 + 1e-5
+    assert (f, b) == (pytest.approx(half), pytest.approx(half + 2 * (64 / 1e9 + 2e-5)))
