@@ -78,7 +78,19 @@ def tp_row(graph: OpGraph, cluster: Cluster, t: int, sp: bool) -> dict[str, Any]
                       "oom": bool(r.oom)})
     fits = [x for x in tried if not x["oom"]]
     best = min(fits, key=lambda x: x["step_s"]) if fits else min(tried, key=lambda x: x["peak_bytes"])
-    return {**best, "tried": tried}
+    out = {**best, "tried": tried}
+    if sp:
+        out["uncharged_s"] = uncharged_s(graph, cluster, t, int(best["microbatches"]))
+    return out
+
+
+def uncharged_s(graph: OpGraph, cluster: Cluster, t: int, m: int) -> float:
+    """Seconds per step of the SP rewrite's own collectives (sim/tensor_parallel.sp_runtime_seconds,
+    which the simulator does not charge yet) on devices 0..t-1, once per micro-batch."""
+    from autoplace.sim.tensor_parallel import sp_runtime_seconds
+
+    f, b = sp_runtime_seconds(graph, cluster, np.arange(graph.num_nodes), list(range(t)), m)
+    return m * (f + b)
 
 
 def plan_row(graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
@@ -123,8 +135,8 @@ def markdown(report: dict[str, Any]) -> str:
            f"Command: `{s['command']}` ({s['wall_s']:.0f} s, load {s['load_avg']}, {s['cpus']} CPUs). Every figure is "
            "the simulator's, not a measurement. One TP group of `tp` devices holds the whole model (1f1b), at the "
            "micro-batch count that gives the fastest step that fits (else the least memory, OOM).", "",
-           "| workload | cluster | tp | TP | TP+SP | SP memory / TP | same M | SP step / TP |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| workload | cluster | tp | TP | TP+SP | SP memory / TP | same M | SP step / TP | uncharged |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         a, b = r["tp_only"], r["tp_sp"]
         ratio = mem = same = "-"
@@ -132,8 +144,9 @@ def markdown(report: dict[str, Any]) -> str:
             mem, ratio = f"{b['peak_bytes'] / a['peak_bytes']:.3f}", f"{b['step_s'] / a['step_s']:.3f}"
             at = {x["microbatches"]: x["peak_bytes"] for x in b["tried"]}
             same = f"{at[a['microbatches']] / a['peak_bytes']:.3f}"
+        un = f"{b['uncharged_s'] / b['step_s'] * 100:.2f}%" if "uncharged_s" in b else "-"
         out.append(f"| {r['workload']} | {r['cluster']} | {r['tp']} | {_cell(a)} | {_cell(b)} | {mem} | {same} | "
-                   f"{ratio} |")
+                   f"{ratio} | {un} |")
     fits = [r for r in report["rows"] if "error" not in r["tp_sp"] and not r["tp_sp"]["oom"]]
     rescued = sum(1 for r in fits if r["tp_only"].get("oom"))
     faster = sum(1 for r in fits if not r["tp_only"].get("oom") and r["tp_sp"]["step_s"] < r["tp_only"]["step_s"])
@@ -142,7 +155,8 @@ def markdown(report: dict[str, Any]) -> str:
             "is the same with and without SP: the multi-stage simulator (sim/multistage.py) charges SP's collectives "
             "(a reduce-scatter and an all-gather for each all-reduce: the same bytes) but not yet the region's "
             "1/tp compute, and the runtime's own collectives (norm weight gradients, the gather before the head) "
-            "are not charged.", ""]
+            "are not charged: `uncharged` prices them (sim/tensor_parallel.sp_runtime_collectives, the rings of "
+            "tp_stage_cost) as a share of the SP step.", ""]
     plans = report["plans"]
     if plans:
         n = len(plans)
