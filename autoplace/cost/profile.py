@@ -65,6 +65,7 @@ that change what is measured (clock, batch scaling, loss, optimizer).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -126,8 +127,6 @@ def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, 
     Adam's ``step`` and ``zero_grad``. Then ``isolated``: the same forward and backward again
     and again with nothing between them (what the whole passes were before the in-step term:
     kept to show the term)."""
-    import copy
-
     gm = copy.deepcopy(traced.gm)
     flat = _flat_inputs(traced, placeholders_on(traced, example_inputs, device))
     timer = Clock(device, clock)
