@@ -202,7 +202,8 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         multi = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                       loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
                                       device=device, tp=plan.tp, tp_pairs=pairs, timeouts=timeouts,
-                                      predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
+                                      predicted_step_s=_predicted_step_s(plan, graph, cluster, cost),
+                                      dp=r // plan.tp, sequence_parallel=plan.sequence_parallel)
         return _labelled(multi, plan, graph)
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,

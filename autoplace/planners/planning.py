@@ -286,6 +286,7 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
     in ``note``). Returns ``best`` (step, placement, row), replaced by the fastest variant when
     one beats it (best_schedule chooses only variants ``accept`` takes)."""
     from .heuristic.schedules import best_schedule
+    from .heuristic.sequence_parallel import with_sequence_parallel
 
     picked: list[tuple[float, str, Placement]] = []
     for step, name, p in sorted(fitting, key=lambda x: x[0]):
@@ -305,11 +306,11 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                              plan_time_s=0.0, skipped=True, error=why, why=why))
             continue
         t0 = time.perf_counter()
-        choice = best_schedule(graph, cluster, p, sim=sim, accept=accept)
+        choice = with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim, accept=accept), accept=accept)
         got = choice.placement
         row = _judge(sim, get_planner(name), got, time.perf_counter() - t0)
         fits = [c for c in choice.candidates if c[2] is not None]
-        shape = f"{got.schedule}, v={got.virtual_stages}, tp={got.tp}, M={got.microbatches}"
+        shape = f"{got.schedule}, v={got.virtual_stages}, tp={got.tp}{'+sp' if got.sequence_parallel else ''}, M={got.microbatches}"
         stopped = [n for n in choice.notes if n.startswith(("stopped", "faster but refused"))]
         row.update(planner=label, mode="pipeline", schedule=got.schedule, virtual_stages=got.virtual_stages,
                    tp=got.tp, schedules_tried=len(choice.candidates), schedule_notes=list(choice.notes),

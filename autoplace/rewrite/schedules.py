@@ -178,6 +178,7 @@ def build_schedule_runner(
     timeouts: Timeouts | float | None = None,
     predicted_step_s: float | None = None,
     dp: int | None = None,
+    sequence_parallel: bool = False,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -195,7 +196,9 @@ def build_schedule_runner(
     the world is then a (pipeline ranks x dp) DeviceMesh ("pp", "dp"), global rank ``r x dp + j``
     runs pipeline rank r's stages as replica j (see the module's docstring). None: what the stage
     assignment implies, ``world / (tp x ranks)`` with ``ranks`` = its stages / ``virtual_stages``
-    (every stage has ops in a validated plan), else 1.
+    (every stage has ops in a validated plan), else 1. ``sequence_parallel``: with ``tp > 1``, the
+    per-token ops between a stage's row and its next columns run on each TP rank's share of the
+    sequence (:mod:`autoplace.rewrite.sequence_parallel`; the plan's ``sequence_parallel``).
     """
     require_distributed()
     if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
@@ -273,7 +276,7 @@ def build_schedule_runner(
             layout = {path: style for a, b in tp_pairs if a in here and b in here
                       for path, style in ((a, "colwise"), (b, "rowwise"))}
             if layout:
-                apply_tensor_parallel(mod, layout, mesh["tp"])
+                apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
         move_to(mod, device)
         inputs, outputs = stage_io(gm, split, values, micro, k, device)
         split_bw = SPECS[schedule].split_backward

@@ -59,7 +59,10 @@ def test_every_returned_schedule_is_one_the_runtime_runs() -> None:
         g, c = _chain(n), cluster(ranks)
         plan = Placement.pipeline(g, c, balanced_cut(np.ones(n), ranks), list(range(ranks)), microbatches=m)
         p = best_schedule(g, c, plan).placement
-        assert p.schedule in RUNNABLE and all(len(d) == 1 for d in p.stage_devices)
+        d = {len(x) for x in p.stage_devices}  # one device per rank, or the same d replicas on every rank (pp x dp)
+        assert p.schedule in RUNNABLE and len(d) == 1
+        reps = d.pop()
+        assert reps == 1 or g.batch_size % (p.microbatches * reps) == 0
         assert not p.problems(g, c)
 
 
@@ -73,8 +76,8 @@ def test_not_offered_with_batch_norm_and_replicas_recut_unreplicated() -> None:
     rep = Placement.pipeline(g2, c, balanced_cut(np.ones(16), 2), [[0, 1], [2, 3]], microbatches=8)
     choice = best_schedule(g2, c, rep)
     assert any("replicated" in n for n in choice.notes)
-    got = choice.placement  # a multi-stage schedule only on an unreplicated pipeline (what its runner runs)
-    assert got == rep or (got.schedule in MULTI_SCHEDULES and all(len(d) == 1 for d in got.stage_devices))
+    got = choice.placement  # a multi-stage schedule on ranks of one device or of d replicas each (pp x dp)
+    assert got == rep or (got.schedule in MULTI_SCHEDULES and len({len(d) for d in got.stage_devices}) == 1)
     assert any(s.split()[0] in MULTI_SCHEDULES and "unreplicated" in s for s, _, _ in choice.candidates)
 
 

@@ -101,3 +101,13 @@ def test_stage_options_pass_sets_sp_on_a_tp_plan_that_fits_only_with_it(long_lla
     assert got.meta["stage_options"]["variant"] == "sequence parallel"
     roomy = polish_stage_options(long_llama, c, dataclasses.replace(tp, cluster_fingerprint=c.fingerprint))
     assert not roomy.sequence_parallel  # fits as fast without SP: kept as it is
+
+
+def test_best_schedule_keeps_sequence_parallelism_of_the_plan_it_is_given(long_llama: OpGraph) -> None:
+    c = Cluster.preset("8xV100-nvlink")
+    plain_need, sp_need = _tp_needs(long_llama, c)
+    tight = with_memory(c, (sp_need + plain_need) / 2)
+    _, got = _pass(long_llama, tight)
+    assert got.placement.sequence_parallel
+    again = best_schedule(long_llama, tight, got.placement, sim=simulator_for(long_llama, tight), tp_degrees=(2,))
+    assert again.placement.sequence_parallel  # the plan itself, returned or re-made, is still the SP plan

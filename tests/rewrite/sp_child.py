@@ -5,8 +5,7 @@ P / pp ranks, one host of a DGX-1) and let the planner's rule (sp_choice) pick s
 parallelism on that cluster with its memory set between what the plan needs with and without SP;
 then run the chosen Placement: ``via="apply"`` (pp=1) shards the traced module with
 apply_tensor_parallel(sequence_parallel=plan.sequence_parallel); ``via="runner"`` builds the
-plan's pipeline with build_schedule_runner, whose call of apply_tensor_parallel is given the
-plan's sequence_parallel here (it does not pass it yet). Train 5 SGD steps and save the plan, the
+plan's pipeline with build_schedule_runner(sequence_parallel=plan.sequence_parallel). Train 5 SGD steps and save the plan, the
 losses, the largest difference of losses and gathered parameters from the unsplit model, the
 sequence-parallel region each module was rewritten with, and with ``via="apply"`` the
 collectives torch ran in the first step by phase and kind (CommDebugMode), to OUT/<id>-rank<r>.pt."""
@@ -14,7 +13,6 @@ collectives torch ran in the first step by phase and kind (CommDebugMode), to OU
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 from pathlib import Path
 
@@ -103,12 +101,11 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                        if n.name in traced.op_of_fx}
         for n in gm.graph.nodes:  # placeholders and the output: with their neighbours
             stage_of_fx.setdefault(n.name, 0 if n.op == "placeholder" else pp - 1)
-        schedules.apply_tensor_parallel = functools.partial(apply_tensor_parallel,  # type: ignore[assignment]
-                                                            sequence_parallel=plan.sequence_parallel)
         runner = schedules.build_schedule_runner(gm, stage_of_fx, example_inputs=(x0,),
                                                  microbatches=plan.microbatches, loss_fn=tm.loss,
                                                  schedule=plan.schedule, virtual_stages=1, tp=plan.tp,
-                                                 tp_pairs=[(p.column_path, p.row_path) for p in pairs])
+                                                 tp_pairs=[(p.column_path, p.row_path) for p in pairs],
+                                                 sequence_parallel=plan.sequence_parallel)
         modules = list(runner.stage_modules)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:

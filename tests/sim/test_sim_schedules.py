@@ -196,7 +196,7 @@ def test_bad_shapes_name_value_rule_and_fix(monkeypatch: pytest.MonkeyPatch) -> 
         Placement.pipeline(g, c, stages, [0, 1], microbatches=4, schedule="interleaved-1f1b", virtual_stages=0)
     g4, c4 = _uniform(2, 2)
     with pytest.raises(PlacementError, match=r"one device per rank"):
-        Placement.pipeline(g4, cluster(4), [0, 1, 2, 3], [[0, 2], [1, 3]], microbatches=4,
+        Placement.pipeline(g4, cluster(4), [0, 1, 2, 3], [[0, 2], [1]], microbatches=4,
                            schedule="interleaved-1f1b", virtual_stages=2)
     monkeypatch.setitem(S.SPECS, "looped-bfs", S.ScheduleSpec("looped-bfs", "ScheduleNotInThisTorch", "loop",
                                                                False, (1, None)))

@@ -177,6 +177,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         try:
             return Placement.pipeline(graph, cluster, stage_of_node, groups, microbatches=m, schedule=schedule,
                                       planner=plan.planner, meta=dict(plan.meta), virtual_stages=v, tp=tp,
+                                      sequence_parallel=keep_options and tp == plan.tp and plan.sequence_parallel,
                                       **(_options(plan) if keep_options else {}))
         except PlacementError:
             return None
@@ -270,7 +271,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     out = Placement.pipeline(graph, cluster, chosen.stage_of_node if chosen.stage_of_node is not None else [],
                              chosen.stage_devices or (), microbatches=chosen.microbatches, schedule=chosen.schedule,
                              planner=chosen.planner, meta=meta, virtual_stages=chosen.virtual_stages,
-                             tp=chosen.tp, validate=False, **_options(chosen))
+                             tp=chosen.tp, sequence_parallel=chosen.sequence_parallel, validate=False,
+                             **_options(chosen))
     return ScheduleChoice(out, tuple(tried), tuple(notes), tuple(offered))
 
 
