@@ -231,8 +231,8 @@ def write_report(data: dict[str, Any], out: Path) -> None:
             at = [(t, ils_at(r, t["samples"])) for r, t in pairs]
             eqs = [t["step_time_s"] / e for t, e in at if e is not None]
             lines.append(f"| {k} | {fmt(geomean([t['step_time_s'] / r['ils']['step_time_s'] for r, t in pairs]))} "
-                         f"({len(pairs)} cases) | {fmt(geomean(eqs))} ({len(eqs)} cases: the others made more calls "
-                         "than the ILS did in 60 s) |")
+                         f"({len(pairs)} cases) | {fmt(geomean(eqs))} ({len(eqs)} of {len(pairs)} cases; a run that "
+                         "made more calls than the ILS in its 60 s has no equal-calls point) |")
     lines += ["", "## Branchy graphs: share of the gap (best heuristic - lower bound) closed (goal: >= 0.5 per case)", "",
               "| graph | cluster | gap ms | ILS 60 s | " + " | ".join(f"{v} returned" for v in variants) +
               (" | " + " | ".join(f"tuned {k}" for k in keys) if tuned else "") + " |",
