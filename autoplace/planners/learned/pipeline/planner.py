@@ -17,9 +17,11 @@ found the plan):
 
 1. **Seeds**: pipedream-dp (with replication), gpipe-uniform and data-parallel run and are
    simulated; the best that fits is the reward's reference.
-2. **Prior samples** (``prior_samples``): the untrained policy, whose open head starts from
-   "cut when the stage is full against its balanced share", samples plans of every stage count
-   and device mapping. This is the policy without any heuristic's help.
+2. **Prior samples** (``prior_samples``): the policy before any fine-tuning samples plans of
+   every stage count and device mapping: by default its network is the pretrained one
+   (``weights``: imitation of the pipeline search over a corpus, :mod:`.pretrain`), else a fresh
+   network whose open head starts from "cut when the stage is full against its balanced share".
+   This is the policy without this graph's heuristics' help.
 3. **Imitation warm start** (``imitation_steps``): a few gradient steps raising the
    log-probability of the best plan so far (a seed's or a prior sample's), encoded as actions
    by teacher forcing through the same masks, until the policy samples it with probability
@@ -93,7 +95,7 @@ class PipelineRLConfig:
     seeds: tuple[str, ...] = SEED_PLANNERS
     """heuristics whose plans are simulated first, imitated and always in the running."""
     prior_samples: int = 64
-    """plans sampled from the untrained policy before imitation (step 2)."""
+    """plans sampled from the policy before imitation (step 2)."""
     imitation_steps: int = 80
     """most gradient steps of the imitation warm start (0 skips it)."""
     imitation_prob: float = 0.3
@@ -216,7 +218,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         policy.load_shared(load_weights(cfg.weights))
     gen = torch.Generator().manual_seed(int(seed))
 
-    # step 2: the untrained policy on its own
+    # step 2: the policy (pretrained or fresh) on its own
     prior_best = math.inf
     if cfg.prior_samples:
         policy.eval()
