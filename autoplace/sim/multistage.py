@@ -23,7 +23,10 @@ all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not use
 plain sum, with sharded parameters and each device's share of the blocks' activations,
 :func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one device or one TP
 group and the stages keep the default data-parallel options: the plan's validation says so for
-anything else. gpipe and 1f1b with ``tp > 1`` run here too.
+anything else. gpipe and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
+per-token ops of each stage's SP region (:func:`~.tensor_parallel.sequence_region`, what the
+runtime rewrites) run at ``1/tp`` of their time too (their parameters stay whole), and the
+rewrite's own collectives (:func:`~.tensor_parallel.sp_runtime_seconds`) are added to F and B.
 
 Replicated ranks (pp x dp, as torchtitan composes them): every rank may be ``d`` data-parallel
 replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` devices, replica ``j``
@@ -60,7 +63,7 @@ from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .ddp import ddp_sync
 from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, weight_fraction
 from .stages import boundary_bytes, stage_groups
-from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_stage_cost
+from .tensor_parallel import linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_stage_cost
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -78,7 +81,7 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
     k = dev_of_stage.shape[0]
     f_op, b_op, w_op, u_op, p_op, ar = _op_times(sim, st, dev_of_stage, microbatches, tp_groups,
                                                  sequence_parallel=sequence_parallel)
-    return (np.bincount(st, f_op, minlength=k) + ar / 2, np.bincount(st, b_op, minlength=k) + ar / 2,
+    return (np.bincount(st, f_op, minlength=k) + ar[0], np.bincount(st, b_op, minlength=k) + ar[1],
             np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
 
 
@@ -87,7 +90,9 @@ def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microb
               replicas: Sequence[Sequence[int]] | None = None,
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
-    every op on its stage's device (TP pairs scaled by 1/tp), and (K,) each stage's TP collectives.
+    every op on its stage's device (TP pairs, and with ``sequence_parallel`` the SP region, scaled by
+    1/tp), and (2, K) each stage's TP collectives in its forward and in its backward (half each of
+    the blocks' ones, plus with SP the rewrite's own, :func:`~.tensor_parallel.sp_runtime_seconds`).
     ``replicas``: each stage's replicas' devices; an op then takes its slowest replica's time."""
     k = dev_of_stage.shape[0]
     tf, tb = sim.op_times(int(microbatches))
@@ -104,7 +109,7 @@ def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microb
                 u_op[ops] = sim.upd[np.ix_(ops, devs)].max(axis=1)
     w_op = b_op * weight_fraction(sim.graph.param_bytes)
     p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
-    ar = np.zeros(k)
+    ar = np.zeros((2, k))
     if tp_groups is not None and len(tp_groups[0]) > 1:
         pairs = linear_pairs(sim.graph)
         t = len(tp_groups[0])
@@ -112,12 +117,23 @@ def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microb
         for p in pairs:
             if len({int(st[i]) for i in p.ops}) == 1:  # a pair cut by a stage boundary stays whole
                 scale[list(p.ops)] = 1.0 / t
+        work = scale.copy()  # the time scale; the SP region's parameters (norms) stay whole on every TP rank
         for s in range(k):
             ops = np.nonzero(st == s)[0]
-            if ops.size:
-                ar[s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
-                                      int(microbatches), pairs, sequence_parallel=sequence_parallel)[2]
-        f_op, b_op, w_op, u_op, p_op = f_op * scale, b_op * scale, w_op * scale, u_op * scale, p_op * scale
+            if not ops.size:
+                continue
+            ar[:, s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
+                                     int(microbatches), pairs, sequence_parallel=sequence_parallel)[2] / 2
+            if sequence_parallel:
+                # Korthikanti et al. 2022, section 4.2.2: the per-token ops between a row and the next
+                # columns run on 1/t of the sequence (the region the runtime rewrites, per stage), and the
+                # rewrite's own collectives (its region's gathers, the norms' gradient all-reduces) are paid
+                inside = [p for p in pairs if all(int(st[i]) == s for i in p.ops)]
+                if inside:
+                    work[sequence_region(sim.graph, inside, ops)] = 1.0 / t
+                    ar[:, s] += sp_runtime_seconds(sim.graph, sim.cluster, ops, list(tp_groups[s]),
+                                                   int(microbatches), inside)
+        f_op, b_op, w_op, u_op, p_op = f_op * work, b_op * work, w_op * work, u_op * scale, p_op * scale
     return f_op, b_op, w_op, u_op, p_op, ar
 
 
@@ -216,7 +232,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                                                     [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
                                                     sequence_parallel=sequence_parallel,
                                                     replicas=[groups[r][::t_deg] for r in rank_of] if d > 1 else None)
-    f, b = np.bincount(st, f_op, minlength=k) + tp_ar / 2, np.bincount(st, b_op, minlength=k) + tp_ar / 2
+    f, b = np.bincount(st, f_op, minlength=k) + tp_ar[0], np.bincount(st, b_op, minlength=k) + tp_ar[1]
     w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
                      np.bincount(st, p_op, minlength=k))
     bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)

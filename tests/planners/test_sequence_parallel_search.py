@@ -76,14 +76,28 @@ def test_sp_is_chosen_when_it_makes_the_fastest_plan_fit(long_llama: OpGraph) ->
     assert one.sequence_parallel and step == after.step_time_s
 
 
-def test_sp_is_not_chosen_when_the_plain_plan_fits_as_fast(long_llama: OpGraph) -> None:
+def test_sp_is_kept_only_where_the_simulator_says_it_is_faster(long_llama: OpGraph,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     c = Cluster.preset("8xV100-nvlink")
     sim = simulator_for(long_llama, c)
     choice, got = _pass(long_llama, c)
     assert choice.placement.tp == 2  # the fastest plan is a TP plan, and it fits
+    for p in (p for p in choice.offered if p.tp == 2):  # the rule, plan by plan, against the simulator's steps
+        sp = sp_variant(p)
+        assert sp is not None
+        plain, with_sp = (sim.run(x, timeline=False) for x in (p, sp))
+        faster = not with_sp.oom and (plain.oom or with_sp.step_time_s < plain.step_time_s * (1 - 1e-9))
+        assert sp_choice(sim, p)[0].sequence_parallel == faster
+    assert got.placement.sequence_parallel  # here SP is faster: the region's per-token ops run on 1/tp of the tokens
+    # make the SP rewrite's own collectives dear: SP is slower everywhere and never chosen
+    import autoplace.sim.multistage as ms
+
+    monkeypatch.setattr(ms, "sp_runtime_seconds", lambda *a, **k: (1.0, 1.0))
+    slow = simulator_for(long_llama, c)
+    choice, got = _pass(long_llama, c)
     assert not got.placement.sequence_parallel and got.placement == choice.placement
-    for p in (p for p in choice.offered if p.tp == 2):  # SP is never faster in the simulator here
-        assert not sp_choice(sim, p)[0].sequence_parallel
+    for p in (p for p in choice.offered if p.tp == 2):
+        assert not sp_choice(slow, p)[0].sequence_parallel
     assert sp_variant(next(p for p in choice.offered if p.tp == 1)) is None  # tp=1: nothing to try
 
 
@@ -100,7 +114,13 @@ def test_stage_options_pass_sets_sp_on_a_tp_plan_that_fits_only_with_it(long_lla
     assert got.sequence_parallel and not sim.run(got, timeline=False).oom
     assert got.meta["stage_options"]["variant"] == "sequence parallel"
     roomy = polish_stage_options(long_llama, c, dataclasses.replace(tp, cluster_fingerprint=c.fingerprint))
-    assert not roomy.sequence_parallel  # fits as fast without SP: kept as it is
+    full = simulator_for(long_llama, c)
+    assert roomy.sequence_parallel == (sim_step(full, sp_variant(tp)) < sim_step(full, tp))  # with room: if faster
+
+
+def sim_step(sim: object, p: Placement | None) -> float:
+    assert p is not None
+    return float(sim.run(p, timeline=False).step_time_s)  # type: ignore[attr-defined]
 
 
 def test_best_schedule_keeps_sequence_parallelism_of_the_plan_it_is_given(long_llama: OpGraph) -> None:
