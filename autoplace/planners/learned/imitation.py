@@ -26,6 +26,12 @@ Departure from the paper: one round, offline (the targets are computed once and 
 ``--work``); the online rounds, where the apprentice's samples seed the search, are
 :mod:`autoplace.planners.learned.expert`.
 
+Measured (``python benchmarks/ablation.py``, held-out split, simulated): neither variant
+helps. The greedy decode of a network trained on these targets is slower than a fresh
+network's (teacher forcing fits the targets, free running drifts off them: exposure bias),
+and ``on_policy`` targets leave the shipped network slightly worse; so ``mars.pt`` stays the
+default and these weights ship under their own names for the ablation.
+
 The run is resumable: ``--work`` (default ``.cache/imitation``) holds ``targets.jsonl`` (one
 line per pair, appended as they are found) and ``checkpoint.pt`` (network, optimizer, step,
 random states); ``--time-limit-s`` ends a sitting cleanly. When done, ``--out`` gets

@@ -49,7 +49,8 @@ The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped
 with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
 ``(1 - refine_share) N`` seconds, then polishes the best placement with the named
 post-processing step ``refine`` (local search on the simulator,
-:mod:`autoplace.planners.learned.refine`) for the rest. Either way it returns the best placement that
+:mod:`autoplace.planners.learned.refine`) for the rest; with ``MarsConfig.expert`` (default off)
+it runs expert iteration instead (:mod:`autoplace.planners.learned.expert`). Either way it returns the best placement that
 fits among its samples, the refined one and the heuristic placements it was seeded with
 (:class:`autoplace.planners.learned.env.PlacementEnv`); ``placement.meta["policy_step_time_s"]`` is
 the policy's own best, before any post-processing.
