@@ -45,8 +45,9 @@ Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``,
     the update touches more than on the op count: 4 x 1024-wide layers (17 MB of weights)
     forward +8%, backward +4%; 200 16-wide layers no consistent change. The back-to-back
     passes are kept in ``whole_s["isolated"]`` to show the term, timed interleaved with the
-    steps; both are lower quartiles (a burst of other jobs during 7 consecutive steps once
-    put GNMT's in-step forward at 1.9x its back-to-back one, measured apart and as medians).
+    steps (measured one after the other, a burst of other jobs during the 7 steps once put
+    GNMT's in-step forward at 1.9x its back-to-back one). Medians, as the benchmarks time
+    steps (lower quartiles came out 2-10% under the median of real steps on a loaded machine).
 ``fx_values``
     every fx value one op reads from another (``[producing op, [reading ops]]``): what a pipeline
     stage sends, one tensor per value, where the op graph's edges join several values into one.
@@ -121,7 +122,7 @@ def _flat_inputs(traced: Traced, placeholders: dict[str, Any]) -> list[Any]:
 
 def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int, repeats: int,
            clock: str, loss: tuple[_Loss, torch.Tensor] | None, optimizer: str | None) -> dict[str, Any]:
-    """Seconds (lower quartile over ``repeats``) of the whole passes as training steps run them
+    """Median seconds (over ``repeats``) of the whole passes as training steps run them
     (``in-step passes``, the module docstring), on a copy of the model so the user's weights and
     ``.grad`` stay as they are. A step: the forward (the GraphModule called once), the backward
     (``.backward()`` of its outputs, ones as gradients, into every parameter's ``.grad``), with
@@ -183,15 +184,14 @@ def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, 
             alone.append(iso)
             step.append(st)
 
-    def low(runs: list[list[float]], k: int) -> float:
-        """Lower quartile: other jobs on a shared machine only ever add time to a pass."""
+    def med(runs: list[list[float]], k: int) -> float:
         xs = [r[k] for r in runs if r[k] == r[k]]
-        return float(np.percentile(xs, 25)) if xs else 0.0
+        return float(statistics.median(xs)) if xs else 0.0
 
-    out: dict[str, Any] = {"fwd": low(step, 0), "bwd": low(step, 1), "loss": low(step, 2)}
+    out: dict[str, Any] = {"fwd": med(step, 0), "bwd": med(step, 1), "loss": med(step, 2)}
     if opt is not None:
-        out["update"] = low(step, 3)
-    out["isolated"] = {"fwd": low(alone, 0), "bwd": low(alone, 1)}
+        out["update"] = med(step, 3)
+    out["isolated"] = {"fwd": med(alone, 0), "bwd": med(alone, 1)}
     return out
 
 
