@@ -45,7 +45,8 @@ Departures from the paper, and why:
   the shipped weights place graphs zero-shot (:mod:`autoplace.planners.learned.pretrain`).
 
 The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
-(``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples;
+(``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples
+(with ``MarsConfig.polish_s_per_kop``, ``refine`` polishes them in a bound per op, :mod:`.polish`);
 with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
 ``(1 - refine_share) N`` seconds, then polishes the best placement with the named
 post-processing step ``refine`` (local search on the simulator,
@@ -60,9 +61,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -76,6 +75,8 @@ from torch import Tensor, nn
 from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
+from .polish import final_step, polish_budget_s, polish_zero_shot
+from .tuned import tuned_dir, tuned_path
 from ..expert import ExpertConfig, expert_iteration
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport, LearnedRun
@@ -87,8 +88,8 @@ if TYPE_CHECKING:
     from autoplace.placement import Placement
     from ..ppo import PolicySample
 
-__all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained", "WEIGHTS_PATH", "keep_tuned", "tuned_dir",
-           "PRIOR"]
+__all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained",
+           "WEIGHTS_PATH", "keep_tuned", "tuned_dir", "PRIOR"]
 
 _OVER = STATE_FEATURES.index("over_memory")
 WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "mars.pt"
@@ -336,7 +337,12 @@ class MarsConfig:
     """share of a fine-tuning run (of ``budget_s``; and up to ``max_samples`` more simulator
     calls) given to the named post-processing step ``refine`` (single-op moves on the
     simulator, :mod:`autoplace.planners.learned.refine`) on the best placement found; 0 turns it off.
-    Zero-shot plans are never refined."""
+    Zero-shot plans are refined only with ``polish_s_per_kop``."""
+    polish_s_per_kop: float | None = None
+    """zero-shot only: ``refine`` the policy's best proposals until the plan (weights, seeds, policy,
+    polish) has taken this many s per 1,000 ops (:mod:`.polish`); None: no polish."""
+    polish_starts: int = 2
+    """proposals (distinct, fastest first) the polish refines in turn while its time lasts."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
     """PPO of fine-tuning; its ``seed`` is replaced by the plan's ``seed``."""
     weights: str | None = None
@@ -357,6 +363,11 @@ class MarsConfig:
             raise ValueError(f"MarsConfig.zero_shot_samples is {self.zero_shot_samples}; it must be >= 1")
         if self.max_samples is not None and self.max_samples < 1:
             raise ValueError(f"MarsConfig.max_samples is {self.max_samples}; it must be >= 1 or None")
+        if self.polish_s_per_kop is not None and not self.polish_s_per_kop > 0:
+            raise ValueError(f"MarsConfig.polish_s_per_kop is {self.polish_s_per_kop}; it must be > 0 seconds per "
+                             "1,000 ops, or None for no polish")
+        if self.polish_starts < 1:
+            raise ValueError(f"MarsConfig.polish_starts is {self.polish_starts}; it must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -381,7 +392,9 @@ class MarsPlanner:
         ``placement.meta``: ``policy_step_time_s`` (the best of the policy's own samples that
         fit, greedy decode included), ``greedy_step_time_s``, ``reference_s`` (the best
         heuristic's), ``source`` (``"sample"``, ``"refine"`` or the heuristic that won),
-        ``samples``, and for fine-tuning ``updates``, ``history`` and ``refine``."""
+        ``samples``, ``step_s`` (seconds of the seeds, the policy, the polish), for fine-tuning
+        ``updates``, ``history`` and ``refine``; with ``polish_s_per_kop``: ``polish`` and
+        ``final_step`` (``"policy"``, ``"refine"`` or ``"seed"``)."""
         import time
 
         from autoplace.cost.analytic import CostModel
@@ -405,7 +418,8 @@ class MarsPlanner:
             torch.manual_seed(seed)
             net, source = new_net(), "none (untrained)"
         t_seed = time.perf_counter()
-        env = _environment(graph, cluster, cost)
+        # seeded with the heuristics as every learned planner's (no fit among them: the lower bound scales rewards)
+        env = LearnedRun.start(graph, cluster, cost, None, None).env
         t_policy = time.perf_counter()
         policy = MarsPolicy(net, graph, cluster, cost)
         gen = torch.Generator().manual_seed(seed)
@@ -423,6 +437,11 @@ class MarsPlanner:
             fits = [e.step_time_s for e in evs if not e.oom]
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
             meta["policy_s"] = time.perf_counter() - t_policy
+            if cfg.polish_s_per_kop is not None:
+                meta["polish"] = polish_zero_shot(
+                    env, policy.decode(greedy.actions) + policy.decode(s.actions), greedy_ev + evs, seed=seed,
+                    budget_s=polish_budget_s(graph.num_nodes, cfg.polish_s_per_kop, time.perf_counter() - t0),
+                    starts=cfg.polish_starts)
         elif cfg.expert:
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
@@ -450,44 +469,28 @@ class MarsPlanner:
         meta.setdefault("policy_step_time_s", min(greedy_fit, meta["best_sample_step_time_s"]))
         meta["samples"] = env.num_samples
         meta["source"] = env.best_source
+        meta["final_step"] = final_step(env.best_source) if "polish" in meta else None
+        meta["step_s"] = {"seeds": t_policy - t_seed, "policy": meta.get("policy_s"),
+                          "polish": meta["polish"]["wall_s"] if "polish" in meta else None}
         meta["seed_s"] = t_policy - t_seed
         meta["total_s"] = time.perf_counter() - t0
         details: dict[str, Any] = {k: meta[k] for k in ("weights", "greedy_step_time_s", "greedy_oom", "best_sample_step_time_s",
-                                        "refine", "expert", "total_s") if k in meta}
+                                        "refine", "polish", "final_step", "expert", "total_s") if k in meta}
         meta[REPORT_KEY] = LearnedReport.of_env(
             self.name, env, updates=meta.get("updates", 0), policy_step_time_s=meta["policy_step_time_s"],
             seed_s=meta["seed_s"], train_s=train_s, history=meta.get("history", []), details=details).to_dict()
         return env.placement(planner=self.name, meta=meta)
 
 
-def tuned_dir() -> Path:
-    """``$AUTOPLACE_CACHE/mars`` (default ``~/.cache/autoplace/mars``): fine-tuned networks, kept so
-    that online fine-tuning starts from the network a plan was made with."""
-    return Path(os.environ.get("AUTOPLACE_CACHE", Path.home() / ".cache" / "autoplace")) / "mars"
-
-
 def keep_tuned(net: MarsNet) -> Path:
-    """Save a fine-tuned ``net`` under :func:`tuned_dir`, named by a hash of its parameters (the
-    same network is one file), and return the path (``placement.meta["tuned_weights"]``)."""
-    digest = hashlib.sha1()
-    for k, v in sorted(net.state_dict().items()):
-        digest.update(k.encode())
-        digest.update(v.detach().cpu().contiguous().numpy().tobytes())
-    folder = tuned_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tuned-{digest.hexdigest()[:16]}.pt"
+    """Save a fine-tuned ``net`` as :func:`~autoplace.planners.learned.mars.tuned.tuned_path` names
+    it (the same network is one file) and return the path (``placement.meta["tuned_weights"]``)."""
+    path = tuned_path(net)
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         save_net(net, tmp)
         tmp.replace(path)
     return path
-
-
-def _environment(graph: "OpGraph", cluster: "Cluster", cost: "CostModel") -> Any:
-    """The PlacementEnv seeded with the heuristics (as every learned planner's,
-    :meth:`LearnedRun.start`: when no heuristic gives a placement, the reward is scaled by the
-    simulator's lower bound, and only a sample that fits can be returned, else NoFitError)."""
-    return LearnedRun.start(graph, cluster, cost, None, None).env
 
 
 register(MarsPlanner())

@@ -1,0 +1,82 @@
+"""The bounded polish of Mars's zero-shot plan: ``refine`` from the policy's best proposals.
+
+A zero-shot plan (no fine-tuning) has a time target per graph size (issue 15: under 2 s per
+1,000 ops warm on 2 cores). The heuristic seeds and the policy (greedy decode and
+``MarsConfig.zero_shot_samples`` samples) take part of it; with
+``MarsConfig.polish_s_per_kop`` set, the rest goes to the named post-processing step
+:func:`autoplace.planners.learned.refine.refine`:
+
+    bound  = polish_s_per_kop * ops / 1000 - (seconds the plan has taken so far)
+    starts = the policy's proposals that fit, distinct, fastest first (at most ``starts``)
+    for each start while time is left: refine(start, budget_s = time left)
+
+``refine`` keeps only improving moves that fit, and the environment keeps the best placement
+it has seen, so the plan is never worse than the policy's best proposal (nor than the
+heuristic seeds). ``refine`` checks the clock after each op's moves, so the bound is
+overshot by at most one op's moves (a few simulator calls).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..refine import refine
+
+if TYPE_CHECKING:
+    from autoplace.sim import Evaluation
+    from ..env import PlacementEnv
+
+__all__ = ["polish_budget_s", "polish_zero_shot", "final_step"]
+
+
+def polish_budget_s(num_ops: int, s_per_kop: float, elapsed_s: float) -> float:
+    """Seconds left for the polish when a plan of ``num_ops`` ops may take ``s_per_kop``
+    seconds per 1,000 ops and has taken ``elapsed_s`` so far (0 when nothing is left)."""
+    if not s_per_kop > 0:
+        raise ValueError(f"s_per_kop is {s_per_kop}; it must be > 0 seconds per 1,000 ops")
+    return max(0.0, s_per_kop * num_ops / 1000.0 - elapsed_s)
+
+
+def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evaluations: Sequence["Evaluation"], *,
+                     budget_s: float, seed: int = 0, starts: int = 2) -> dict[str, Any]:
+    """Refine the fastest ``starts`` distinct proposals that fit (``evaluations[i]`` is
+    ``proposals[i]``'s) in turn for at most ``budget_s`` seconds in all (see the module doc).
+    Returns what it did: ``budget_s``, ``wall_s``, ``start_step_time_s`` (the best proposal's),
+    ``step_time_s`` (the best refined; the start's when nothing improved or no time was left)
+    and one entry per start in ``runs``."""
+    if len(proposals) != len(evaluations):
+        raise ValueError(f"{len(proposals)} proposals but {len(evaluations)} evaluations; give one per proposal")
+    if starts < 1:
+        raise ValueError(f"starts is {starts}; it must be >= 1")
+    t0 = time.perf_counter()
+    order = sorted((i for i, e in enumerate(evaluations) if not e.oom), key=lambda i: evaluations[i].step_time_s)
+    chosen: list[int] = []
+    seen: set[bytes] = set()
+    for i in order:
+        key = np.asarray(proposals[i], dtype=np.int64).tobytes()
+        if key not in seen:
+            seen.add(key)
+            chosen.append(i)
+        if len(chosen) == starts:
+            break
+    start_s = float(evaluations[chosen[0]].step_time_s) if chosen else float("inf")
+    best, runs = start_s, []
+    for k, i in enumerate(chosen):
+        left = budget_s - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        r = refine(env, proposals[i], budget_s=left, seed=seed + k)
+        best = min(best, r.step_time_s)
+        runs.append({"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
+                     "passes": r.passes, "evaluations": r.evaluations, "wall_s": r.wall_s})
+    return {"budget_s": budget_s, "wall_s": time.perf_counter() - t0, "start_step_time_s": start_s,
+            "step_time_s": best, "runs": runs}
+
+
+def final_step(best_source: str) -> str:
+    """Which step a zero-shot plan came from, by the environment's ``best_source``: ``"policy"``
+    (a greedy decode or sample), ``"refine"`` (the polish) or ``"seed"`` (a heuristic)."""
+    return {"sample": "policy", "refine": "refine"}.get(best_source, "seed")
