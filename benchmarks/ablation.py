@@ -25,6 +25,12 @@ clusters that no pretraining run reads). Per case:
   (:data:`TUNE_MODES`: ``ppo`` = ``MarsConfig.expert`` off, PPO then refine; ``expert`` and
   ``expert-lean`` = expert iteration, :mod:`autoplace.planners.learned.expert`), against ILS
   at the same wall time and at the same simulator calls (from its curve).
+- polished zero-shot (``--variants dgi+ppo+polish fresh+polish seeds+polish``, :data:`POLISHED`):
+  the same zero-shot plan with ``MarsConfig.polish_s_per_kop`` (``--polish-s-per-kop``, 1.8 s
+  per 1,000 ops: ``refine`` from the two best proposals for what the seeds and the policy leave
+  of it), and the control ``seeds+polish`` (no network: the same bound, ``refine`` from the two
+  best heuristic placements); ``plan_s`` is the whole warm ``place()`` call; ``--cold GRAPH
+  CLUSTER`` times ``dgi+ppo+polish`` once in a fresh process (imports included).
 
 Variants (``autoplace/weights``; a missing file is skipped): ``fresh`` (a new network: the
 earliest-finish prior alone, seed 0), ``dgi`` (``mars_dgi.pt``: DGI encoder, untrained
@@ -70,6 +76,10 @@ WEIGHTS = ROOT / "autoplace" / "weights"
 VARIANTS: dict[str, str] = {"fresh": "", "dgi": "mars_dgi.pt", "dgi+ppo": "mars.pt",
                             "imitation": "mars_imitation_fresh.pt", "dgi+ppo+imitation": "mars_imitation.pt",
                             "dgi+ppo+on-policy": "mars_imitation_onpolicy.pt"}
+POLISHED: dict[str, str | None] = {"dgi+ppo+polish": "dgi+ppo", "fresh+polish": "fresh", "seeds+polish": None}
+"""Zero-shot with the bounded polish (``MarsConfig.polish_s_per_kop``): variant -> the weights
+variant it polishes; ``seeds+polish`` is the control without a network (``refine`` from the best
+heuristic placements in the same per-op time bound)."""
 BRANCHY = ("inception_v3", "nasnet", "nasnetalarge", "gnmt8-unrolled")
 
 
@@ -105,16 +115,79 @@ def run_case_base(entry: Any, cluster: Any, ils_budget: float) -> dict[str, Any]
                     "history": [list(h) for h in r.history]}}
 
 
-def run_zero_shot(entry: Any, cluster: Any, weights: Path) -> dict[str, Any]:
-    from autoplace.planners.learned.mars.planner import MarsPlanner
+def run_zero_shot(entry: Any, cluster: Any, weights: Path, polish_s_per_kop: float | None = None) -> dict[str, Any]:
+    from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
 
     graph = entry.load()
-    p = MarsPlanner().place(graph, cluster, weights=weights)
+    t0 = time.perf_counter()
+    p = MarsPlanner().place(graph, cluster, weights=weights, config=MarsConfig(polish_s_per_kop=polish_s_per_kop))
+    plan_s = time.perf_counter() - t0
     m = p.meta
     step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
     greedy = math.inf if m["greedy_oom"] else m["greedy_step_time_s"]
-    return {"greedy": greedy, "best16": min(greedy, m["best_sample_step_time_s"]), "returned": step,
-            "source": m["source"], "policy_s": m["policy_s"], "total_s": m["total_s"]}
+    out = {"greedy": greedy, "best16": min(greedy, m["best_sample_step_time_s"]), "returned": step,
+           "source": m["source"], "policy_s": m["policy_s"], "total_s": m["total_s"], "plan_s": plan_s,
+           "seed_s": m["seed_s"]}
+    if polish_s_per_kop is not None:
+        out.update(final_step=m["final_step"], polish_s=m["polish"]["wall_s"], polish_budget_s=m["polish"]["budget_s"],
+                   polish_s_per_kop=polish_s_per_kop)
+    return out
+
+
+def run_seeds_polish(entry: Any, cluster: Any, polish_s_per_kop: float) -> dict[str, Any]:
+    """The control: the heuristic seeds, then the same bounded polish from the best two of them."""
+    from autoplace.cost.analytic import CostModel
+    from autoplace.planners.learned.mars.polish import final_step, polish_budget_s, polish_zero_shot
+    from autoplace.planners.learned.run import LearnedRun
+
+    graph = entry.load()
+    t0 = time.perf_counter()
+    env = LearnedRun.start(graph, cluster, CostModel(), None, None).env
+    seed_s = time.perf_counter() - t0
+    props = [np.asarray(sd.candidate, dtype=np.int64) for sd in env.seeds]
+    evs = [env.evaluate(c, source=sd.planner)[1] for c, sd in zip(props, env.seeds)]
+    pol = polish_zero_shot(env, props, evs, budget_s=polish_budget_s(graph.num_nodes, polish_s_per_kop,
+                                                                     time.perf_counter() - t0), starts=2)
+    p = env.placement(planner="seeds+polish")
+    plan_s = time.perf_counter() - t0
+    step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
+    return {"greedy": math.nan, "best16": math.nan, "returned": step, "source": env.best_source, "policy_s": 0.0,
+            "total_s": plan_s, "plan_s": plan_s, "seed_s": seed_s, "final_step": final_step(env.best_source),
+            "polish_s": pol["wall_s"], "polish_budget_s": pol["budget_s"], "polish_s_per_kop": polish_s_per_kop}
+
+
+COLD = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+torch.set_num_threads(1)
+from autoplace.planners.learned.corpus import held_out_cases
+from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
+t_import = time.perf_counter() - t0
+entry, cluster = [c for c in held_out_cases(sys.argv[1] or None) if c[0].key == sys.argv[2] and c[1].name == sys.argv[3]][0]
+graph = entry.load()
+t1 = time.perf_counter()
+p = MarsPlanner().place(graph, cluster, config=MarsConfig(polish_s_per_kop=float(sys.argv[4])))
+print(json.dumps({"graph": entry.key, "cluster": cluster.name, "ops": graph.num_nodes, "import_s": t_import,
+                  "place_s": time.perf_counter() - t1, "final_step": p.meta["final_step"],
+                  "polish_s": p.meta["polish"]["wall_s"], "step_time_s": p.meta.get("policy_step_time_s")}))
+"""
+
+
+def run_cold(graph_key: str, cluster_name: str, polish_s_per_kop: float) -> dict[str, Any]:
+    """``dgi+ppo+polish`` in a fresh process: imports, then one ``place`` (numba's compiled decoder
+    is cached on disk, as after any first use; the graph is read from the corpus cache, not timed)."""
+    import subprocess
+
+    root = str(PIPEDREAM) if PIPEDREAM.exists() else ""
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", COLD, root, graph_key, cluster_name, str(polish_s_per_kop)],
+                         capture_output=True, text=True, check=True, cwd=str(ROOT),
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out["process_s"] = time.perf_counter() - t0
+    out["polish_s_per_kop"] = polish_s_per_kop
+    return out
 
 
 TUNE_MODES = ("ppo", "expert", "expert-lean")
@@ -166,7 +239,7 @@ def fmt(x: float | None, nd: int = 3) -> str:
 
 def write_report(data: dict[str, Any], out: Path) -> None:
     rows, meta = data["rows"], data["meta"]
-    variants = [v for v in VARIANTS if any(v in r.get("zero_shot", {}) for r in rows)]
+    variants = [v for v in [*VARIANTS, *POLISHED] if any(v in r.get("zero_shot", {}) for r in rows)]
     lines = ["# Mars pretraining ablation on the held-out split", "",
              "Commands (in order): " + ", ".join(f"`{c}`" for c in meta["commands"]) +
              f". Machine: {meta['cpus']} CPU cores shared with other jobs (load average {meta['load_before']:.1f} "
@@ -200,11 +273,13 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         heur = geomean([z["returned"] / r["best_heuristic_s"] for r, z in zs])
         pol = max(z["policy_s"] / r["ops"] * 1e3 for r, z in zs)
         big = [(r, z) for r, z in zs if r["ops"] >= 1000] or zs
-        tot = max((z["policy_s"] + r["seed_s"]) / r["ops"] * 1e3 for r, z in big)
+        tot = max((z["plan_s"] if "polish_s_per_kop" in z else z["policy_s"] + r["seed_s"]) / r["ops"] * 1e3
+                  for r, z in big)
         lines.append(f"| {v} | {fmt(g['greedy'])} | {fmt(g['best16'])} | {fmt(g['returned'])} | {fmt(heur)} | "
                      f"{pol:.2f} | {tot:.2f} |")
     lines += ["", "ILS 60 s / best heuristic, geometric mean: " +
               fmt(geomean([r["ils"]["step_time_s"] / r["best_heuristic_s"] for r in rows])) + "."]
+    lines += polish_report(data, variants)
     tuned = [r for r in rows if r.get("tuned")]
     if tuned:
         keys = sorted({k for r in tuned for k in r["tuned"]})
@@ -250,6 +325,54 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
+def polish_report(data: dict[str, Any], variants: list[str]) -> list[str]:
+    """The bounded-polish rows: which step won, the time, and the network against the control."""
+    rows, cold = data["rows"], data["meta"].get("cold")
+    pol = [v for v in variants if v in POLISHED]
+    if not pol:
+        return []
+    lines = ["", "## Zero-shot with the bounded polish (`MarsConfig.polish_s_per_kop`)", "",
+             "The plan (weights, heuristic seeds, policy, polish) may take `polish_s_per_kop` s per 1,000 ops; "
+             "`refine` from the two best proposals gets what the seeds and the policy leave. `seeds+polish` is the "
+             "control without a network: the same bound, `refine` from the two best heuristic placements. Plan time "
+             "here: the whole `place()` call, warm (second call in the process).", "",
+             "| graph | cluster | ops | " + " | ".join(f"{v} / ILS (final step, polish s / plan s)" for v in pol) + " |",
+             "|---|---|---:|" + "---|" * len(pol)]
+    for r in rows:
+        cells = []
+        for v in pol:
+            z = r.get("zero_shot", {}).get(v)
+            cells.append("-" if not z else f"{fmt(z['returned'] / r['ils']['step_time_s'])} ({z['final_step']}, "
+                         f"{z['polish_s']:.2f} / {z['plan_s']:.2f})")
+        lines.append(f"| {r['graph']} | {r['cluster']} | {r['ops']} | " + " | ".join(cells) + " |")
+    lines += ["", "| variant | s per 1,000 ops bound | returned / ILS (geomean) | returned / heur | plan s per 1,000 ops "
+              "(max over graphs of >= 1,000 ops, warm) | final step (policy / refine / seed) |", "|---|---:|---:|---:|---:|---|"]
+    for v in pol:
+        zs = [(r, r["zero_shot"][v]) for r in rows if v in r.get("zero_shot", {})]
+        big = [(r, z) for r, z in zs if r["ops"] >= 1000] or zs
+        steps = [z["final_step"] for _, z in zs]
+        lines.append(f"| {v} | {zs[0][1]['polish_s_per_kop']:.2f} | "
+                     f"{fmt(geomean([z['returned'] / r['ils']['step_time_s'] for r, z in zs]))} | "
+                     f"{fmt(geomean([z['returned'] / r['best_heuristic_s'] for r, z in zs]))} | "
+                     f"{max(z['plan_s'] / r['ops'] * 1e3 for r, z in big):.2f} | "
+                     f"{steps.count('policy')} / {steps.count('refine')} / {steps.count('seed')} |")
+    if "dgi+ppo+polish" in pol and "seeds+polish" in pol:
+        pairs = [(r["zero_shot"]["dgi+ppo+polish"]["returned"], r["zero_shot"]["seeds+polish"]["returned"])
+                 for r in rows if {"dgi+ppo+polish", "seeds+polish"} <= set(r.get("zero_shot", {}))]
+        better = sum(a < b * (1 - 1e-6) for a, b in pairs)
+        worse = sum(b < a * (1 - 1e-6) for a, b in pairs)
+        lines += ["", f"dgi+ppo+polish against seeds+polish (the network's share): better in {better}, worse in {worse}, "
+                  f"equal in {len(pairs) - better - worse} of {len(pairs)} cases; geometric mean ratio "
+                  f"{fmt(geomean([a / b for a, b in pairs]))}."]
+    if cold:
+        lines += ["", f"Cold (fresh process, `dgi+ppo+polish`, {cold['graph']} on {cold['cluster']}, {cold['ops']} ops): "
+                  f"imports {cold['import_s']:.2f} s, `place()` {cold['place_s']:.2f} s (polish {cold['polish_s']:.2f} s; "
+                  f"final step {cold['final_step']}), whole process {cold['process_s']:.2f} s: "
+                  f"{(cold['import_s'] + cold['place_s']) / cold['ops'] * 1e3:.2f} s per 1,000 ops with the imports "
+                  "(target 5)."]
+    return lines
+
+
 def save(data: dict[str, Any], out: Path) -> None:
     data["meta"]["load_after"] = os.getloadavg()[0]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +383,10 @@ def save(data: dict[str, Any], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", nargs="*", default=["zero_shot"], choices=["zero_shot", "tuned"])
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=[*VARIANTS, *POLISHED])
+    ap.add_argument("--polish-s-per-kop", type=float, default=1.8, help="the polished variants' plan-time bound")
+    ap.add_argument("--cold", nargs=2, metavar=("GRAPH", "CLUSTER"), default=None,
+                    help="also time dgi+ppo+polish in a fresh process on this case")
     ap.add_argument("--tune-variants", nargs="*", default=["dgi+ppo"], choices=list(VARIANTS))
     ap.add_argument("--tune-modes", nargs="*", default=list(TUNE_MODES), choices=list(TUNE_MODES))
     ap.add_argument("--tune-budget", type=float, default=60.0)
@@ -302,11 +428,20 @@ def main() -> None:
         if "zero_shot" in args.parts:
             zs = row.setdefault("zero_shot", {})
             for v in args.variants:
-                w = _weights(v, tmp)
-                if w is None or (v in zs and not args.replace):
+                if v in zs and not args.replace:
                     continue
-                run_zero_shot(entry, cluster, w)  # warm: the compiled decoder, caches
-                zs[v] = run_zero_shot(entry, cluster, w)
+                if POLISHED.get(v, "") is None:
+                    run_seeds_polish(entry, cluster, args.polish_s_per_kop)  # warm, as the others
+                    zs[v] = run_seeds_polish(entry, cluster, args.polish_s_per_kop)
+                    print(f"    {v:>20}: returned/ILS {zs[v]['returned'] / row['ils']['step_time_s']:.3f}, plan "
+                          f"{zs[v]['plan_s']:.2f} s", flush=True)
+                    continue
+                w = _weights(POLISHED.get(v) or v, tmp)
+                if w is None:
+                    continue
+                kop = args.polish_s_per_kop if v in POLISHED else None
+                run_zero_shot(entry, cluster, w, kop)  # warm: the compiled decoder, caches
+                zs[v] = run_zero_shot(entry, cluster, w, kop)
                 print(f"    {v:>20}: returned/ILS {zs[v]['returned'] / row['ils']['step_time_s']:.3f}, policy "
                       f"{zs[v]['policy_s']:.2f} s", flush=True)
             save(data, out)
@@ -322,6 +457,9 @@ def main() -> None:
                     print(f"    {key:>24}: {tu[key]['step_time_s'] / row['ils']['step_time_s']:.3f} of ILS, "
                           f"{tu[key]['samples']} samples", flush=True)
                     save(data, out)
+    if args.cold:
+        data["meta"]["cold"] = run_cold(args.cold[0], args.cold[1], args.polish_s_per_kop)
+        print("cold:", data["meta"]["cold"], flush=True)
     save(data, out)
 
 

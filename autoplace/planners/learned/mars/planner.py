@@ -46,7 +46,7 @@ Departures from the paper, and why:
 
 The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
 (``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples
-(with ``MarsConfig.polish_s_per_kop``, ``refine`` polishes them in a bound per op, :mod:`.polish`);
+and ``refine`` polishes the best until the plan has taken ``polish_s_per_kop`` (:mod:`.polish`);
 with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
 ``(1 - refine_share) N`` seconds, then polishes the best placement with the named
 post-processing step ``refine`` (local search on the simulator,
@@ -338,9 +338,9 @@ class MarsConfig:
     calls) given to the named post-processing step ``refine`` (single-op moves on the
     simulator, :mod:`autoplace.planners.learned.refine`) on the best placement found; 0 turns it off.
     Zero-shot plans are refined only with ``polish_s_per_kop``."""
-    polish_s_per_kop: float | None = None
+    polish_s_per_kop: float | None = 1.8
     """zero-shot only: ``refine`` the policy's best proposals until the plan (weights, seeds, policy,
-    polish) has taken this many s per 1,000 ops (:mod:`.polish`); None: no polish."""
+    polish) has taken this many s per 1,000 ops (:mod:`.polish`; benchmarks/results/ablation.md); None: off."""
     polish_starts: int = 2
     """proposals (distinct, fastest first) the polish refines in turn while its time lasts."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
