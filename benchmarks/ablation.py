@@ -76,10 +76,13 @@ WEIGHTS = ROOT / "autoplace" / "weights"
 VARIANTS: dict[str, str] = {"fresh": "", "dgi": "mars_dgi.pt", "dgi+ppo": "mars.pt",
                             "imitation": "mars_imitation_fresh.pt", "dgi+ppo+imitation": "mars_imitation.pt",
                             "dgi+ppo+on-policy": "mars_imitation_onpolicy.pt"}
-POLISHED: dict[str, str | None] = {"dgi+ppo+polish": "dgi+ppo", "fresh+polish": "fresh", "seeds+polish": None}
+POLISHED: dict[str, str | None] = {"dgi+ppo+polish": "dgi+ppo", "fresh+polish": "fresh", "seeds+polish": None,
+                                   "dgi+ppo+polish+seed": "dgi+ppo"}
 """Zero-shot with the bounded polish (``MarsConfig.polish_s_per_kop``): variant -> the weights
 variant it polishes; ``seeds+polish`` is the control without a network (``refine`` from the best
-heuristic placements in the same per-op time bound)."""
+heuristic placements in the same per-op time bound); ``dgi+ppo+polish+seed`` refines the policy's
+best proposal and the best heuristic placement, half the time each (:data:`POLISH_OPTIONS`)."""
+POLISH_OPTIONS: dict[str, dict[str, int]] = {"dgi+ppo+polish+seed": {"polish_starts": 1, "polish_seed_starts": 1}}
 BRANCHY = ("inception_v3", "nasnet", "nasnetalarge", "gnmt8-unrolled")
 
 
@@ -115,12 +118,16 @@ def run_case_base(entry: Any, cluster: Any, ils_budget: float) -> dict[str, Any]
                     "history": [list(h) for h in r.history]}}
 
 
-def run_zero_shot(entry: Any, cluster: Any, weights: Path, polish_s_per_kop: float | None = None) -> dict[str, Any]:
+def run_zero_shot(entry: Any, cluster: Any, weights: Path, polish_s_per_kop: float | None = None,
+                  options: dict[str, int] | None = None) -> dict[str, Any]:
     from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
 
     graph = entry.load()
     t0 = time.perf_counter()
-    p = MarsPlanner().place(graph, cluster, weights=weights, config=MarsConfig(polish_s_per_kop=polish_s_per_kop))
+    opts = options or {}
+    cfg = MarsConfig(polish_s_per_kop=polish_s_per_kop, polish_starts=opts.get("polish_starts", 2),
+                     polish_seed_starts=opts.get("polish_seed_starts", 0))
+    p = MarsPlanner().place(graph, cluster, weights=weights, config=cfg)
     plan_s = time.perf_counter() - t0
     m = p.meta
     step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
@@ -440,8 +447,8 @@ def main() -> None:
                 if w is None:
                     continue
                 kop = args.polish_s_per_kop if v in POLISHED else None
-                run_zero_shot(entry, cluster, w, kop)  # warm: the compiled decoder, caches
-                zs[v] = run_zero_shot(entry, cluster, w, kop)
+                run_zero_shot(entry, cluster, w, kop, POLISH_OPTIONS.get(v))  # warm: the compiled decoder, caches
+                zs[v] = run_zero_shot(entry, cluster, w, kop, POLISH_OPTIONS.get(v))
                 print(f"    {v:>20}: returned/ILS {zs[v]['returned'] / row['ils']['step_time_s']:.3f}, policy "
                       f"{zs[v]['policy_s']:.2f} s", flush=True)
             save(data, out)

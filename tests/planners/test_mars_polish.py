@@ -77,3 +77,15 @@ def test_budget_is_what_the_graph_size_leaves() -> None:
         polish_budget_s(100, 0.0, 0.0)
     with pytest.raises(ValueError, match="polish_s_per_kop"):
         MarsConfig(polish_s_per_kop=-1.0)
+
+
+def test_seed_starts_share_the_bound_with_the_policys_best() -> None:
+    graph, cluster = branchy(400, seed=5), Cluster.homogeneous("V100-16GB", 8, "pcie3")
+    env = PlacementEnv(graph, cluster)
+    props, evs = _proposals(env)
+    best = min(e.step_time_s for e in evs if not e.oom)
+    out = polish_zero_shot(env, props, evs, budget_s=0.2, starts=1, seeds=env.seeds, seed_starts=1)
+    assert len(out["runs"]) == 2, "the best heuristic placement got no share of the time"
+    assert out["runs"][1]["start_step_time_s"] == pytest.approx(env.seeds[0].step_time_s)
+    assert out["runs"][0]["wall_s"] <= 0.1 + SLACK_S, "the first start took more than its half"
+    assert out["wall_s"] <= 0.2 + SLACK_S and out["step_time_s"] <= best

@@ -343,6 +343,8 @@ class MarsConfig:
     polish) has taken this many s per 1,000 ops (:mod:`.polish`; benchmarks/results/ablation.md); None: off."""
     polish_starts: int = 2
     """proposals (distinct, fastest first) the polish refines in turn while its time lasts."""
+    polish_seed_starts: int = 0
+    """heuristic seeds (fastest first) the polish refines too, after those; with any, equal shares."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
     """PPO of fine-tuning; its ``seed`` is replaced by the plan's ``seed``."""
     weights: str | None = None
@@ -441,7 +443,7 @@ class MarsPlanner:
                 meta["polish"] = polish_zero_shot(
                     env, policy.decode(greedy.actions) + policy.decode(s.actions), greedy_ev + evs, seed=seed,
                     budget_s=polish_budget_s(graph.num_nodes, cfg.polish_s_per_kop, time.perf_counter() - t0),
-                    starts=cfg.polish_starts)
+                    starts=cfg.polish_starts, seeds=env.seeds, seed_starts=cfg.polish_seed_starts)
         elif cfg.expert:
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)

@@ -38,7 +38,7 @@ from ..refine import refine
 
 if TYPE_CHECKING:
     from autoplace.sim import Evaluation
-    from ..env import PlacementEnv
+    from ..env import PlacementEnv, SeedPlacement
 
 __all__ = ["polish_budget_s", "polish_zero_shot", "final_step"]
 
@@ -52,16 +52,21 @@ def polish_budget_s(num_ops: int, s_per_kop: float, elapsed_s: float) -> float:
 
 
 def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evaluations: Sequence["Evaluation"], *,
-                     budget_s: float, seed: int = 0, starts: int = 2) -> dict[str, Any]:
+                     budget_s: float, seed: int = 0, starts: int = 2, seeds: Sequence["SeedPlacement"] = (),
+                     seed_starts: int = 0) -> dict[str, Any]:
     """Refine the fastest ``starts`` distinct proposals that fit (``evaluations[i]`` is
-    ``proposals[i]``'s) in turn for at most ``budget_s`` seconds in all (see the module doc).
-    Returns what it did: ``budget_s``, ``wall_s``, ``start_step_time_s`` (the best proposal's),
-    ``step_time_s`` (the best refined; the start's when nothing improved or no time was left)
-    and one entry per start in ``runs``."""
+    ``proposals[i]``'s) in turn for at most ``budget_s`` seconds in all (see the module doc);
+    with ``seed_starts``, the fastest that many of the heuristic ``seeds`` that fit are refined
+    after them, and every start gets an equal share of the time left (without, the first start
+    may take it all). Returns what it did: ``budget_s``, ``wall_s``, ``start_step_time_s`` (the
+    best proposal's), ``step_time_s`` (the best refined; the start's when nothing improved or no
+    time was left) and one entry per start in ``runs``."""
     if len(proposals) != len(evaluations):
         raise ValueError(f"{len(proposals)} proposals but {len(evaluations)} evaluations; give one per proposal")
     if starts < 1:
         raise ValueError(f"starts is {starts}; it must be >= 1")
+    if seed_starts < 0:
+        raise ValueError(f"seed_starts (MarsConfig.polish_seed_starts) is {seed_starts}; it must be >= 0")
     t0 = time.perf_counter()
     order = sorted((i for i, e in enumerate(evaluations) if not e.oom), key=lambda i: evaluations[i].step_time_s)
     chosen: list[int] = []
@@ -74,12 +79,18 @@ def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evalu
         if len(chosen) == starts:
             break
     start_s = float(evaluations[chosen[0]].step_time_s) if chosen else float("inf")
+    pool = [np.asarray(proposals[i], dtype=np.int64) for i in chosen]
+    for sd in sorted((sd for sd in seeds if not sd.oom), key=lambda sd: sd.step_time_s)[:seed_starts]:
+        c = np.asarray(sd.candidate, dtype=np.int64)
+        if c.tobytes() not in seen:
+            seen.add(c.tobytes())
+            pool.append(c)
     best, runs = start_s, []
-    for k, i in enumerate(chosen):
+    for k, start in enumerate(pool):
         left = budget_s - (time.perf_counter() - t0)
         if left <= 0:
             break
-        r = refine(env, proposals[i], budget_s=left, seed=seed + k)
+        r = refine(env, start, budget_s=left / (len(pool) - k) if seed_starts else left, seed=seed + k)
         best = min(best, r.step_time_s)
         runs.append({"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
                      "passes": r.passes, "evaluations": r.evaluations, "wall_s": r.wall_s})
