@@ -86,7 +86,7 @@ def tp_row(graph: OpGraph, cluster: Cluster, t: int, sp: bool) -> dict[str, Any]
 
 def uncharged_s(graph: OpGraph, cluster: Cluster, t: int, m: int) -> float:
     """Seconds per step of the SP rewrite's own collectives (sim/tensor_parallel.sp_runtime_seconds,
-    which the simulator does not charge yet) on devices 0..t-1, once per micro-batch."""
+    which the multi-stage simulator adds to each stage's F and B) on devices 0..t-1, once per micro-batch."""
     from autoplace.sim.tensor_parallel import sp_runtime_seconds
 
     f, b = sp_runtime_seconds(graph, cluster, np.arange(graph.num_nodes), list(range(t)), m)
@@ -135,7 +135,7 @@ def markdown(report: dict[str, Any]) -> str:
            f"Command: `{s['command']}` ({s['wall_s']:.0f} s, load {s['load_avg']}, {s['cpus']} CPUs). Every figure is "
            "the simulator's, not a measurement. One TP group of `tp` devices holds the whole model (1f1b), at the "
            "micro-batch count that gives the fastest step that fits (else the least memory, OOM).", "",
-           "| workload | cluster | tp | TP | TP+SP | SP memory / TP | same M | SP step / TP | uncharged |",
+           "| workload | cluster | tp | TP | TP+SP | SP memory / TP | same M | SP step / TP | SP's own collectives |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         a, b = r["tp_only"], r["tp_sp"]
@@ -151,12 +151,11 @@ def markdown(report: dict[str, Any]) -> str:
     rescued = sum(1 for r in fits if r["tp_only"].get("oom"))
     faster = sum(1 for r in fits if not r["tp_only"].get("oom") and r["tp_sp"]["step_s"] < r["tp_only"]["step_s"])
     out += ["", f"SP makes the TP group fit where it did not in {rescued} of {len(report['rows'])} rows, and gives a "
-            f"faster step in {faster} more (by fitting fewer, larger micro-batches). At one micro-batch count the step "
-            "is the same with and without SP: the multi-stage simulator (sim/multistage.py) charges SP's collectives "
-            "(a reduce-scatter and an all-gather for each all-reduce: the same bytes) but not yet the region's "
-            "1/tp compute, and the runtime's own collectives (norm weight gradients, the gather before the head) "
-            "are not charged: `uncharged` prices them (sim/tensor_parallel.sp_runtime_collectives, the rings of "
-            "tp_stage_cost) as a share of the SP step.", ""]
+            f"faster step in {faster} more. The multi-stage simulator (sim/multistage.py) charges SP's block "
+            "collectives (a reduce-scatter and an all-gather for each all-reduce: the same bytes), the region's "
+            "per-token ops at 1/tp of their time, and the rewrite's own collectives (norm weight gradients, the "
+            "gathers into and out of the region: sim/tensor_parallel.sp_runtime_collectives, priced by the rings of "
+            "tp_stage_cost); `SP's own collectives` is the last as a share of the SP step.", ""]
     plans = report["plans"]
     if plans:
         n = len(plans)
@@ -164,7 +163,7 @@ def markdown(report: dict[str, Any]) -> str:
         wp = sum(1 for p in plans if p.get("with_pass_sp"))
         out += ["## plan(\"best\")", "",
                 f"plan(\"best\", mode=\"pipeline\") chose sequence parallelism in {sp} of {n} cases (its schedule pass "
-                f"does not run the SP pass yet); best_schedule on its answer followed by the SP pass chose SP in {wp} "
+                f"runs the SP pass); best_schedule on its answer followed by the SP pass chose SP in {wp} "
                 f"of {n}.", "",
                 "| workload | cluster | plan(\"best\") | step | + best_schedule + SP pass | step |", "|---|---|---|---|---|---|"]
         for p in plans:

@@ -317,6 +317,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
     when a schedule variant won)."""
     from autoplace.planners import budget as _budget
     from autoplace.planners.heuristic.schedules import best_schedule
+    from autoplace.planners.heuristic.sequence_parallel import with_sequence_parallel
     from autoplace.planners.heuristic.stage_options import polish_stage_options
 
     first = sim.run(best, timeline=False)
@@ -331,7 +332,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         seen.add(key)
         variants = [(p, "")]
         if not _budget.expired():  # past the deadline a plan is still weighed as it is (one simulation)
-            choice = best_schedule(graph, cluster, p, sim=sim)
+            choice = with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim))  # TP plans also with SP
             tried += len(choice.candidates)
             variants.append((choice.placement, "+sched"))
         if not _budget.expired() and not (p.shard or p.recompute or p.precision):
