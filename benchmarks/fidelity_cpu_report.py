@@ -149,7 +149,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           f"{env['load_start'][0]:.1f} / {env['load_start'][1]:.1f} / {env['load_start'][2]:.1f}, at the end "
           f"{env['load_end'][0]:.1f} / {env['load_end'][1]:.1f} / {env['load_end'][2]:.1f}"
           + (" (**a shared machine: wall-clock times include waits for a core; rerun on a quiet machine**)"
-             if max(env["load_start"][0], env["load_end"][0]) > 1.5 else "") + ".", "",
+             if env["load_start"][0] > 1.5 or s.get("quiet_rows", {}).get("loaded") else
+             " (the load at the end is this run's own two processes; no row was measured while other jobs took "
+             "the cores)") + ".", "",
           f"Multi-process configurations: {s['multi_process_configs']}. Within 15%: before "
           f"{s['before']['within_15pct']}, after **{s['after']['within_15pct']}**. Largest error: before "
           f"{s['before']['max_abs_error']:.0%}, after {s['after']['max_abs_error']:.0%}; geometric mean: before "
