@@ -2,7 +2,7 @@
 real `torchrun` launch, gloo on CPU, 4 processes = 2 pipeline ranks x 2 replicas: after 5 SGD
 steps the losses and every parameter (on both replicas) equal the unsplit model's to 1e-5, on a
 GPT-like model and an Inception-like (branchy) one. Interleaved 1F1B and looped BFS run their
-stages in DDP; ZB-H1 and ZBV (split backward) average in torch's REDUCE_GRAD action."""
+stages in DDP; ZB-H1, ZBV and DualPipeV (split backward) average in torch's REDUCE_GRAD action."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pipeline_workers as pw
 from test_rewrite_schedules import MODELS, _reference
 
 CHILD = Path(__file__).with_name("ppdp_child.py")
-SCHEDULES = [("interleaved-1f1b", 2), ("zb-h1", 2), ("looped-bfs", 2), ("zbv", 2)]
+SCHEDULES = [("interleaved-1f1b", 2), ("zb-h1", 2), ("looped-bfs", 2), ("zbv", 2), ("dualpipev", 2)]
 
 
 def _launch(tmp_path: Path, ranks: int, cases: list[dict], timeout: int) -> None:
