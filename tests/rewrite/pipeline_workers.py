@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -200,3 +201,15 @@ def train_and_record(runner: Any, name: str, steps: int) -> dict[str, Any]:
     return {"losses": losses,
             "params": {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in named},
             "stages": list(runner.stage_indices), "sharded": [n for n, p in named if hasattr(p, "full_tensor")]}
+
+
+def launch_cases(child: Path, out: Path, ranks: int, cases: list[dict[str, Any]], timeout: float) -> None:
+    """``torchrun --nproc-per-node ranks child OUT CASES_JSON`` (gloo on 127.0.0.1, one thread per
+    process); fails with the children's error files and torchrun's stderr when a rank failed."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(child), str(out), json.dumps(cases)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = {f.name: f.read_text()[-1500:] for f in out.glob("*.err")}
+    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])

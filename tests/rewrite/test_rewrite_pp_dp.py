@@ -6,7 +6,6 @@ stages in DDP; ZB-H1, ZBV and DualPipeV (split backward) average in torch's REDU
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,13 +22,7 @@ SCHEDULES = [("interleaved-1f1b", 2), ("zb-h1", 2), ("looped-bfs", 2), ("zbv", 2
 
 
 def _launch(tmp_path: Path, ranks: int, cases: list[dict], timeout: int) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(pw.free_port()), str(CHILD), str(tmp_path), json.dumps(cases)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
-    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    pw.launch_cases(CHILD, tmp_path, ranks, cases, timeout)
 
 
 def _check(tmp_path: Path, world: int, cases: list[dict]) -> None:

@@ -6,7 +6,6 @@ straddle stage boundaries (values relayed through the stages between)."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -39,13 +38,7 @@ def _reference(name: str, steps: int = 5) -> tuple[list[float], dict[str, torch.
 
 
 def _launch(tmp_path: Path, ranks: int, cases: list[dict], timeout: int) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(pw.free_port()), str(CHILD), str(tmp_path), json.dumps(cases)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
-    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    pw.launch_cases(CHILD, tmp_path, ranks, cases, timeout)
 
 
 def _check(tmp_path: Path, ranks: int, cases: list[dict]) -> None:

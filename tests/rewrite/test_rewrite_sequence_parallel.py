@@ -6,10 +6,6 @@ module is rewritten on the sequence-parallel region the simulator charges, stage
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -30,12 +26,7 @@ read outside it, the norms' weight gradients) are not charged by the simulator."
 
 
 def _launch(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
-           str(pw.free_port()), str(CHILD), str(tmp_path), json.dumps(cases)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
-    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    pw.launch_cases(CHILD, tmp_path, ranks, cases, 300)
     return {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
 
 

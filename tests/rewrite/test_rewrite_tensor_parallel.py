@@ -5,11 +5,7 @@ torch runs are those the simulator charges."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +24,7 @@ CHILD = Path(__file__).with_name("tp_child.py")
 
 
 def _launch(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1", "--master-port",
-           str(pw.free_port()), str(CHILD), str(tmp_path), json.dumps(cases)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
-    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    pw.launch_cases(CHILD, tmp_path, ranks, cases, 300)
     return {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
 
 
