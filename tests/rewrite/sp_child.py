@@ -12,7 +12,6 @@ collectives torch ran in the first step by phase and kind (CommDebugMode), to OU
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -36,20 +35,6 @@ from autoplace.sim import simulator_for  # noqa: E402
 from autoplace.tp_rules import linear_pairs  # noqa: E402
 
 STEPS = 5
-
-
-def _reference(model: torch.nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
-    ref = copy.deepcopy(model)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        x, y = tm.batch(8, step)
-        loss = tm.loss(ref(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, {n: p.detach() for n, p in ref.named_parameters()}
 
 
 def _plan(graph, world: int, pp: int, microbatches: int) -> Placement:  # type: ignore[no-untyped-def]
@@ -76,7 +61,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
     model = tm.build(case["model"], 0)
-    want_losses, want = _reference(model)
+    want_losses, want = tm.reference(model, STEPS)
     x0, _ = tm.batch(8, 0)
     traced = trace_module(model, (x0,))
     graph = traced.graph

@@ -9,7 +9,6 @@ the collectives of the first step by phase and kind (CommDebugMode)."""
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -28,23 +27,9 @@ from autoplace.tp_rules import linear_pairs  # noqa: E402
 STEPS = 5
 
 
-def _reference(model: torch.nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
-    ref = copy.deepcopy(model)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        x, y = tm.batch(8, step)
-        loss = tm.loss(ref(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, {n: p.detach() for n, p in ref.named_parameters()}
-
-
 def run(case: dict, rank: int, world: int, out: Path) -> None:
     model = tm.build(case["model"], 0, **case.get("kw", {}))
-    want_losses, want = _reference(model)
+    want_losses, want = tm.reference(model, STEPS)
     x0, _ = tm.batch(8, 0)
     pairs = linear_pairs(autoplace.trace(model, (x0,)))
     layout = tp_layout(pairs)

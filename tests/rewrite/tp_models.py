@@ -5,6 +5,8 @@ batch; ``loss`` is next-token cross-entropy."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -74,3 +76,19 @@ def batch(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+
+def reference(model: nn.Module, steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The unsplit model trained ``steps`` SGD steps (lr 0.1) on :func:`batch` (size 8, seed =
+    step): its losses and final parameters, what the TP children compare against."""
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = batch(8, step)
+        out = loss(ref(x), y)
+        out.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(out.item())
+    return losses, {n: p.detach() for n, p in ref.named_parameters()}
