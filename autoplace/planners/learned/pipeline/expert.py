@@ -140,15 +140,7 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
                 plans += policy.decode(policy.sample(1, gen, greedy=True).actions)
             if n - len(plans) > 0:
                 plans += policy.decode(policy.sample(n - len(plans), gen).actions)
-        best: tuple[float, PipelinePlan | None] = (math.inf, None)
-        for p in plans:
-            try:
-                _, ev = env.evaluate(p, source="proposal")
-            except PlacementError:
-                continue
-            if not ev.oom and ev.step_time_s < best[0]:
-                best = (float(ev.step_time_s), p)
-        return best[1], best[0]
+        return _fastest(env, plans)
 
     def polish(plan: PipelinePlan, k: int, limit: int, kicks: bool) -> float:
         lc, tl = left_calls(), time_left()
@@ -206,6 +198,14 @@ def zero_shot(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = N
         plans = policy.decode(policy.sample(1, gen, greedy=True).actions)
         if samples > 1:
             plans += policy.decode(policy.sample(samples - 1, gen).actions)
+    plan, step = _fastest(env, plans)
+    wall = time.perf_counter() - t0
+    return ExpertResult(plan, step, env.num_samples - calls0, wall, step, math.nan, 0, step)
+
+
+def _fastest(env: PlacementEnv, plans: list[PipelinePlan]) -> tuple[PipelinePlan | None, float]:
+    """The fastest of ``plans`` that fits (each simulated as a ``"proposal"``) and its step; (None,
+    inf) when none does."""
     best: tuple[float, PipelinePlan | None] = (math.inf, None)
     for p in plans:
         try:
@@ -214,5 +214,4 @@ def zero_shot(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = N
             continue
         if not ev.oom and ev.step_time_s < best[0]:
             best = (float(ev.step_time_s), p)
-    wall = time.perf_counter() - t0
-    return ExpertResult(best[1], best[0], env.num_samples - calls0, wall, best[0], math.nan, 0, best[0])
+    return best[1], best[0]
