@@ -22,7 +22,7 @@ from .liveness import Timeouts
 if TYPE_CHECKING:
     from .links import Links
 
-__all__ = ["PipelineRunner", "share"]
+__all__ = ["PipelineRunner", "share", "sum_tied_grads"]
 
 
 def share(t: torch.Tensor, microbatches: int, replicas: int, replica: int) -> torch.Tensor:
@@ -160,10 +160,7 @@ class PipelineRunner(torch.nn.Module):
             for p in self.stage_module.parameters():
                 if p.grad is not None:
                     p.grad.mul_(self.replicas)
-        for p, group in self.tied:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        sum_tied_grads(self.tied)
 
     def _batch_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         loss = torch.stack([x.detach() for x in losses])
@@ -173,3 +170,12 @@ class PipelineRunner(torch.nn.Module):
             if self.scale_grads:
                 loss = loss / self.replicas
         return loss
+
+
+def sum_tied_grads(tied: Sequence[tuple[torch.nn.Parameter, Any]]) -> None:
+    """Sum each tied parameter's gradient over its group (:func:`autoplace.rewrite.runtime.tie_groups`),
+    a zero gradient standing in where this rank's copy got none."""
+    for p, group in tied:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)

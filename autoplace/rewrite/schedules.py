@@ -52,7 +52,7 @@ from .errors import PipelineError
 from .launch import default_device, resolve_timeouts
 from .links import Links
 from .liveness import Timeouts
-from .runner import PipelineRunner
+from .runner import PipelineRunner, sum_tied_grads
 from .runtime import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 
@@ -119,10 +119,7 @@ class MultiStageRunner(PipelineRunner):
             for p in self.parameters():
                 if p.grad is not None:
                     p.grad.mul_(self.replicas)
-        for p, group in self.tied:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        sum_tied_grads(self.tied)
 
 
 class _ContiguousGrad(torch.autograd.Function):
