@@ -104,7 +104,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans that fit and that ``accept``
     takes go through :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved,
     looped-BFS, zero-bubble, ZBV and DualPipeV schedules, virtual stages, micro-batches, TP
-    groups inside a host); each gives a row ``NAME+sched`` whose ``note`` says what it chose
+    groups inside a host, ranks of data-parallel replicas), then the TP variants again with
+    sequence parallelism (:func:`~autoplace.planners.heuristic.sequence_parallel.with_sequence_parallel`);
+    each gives a row ``NAME+sched`` whose ``note`` says what it chose
     and how many variants it tried (``schedule``, ``virtual_stages``, ``tp``,
     ``schedule_notes``), or why it was skipped (no time left). A variant wins only when it is
     faster than every other row. A named planner (``planner="pipedream-dp"``) gets no pass.
