@@ -5,18 +5,21 @@ Every function here runs on each rank of an initialised 2-rank gloo process grou
 calls, in the same order, on both), with one intra-op thread per process
 (``torch.set_num_threads(1)``, as the profiler measures). :func:`probe` spawns that group itself.
 
-Every time is the lower quartile of its repeats (on a machine shared with other jobs they only
-ever add time).
+Every CPU time is the lower quartile of its repeats (on a machine shared with other jobs they
+only ever add time); the wall time of a gloo collective (the all-reduce link, ``busy_allreduce``,
+DDP's broadcast of buffers) is its trimmed mean (:func:`autoplace.cost.shared_cores.expected`):
+a share of those calls waits a scheduler tick for gloo's worker thread, and a step pays the mean.
 
 ``link`` (send/recv ping-pong)
     one-way seconds of ``dist.send``/``dist.recv`` of 4 B to 16 MiB: the latency is the median
     over messages up to 4 KiB, the bandwidth the least-squares slope over those of 256 KiB and
     more (:func:`fit_link`). The simulator's ``latency + bytes / bandwidth`` per transfer.
 ``all_reduce``
-    seconds of ``dist.all_reduce`` of the same sizes, fitted the same way: with 2 ranks the
-    simulator's ring costs ``bytes / bandwidth + 2 latency``, so the fit reports the
-    bandwidth and latency that formula needs (gloo reduces on the CPU as it goes, so it is
-    not the send/recv link's).
+    seconds of ``dist.all_reduce`` of the same sizes (trimmed mean of 40, the sizes interleaved),
+    fitted as ``a + bytes / bandwidth`` by least squares over those of 256 KiB and more, the sizes
+    of DDP's buckets (:func:`fit_collective`): with 2 ranks the simulator's ring costs
+    ``bytes / bandwidth + 2 latency``, so the latency is ``a / 2`` (gloo reduces on the CPU as it
+    goes, so it is not the send/recv link's; and ``a`` carries the expected wait for a core).
 ``corun``
     the calling thread's CPU seconds of a step function run by one rank while the other waits,
     against both ranks running it at once: two processes on the cores of one host share caches
@@ -74,9 +77,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .shared_cores import busy_allreduce, busy_messages, low, median
+from .shared_cores import busy_allreduce, busy_messages, expected, low, median
 
-__all__ = ["HostProbe", "ping_pong", "fit_link", "all_reduce_times", "corun_factor", "action_overhead",
+__all__ = ["HostProbe", "ping_pong", "fit_link", "fit_collective", "all_reduce_times", "corun_factor", "action_overhead",
            "busy_messages", "busy_allreduce", "probe_in_group", "probe"]
 
 SIZES = (1, 256, 1024, 16_384, 65_536, 262_144, 1_048_576, 4_194_304)  # float32 elements: 4 B .. 16 MiB
@@ -167,24 +170,39 @@ def fit_link(rows: list[dict[str, float]], *, per_byte_factor: float = 1.0) -> t
     return lat, per_byte_factor / max(slope, 1e-15)
 
 
-def all_reduce_times(*, repeats: int = 20) -> list[dict[str, float]]:
-    """Seconds of a sum all-reduce of each of :data:`SIZES` (lower quartile)."""
+def fit_collective(rows: list[dict[str, float]], *, key: str = "expected_seconds",
+                   min_bytes: float = 262144) -> tuple[float, float]:
+    """(per-call seconds ``a``, bandwidth bytes/s) of ``t = a + bytes / bandwidth``, least squares
+    over the rows of at least ``min_bytes`` (their ``key`` seconds); ``a`` is never below the
+    smallest of those rows' times minus their transfer, nor negative."""
+    big = [r for r in rows if r["bytes"] >= min_bytes]
+    x = np.array([r["bytes"] for r in big])
+    y = np.array([r.get(key, r["seconds"]) for r in big])
+    slope, a = (float(v) for v in np.polyfit(x, y, 1))
+    if slope <= 0:
+        slope = float(max(y) / max(x))
+        a = 0.0
+    return max(a, 0.0), 1.0 / max(slope, 1e-15)
+
+
+def all_reduce_times(*, repeats: int = 40) -> list[dict[str, float]]:
+    """Seconds of a sum all-reduce of each of :data:`SIZES`, the sizes interleaved round by round
+    (a tick's wait is not a property of one stretch of time): lower quartile, median and
+    :func:`~autoplace.cost.shared_cores.expected` (the trimmed mean, what a step pays)."""
     import torch.distributed as dist
 
-    rows = []
-    for n in SIZES:
-        buf = torch.zeros(n)
-        reps = repeats if n < 1_000_000 else max(3, repeats // 3)
-        ts = []
-        for k in range(reps + 2):
+    bufs = {n: torch.zeros(n) for n in SIZES}
+    ts: dict[int, list[float]] = {n: [] for n in SIZES}
+    for k in range(repeats + 2):
+        for n in SIZES:
             dist.barrier()
             t0 = time.perf_counter()
-            dist.all_reduce(buf)
+            dist.all_reduce(bufs[n])
             if k >= 2:
-                ts.append(time.perf_counter() - t0)
-        rows.append({"bytes": float(n * 4), "seconds": low(ts), "median_seconds": median(ts),
-                     "min_seconds": float(np.min(ts))})
-    return rows
+                ts[n].append(time.perf_counter() - t0)
+    return [{"bytes": float(n * 4), "seconds": low(ts[n]), "median_seconds": median(ts[n]),
+             "expected_seconds": expected(ts[n]), "min_seconds": float(np.min(ts[n])),
+             "slow_share": float(np.mean([t > 4 * low(ts[n]) + 1e-3 for t in ts[n]]))} for n in SIZES]
 
 
 def corun_factor(rank: int, step: Callable[[], Any], *, repeats: int = 8) -> dict[str, float]:
@@ -320,11 +338,12 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    def seconds(model: torch.nn.Module, x: torch.Tensor, clock: Callable[[], float] = time.thread_time) -> float:
-        """The low end of ``repeats`` forward + backward passes on ``clock``, after 3 warm-up passes,
-        every rank starting each pass together."""
+    def seconds(model: torch.nn.Module, x: torch.Tensor, clock: Callable[[], float] = time.thread_time,
+                stat: Callable[[list[float]], float] = low, n: int = repeats) -> float:
+        """``stat`` of ``n`` forward + backward passes on ``clock``, after 3 warm-up passes, every
+        rank starting each pass together."""
         ts = []
-        for k in range(repeats + 3):
+        for k in range(n + 3):
             dist.barrier()
             c0 = clock()
             model(x).sum().backward()
@@ -332,7 +351,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
                 ts.append(clock() - c0)
             for p in model.parameters():
                 p.grad = None
-        return low(ts)
+        return stat(ts)
 
     rows = []
     for width, depth in ((16, 24), (512, 4)):
@@ -354,7 +373,10 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     synced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)))
     unsynced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)),
                                        broadcast_buffers=False)
-    buffers = max(seconds(synced, x, time.perf_counter) - seconds(unsynced, x, time.perf_counter), 0.0)
+    # (a collective's wall time: its trimmed mean over 40 passes, as for the all-reduce link)
+    n = max(40, repeats)
+    buffers = max(seconds(synced, x, time.perf_counter, expected, n)
+                  - seconds(unsynced, x, time.perf_counter, expected, n), 0.0)
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
             "buffers_s": buffers, "rows": [list(r) for r in rows]}
 
@@ -377,7 +399,7 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     both: list[Any] = [None, None]
     dist.all_gather_object(both, mine)
     lat, bw = fit_link(ping)
-    ar_lat, ar_bw = fit_link(ar)
+    ar_call, ar_bw = fit_collective(ar)
     factor = float(np.mean([b["corun"]["factor"] for b in both])) if co is not None else 1.0
     per_action = {s: float(np.mean([b["action"][s]["per_action_s"] for b in both])) for s in ("gpipe", "1f1b")}
     per_step = {s: float(np.mean([max(b["action"][s]["cpu_s"][2] - 4 * b["action"][s]["per_action_s"], 0.0)
@@ -387,7 +409,7 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     pooled = float(np.mean([b["action"][s]["per_tensor_s"] for b in both for s in ("gpipe", "1f1b")]))
     per_tensor = {s: pooled for s in ("gpipe", "1f1b")}
     mean = lambda key, f: float(np.mean([b[key][f] for b in both]))  # noqa: E731
-    return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_lat / 2, allreduce_bandwidth=ar_bw,
+    return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_call / 2, allreduce_bandwidth=ar_bw,
                      corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
                      tensor_overhead_s=per_tensor,
                      ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s"),

@@ -58,3 +58,27 @@ def test_cores_is_positive() -> None:
     from autoplace.cost.host_probe import _cores
 
     assert _cores() >= 1
+
+
+def test_expected_keeps_the_slow_mode_of_a_bimodal_wall_time() -> None:
+    """A collective whose calls wait a 4 ms tick 30% of the time costs a step the mean, which the
+    median and the lower quartile (the fast mode) both miss; one outlier of another job is dropped."""
+    from autoplace.cost.shared_cores import expected, low, median
+
+    fast, slow = 0.3e-3, 4.3e-3
+    xs = [fast] * 27 + [slow] * 12 + [50e-3]  # 40 calls: 12 waited a tick, one hit by another job
+    assert median(xs) == fast and low(xs) == fast
+    want = (27 * fast + 12 * slow) / 39
+    assert abs(expected(xs) - want) < 1e-12
+    assert expected([1.0, 2.0, 3.0]) == 2.0  # under 20 values nothing is dropped
+
+
+def test_fit_collective_recovers_the_per_call_cost_and_bandwidth() -> None:
+    from autoplace.cost.host_probe import fit_collective
+
+    a, bw = 0.9e-3, 1.7e9
+    rows = [{"bytes": float(b), "seconds": 0.0, "expected_seconds": a + b / bw}
+            for b in (4, 4096, 262144, 1 << 20, 4 << 20, 16 << 20)]
+    rows[0]["expected_seconds"] = rows[1]["expected_seconds"] = 5.0  # small sizes are not fitted on
+    got_a, got_bw = fit_collective(rows)
+    assert abs(got_a - a) < 1e-9 and abs(got_bw / bw - 1) < 1e-6
