@@ -85,13 +85,13 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
     rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
     of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
-    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Medians over ``repeats``
+    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Trimmed means (:func:`expected`) over ``repeats``
     rounds, as rank 0's clock measures them."""
     import torch.distributed as dist
     from scipy.optimize import nnls
 
     other = 1 - rank
-    rows = []
+    rows: list[dict[str, Any]] = []
     for target in computes_s:
         compute, c = _calibrated_compute(target)
         for k in tensors:
@@ -114,11 +114,7 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                         compute()
                     if it >= 3:
                         walls[mode].append(time.perf_counter() - t0)
-            busy, solo = median(walls["busy"]), median(walls["solo"])
-            rows.append({"compute_s": c, "tensors": k, "busy_wall_s": busy, "solo_wall_s": solo,
-                         "extra_s": max(busy - solo, 0.0)})
-    a = np.array([[r["tensors"], r["compute_s"]] for r in rows])
-    (per_message, spin_share), _ = nnls(a, np.array([r["extra_s"] for r in rows]))
+            rows.append({"compute_s": c, "tensors": k, "walls": walls})
     compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
     k = max(tensors)
     out = [torch.zeros(nbytes // 4) for _ in range(k)]
@@ -141,11 +137,23 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                 dist.send(t, 0)
         if it >= 3:
             idle_walls.append(time.perf_counter() - t0)
-    idle = median(idle_walls)
     link = latency_s + k * nbytes / bandwidth
-    return {"bytes": nbytes, "busy": rows, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
-            "idle_compute_s": c, "idle_tensors": k, "idle_wall_s": idle,
-            "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
+
+    def fit(stat: Callable[[list[float]], float]) -> dict[str, Any]:
+        grid: list[dict[str, float]] = [
+            {"compute_s": r["compute_s"], "tensors": r["tensors"], "busy_wall_s": stat(r["walls"]["busy"]),
+             "solo_wall_s": stat(r["walls"]["solo"])} for r in rows]
+        for g in grid:
+            g["extra_s"] = max(g["busy_wall_s"] - g["solo_wall_s"], 0.0)
+        a = np.array([[g["tensors"], g["compute_s"]] for g in grid])
+        (per_message, spin_share), _ = nnls(a, np.array([g["extra_s"] for g in grid]))
+        idle = stat(idle_walls)
+        return {"busy": grid, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
+                "idle_wall_s": idle, "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
+
+    # wall time that every message of a step pays: the trimmed mean (see :func:`expected`); the
+    # median's fit is kept for comparison
+    return {"bytes": nbytes, **fit(expected), "idle_compute_s": c, "idle_tensors": k, "median": fit(median)}
 
 
 def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 40) -> dict[str, Any]:
