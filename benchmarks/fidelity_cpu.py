@@ -379,7 +379,7 @@ def render(out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=15, help="interleaved timed rounds per model")
+    ap.add_argument("--rounds", type=int, default=25, help="interleaved timed rounds per model")
     ap.add_argument("--quick", action="store_true", help="few rounds: checks that everything runs")
     ap.add_argument("--models", nargs="*", default=None, help=f"subset of {list(MODELS)}")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -401,7 +401,7 @@ def main() -> None:
         fidelity_cpu_predict.WITHOUT[:] = args.without
         repredict(args.out, args.no_fit)
         return
-    rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 20, 7)
+    rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 40, 7)
     torch.set_num_threads(1)
     start = time.perf_counter()
     cmd = "python benchmarks/fidelity_cpu.py" + (" --quick" if args.quick else "")
