@@ -319,9 +319,11 @@ class Cluster:
         and matched to a known kind by name; unknown GPUs get estimates from their SM count.
 
         Targets that name one device (``["cpu", "cpu"]``) share its memory: each gets ``1/k``
-        of it (``k`` targets), so plans that fit one target each fit the device together. Each
-        still counts the device's whole compute (they are placement targets, for tests and
-        trials on one machine, not a speedup)."""
+        of it (``k`` targets), so plans that fit one target each fit the device together, and
+        they are joined by the ``same-memory`` link; the simulator runs a model-parallel step
+        over them on one queue (``Simulator.queue_of``: one process runs their ops one after
+        another), so spreading a model over them is never predicted faster than one target
+        (they are placement targets for tests and trials on one machine, not a speedup)."""
         import torch
 
         if isinstance(devices, str):

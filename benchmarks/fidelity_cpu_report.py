@@ -252,18 +252,15 @@ def notes(res: dict[str, Any]) -> list[str]:
     eager = {r["model"]: r for r in rows if r["kind"] == "eager"}
     out = ["## Notes", "",
            "- `model-parallel` (two targets on this one CPU, one process) is predicted on "
-           "`Cluster.from_devices(['cpu', 'cpu'])`, as a user would plan it. The simulator treats the two targets as "
-           "two devices: target 1 runs its share of Adam's update as soon as its own backward is done, while target 0 "
-           "is still in its backward (and independent branches on the two targets would run at once), although they "
-           "share one core and one process calls `optimizer.step()` after the whole backward. Predicted over the "
+           "`Cluster.from_devices(['cpu', 'cpu'])`, as a user would plan it. Its two targets are one device (a "
+           "`same-memory` link), so the simulator runs their ops on one queue, as the one process does, and the "
+           "update after the whole backward (`Simulator.queue_of`; before that change it overlapped the targets "
+           "as if they were two devices, 0.76-0.85 of the one-process prediction). Predicted over the "
            "one-process prediction: "
            + ", ".join(f"{r['model']} {r['after_s'] / eager[r['model']]['after_s']:.2f}" for r in mp_rows)
            + " (measured: " + ", ".join(f"{r['model']} {r['measured_s']['median'] / eager[r['model']]['measured_s']['median']:.2f}"
                                        for r in mp_rows)
-           + "). The change belongs in the simulator (autoplace/sim/model_parallel.py: targets with the same device "
-           "name on one host share one queue, and in one process every target's update starts after the last "
-           "backward op of all targets), not in a cost term; the 'predicted compute' column splits the one CPU's "
-           "work between the two targets.",
+           + "); the 'predicted compute' column splits the one CPU's work between the two targets.",
            "- The hybrid (2 stages x 2 replicas) needs 4 processes; this machine has 2 cores, so it is not run.",
            "- DDP is predicted on a cluster whose link is gloo's measured all-reduce (the simulator has one link per "
            "device pair for both send/recv and collectives; gloo's all-reduce reduces on the CPU and reaches about "

@@ -25,6 +25,10 @@ Work bound (the divisible-load bound)
     devices the latter is exactly the perfectly divisible load ``1 / sum_d (1 / W_d)``
     (``sum of work / D`` on identical devices).
 
+With ``mode="model"``, targets that are one device (``Simulator.queue_of``: ``["cpu", "cpu"]``)
+count once in the work bound: a model-parallel step runs their ops on one queue. (Pipelines are
+simulated with a process per target, so ``mode="any"`` counts every target.)
+
 Neither term charges transfers, tied-parameter copies or all-reduces, which only add time.
 """
 
@@ -99,5 +103,8 @@ def lower_bound_of(sim: "Simulator", *, mode: str = "any") -> float:
     t = sim.tables
     path = float(_paths(np.ascontiguousarray(tf.min(axis=1)), np.ascontiguousarray(tb.min(axis=1)), upd_min,
                         t.succ_ptr, t.succ_eid, t.pred_ptr, t.pred_eid, t.esrc, t.edst))
-    work = work_bound(sim.fwd + sim.bwd + sim.upd)
+    total = sim.fwd + sim.bwd + sim.upd
+    if mode == "model":
+        total = total[:, sim.queue_of == np.arange(sim.num_devices)]
+    work = work_bound(total)
     return max(path, work)

@@ -161,6 +161,17 @@ class Simulator:
         self.tied_bytes = np.array([graph.param_bytes[g[0]] for g in groups], dtype=np.float64)
         # memory terms from the graph's memory facts (autoplace.cost.memory); None: the plain sum below
         self.memory = step_memory(graph, self.cost, cluster, (tied_of, self.tied_first, self.tied_bytes))
+        # targets that are one device (a "same-memory" link: ["cpu", "cpu"]) run on one queue in a
+        # model-parallel step: one process runs their ops one after another, and calls the update
+        # after the whole backward; each target keeps its own share of the memory
+        queue = np.arange(cluster.num_devices, dtype=np.int64)
+        for d in range(cluster.num_devices):
+            for j in range(d):
+                if cluster.link_names[j][d] == "same-memory" and queue[j] == j:
+                    queue[d] = j
+                    break
+        self.queue_of = queue
+        """Per target, the target whose queue it shares (itself unless it is one device with another)."""
         i64 = np.int64
         self.tables = GraphTables(
             fwd=self.fwd, bwd=self.bwd, upd=self.upd,
@@ -213,14 +224,29 @@ class Simulator:
         step, peak, excess = mp_evaluate(self.tables, dev)
         if step < 0:
             raise self._bad_device(dev)
+        shared = self._one_queue(dev)
+        if shared is not None:
+            step = mp_evaluate(self.tables, shared)[0]
         if self.memory is not None:
             peak = self.memory.model_parallel(dev)
             excess = float(np.maximum(peak - self.capacity, 0.0).sum())
         return Evaluation(step, peak, excess)
 
+    def _one_queue(self, dev: np.ndarray) -> np.ndarray | None:
+        """``dev`` with every target replaced by the one whose queue it shares (:attr:`queue_of`),
+        or None when no op is on a target that shares another's."""
+        shared = self.queue_of[dev]
+        return None if np.array_equal(shared, dev) else np.ascontiguousarray(shared)
+
     def _run_model(self, dev: np.ndarray, timeline: bool) -> SimResult:
+        shared = self._one_queue(dev)
         (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
-         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self.tables, dev)
+         tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self.tables, dev if shared is None else shared)
+        if shared is not None:  # the times of one queue; the memory and the work of each target
+            peak = mp_evaluate(self.tables, dev)[1]
+            compute = np.zeros(self.num_devices)
+            rows = np.arange(self.num_nodes)
+            np.add.at(compute, dev, self.fwd[rows, dev] + self.bwd[rows, dev] + self.upd[rows, dev])
         if self.memory is not None:
             peak = self.memory.model_parallel(dev)
         n_dev = self.num_devices

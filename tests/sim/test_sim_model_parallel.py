@@ -252,3 +252,27 @@ def test_fast_path_speed_on_1000_ops() -> None:
             sim.evaluate(d)
     rate = 200 / (time.process_time() - t0)
     assert rate >= 1000, f"{rate:.0f} evaluations per CPU second"
+
+
+def test_targets_that_are_one_device_share_one_queue() -> None:
+    # Two branches of 4 ms forward + 8 ms backward each, joined at the end. On two devices they
+    # overlap: fwd 4 (both) + join 1, bwd 2 + 8 (both) = 15 ms plus the update. On two targets of one
+    # device (a "same-memory" link, as Cluster.from_devices(["cpu", "cpu"]) gives), one queue runs
+    # them one after another: fwd 4 + 4 + 1, bwd 2 + 8 + 8 = 27 ms, the same as one target holding
+    # everything; each target keeps its own memory.
+    from autoplace.cluster import Cluster, Device, Link
+
+    g = graph(4, [(0, 2), (1, 2), (2, 3)], [4, 4, 1, 0], [8, 8, 2, 0], param_bytes=[0, 0, 0, 0],
+              out_bytes=[1e6, 1e6, 1e6, 0])
+    devs = [Device("cpu", "toy", 1e12, 1e12, 2**30, launch_overhead_s=0.0) for _ in range(2)]
+    one = Cluster.from_links(devs, lambda i, j: Link("same-memory", 1e15, 0.0))
+    apart = cluster(2, bandwidth=1e15)
+    split = [0, 1, 0, 0]
+    assert autoplace.simulate(g, _place(g, apart, split), apart).step_time_s == pytest.approx(15 * MS, rel=1e-6)
+    r = autoplace.simulate(g, _place(g, one, split), one)
+    assert r.step_time_s == pytest.approx(27 * MS, rel=1e-6)
+    assert Simulator(g, one).evaluate(split).step_time_s == pytest.approx(27 * MS, rel=1e-6)
+    assert r.compute_s[1] == pytest.approx(12 * MS) and r.compute_s[0] == pytest.approx(15 * MS)
+    assert r.peak_memory_bytes[1] > 0  # target 1 still holds its branch's activation
+    sim = Simulator(g, one)
+    assert sim.lower_bound(mode="model") >= 27 * MS - 1e-12  # the work bound counts one device
