@@ -53,6 +53,13 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     takes a core from the computing threads (``host_probe.busy_messages``' fit). Source of the gap it closes: the 2-process runs of
     ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
     was predicted within 11% (geometric mean): the missing time was wall time outside it.
+``busy_set_s``, ``set_spin_share`` (wall time)
+    the same wall cost measured as a set of ``k`` messages (the tensors one action receives
+    across a boundary, :func:`tensors_per_boundary`), at k = 1, 2, 4, 8 and 16 and interpolated
+    (:func:`set_cost`), with its own share of the waits: the cost of a set is not ``k`` times
+    one message's (a trial here, 4 KiB each: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16),
+    so neither one per tensor (GNMT-4 unrolled's 21) nor one per producing op (its 8) is right
+    for every boundary. Replaces ``busy_message_s`` and ``spin_share`` where given.
 ``busy_allreduce_s`` (wall time)
     each all-reduce call of a replicated stage (DDP: a first bucket of 1 MiB, then 25 MiB
     buckets) adds what one all-reduce adds to a computation on both ranks
@@ -82,7 +89,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "messages_per_boundary",
+__all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "messages_per_boundary", "set_cost",
            "ddp_buckets"]
 
 
@@ -148,6 +155,13 @@ class HostCostModel(CostModel):
     spin_share: float = 0.0
     """wall seconds per second that messages wait for their computing receiver (the union of the
     waits, per receiving stage: gloo's loop thread polls through them; ``host_probe.busy_messages``)."""
+    busy_set_s: Mapping[str, float] = field(default_factory=dict)
+    """per tensor count k (a string): wall seconds a set of k messages that arrives while its receiver
+    computes costs it (``host_probe.busy_messages``' ``set_cost_s``, measured at a few counts and
+    interpolated); when given, it replaces ``busy_message_s`` and ``spin_share`` (with
+    ``set_spin_share``), and a boundary's set is its tensors (:func:`tensors_per_boundary`)."""
+    set_spin_share: float = 0.0
+    """the share of the waits charged with ``busy_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds each all-reduce call of a replicated stage adds (``host_probe.busy_allreduce``)."""
     fitted_action_s: float = 0.0
@@ -224,23 +238,26 @@ class HostCostModel(CostModel):
         op whose output crosses a boundary is one message (``messages_per_boundary``), in both
         directions.
         None when neither term is set."""
-        if not (self.busy_message_s or self.idle_message_s or self.spin_share):
+        if not (self.busy_message_s or self.idle_message_s or self.spin_share or self.busy_set_s):
             return None
         n_st = f_start.shape[0]
         fo, bo = np.zeros(n_st), np.zeros(n_st)
         if n_st < 2:
             return fo, bo
         k = messages_per_boundary(graph, np.asarray(stage_of_node), n_st)
+        tensors = tensors_per_boundary(graph, np.asarray(stage_of_node), n_st) if self.busy_set_s else k
+        spin = self.set_spin_share if self.busy_set_s else self.spin_share
         m = int(microbatches)
         for s in range(n_st - 1):
             if k[s] == 0:
                 continue
+            busy = set_cost(self.busy_set_s, int(tensors[s])) if self.busy_set_s else k[s] * self.busy_message_s
             for arrive, start, into in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]),
                                         (xb_end[s, :m], b_start[s, :m], bo[s:s + 1])):
                 late = start - arrive > 1e-9  # waited for its receiver to finish computing
-                into += k[s] * float(np.where(late, self.busy_message_s, self.idle_message_s).mean())
-                if self.spin_share:
-                    into += self.spin_share * _union_length(arrive[late], start[late]) / m
+                into += float(np.where(late, busy, k[s] * self.idle_message_s).mean())
+                if spin:
+                    into += spin * _union_length(arrive[late], start[late]) / m
         return fo, bo
 
     def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -280,6 +297,20 @@ class HostCostModel(CostModel):
         cols = np.array([d.kind == graph.profiled_on for d in cluster.devices])
         measured = np.asarray(upd["update_s"], dtype=float)[:, None] * cluster.time_factors[None, :]
         return np.where(cols[None, :], measured, base)
+
+
+def set_cost(table: Mapping[str, float], k: int) -> float:
+    """Seconds of a set of ``k`` messages from costs measured at a few counts (``{"1": s, ...}``):
+    linear between the measured counts, beyond the largest along its last segment (never below
+    the largest count's cost), below the smallest in proportion to it."""
+    counts = sorted(int(n) for n in table)
+    cost = [float(table[str(n)]) for n in counts]
+    if k <= counts[0]:
+        return cost[0] * k / counts[0]
+    if k >= counts[-1]:
+        slope = (cost[-1] - cost[-2]) / (counts[-1] - counts[-2]) if len(counts) > 1 else cost[-1] / counts[-1]
+        return cost[-1] + max(slope, 0.0) * (k - counts[-1])
+    return float(np.interp(k, counts, cost))
 
 
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:

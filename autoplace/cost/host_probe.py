@@ -111,6 +111,11 @@ class HostProbe:
     """wall seconds per second a message waits for its computing receiver (gloo's polling loop)."""
     idle_message_s: float = 0.0
     """wall seconds a message costs beyond the link when its receiver waits for it."""
+    busy_set_s: dict[str, float] = field(default_factory=dict)
+    """per tensor count k (a string): wall seconds a set of k messages costs beyond the link when it
+    arrives while its receiver computes (``busy_messages``'s ``set_cost_s``)."""
+    set_spin_share: float = 0.0
+    """the share of the waits that goes with ``busy_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds one all-reduce call adds to a step while both ranks compute."""
     cores: int = 0
@@ -420,6 +425,9 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      busy_message_s=mean("messages", "busy_per_message_s"),
                      spin_share=mean("messages", "spin_share"),
                      idle_message_s=mean("messages", "idle_per_message_s"),
+                     busy_set_s={n: float(np.mean([b["messages"]["set_cost_s"][n] for b in both]))
+                                 for n in both[0]["messages"]["set_cost_s"]},
+                     set_spin_share=mean("messages", "set_spin_share"),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 

@@ -72,7 +72,7 @@ def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple
 
 
 def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
-                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 4),
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 2, 4, 8, 16),
                   repeats: int = 15) -> dict[str, Any]:
     """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
@@ -82,10 +82,13 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
     (non-negative least squares): a cost per message that arrives while its receiver computes,
     and a share of every second a message waits for its receiver (the loop thread polling
-    through it, taking a core from the computing threads). ``idle``: rank 0 computes and sends,
+    through it, taking a core from the computing threads). The cost is not linear in ``k`` (a
+    trial on this 2-core VM, 4 KiB messages: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16), so
+    the grid is also fitted with a cost of its own per tensor count and one shared compute share
+    (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured. ``idle``: rank 0 computes and sends,
     rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
     of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
-    ``2 k`` messages (``c`` the middle compute, ``k`` the largest). Trimmed means (:func:`expected`) over ``repeats``
+    ``2 k`` messages (``c`` the middle compute, ``k`` 4 where the grid has it). Trimmed means (:func:`expected`) over ``repeats``
     rounds, as rank 0's clock measures them."""
     import torch.distributed as dist
     from scipy.optimize import nnls
@@ -116,7 +119,7 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                         walls[mode].append(time.perf_counter() - t0)
             rows.append({"compute_s": c, "tensors": k, "walls": walls})
     compute, c = _calibrated_compute(computes_s[len(computes_s) // 2])
-    k = max(tensors)
+    k = 4 if 4 in tensors else max(tensors)
     out = [torch.zeros(nbytes // 4) for _ in range(k)]
     inp = [torch.zeros(nbytes // 4) for _ in range(k)]
     idle_walls = []
@@ -145,10 +148,17 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
              "solo_wall_s": stat(r["walls"]["solo"])} for r in rows]
         for g in grid:
             g["extra_s"] = max(g["busy_wall_s"] - g["solo_wall_s"], 0.0)
+        y = np.array([g["extra_s"] for g in grid])
         a = np.array([[g["tensors"], g["compute_s"]] for g in grid])
-        (per_message, spin_share), _ = nnls(a, np.array([g["extra_s"] for g in grid]))
+        (per_message, spin_share), _ = nnls(a, y)
+        # the same grid with a cost of its own for each tensor count (one column per count) and one
+        # shared share of the compute: what a set of k messages costs, measured, not assumed linear
+        counts = sorted({int(g["tensors"]) for g in grid})
+        a_k = np.array([[float(g["tensors"] == n) for n in counts] + [g["compute_s"]] for g in grid])
+        coef, _ = nnls(a_k, y)
         idle = stat(idle_walls)
         return {"busy": grid, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
+                "set_cost_s": {str(n): float(v) for n, v in zip(counts, coef[:-1])}, "set_spin_share": float(coef[-1]),
                 "idle_wall_s": idle, "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
 
     # wall time that every message of a step pays: the trimmed mean (see :func:`expected`); the

@@ -161,3 +161,32 @@ def test_boundary_tensors_are_the_fx_values_that_cross() -> None:
     assert fo.tolist() == pytest.approx([3 * MS, 3 * MS]) and bo.tolist() == pytest.approx([3 * MS, 3 * MS])
     fo, _, _ = cost.stage_overhead_s(g, st, np.array([1, 1]), 4, "1f1b")
     assert fo.tolist() == [0.0, 0.0]  # one tensor: the action probe's own
+
+
+def test_set_cost_interpolates_between_measured_counts_and_extends_the_last_segment() -> None:
+    from autoplace.cost.host import set_cost
+
+    table = {"1": 1.0e-3, "4": 4.0e-3, "16": 6.0e-3}
+    assert set_cost(table, 1) == 1.0e-3
+    assert abs(set_cost(table, 10) - 5.0e-3) < 1e-12  # halfway from 4 to 16
+    assert abs(set_cost(table, 28) - 8.0e-3) < 1e-12  # the last segment's slope, 2 ms per 12 messages
+    assert set_cost({"2": 2.0e-3}, 1) == 1.0e-3
+
+
+def test_message_overhead_charges_a_late_set_of_k_messages_at_its_measured_cost() -> None:
+    """Two ops feed one across the boundary (a set of 2 messages). Forward messages that arrive
+    before the receiver starts (late) cost the set's measured cost, not 2 x one message's; the
+    backward ones, whose receiver waits, cost 2 x the idle cost."""
+    g = graph(3, [(0, 2), (1, 2)], [1, 1, 1], [1, 1, 1], param_bytes=[0, 0, 0], out_bytes=[1e3, 1e3, 0])
+    m = 2
+    f_start = np.array([[0.0, 1.0], [5.0, 6.0]])  # stage 1 starts each forward after its message came
+    xf_end = np.array([[2.0, 3.0], [0.0, 0.0]])
+    b_start = np.array([[9.0, 10.0], [0.0, 0.0]])
+    xb_end = np.array([[9.5, 10.5], [0.0, 0.0]])  # gradients arrive after stage 0 waits for them
+    cost = HostCostModel(busy_message_s=1.0, idle_message_s=0.25, busy_set_s={"1": 3.0, "4": 6.0})
+    fo, bo = cost.message_overhead_s(g, np.array([0, 0, 1]), m, f_start, b_start, xf_end, xb_end)
+    assert fo[1] == 4.0  # the set of 2, interpolated between 1 (3 s) and 4 (6 s); not 2 x 1 s
+    assert bo[0] == 0.5  # 2 messages x 0.25 s, the receiver waiting
+    linear = HostCostModel(busy_message_s=1.0, idle_message_s=0.25)
+    fo, _ = linear.message_overhead_s(g, np.array([0, 0, 1]), m, f_start, b_start, xf_end, xb_end)
+    assert fo[1] == 2.0  # without the measured sets: 2 messages x 1 s
