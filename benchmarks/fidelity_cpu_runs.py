@@ -12,7 +12,8 @@ pooled figures compare the mean prediction with the mean measurement over the ru
 predicts from its own profile and probe, nothing is fitted across runs beyond what each run
 fits on its own fit models).
 
-Writes ``benchmarks/results/fidelity_cpu_runs.{json,md}``; each run's full report stays in
+Writes ``benchmarks/results/fidelity_cpu_runs.{json,md}`` and copies the last run's report to
+``benchmarks/results/fidelity_cpu.{json,md}``; each run's full report stays in
 ``<out>/runs/<k>/fidelity_cpu.{json,md}`` (not committed).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -130,6 +132,8 @@ def main() -> None:
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fidelity_cpu.py"), "--out", str(d)], check=True)
             dirs.append(d)
         res = pool(dirs)
+        for name in ("fidelity_cpu.json", "fidelity_cpu.md", "fidelity_cpu_graphs.json"):  # the last run's report
+            shutil.copyfile(dirs[-1] / name, args.out / name)
         res.update(command=f"python benchmarks/fidelity_cpu_runs.py --runs {args.runs}",
                    seconds=time.perf_counter() - start, load_start=list(load0))
         path.write_text(json.dumps(res, indent=1))
