@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rewrite_models as rm  # noqa: E402
 
 from autoplace.rewrite.runtime import (  # noqa: E402
-    PipelineTimeoutError, build_pipeline_runner, free_port, init_distributed)
+    PipelineTimeoutError, build_pipeline_runner, free_port, init_distributed)  # noqa: F401 - free_port: for the mp.spawn tests
 from autoplace.rewrite.schedules import build_schedule_runner  # noqa: E402
 
 
@@ -207,8 +207,8 @@ def launch_cases(child: Path, out: Path, ranks: int, cases: list[dict[str, Any]]
     """``torchrun --nproc-per-node ranks child OUT CASES_JSON`` (gloo on 127.0.0.1, one thread per
     process); fails with the children's error files and torchrun's stderr when a rank failed."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(child), str(out), json.dumps(cases)]
+    cmd = [str(torchrun), "--nproc-per-node", str(ranks), "--standalone",
+           str(child), str(out), json.dumps(cases)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     errors = {f.name: f.read_text()[-1500:] for f in out.glob("*.err")}

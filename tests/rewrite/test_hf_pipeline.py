@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 import hf_models as hm
-import pipeline_workers as pw
 
 pytest.importorskip("transformers")
 
@@ -38,8 +37,8 @@ TOL = 1e-5
 
 def launch(tmp: Path, nproc: int, cases: list[str], *, steps: int = 3, timeout_s: int = 300) -> list[list[dict[str, Any]]]:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(pw.free_port()), str(CHILD), str(tmp), str(steps), *cases]
+    cmd = [str(torchrun), "--nproc-per-node", str(nproc), "--standalone",
+           str(CHILD), str(tmp), str(steps), *cases]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     ranks = []

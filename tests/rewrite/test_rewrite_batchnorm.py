@@ -31,7 +31,6 @@ import torch.fx
 import torch.nn as nn
 
 from autoplace.rewrite import batchnorm
-from autoplace.rewrite.runtime import free_port
 
 CHILD = Path(__file__).with_name("batchnorm_child.py")
 TOL = 1e-10  # float64
@@ -39,7 +38,7 @@ TOL = 1e-10  # float64
 
 def _run_child(tmp_path: Path, mode: str) -> list[list[dict]]:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone",
            str(CHILD), str(tmp_path), mode]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -24,7 +24,6 @@ import autoplace.zoo as zoo
 from autoplace import Cluster, Placement, PlacementError
 from autoplace.graph.trace import trace_module
 from autoplace.rewrite.fsdp import ShardedRunError, build_sharded_runner, outline_units, runtime_problems, unit_of_fx
-from autoplace.rewrite.runtime import free_port
 
 CHILD = Path(__file__).with_name("fsdp_child.py")
 STEPS = 5
@@ -32,7 +31,7 @@ STEPS = 5
 
 def _launch(tmp_path: Path, n: int, cases: list[str]) -> dict[str, list[dict]]:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(n), "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+    cmd = [str(torchrun), "--nproc-per-node", str(n), "--standalone",
            str(CHILD), str(tmp_path), ",".join(cases)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from autoplace.rewrite.liveness import Heartbeat, Timeouts, who_stopped
-from autoplace.rewrite.runtime import free_port
 
 CHILD = Path(__file__).with_name("liveness_child.py")
 HARD_TIMEOUT_S = 150
@@ -42,8 +41,8 @@ def _launch(tmp_path: Path, when: str, wait_for_torchrun_s: float = 0.0, *, worl
     """Run the child; every live rank's answer, the stop record, and seconds from rank 0's error
     to torchrun's end (NaN if it had not ended after ``wait_for_torchrun_s``)."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", str(world), "--master-addr", "127.0.0.1", "--master-port",
-           str(free_port()), str(CHILD), str(tmp_path), when, str(stopped_rank)]
+    cmd = [str(torchrun), "--nproc-per-node", str(world), "--standalone",
+           str(CHILD), str(tmp_path), when, str(stopped_rank)]
     live = [r for r in range(world) if r != stopped_rank]
     log = (tmp_path / "log.txt").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

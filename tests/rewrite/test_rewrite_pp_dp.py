@@ -64,7 +64,7 @@ def test_pp2_x_dp2_equal_the_unsplit_model(tmp_path: Path) -> None:
 def test_wrap_runs_a_pp_x_dp_plan(tmp_path: Path) -> None:
     # autoplace.wrap(mode="pipeline", plan=...) with a hand-made plan of 2 ranks x 2 replicas
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(pw.free_port()),
+    cmd = [str(torchrun), "--nproc-per-node", "4", "--standalone",
            str(CHILD.with_name("wrap_ppdp_child.py")), str(tmp_path), "interleaved-1f1b", "2", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -92,7 +92,7 @@ def test_pipeline_times_tensor_parallel_equals_the_unsplit_model(tmp_path: Path)
 def test_wrap_runs_a_plan_with_virtual_stages(tmp_path: Path) -> None:
     # autoplace.wrap(mode="pipeline", plan=...) dispatches such a plan to the multi-stage runner
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(pw.free_port()),
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone",
            str(CHILD.with_name("wrap_schedules_child.py")), str(tmp_path), "zbv", "2", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,7 +102,7 @@ def test_wrap_runs_a_plan_with_virtual_stages(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_wrap_runs_pipeline_times_tensor_parallel(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(pw.free_port()),
+    cmd = [str(torchrun), "--nproc-per-node", "4", "--standalone",
            str(CHILD.with_name("wrap_schedules_child.py")), str(tmp_path), "interleaved-1f1b", "2", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,8 +21,8 @@ CHILD = Path(__file__).with_name("torchrun_child.py")
 @pytest.mark.slow
 def test_torchrun_two_processes_train(tmp_path: Path) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(pw.free_port()), str(CHILD), str(tmp_path)]
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone",
+           str(CHILD), str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -71,8 +71,8 @@ def test_every_offered_schedule_runs_a_branchy_graph_like_the_unsplit_model(tmp_
     cases = [{"id": f"{p.schedule}-v{p.virtual_stages}-m{p.microbatches}", "plan": p.to_dict()} for p in offers]
     (tmp_path / "plans.json").write_text(json.dumps(cases))
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-           str(pw.free_port()), str(CHILD), str(tmp_path), str(tmp_path / "plans.json")]
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone",
+           str(CHILD), str(tmp_path), str(tmp_path / "plans.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
     assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
