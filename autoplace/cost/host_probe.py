@@ -79,8 +79,8 @@ import torch
 
 from .shared_cores import busy_allreduce, busy_messages, expected, low, median
 
-__all__ = ["HostProbe", "ping_pong", "fit_link", "fit_collective", "all_reduce_times", "corun_factor", "action_overhead",
-           "busy_messages", "busy_allreduce", "probe_in_group", "probe"]
+__all__ = ["HostProbe", "ping_pong", "fit_link", "fit_collective", "all_reduce_times", "corun_factor",
+           "action_overhead", "busy_messages", "busy_allreduce", "probe_in_group", "probe"]
 
 SIZES = (1, 256, 1024, 16_384, 65_536, 262_144, 1_048_576, 4_194_304)  # float32 elements: 4 B .. 16 MiB
 
@@ -178,8 +178,8 @@ def fit_link(rows: list[dict[str, float]], *, per_byte_factor: float = 1.0) -> t
 def fit_collective(rows: list[dict[str, float]], *, key: str = "expected_seconds",
                    min_bytes: float = 262144) -> tuple[float, float]:
     """(per-call seconds ``a``, bandwidth bytes/s) of ``t = a + bytes / bandwidth``, least squares
-    over the rows of at least ``min_bytes`` (their ``key`` seconds); ``a`` is never below the
-    smallest of those rows' times minus their transfer, nor negative."""
+    over the rows of at least ``min_bytes`` (their ``key`` seconds, else ``seconds``); ``a`` is
+    never negative, and a slope that is not positive gives ``a = 0`` and the largest row's rate."""
     big = [r for r in rows if r["bytes"] >= min_bytes]
     x = np.array([r["bytes"] for r in big])
     y = np.array([r.get(key, r["seconds"]) for r in big])

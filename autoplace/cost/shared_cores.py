@@ -85,11 +85,12 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     through it, taking a core from the computing threads). The cost is not linear in ``k`` (a
     trial on this 2-core VM, 4 KiB messages: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16), so
     the grid is also fitted with a cost of its own per tensor count and one shared compute share
-    (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured. ``idle``: rank 0 computes and sends,
-    rank 1 receives (posted in time), computes and sends back: ideally ``2 c`` plus two transfers
-    of ``latency + k x nbytes / bandwidth``, which the simulator charges already; the rest over
-    ``2 k`` messages (``c`` the middle compute, ``k`` 4 where the grid has it). Trimmed means (:func:`expected`) over ``repeats``
-    rounds, as rank 0's clock measures them."""
+    (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured.
+    ``idle``: rank 0 computes and sends, rank 1 receives (posted in time), computes and sends
+    back: ideally ``2 c`` plus two transfers of ``latency + k x nbytes / bandwidth``, which the
+    simulator charges already; the rest over ``2 k`` messages (``c`` the middle compute, ``k`` 4
+    where the grid has it). Trimmed means (:func:`expected`) over ``repeats`` rounds, as rank 0's
+    clock measures them; ``median`` holds the same fits from the medians."""
     import torch.distributed as dist
     from scipy.optimize import nnls
 
