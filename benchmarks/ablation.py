@@ -99,7 +99,7 @@ def _weights(variant: str, tmp: Path) -> Path | None:
     return path if path.exists() else None
 
 
-def run_case_base(entry: Any, cluster: Any, ils_budget: float) -> dict[str, Any]:
+def run_case_base(entry: Any, cluster: Any, ils_budget: float, seed: int = 0) -> dict[str, Any]:
     from autoplace.planners.learned.env import PlacementEnv
     from autoplace.planners.learned.ils import iterated_local_search
 
@@ -108,12 +108,12 @@ def run_case_base(entry: Any, cluster: Any, ils_budget: float) -> dict[str, Any]
     env = PlacementEnv(graph, cluster)
     seed_s = time.perf_counter() - t0
     best = env.seeds[0]
-    r = iterated_local_search(graph, cluster, budget_s=max(ils_budget - seed_s, 1.0), seed=0, seeds=env.seeds)
+    r = iterated_local_search(graph, cluster, budget_s=max(ils_budget - seed_s, 1.0), seed=seed, seeds=env.seeds)
     return {"graph": entry.key, "cluster": cluster.name, "ops": graph.num_nodes, "devices": cluster.num_devices,
             "heuristics": {s.planner: s.step_time_s for s in env.seeds if not s.oom},
             "best_heuristic": best.planner, "best_heuristic_s": best.step_time_s, "seed_s": seed_s,
             "lower_bound_s": autoplace.lower_bound(graph, cluster, mode="model"),
-            "ils": {"budget_s": ils_budget, "step_time_s": r.step_time_s, "samples": r.samples,
+            "ils": {"budget_s": ils_budget, "seed": seed, "step_time_s": r.step_time_s, "samples": r.samples,
                     "simulations": r.simulations, "kicks": r.kicks, "wall_s": r.wall_s + seed_s,
                     "history": [list(h) for h in r.history]}}
 

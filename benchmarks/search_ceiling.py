@@ -28,29 +28,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULTS = ROOT / "benchmarks" / "results"
-PIPEDREAM = ROOT.parent / "shared" / "data" / "pipedream"
 
 
 def run(job: tuple[int, float, int]) -> dict[str, Any]:
-    """One search: case index, budget (s), seed."""
+    """One search (case index, budget s, seed): ``ablation.run_case_base``'s, the ILS of
+    ``ablation.md`` with another budget or seed."""
     import torch
 
     torch.set_num_threads(1)
+    from ablation import PIPEDREAM, run_case_base
+
     from autoplace.planners.learned.corpus import held_out_cases
-    from autoplace.planners.learned.env import PlacementEnv
-    from autoplace.planners.learned.ils import iterated_local_search
 
     i, budget, seed = job
     entry, cluster = held_out_cases(PIPEDREAM if PIPEDREAM.exists() else None)[i]
-    graph = entry.load()
-    t0 = time.perf_counter()
-    env = PlacementEnv(graph, cluster)
-    seed_s = time.perf_counter() - t0
-    r = iterated_local_search(graph, cluster, budget_s=max(budget - seed_s, 1.0), seed=seed, seeds=env.seeds)
+    ils = run_case_base(entry, cluster, budget, seed=seed)["ils"]
     return {"case": i, "graph": entry.key, "cluster": cluster.name, "budget_s": budget, "seed": seed,
-            "step_time_s": r.step_time_s, "samples": r.samples, "simulations": r.simulations,
-            "wall_s": r.wall_s + seed_s, "last_improvement_s": r.history[-1][2] if r.history else 0.0}
+            "step_time_s": ils["step_time_s"], "samples": ils["samples"], "simulations": ils["simulations"],
+            "wall_s": ils["wall_s"], "last_improvement_s": ils["history"][-1][2] if ils["history"] else 0.0}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -91,9 +88,8 @@ def main() -> None:
         import multiprocessing as mp
 
         import numpy as np
-
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         from _timing import load_average
+        from ablation import PIPEDREAM
 
         base = {(r["graph"], r["cluster"]): r for r in json.loads((RESULTS / "ablation.json").read_text())["rows"]}
         from autoplace.planners.learned.corpus import held_out_cases
