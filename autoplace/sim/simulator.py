@@ -242,13 +242,14 @@ class Simulator:
         shared = self._one_queue(dev)
         (step, peak, compute, f_start, f_end, b_start, b_end, u_start, u_end,
          tr_from, tr_to, tr_node, tr_kind, tr_start, tr_end) = mp_run(self.tables, dev if shared is None else shared)
-        if shared is not None:  # the times of one queue; the memory and the work of each target
-            peak = mp_evaluate(self.tables, dev)[1]
+        if shared is not None:  # the times of one queue; the work of each target
             compute = np.zeros(self.num_devices)
             rows = np.arange(self.num_nodes)
             np.add.at(compute, dev, self.fwd[rows, dev] + self.bwd[rows, dev] + self.upd[rows, dev])
         if self.memory is not None:
             peak = self.memory.model_parallel(dev)
+        elif shared is not None:  # the plain sum per target, not per queue
+            peak = mp_evaluate(self.tables, dev)[1]
         n_dev = self.num_devices
         link_busy = np.zeros((n_dev, n_dev))
         np.add.at(link_busy, (tr_from, tr_to), tr_end - tr_start)
