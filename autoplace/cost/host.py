@@ -34,7 +34,10 @@ the graph was profiled on (elsewhere it is the plain CostModel):
 ``ddp``
     DistributedDataParallel's hooks, bucket copies and division per step of a replicated stage,
     per parameter tensor and per gradient byte, and its broadcast of buffers (BatchNorm's
-    running statistics) before every forward (``host_probe.ddp_overhead``); the all-reduce
+    running statistics) before every forward, per call and per buffer tensor: DDP flattens them
+    into one tensor per dtype and copies them back (``host_probe.ddp_overhead``; one call's cost
+    charged to every model missed Inception-V3's 282 buffer tensors, about 2 ms a forward here,
+    by 3x); the all-reduce
     itself is the simulator's ring over the cluster's link.
 ``busy_message_s``, ``idle_message_s`` (wall time, not CPU)
     what each point-to-point message of a pipeline (one per op whose output crosses:
@@ -90,7 +93,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
 
 __all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "messages_per_boundary", "set_cost",
-           "ddp_buckets"]
+           "ddp_buckets", "buffer_tensors"]
 
 
 def profile_terms(graph: "OpGraph") -> Mapping[str, Any] | None:
@@ -146,7 +149,8 @@ class HostCostModel(CostModel):
     (``per_byte_s``) and per step (``commit_s``) (``host_probe.batchnorm_overhead``)."""
     ddp_s: Mapping[str, float] = field(default_factory=dict)
     """DDP's CPU seconds per step per replica: ``per_tensor_s`` and ``per_byte_s`` of gradients,
-    and ``buffers_s`` for its broadcast of buffers before each forward (``host_probe.ddp_overhead``)."""
+    and ``buffers_s`` + ``per_buffer_tensor_s`` x buffer tensors (:func:`buffer_tensors`) for its
+    broadcast of buffers before each forward (``host_probe.ddp_overhead``)."""
     busy_message_s: float = 0.0
     """wall seconds a pipeline message costs its receiver beyond the link when it arrives while the
     receiver computes (``host_probe.busy_messages``; 0: not charged)."""
@@ -213,10 +217,12 @@ class HostCostModel(CostModel):
             facts = graph.meta.get("memory")
             grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
             buffers = graph.param_bytes - grads
+            held = buffer_tensors(graph)
             for k in np.nonzero(replicas > 1)[0]:
                 sel = st == k
                 if float(buffers[sel].sum()) > 0:  # DDP broadcasts them before every forward
-                    fo[k] += self.ddp_s.get("buffers_s", 0.0) / microbatches
+                    fo[k] += (self.ddp_s.get("buffers_s", 0.0) + self.ddp_s.get("per_buffer_tensor_s", 0.0)
+                              * float(held[sel].sum())) / microbatches
                 uo[k] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
                     + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
         if self.busy_allreduce_s and np.any(replicas > 1):
@@ -366,6 +372,17 @@ DDP_FIRST_BUCKET_BYTES = float(2**20)
 """DistributedDataParallel's first bucket (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
 DDP_BUCKET_BYTES = 25.0 * 2**20
 """its other buckets (``bucket_cap_mb=25``)."""
+
+
+def buffer_tensors(graph: "OpGraph") -> np.ndarray:
+    """Buffer tensors (BatchNorm's running statistics, registered masks) each op holds, from the
+    memory facts (``buffer_tensors``); a graph without them counts one per op that holds buffer
+    bytes (parameter bytes beyond its trainable ones)."""
+    facts = graph.meta.get("memory")
+    if isinstance(facts, Mapping) and len(facts.get("buffer_tensors", ())) == graph.num_nodes:
+        return np.asarray(facts["buffer_tensors"], dtype=float)
+    grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+    return ((graph.param_bytes - grads) > 0).astype(float)
 
 
 def ddp_buckets(grad_bytes: float) -> int:

@@ -39,7 +39,8 @@ a share of those calls waits a scheduler tick for gloo's worker thread, and a st
 ``ddp``
     CPU seconds ``DistributedDataParallel`` adds to a step (hooks, bucket copies, division),
     per parameter tensor and per gradient byte, and the seconds its broadcast of buffers before
-    every forward takes (wall clock: the step waits for it) (:func:`ddp_overhead`).
+    every forward takes (wall clock: the step waits for it), per call and per buffer tensor
+    (:func:`ddp_overhead`).
 ``busy_messages`` (:func:`busy_messages`)
     wall seconds point-to-point messages cost on the host's shared cores beyond the link's
     ``latency + bytes / bandwidth``, measured between two ranks that compute (calibrated loops of
@@ -339,11 +340,17 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             "extra_s": extra, "bytes": sizes}
 
 
+BUFFER_LAYERS = 80
+"""BatchNorm layers of the many-buffer model :func:`ddp_overhead` times (240 buffer tensors)."""
+
+
 def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     """CPU seconds ``DistributedDataParallel`` adds to a training step on this rank (its hooks,
     the bucket copies and the division; the all-reduce's own time is the link's), as
     ``per_tensor_s x parameter tensors + per_byte_s x gradient bytes``: the same step with and
-    without DDP on two stacks of linear layers (many small tensors, few large ones)."""
+    without DDP on two stacks of linear layers (many small tensors, few large ones); and the
+    wall seconds of its broadcast of buffers before each forward, as ``buffers_s`` per call +
+    ``per_buffer_tensor_s`` per buffer tensor (BatchNorm stacks with and without the broadcast)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -376,18 +383,28 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     y = np.array([r[2] for r in rows])
     coef = np.linalg.solve(a, y)
     # buffers (BatchNorm's running statistics) are broadcast from rank 0 before every forward
-    # (broadcast_buffers=True, the default): a collective the step waits for, so the wall clock
-    torch.manual_seed(0)
+    # (broadcast_buffers=True, the default): a collective the step waits for, so the wall clock.
+    # DDP flattens the buffers into one tensor per dtype, broadcasts it and copies it back: a
+    # cost per call and one per buffer tensor, measured at 1 and at BUFFER_LAYERS BatchNorm
+    # layers (3 and 3 x BUFFER_LAYERS tensors). A trial here (2 ranks, synced minus unsynced
+    # forward): 0.4-0.8 ms at 3-24 tensors, 1.3 ms at 96, 1.6-2.3 ms at 282, where the
+    # one-layer figure was charged to every model (Inception-V3 holds 282 buffer tensors).
+    def bn_stack(layers: int, synced: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        body = [torch.nn.Linear(64, 64)] + [torch.nn.BatchNorm1d(64) for _ in range(layers)]
+        return DistributedDataParallel(torch.nn.Sequential(*body), broadcast_buffers=synced)
+
     x = torch.randn(8, 64)
-    synced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)))
-    unsynced = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64)),
-                                       broadcast_buffers=False)
-    # (a collective's wall time: its trimmed mean, as for the all-reduce link)
-    n = max(80, 2 * repeats)  # a difference of two bimodal wall times: twice the passes
-    buffers = max(seconds(synced, x, time.perf_counter, expected, n)
-                  - seconds(unsynced, x, time.perf_counter, expected, n), 0.0)
+    n = max(80, 2 * repeats)  # a difference of two bimodal wall times (trimmed means): twice the passes
+    at = []
+    for layers in (1, BUFFER_LAYERS):
+        at.append((3 * layers, max(seconds(bn_stack(layers, True), x, time.perf_counter, expected, n)
+                                   - seconds(bn_stack(layers, False), x, time.perf_counter, expected, n), 0.0)))
+    per_buffer = max((at[1][1] - at[0][1]) / (at[1][0] - at[0][0]), 0.0)
+    call = max(at[0][1] - per_buffer * at[0][0], 0.0)
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
-            "buffers_s": buffers, "rows": [list(r) for r in rows]}
+            "buffers_s": call, "per_buffer_tensor_s": per_buffer, "buffer_rows": [list(r) for r in at],
+            "rows": [list(r) for r in rows]}
 
 
 def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats: int = 20) -> HostProbe:
@@ -422,7 +439,8 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
                      tensor_overhead_s=per_tensor,
                      ddp_s={"per_tensor_s": mean("ddp", "per_tensor_s"), "per_byte_s": mean("ddp", "per_byte_s"),
-                            "buffers_s": mean("ddp", "buffers_s")},
+                            "buffers_s": mean("ddp", "buffers_s"),
+                            "per_buffer_tensor_s": mean("ddp", "per_buffer_tensor_s")},
                      batchnorm_s={"per_call_s": mean("batchnorm", "per_call_s"),
                                   "per_byte_s": mean("batchnorm", "per_byte_s"),
                                   "commit_s": mean("batchnorm", "commit_s")},

@@ -185,6 +185,8 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
 
     trainable = np.zeros(n_ops)
     largest = np.zeros(n_ops)
+    buffers = np.zeros(n_ops)  # buffer tensors held (what DDP broadcasts before every forward)
+    registered = {id(b) for b in gm.buffers()}
     state: dict[str, torch.Tensor] = {}
     owner: dict[int, int] = {}  # id(user's tensor) -> first op holding it
     for n in gm.graph.nodes:
@@ -208,6 +210,8 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
                 if grad:
                     trainable[op] += _nbytes(t)
                     largest[op] = max(largest[op], _nbytes(t))
+                elif id(t) in registered:
+                    buffers[op] += 1
     for name, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
         if name not in state:
             state[name] = fake(t, isinstance(t, torch.nn.Parameter) and t.requires_grad)
@@ -286,6 +290,7 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
         "format": FORMAT,
         "trainable_bytes": trainable.tolist(),
         "largest_param_bytes": largest.tolist(),
+        "buffer_tensors": buffers.tolist(),
         "input_bytes": inputs.tolist(),
         "grad_bytes": grad_bytes.tolist(),
         "output_bytes": outputs.tolist(),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import autoplace
 from autoplace import Placement
@@ -65,6 +66,31 @@ def test_ddp_term_on_replicated_stages() -> None:
     cost = HostCostModel(optimizer="adam", ddp_s={"per_tensor_s": 1e-4, "per_byte_s": 0.0})
     fo, bo, uo = cost.stage_overhead_s(g, np.zeros(4, dtype=int), np.array([2]), 1, "1f1b")
     assert fo[0] == 0 and bo[0] == 0 and uo[0] == pytest.approx(8 * 1e-4)  # 4 ops x 2 tensors
+
+
+def test_ddp_buffer_broadcast_is_charged_per_call_and_per_buffer_tensor() -> None:
+    g, c = _profiled(), cluster(2)
+    # op 1 holds 1 kB of buffers in 6 tensors (3 BatchNorms), op 3 buffers in 3 tensors
+    g = replace(g, meta={**g.meta, "memory": {"trainable_bytes": [1e3, 0.0, 1e3, 0.0],
+                                              "buffer_tensors": [0, 6, 0, 3]}})
+    cost = HostCostModel(optimizer="adam", ddp_s={"buffers_s": 1 * MS, "per_buffer_tensor_s": 0.1 * MS})
+    fo, _, _ = cost.stage_overhead_s(g, np.zeros(4, dtype=int), np.array([2]), 1, "1f1b")
+    assert fo[0] == pytest.approx(1 * MS + 9 * 0.1 * MS)  # one broadcast call, 9 buffer tensors
+    fo, _, _ = cost.stage_overhead_s(g, np.array([0, 0, 1, 1]), np.array([2, 2]), 2, "1f1b")
+    assert fo == pytest.approx([(1 + 0.6) * MS / 2, (1 + 0.3) * MS / 2])  # per stage, per micro-batch
+    no_buffers = replace(g, meta={**g.meta, "memory": {"trainable_bytes": [1e3] * 4, "buffer_tensors": [0] * 4}})
+    assert cost.stage_overhead_s(no_buffers, np.zeros(4, dtype=int), np.array([2]), 1, "1f1b")[0][0] == 0
+
+
+def test_buffer_tensors_are_counted_by_the_memory_facts() -> None:
+    from autoplace.cost.host import buffer_tensors
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
+                                torch.nn.BatchNorm1d(4))
+    g = autoplace.trace(model, (torch.randn(3, 4),))
+    held = buffer_tensors(g)
+    assert held.sum() == 6  # running mean, running var and the step count of each BatchNorm
+    assert sorted(held[held > 0].tolist()) == [3.0, 3.0]
 
 
 def test_host_cluster() -> None:

@@ -12,6 +12,8 @@ from datetime import timedelta
 import pytest
 import torch
 
+from autoplace.cost.host_probe import BUFFER_LAYERS
+
 
 def _worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
@@ -25,9 +27,10 @@ def _worker(rank: int, port: int, out: str) -> None:
         msg = host_probe.busy_messages(rank, latency_s=5e-5, bandwidth=2e9, repeats=2)
         ar = host_probe.busy_allreduce(repeats=2)
         act = host_probe.action_overhead(rank, repeats=2)
+        ddp = host_probe.ddp_overhead(rank, repeats=2)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"messages": msg, "allreduce": ar, "action": act}, f)
+                json.dump({"messages": msg, "allreduce": ar, "action": act, "ddp": ddp}, f)
     finally:
         dist.destroy_process_group()
 
@@ -52,6 +55,9 @@ def test_busy_probes_run_on_two_processes() -> None:
         act = got["action"][schedule]
         assert 0 <= act["per_action_s"] < 0.1 and 0 <= act["per_tensor_s"] < 0.1
         assert set(act["chunks_per_action_s"]) == {"1", "4"}  # a 4-tensor boundary against 1
+    ddp = got["ddp"]  # DDP's buffer broadcast: at 1 and at BUFFER_LAYERS BatchNorm layers
+    assert [r[0] for r in ddp["buffer_rows"]] == [3, 3 * BUFFER_LAYERS]
+    assert 0 <= ddp["buffers_s"] < 0.1 and 0 <= ddp["per_buffer_tensor_s"] < 0.01
 
 
 def test_cores_is_positive() -> None:
