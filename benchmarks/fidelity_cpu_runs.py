@@ -4,6 +4,7 @@ the runs, and the prediction against the runs' mean.
 
     python benchmarks/fidelity_cpu_runs.py --runs 3         # about 8 minutes on a quiet 2-core machine
     python benchmarks/fidelity_cpu_runs.py --render         # rewrite the markdown from the JSON
+    python benchmarks/fidelity_cpu_runs.py --repool         # pool the runs again, after each was repredicted
 
 Why: on this 2-core VM the measured step of one plan moves between runs (a share of gloo's calls
 waits a 4 ms scheduler tick; see :mod:`autoplace.cost.shared_cores`), so a per-row 15% target is
@@ -114,10 +115,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--render", action="store_true")
+    ap.add_argument("--repool", action="store_true",
+                    help="pool the runs already in <out>/runs again (after `fidelity_cpu.py --repredict --out "
+                         "<out>/runs/K` of each: a change to the cost model on the same measurements)")
     args = ap.parse_args()
     path = args.out / "fidelity_cpu_runs.json"
     if args.render:
         res = json.loads(path.read_text())
+    elif args.repool:
+        old = json.loads(path.read_text())
+        dirs = sorted((d for d in (args.out / "runs").iterdir() if (d / "fidelity_cpu.json").exists()),
+                      key=lambda d: int(d.name))
+        res = pool(dirs)
+        res.update({k: old[k] for k in ("command", "seconds", "load_start") if k in old})
     else:
         from _timing import load_average
 
