@@ -128,6 +128,7 @@ def main() -> None:
                       key=lambda d: int(d.name))
         res = pool(dirs)
         res.update({k: old[k] for k in ("command", "seconds", "load_start") if k in old})
+        path.write_text(json.dumps(res, indent=1))
     else:
         from _timing import load_average
 
@@ -135,6 +136,7 @@ def main() -> None:
             raise SystemExit(f"--runs {args.runs}: at least 2 runs are needed to see how a measurement moves")
         start, load0 = time.perf_counter(), load_average()
         dirs = []
+        shutil.rmtree(args.out / "runs", ignore_errors=True)  # no run of an earlier call pooled by --repool
         for k in range(args.runs):
             d = args.out / "runs" / str(k + 1)
             d.mkdir(parents=True, exist_ok=True)
