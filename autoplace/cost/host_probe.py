@@ -117,6 +117,11 @@ class HostProbe:
     arrives while its receiver computes (``busy_messages``'s ``set_cost_s``)."""
     set_spin_share: float = 0.0
     """the share of the waits that goes with ``busy_set_s``."""
+    both_ways_set_s: dict[str, float] = field(default_factory=dict)
+    """per tensor count: the same for a set that waits while a set the other way waits too
+    (``busy_messages``' ``both_ways``)."""
+    both_ways_spin_share: float = 0.0
+    """the share of the waits that goes with ``both_ways_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds one all-reduce call adds to a step while both ranks compute."""
     cores: int = 0
@@ -340,8 +345,9 @@ def batchnorm_overhead(*, repeats: int = 20) -> dict[str, Any]:
             "extra_s": extra, "bytes": sizes}
 
 
-BUFFER_LAYERS = 80
-"""BatchNorm layers of the many-buffer model :func:`ddp_overhead` times (240 buffer tensors)."""
+BUFFER_LAYERS = (1, 40, 80)
+"""BatchNorm layers of the models whose buffer broadcast :func:`ddp_overhead` times (3, 120 and 240
+buffer tensors)."""
 
 
 def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
@@ -352,6 +358,7 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     wall seconds of its broadcast of buffers before each forward, as ``buffers_s`` per call +
     ``per_buffer_tensor_s`` per buffer tensor (BatchNorm stacks with and without the broadcast)."""
     import torch.distributed as dist
+    from scipy.optimize import nnls
     from torch.nn.parallel import DistributedDataParallel
 
     def seconds(model: torch.nn.Module, x: torch.Tensor, clock: Callable[[], float] = time.thread_time,
@@ -385,8 +392,9 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     # buffers (BatchNorm's running statistics) are broadcast from rank 0 before every forward
     # (broadcast_buffers=True, the default): a collective the step waits for, so the wall clock.
     # DDP flattens the buffers into one tensor per dtype, broadcasts it and copies it back: a
-    # cost per call and one per buffer tensor, measured at 1 and at BUFFER_LAYERS BatchNorm
-    # layers (3 and 3 x BUFFER_LAYERS tensors). A trial here (2 ranks, synced minus unsynced
+    # cost per call and one per buffer tensor, fitted (non-negative least squares) over stacks of
+    # BUFFER_LAYERS BatchNorm layers (each difference of two bimodal wall times is noisy: two
+    # points once gave a negative slope). A trial here (2 ranks, synced minus unsynced
     # forward): 0.4-0.8 ms at 3-24 tensors, 1.3 ms at 96, 1.6-2.3 ms at 282, where the
     # one-layer figure was charged to every model (Inception-V3 holds 282 buffer tensors).
     def bn_stack(layers: int, synced: bool) -> torch.nn.Module:
@@ -397,13 +405,12 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     x = torch.randn(8, 64)
     n = max(80, 2 * repeats)  # a difference of two bimodal wall times (trimmed means): twice the passes
     at = []
-    for layers in (1, BUFFER_LAYERS):
+    for layers in BUFFER_LAYERS:
         at.append((3 * layers, max(seconds(bn_stack(layers, True), x, time.perf_counter, expected, n)
                                    - seconds(bn_stack(layers, False), x, time.perf_counter, expected, n), 0.0)))
-    per_buffer = max((at[1][1] - at[0][1]) / (at[1][0] - at[0][0]), 0.0)
-    call = max(at[0][1] - per_buffer * at[0][0], 0.0)
+    (call, per_buffer), _ = nnls(np.array([[1.0, r[0]] for r in at]), np.array([r[1] for r in at]))
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
-            "buffers_s": call, "per_buffer_tensor_s": per_buffer, "buffer_rows": [list(r) for r in at],
+            "buffers_s": float(call), "per_buffer_tensor_s": float(per_buffer), "buffer_rows": [list(r) for r in at],
             "rows": [list(r) for r in rows]}
 
 
@@ -450,6 +457,9 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      busy_set_s={n: float(np.mean([b["messages"]["set_cost_s"][n] for b in both]))
                                  for n in both[0]["messages"]["set_cost_s"]},
                      set_spin_share=mean("messages", "set_spin_share"),
+                     both_ways_set_s={n: float(np.mean([b["messages"]["both_ways"]["set_cost_s"][n] for b in both]))
+                                      for n in both[0]["messages"]["both_ways"]["set_cost_s"]},
+                     both_ways_spin_share=float(np.mean([b["messages"]["both_ways"]["set_spin_share"] for b in both])),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 

@@ -55,8 +55,8 @@ def test_busy_probes_run_on_two_processes() -> None:
         act = got["action"][schedule]
         assert 0 <= act["per_action_s"] < 0.1 and 0 <= act["per_tensor_s"] < 0.1
         assert set(act["chunks_per_action_s"]) == {"1", "4"}  # a 4-tensor boundary against 1
-    ddp = got["ddp"]  # DDP's buffer broadcast: at 1 and at BUFFER_LAYERS BatchNorm layers
-    assert [r[0] for r in ddp["buffer_rows"]] == [3, 3 * BUFFER_LAYERS]
+    ddp = got["ddp"]  # DDP's buffer broadcast, over stacks of BUFFER_LAYERS BatchNorm layers
+    assert [r[0] for r in ddp["buffer_rows"]] == [3 * n for n in BUFFER_LAYERS]
     assert 0 <= ddp["buffers_s"] < 0.1 and 0 <= ddp["per_buffer_tensor_s"] < 0.01
 
 
