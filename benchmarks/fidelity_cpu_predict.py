@@ -81,8 +81,6 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
                          spin_share=w * probe.get("spin_share", 0.0),
                          busy_set_s={n: w * v for n, v in probe.get("busy_set_s", {}).items()} if w else {},
                          set_spin_share=w * probe.get("set_spin_share", 0.0),
-                         both_ways_set_s={n: w * v for n, v in probe.get("both_ways_set_s", {}).items()} if w else {},
-                         both_ways_spin_share=w * probe.get("both_ways_spin_share", 0.0),
                          busy_allreduce_s=w * probe.get("busy_allreduce_s", 0.0))
     if WITHOUT:  # an ablation (--repredict --without NAME): the term left out
         blank = HostCostModel()

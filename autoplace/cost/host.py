@@ -63,14 +63,6 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     one message's (a trial here, 4 KiB each: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16),
     so neither one per tensor (GNMT-4 unrolled's 21) nor one per producing op (its 8) is right
     for every boundary. Replaces ``busy_message_s`` and ``spin_share`` where given.
-``both_ways_set_s``, ``both_ways_spin_share`` (wall time)
-    the cost of a late set while a late set the other way across the same boundary waits too
-    (their waits overlap: 1F1B's steady state, where one stage's activations and the other's
-    gradients are in flight at once); ``busy_set_s`` is then the one-way set's cost (GPipe's
-    forward and backward phases). Measured apart (``host_probe.busy_messages``: one way, and
-    both ways at once) because they differ by far more than 2x: here, 16 KiB messages, a set of 16
-    cost 1.9 ms one way and 6.4 ms both ways; GNMT-4 unrolled's GPipe steps were predicted at
-    1.1-1.6x their measured time when every late set was charged the both-ways cost.
 ``busy_allreduce_s`` (wall time)
     each all-reduce call of a replicated stage (DDP: a first bucket of 1 MiB, then 25 MiB
     buckets) adds what one all-reduce adds to a computation on both ranks
@@ -174,12 +166,6 @@ class HostCostModel(CostModel):
     ``set_spin_share``), and a boundary's set is its tensors (:func:`tensors_per_boundary`)."""
     set_spin_share: float = 0.0
     """the share of the waits charged with ``busy_set_s``."""
-    both_ways_set_s: Mapping[str, float] = field(default_factory=dict)
-    """like ``busy_set_s``, for a set that waits for its computing receiver while a set the other
-    way across the same boundary waits too (``host_probe.busy_messages``' ``both_ways``: both
-    ranks' loop threads poll at once); empty: every late set costs ``busy_set_s``."""
-    both_ways_spin_share: float = 0.0
-    """the share of the waits charged with ``both_ways_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds each all-reduce call of a replicated stage adds (``host_probe.busy_allreduce``)."""
     fitted_action_s: float = 0.0
@@ -267,27 +253,17 @@ class HostCostModel(CostModel):
         k = messages_per_boundary(graph, np.asarray(stage_of_node), n_st)
         tensors = tensors_per_boundary(graph, np.asarray(stage_of_node), n_st) if self.busy_set_s else k
         spin = self.set_spin_share if self.busy_set_s else self.spin_share
-        two_way = bool(self.busy_set_s and self.both_ways_set_s)
         m = int(microbatches)
         for s in range(n_st - 1):
             if k[s] == 0:
                 continue
             busy = set_cost(self.busy_set_s, int(tensors[s])) if self.busy_set_s else k[s] * self.busy_message_s
-            both = set_cost(self.both_ways_set_s, int(tensors[s])) if two_way else busy
-            ways = ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]), (xb_end[s, :m], b_start[s, :m], bo[s:s + 1]))
-            late = [start - arrive > 1e-9 for arrive, start, _ in ways]  # waited for its receiver to finish computing
-            crossed = [np.zeros(m, dtype=bool), np.zeros(m, dtype=bool)]
-            if two_way:  # a late set whose wait overlaps a late set's wait the other way
-                (af, sf, _), (ab, sb, _) = ways
-                over = (af[:, None] < sb[None, :]) & (ab[None, :] < sf[:, None]) & late[0][:, None] & late[1][None, :]
-                crossed = [over.any(axis=1), over.any(axis=0)]
-            for (arrive, start, into), lt, cr in zip(ways, late, crossed):
-                into += float(np.where(lt, np.where(cr, both, busy), k[s] * self.idle_message_s).mean())
+            for arrive, start, into in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]),
+                                        (xb_end[s, :m], b_start[s, :m], bo[s:s + 1])):
+                late = start - arrive > 1e-9  # waited for its receiver to finish computing
+                into += float(np.where(late, busy, k[s] * self.idle_message_s).mean())
                 if spin:
-                    one = lt & ~cr
-                    into += spin * _union_length(arrive[one], start[one]) / m
-                    if cr.any():
-                        into += self.both_ways_spin_share * _union_length(arrive[cr], start[cr]) / m
+                    into += spin * _union_length(arrive[late], start[late]) / m
         return fo, bo
 
     def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:

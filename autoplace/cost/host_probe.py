@@ -117,11 +117,6 @@ class HostProbe:
     arrives while its receiver computes (``busy_messages``'s ``set_cost_s``)."""
     set_spin_share: float = 0.0
     """the share of the waits that goes with ``busy_set_s``."""
-    both_ways_set_s: dict[str, float] = field(default_factory=dict)
-    """per tensor count: the same for a set that waits while a set the other way waits too
-    (``busy_messages``' ``both_ways``)."""
-    both_ways_spin_share: float = 0.0
-    """the share of the waits that goes with ``both_ways_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds one all-reduce call adds to a step while both ranks compute."""
     cores: int = 0
@@ -457,9 +452,6 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      busy_set_s={n: float(np.mean([b["messages"]["set_cost_s"][n] for b in both]))
                                  for n in both[0]["messages"]["set_cost_s"]},
                      set_spin_share=mean("messages", "set_spin_share"),
-                     both_ways_set_s={n: float(np.mean([b["messages"]["both_ways"]["set_cost_s"][n] for b in both]))
-                                      for n in both[0]["messages"]["both_ways"]["set_cost_s"]},
-                     both_ways_spin_share=float(np.mean([b["messages"]["both_ways"]["set_spin_share"] for b in both])),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 

@@ -76,15 +76,9 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                   repeats: int = 15) -> dict[str, Any]:
     """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
-    ``busy``: while both ranks compute for ``c``, rank 1 sends ``k`` tensors of ``nbytes``
-    (``isend``) that rank 0 receives after its computation, against the same computation on both
-    ranks without messages (``solo``, which carries the cores' corun cost and other jobs' load
-    alike), on rank 0's clock: one set one way, as a pipeline stage receives it. (An exchange
-    both ways, each rank sending ``k`` and receiving the other's, is timed too and fitted the same
-    way in ``both_ways``: it costs each rank a send set and a receive set, which the simulator's
-    one charge per received set counted as one; on GNMT-4 unrolled's 21-tensor boundary the
-    pipelines whose sets flow one way at a time, GPipe's, came out 1.1-1.6x their measured step.)
-    The difference ``extra(c, k)``
+    ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
+    receives the other's, against the same computation on both ranks without messages (``solo``,
+    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
     over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
     (non-negative least squares): a cost per message that arrives while its receiver computes,
     and a share of every second a message waits for its receiver (the loop thread polling
@@ -107,9 +101,9 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
         for k in tensors:
             out = [torch.zeros(nbytes // 4) for _ in range(k)]
             inp = [torch.zeros(nbytes // 4) for _ in range(k)]
-            walls: dict[str, list[float]] = {"busy": [], "oneway": [], "solo": []}
+            walls: dict[str, list[float]] = {"busy": [], "solo": []}
             for it in range(repeats + 3):
-                for mode in ("busy", "oneway", "solo"):
+                for mode in ("busy", "solo"):
                     dist.barrier()
                     t0 = time.perf_counter()
                     if mode == "busy":
@@ -117,15 +111,6 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                         compute()
                         for t in inp:
                             dist.recv(t, other)
-                        for w in works:
-                            if w is not None:
-                                w.wait()
-                    elif mode == "oneway":  # rank 1 sends, rank 0 (whose clock is fitted) receives
-                        works = [dist.isend(t, other) for t in out] if rank == 1 else []
-                        compute()
-                        if rank == 0:
-                            for t in inp:
-                                dist.recv(t, other)
                         for w in works:
                             if w is not None:
                                 w.wait()
@@ -158,9 +143,9 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
             idle_walls.append(time.perf_counter() - t0)
     link = latency_s + k * nbytes / bandwidth
 
-    def fit(stat: Callable[[list[float]], float], busy: str = "oneway") -> dict[str, Any]:
+    def fit(stat: Callable[[list[float]], float]) -> dict[str, Any]:
         grid: list[dict[str, float]] = [
-            {"compute_s": r["compute_s"], "tensors": r["tensors"], "busy_wall_s": stat(r["walls"][busy]),
+            {"compute_s": r["compute_s"], "tensors": r["tensors"], "busy_wall_s": stat(r["walls"]["busy"]),
              "solo_wall_s": stat(r["walls"]["solo"])} for r in rows]
         for g in grid:
             g["extra_s"] = max(g["busy_wall_s"] - g["solo_wall_s"], 0.0)
@@ -179,9 +164,7 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
 
     # wall time that every message of a step pays: the trimmed mean (see :func:`expected`); the
     # median's fit is kept for comparison
-    # one-way sets (what a pipeline stage receives); the exchange both ways is kept to compare
-    return {"bytes": nbytes, **fit(expected), "idle_compute_s": c, "idle_tensors": k, "median": fit(median),
-            "both_ways": fit(expected, "busy")}
+    return {"bytes": nbytes, **fit(expected), "idle_compute_s": c, "idle_tensors": k, "median": fit(median)}
 
 
 def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 40) -> dict[str, Any]:

@@ -216,22 +216,3 @@ def test_message_overhead_charges_a_late_set_of_k_messages_at_its_measured_cost(
     linear = HostCostModel(busy_message_s=1.0, idle_message_s=0.25)
     fo, _ = linear.message_overhead_s(g, np.array([0, 0, 1]), m, f_start, b_start, xf_end, xb_end)
     assert fo[1] == 2.0  # without the measured sets: 2 messages x 1 s
-
-
-def test_a_late_set_whose_wait_overlaps_a_late_set_the_other_way_costs_the_both_ways_cost() -> None:
-    """One op's output crosses (a set of 1). Forward set 0 waits [2, 5] at stage 1; backward set 0
-    waits [3, 4] at stage 0: their waits overlap, so both cost the both-ways set; forward set 1
-    waits [6, 7] with no set the other way in flight: the one-way cost."""
-    g = graph(2, [(0, 1)], [1, 1], [1, 1], param_bytes=[0, 0], out_bytes=[1e3, 0])
-    m = 2
-    f_start = np.array([[0.0, 1.0], [5.0, 7.0]])
-    xf_end = np.array([[2.0, 6.0], [0.0, 0.0]])
-    b_start = np.array([[4.0, 20.0], [0.0, 0.0]])
-    xb_end = np.array([[3.0, 21.0], [0.0, 0.0]])  # backward set 1: its receiver waits (not late)
-    cost = HostCostModel(idle_message_s=0.25, busy_set_s={"1": 1.0}, both_ways_set_s={"1": 4.0})
-    fo, bo = cost.message_overhead_s(g, np.array([0, 1]), m, f_start, b_start, xf_end, xb_end)
-    assert fo[1] == (4.0 + 1.0) / 2  # per forward action: the mean over its micro-batches
-    assert bo[0] == (4.0 + 0.25) / 2
-    one_way = HostCostModel(idle_message_s=0.25, busy_set_s={"1": 1.0})
-    fo, bo = one_way.message_overhead_s(g, np.array([0, 1]), m, f_start, b_start, xf_end, xb_end)
-    assert fo[1] == 1.0 and bo[0] == (1.0 + 0.25) / 2
