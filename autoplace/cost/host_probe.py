@@ -400,9 +400,9 @@ def ddp_overhead(rank: int, *, repeats: int = 12) -> dict[str, Any]:
     x = torch.randn(8, 64)
     n = max(80, 2 * repeats)  # a difference of two bimodal wall times (trimmed means): twice the passes
     at = []
-    for layers in BUFFER_LAYERS:
-        at.append((3 * layers, max(seconds(bn_stack(layers, True), x, time.perf_counter, expected, n)
-                                   - seconds(bn_stack(layers, False), x, time.perf_counter, expected, n), 0.0)))
+    for depth in BUFFER_LAYERS:
+        at.append((3 * depth, max(seconds(bn_stack(depth, True), x, time.perf_counter, expected, n)
+                                  - seconds(bn_stack(depth, False), x, time.perf_counter, expected, n), 0.0)))
     (call, per_buffer), _ = nnls(np.array([[1.0, r[0]] for r in at]), np.array([r[1] for r in at]))
     return {"per_tensor_s": max(float(coef[0]), 0.0), "per_byte_s": max(float(coef[1]), 0.0),
             "buffers_s": float(call), "per_buffer_tensor_s": float(per_buffer), "buffer_rows": [list(r) for r in at],
