@@ -200,7 +200,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
            f"- the pipeline runtime's whole-batch BatchNorm over torch's: {probe.get('batchnorm_s', {}).get('per_call_s', 0) * 1e6:.0f} us "
            f"per call + {probe.get('batchnorm_s', {}).get('per_byte_s', 0) * 1e9:.2f} ns per input byte, "
            f"{probe.get('batchnorm_s', {}).get('commit_s', 0) * 1e6:.0f} us per layer per step.",
-           "- shared cores (wall time; two ranks computing 0.75-3 ms around 1-16 messages of 16 KiB each way, "
+           "- shared cores (wall time; two ranks computing 0.75-3 ms around 1-32 messages of 16 KiB each way, "
            "against the same computation without messages; trimmed means): a set of k messages that arrives while "
            "its receiver computes costs, beyond the link, "
            + (", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(probe.get("busy_set_s", {}).items(), key=lambda kv: int(kv[0])))

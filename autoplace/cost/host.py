@@ -58,7 +58,7 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     was predicted within 11% (geometric mean): the missing time was wall time outside it.
 ``busy_set_s``, ``set_spin_share`` (wall time)
     the same wall cost measured as a set of ``k`` messages (the tensors one action receives
-    across a boundary, :func:`tensors_per_boundary`), at k = 1, 2, 4, 8 and 16 and interpolated
+    across a boundary, :func:`tensors_per_boundary`), at k = 1, 2, 4, 8, 16 and 32 and interpolated
     (:func:`set_cost`), with its own share of the waits: the cost of a set is not ``k`` times
     one message's (a trial here, 4 KiB each: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16),
     so neither one per tensor (GNMT-4 unrolled's 21) nor one per producing op (its 8) is right

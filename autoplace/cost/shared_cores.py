@@ -72,7 +72,7 @@ def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple
 
 
 def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
-                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 2, 4, 8, 16),
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
                   repeats: int = 15) -> dict[str, Any]:
     """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
@@ -85,7 +85,10 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     through it, taking a core from the computing threads). The cost is not linear in ``k`` (a
     trial on this 2-core VM, 4 KiB messages: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16), so
     the grid is also fitted with a cost of its own per tensor count and one shared compute share
-    (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured.
+    (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured. The
+    grid reaches 32 because the cost flattens above 16 (two trials here, 16 KiB messages: 8.4,
+    10.1, 10.8 ms and 13.2, 14.5, 14.4 ms at 16, 24, 32), so a boundary of 21 tensors (GNMT-4
+    unrolled's) extrapolated along the 8-16 segment came out 10-25% over its measured cost.
     ``idle``: rank 0 computes and sends, rank 1 receives (posted in time), computes and sends
     back: ideally ``2 c`` plus two transfers of ``latency + k x nbytes / bandwidth``, which the
     simulator charges already; the rest over ``2 k`` messages (``c`` the middle compute, ``k`` 4
