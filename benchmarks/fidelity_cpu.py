@@ -286,11 +286,34 @@ def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
         return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
 
 
+DRIFT = 0.10
+"""a model is measured again (like a loaded one) when this machine's speed moved by more than this
+share between its profile and the end of its timed rounds (:func:`machine_speed`)."""
+
+
+def machine_speed(name: str, config: dict[str, Any], steps: int = 30) -> float:
+    """CPU seconds of one eager training step of the model in this process (median of ``steps``
+    after 3 warm-up steps): timed before the profile and again after the timed rounds. On this
+    VM the same step's CPU time once moved 1.3-2x within minutes with nothing else running (the
+    host's other tenants, which no load average or run queue of ours shows), and a profile taken
+    before such a change no longer describes the machine the rounds ran on."""
+    m = autoplace.zoo.build(name, **config)
+    step = _train_step(m.model, m, m.example_inputs, m.target)
+    ts = []
+    for k in range(steps + 3):
+        c0 = time.thread_time()
+        step()
+        if k >= 3:
+            ts.append(time.thread_time() - c0)
+    return float(np.median(ts))
+
+
 def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, probe: dict[str, Any] | None,
               probe_repeats: int, profile_repeats: int) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     wl = autoplace.zoo.build(name, **config)
+    speed_before = machine_speed(name, config)
     t0 = time.perf_counter()
     graph = _fresh_profile(wl, repeats=profile_repeats, loss_fn=wl.loss_fn, target=wl.target,
                            small_batch=wl.batch_size // 4)
@@ -301,10 +324,16 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
                "warmup": warmup, "probe": probe is None, "probe_repeats": probe_repeats}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(worker, args=(2, free_port(), payload, out), nprocs=2, join=True)
+        try:
+            mp.spawn(worker, args=(2, free_port(), payload, out), nprocs=2, join=True)
+        except mp.ProcessExitedException as e:  # a crash at interpreter exit, after rank 0 wrote its results
+            if not Path(out).exists():
+                raise
+            say(f"  {name}: a worker ended abnormally after writing its results ({e}); using them")
         got = json.loads(Path(out).read_text())
     if "wall" not in got:
         raise RuntimeError(f"{name}: the workers ended without results:\n{got.get('error', '')}")
+    speed_after = machine_speed(name, config)
     probe = got.get("probe", probe)
     assert probe is not None
     corun = got["corun"]["factor"] if "corun" in got else probe["corun"]
@@ -321,7 +350,8 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
                      "fit_on": name in FIT_MODELS})
     return {"model": name, "config": {k: v for k, v in wl.config.items()}, "ops": graph.num_nodes,
             "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
-            "load": got["load"], "rows": rows, "_graphs": (old, graph, plans)}
+            "load": got["load"], "rows": rows, "_graphs": (old, graph, plans),
+            "speed": {"before_s": speed_before, "after_s": speed_after, "ratio": speed_after / speed_before}}
 
 
 GRAPHS = "fidelity_cpu_graphs.json"
@@ -391,7 +421,8 @@ def main() -> None:
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
     ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
-                         "multi-process rows was measured while other jobs took the cores (LOADED)")
+                         "multi-process rows was measured while other jobs took the cores (LOADED), or when the "
+                         "machine's speed moved by more than DRIFT between its profile and the end of its rounds")
     ap.add_argument("--quiet-wait-s", type=float, default=90.0, help="how long to wait for a quiet machine before a retry")
     args = ap.parse_args()
     if args.render:
@@ -417,13 +448,14 @@ def main() -> None:
         for attempt in range(1 + args.retries):
             if attempt:
                 waited = _wait_for_quiet(args.quiet_wait_s)
-                say(f"  {name}: {loaded} of {len(MULTI)} multi-process rows measured while other jobs took the cores; "
-                    f"measuring it again ({attempt + 1} of {1 + args.retries}; waited {waited:.0f} s for a quiet machine)")
+                say(f"  {name}: {loaded} of {len(MULTI)} multi-process rows measured while other jobs took the cores, "
+                    f"machine speed after / before {attempts[-1]['speed_ratio']:.2f}; measuring it again ({attempt + 1} of {1 + args.retries}; waited {waited:.0f} s for a quiet machine)")
             m = run_model(name, MODELS[name], rounds=rounds, warmup=warmup, probe=probe,
                           probe_repeats=probe_repeats, profile_repeats=prof)
             loaded = sum(_loaded(r) for r in m["rows"] if r["multi_process"])
-            attempts.append({"load": m["load"], "loaded_rows": loaded})
-            if loaded <= 1:
+            drifted = abs(m["speed"]["ratio"] - 1) > DRIFT
+            attempts.append({"load": m["load"], "loaded_rows": loaded, "speed_ratio": m["speed"]["ratio"]})
+            if loaded <= 1 and not drifted:
                 break
         m["attempts"] = attempts  # every attempt's load; the rows are the last attempt's
         probe = m["probe"]

@@ -36,6 +36,13 @@ def _loaded(r: dict[str, Any]) -> bool:
     return bool(q) and max(q) > LOADED * r["measured_s"]["median"]
 
 
+def _attempts(m: dict[str, Any]) -> str:
+    """A model's measurement attempts in words: loaded rows and machine speed of each."""
+    loaded = ", ".join(str(a["loaded_rows"]) for a in m["attempts"])
+    speed = ", ".join(f"{a['speed_ratio']:.2f}" if "speed_ratio" in a else "-" for a in m["attempts"])
+    return f"{m['model']} {len(m['attempts'])} attempts (loaded rows: {loaded}; speed after / before: {speed})"
+
+
 def _wait_for_quiet(limit_s: float) -> float:
     """Wait until the 1-minute load average is below 1.5 and the CPUs were at least 85% idle over
     2 s (``/proc/stat``), or ``limit_s`` passed; the seconds waited."""
@@ -167,10 +174,12 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           "The terms of shared cores (busy_message_s, spin_share, idle_message_s, busy_allreduce_s) are not fitted to these runs: the probe "
           "measures them on synthetic computations and messages before the timed rounds (values below).", "",
           "Measured again after waiting for a quiet machine (more than one multi-process row of the model measured "
-          "while other jobs took the cores; the table shows the last attempt): "
-          + (", ".join(f"{m['model']} {len(m['attempts'])} attempts (loaded rows: "
-                       f"{', '.join(str(a['loaded_rows']) for a in m['attempts'])})"
-                       for m in res["models"] if len(m.get("attempts", [])) > 1) or "none") + ".", "",
+          "while other jobs took the cores, or the machine's speed moved by more than 10% between the profile and the "
+          "end of the timed rounds; the table shows the last attempt): "
+          + (", ".join(_attempts(m) for m in res["models"] if len(m.get("attempts", [])) > 1) or "none") + ".", "",
+          "The machine's speed (one eager training step's CPU time in the parent process, after the timed rounds over "
+          "before the profile; `fidelity_cpu.machine_speed`): "
+          + ", ".join(f"{m['model']} {m['speed']['ratio']:.2f}" for m in res["models"] if "speed" in m) + ".", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
           f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "", *in_step_lines(res),
           (f"Rows measured while other jobs took the cores (a main thread waited for a core more than {LOADED:.0%} of the "
