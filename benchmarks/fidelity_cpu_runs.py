@@ -43,6 +43,13 @@ def _rows(run_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["model"], r["plan"]): r for m in res["models"] for r in m["rows"] if r["multi_process"]}
 
 
+def _speeds(run_dir: Path) -> dict[str, float]:
+    """Per model, the machine's speed after its timed rounds over before its profile
+    (``fidelity_cpu.machine_speed``; absent in runs made before it was recorded)."""
+    res = json.loads((run_dir / "fidelity_cpu.json").read_text())
+    return {m["model"]: m["speed"]["ratio"] for m in res["models"] if "speed" in m}
+
+
 def pool(run_dirs: list[Path]) -> dict[str, Any]:
     """Per plan: each run's measured median and prediction; the spread of the measurements
     (max / min); the mean prediction over the mean measurement. And per run its own summary."""
@@ -68,6 +75,7 @@ def pool(run_dirs: list[Path]) -> dict[str, Any]:
     for i in range(len(runs)):
         per_run.append(verdict([x["ratio_per_run"][i] for x in rows], [x["predicted_s"][i] for x in rows],
                                [x["measured_s"][i] for x in rows]))
+        per_run[-1]["speed"] = _speeds(run_dirs[i])
     pooled = verdict([x["ratio_pooled"] for x in rows], [float(np.mean(x["predicted_s"])) for x in rows],
                      [float(np.mean(x["measured_s"])) for x in rows])
     held = [x for x in rows if not x["fit_on"]]
@@ -89,16 +97,18 @@ def markdown(res: dict[str, Any]) -> str:
            f"**Measurement across runs**: the same plan's measured step moves by a factor of {s['median']:.2f} "
            f"(median over the {len(res['rows'])} multi-process plans; max {s['max']:.2f}) between the fastest "
            f"and the slowest run; {s['rows_over_15pct']} of {len(res['rows'])} plans move by more than 15%.", "",
-           "| run | within 15% | largest error | geometric-mean error | Kendall tau |", "|---|---:|---:|---:|---:|"]
+           "| run | within 15% | largest error | geometric-mean error | Kendall tau | machine speed, after / before, per model |",
+           "|---|---:|---:|---:|---:|---|"]
     for i, v in enumerate(res["per_run"]):
+        speed = ", ".join(f"{k} {x:.2f}" for k, x in v.get("speed", {}).items()) or "-"
         out.append(f"| {i + 1} | {v['within_15pct']} of {v['configs']} | {v['max_abs_error']:.0%} "
-                   f"| {v['geomean_abs_log']:.0%} | {v['kendall_tau_all']:.2f} |")
+                   f"| {v['geomean_abs_log']:.0%} | {v['kendall_tau_all']:.2f} | {speed} |")
     out.append(f"| **pooled** (mean prediction / mean measurement) | **{p['within_15pct']} of {p['configs']}** "
-               f"| {p['max_abs_error']:.0%} | {p['geomean_abs_log']:.0%} | **{p['kendall_tau_all']:.2f}** |")
+               f"| {p['max_abs_error']:.0%} | {p['geomean_abs_log']:.0%} | **{p['kendall_tau_all']:.2f}** | |")
     if p.get("held_out"):
         h = p["held_out"]
         out.append(f"| pooled, held out only | {h['within_15pct']} of {h['configs']} | {h['max_abs_error']:.0%} "
-                   f"| {h['geomean_abs_log']:.0%} | {h['kendall_tau_all']:.2f} |")
+                   f"| {h['geomean_abs_log']:.0%} | {h['kendall_tau_all']:.2f} | |")
     out += ["", "Targets (issue 11): within 15% on every configuration, Kendall tau at least 0.8.", "",
             "| model | plan | fit on | measured ms per run | spread | predicted / measured per run | pooled |",
             "|---|---|---|---|---:|---|---:|"]
