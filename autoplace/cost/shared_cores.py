@@ -86,9 +86,10 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     trial on this 2-core VM, 4 KiB messages: about 1.2 ms for 1, 4 ms for 4, 5-8 ms for 16), so
     the grid is also fitted with a cost of its own per tensor count and one shared compute share
     (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured. The
-    grid reaches 32 because the cost flattens above 16 (two trials here, 16 KiB messages: 8.4,
-    10.1, 10.8 ms and 13.2, 14.5, 14.4 ms at 16, 24, 32), so a boundary of 21 tensors (GNMT-4
-    unrolled's) extrapolated along the 8-16 segment came out 10-25% over its measured cost.
+    grid reaches 32 so that a boundary of up to 32 tensors (GNMT-4 unrolled's 21) is interpolated,
+    not extrapolated along the 8-16 segment: the curve bends there (two trials here, 16 KiB
+    messages: 8.4, 10.1, 10.8 ms and 13.2, 14.5, 14.4 ms at 16, 24, 32; in the probes of four
+    later runs on a slower machine, 32 cost 1.1-1.6x what 16 did).
     ``idle``: rank 0 computes and sends, rank 1 receives (posted in time), computes and sends
     back: ideally ``2 c`` plus two transfers of ``latency + k x nbytes / bandwidth``, which the
     simulator charges already; the rest over ``2 k`` messages (``c`` the middle compute, ``k`` 4
