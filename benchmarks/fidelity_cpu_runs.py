@@ -38,22 +38,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _rows(run_dir: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    res = json.loads((run_dir / "fidelity_cpu.json").read_text())
+def _rows(res: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["model"], r["plan"]): r for m in res["models"] for r in m["rows"] if r["multi_process"]}
 
 
-def _speeds(run_dir: Path) -> dict[str, float]:
+def _speeds(res: dict[str, Any]) -> dict[str, float]:
     """Per model, the machine's speed after its timed rounds over before its profile
     (``fidelity_cpu.machine_speed``; absent in runs made before it was recorded)."""
-    res = json.loads((run_dir / "fidelity_cpu.json").read_text())
     return {m["model"]: m["speed"]["ratio"] for m in res["models"] if "speed" in m}
 
 
 def pool(run_dirs: list[Path]) -> dict[str, Any]:
     """Per plan: each run's measured median and prediction; the spread of the measurements
     (max / min); the mean prediction over the mean measurement. And per run its own summary."""
-    runs = [_rows(d) for d in run_dirs]
+    docs = [json.loads((d / "fidelity_cpu.json").read_text()) for d in run_dirs]
+    runs = [_rows(doc) for doc in docs]
     keys = [k for k in runs[0] if all(k in r for r in runs)]
     rows = []
     for k in keys:
@@ -75,7 +74,7 @@ def pool(run_dirs: list[Path]) -> dict[str, Any]:
     for i in range(len(runs)):
         per_run.append(verdict([x["ratio_per_run"][i] for x in rows], [x["predicted_s"][i] for x in rows],
                                [x["measured_s"][i] for x in rows]))
-        per_run[-1]["speed"] = _speeds(run_dirs[i])
+        per_run[-1]["speed"] = _speeds(docs[i])
     pooled = verdict([x["ratio_pooled"] for x in rows], [float(np.mean(x["predicted_s"])) for x in rows],
                      [float(np.mean(x["measured_s"])) for x in rows])
     held = [x for x in rows if not x["fit_on"]]

@@ -93,7 +93,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
 
 __all__ = ["HostCostModel", "host_cluster", "profile_terms", "tensors_per_boundary", "messages_per_boundary", "set_cost",
-           "ddp_buckets", "buffer_tensors"]
+           "ddp_buckets", "buffer_tensors", "trainable_bytes"]
 
 
 def profile_terms(graph: "OpGraph") -> Mapping[str, Any] | None:
@@ -214,8 +214,7 @@ class HostCostModel(CostModel):
             p = profile_terms(graph)
             tensors = np.asarray(p["update"]["param_tensors"], dtype=float) if p and p.get("update") and \
                 "param_tensors" in p["update"] else (graph.param_bytes > 0).astype(float)
-            facts = graph.meta.get("memory")
-            grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+            grads = trainable_bytes(graph)
             buffers = graph.param_bytes - grads
             held = buffer_tensors(graph)
             for k in np.nonzero(replicas > 1)[0]:
@@ -226,8 +225,7 @@ class HostCostModel(CostModel):
                 uo[k] += self.ddp_s.get("per_tensor_s", 0.0) * float(tensors[sel].sum()) \
                     + self.ddp_s.get("per_byte_s", 0.0) * float(grads[sel].sum())
         if self.busy_allreduce_s and np.any(replicas > 1):
-            facts = graph.meta.get("memory")
-            grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
+            grads = trainable_bytes(graph)
             for k in np.nonzero(replicas > 1)[0]:
                 uo[k] += self.busy_allreduce_s * ddp_buckets(float(grads[st == k].sum()))
         return fo, bo, uo
@@ -381,8 +379,14 @@ def buffer_tensors(graph: "OpGraph") -> np.ndarray:
     facts = graph.meta.get("memory")
     if isinstance(facts, Mapping) and len(facts.get("buffer_tensors", ())) == graph.num_nodes:
         return np.asarray(facts["buffer_tensors"], dtype=float)
-    grads = np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
-    return ((graph.param_bytes - grads) > 0).astype(float)
+    return ((graph.param_bytes - trainable_bytes(graph)) > 0).astype(float)
+
+
+def trainable_bytes(graph: "OpGraph") -> np.ndarray:
+    """Bytes of trainable parameters (gradients) each op holds, from the memory facts; a graph
+    without them counts every parameter and buffer byte (``param_bytes``)."""
+    facts = graph.meta.get("memory")
+    return np.asarray(facts["trainable_bytes"]) if isinstance(facts, Mapping) else graph.param_bytes
 
 
 def ddp_buckets(grad_bytes: float) -> int:
