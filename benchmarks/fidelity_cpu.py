@@ -393,7 +393,8 @@ def repredict(out: Path, no_fit: bool) -> None:
     conclude(res, no_fit=no_fit)
     res["notes"] = notes(res)
     res["repredicted"] = {"note": "the measurements of the command above, simulated again by --repredict",
-                          "without": list(fidelity_cpu_predict.WITHOUT)}
+                          "without": list(fidelity_cpu_predict.WITHOUT),
+                          "sequential_sets": fidelity_cpu_predict.SEQUENTIAL_SETS[0]}
     (out / "fidelity_cpu.json").write_text(json.dumps(res, indent=1, default=float))
     write_markdown(res, out / "fidelity_cpu.md")
     say("\n".join(table([r for m in res["models"] for r in m["rows"]])))
@@ -418,6 +419,9 @@ def main() -> None:
                     help="simulate the runs measured in <out> again (their profiles in <out>/" + GRAPHS + ")")
     ap.add_argument("--without", nargs="*", default=[], help="with --repredict: HostCostModel fields left out "
                     "(an ablation, e.g. pipeline_tensor_s); writes into --out, so point it at a copy")
+    ap.add_argument("--sequential-sets", action="store_true",
+                    help="with --repredict: charge message sets the probe's one-tensor-at-a-time receives "
+                         "(HostProbe.sequential_set_s), to compare on the same measurements; writes into --out")
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
     ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
@@ -430,6 +434,7 @@ def main() -> None:
         return
     if args.repredict:
         fidelity_cpu_predict.WITHOUT[:] = args.without
+        fidelity_cpu_predict.SEQUENTIAL_SETS[0] = args.sequential_sets
         repredict(args.out, args.no_fit)
         return
     rounds, warmup, probe_repeats, prof = (3, 1, 6, 3) if args.quick else (args.rounds, 3, 40, 7)

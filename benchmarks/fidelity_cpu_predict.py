@@ -18,6 +18,10 @@ from autoplace.cost.host import HostCostModel, host_cluster
 
 WITHOUT: list[str] = []
 """HostCostModel fields left at their defaults (``fidelity_cpu.py --repredict --without NAME``)."""
+SEQUENTIAL_SETS: list[bool] = [False]
+"""True: message sets charged what the probe measured with each set received one tensor at a time
+(``HostProbe.sequential_set_s``, the probe before ``shared_cores.receive_set``;
+``fidelity_cpu.py --repredict --sequential-sets``), for a comparison on the same measurements."""
 FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
 """the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
 (GNMT-4 unrolled, Inception-V3) are held out."""
@@ -72,6 +76,11 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
     (shared cores: ``busy_message_s``, ``idle_message_s``, ``spin_share``, ``busy_allreduce_s``), for the per-rank
     CPU comparison."""
     w = 1.0 if wall_terms else 0.0
+    if SEQUENTIAL_SETS[0]:
+        if not probe.get("sequential_set_s"):
+            raise SystemExit("--sequential-sets: this run's probe has no sequential_set_s (probed before it existed)")
+        probe = {**probe, "busy_set_s": probe["sequential_set_s"],
+                 "set_spin_share": probe["sequential_set_spin_share"]}
     cost = HostCostModel(optimizer="adam", pipeline_action_s=probe["action_overhead_s"],
                          pipeline_step_s=probe.get("step_overhead_s", {}),
                          pipeline_tensor_s=probe.get("tensor_overhead_s", {}), batchnorm_s=probe.get("batchnorm_s", {}),

@@ -214,7 +214,13 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
            "its receiver computes costs, beyond the link, "
            + (", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(probe.get("busy_set_s", {}).items(), key=lambda kv: int(kv[0])))
               + f" (k = 1, ...), plus {probe.get('set_spin_share', 0):.2f} s per second it waits for the receiver "
-              "(what the simulator charges); fitted as linear in k instead: "
+              "(what the simulator charges; each set's receives posted at once, as the pipeline runtime posts them)"
+              + ("; received one tensor at a time instead (the probe before, for comparison: "
+                 + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(probe["sequential_set_s"].items(),
+                                                                       key=lambda kv: int(kv[0])))
+                 + f", plus {probe.get('sequential_set_spin_share', 0):.2f} s per second)"
+                 if probe.get("sequential_set_s") else "")
+              + "; fitted as linear in k instead: "
               if probe.get("busy_set_s") else "")
            + f"{probe.get('busy_message_s', 0) * 1e3:.2f} ms per message, plus "
            f"{probe.get('spin_share', 0):.2f} s per second it waits; one whose receiver waits "

@@ -45,8 +45,9 @@ a share of those calls waits a scheduler tick for gloo's worker thread, and a st
     wall seconds point-to-point messages cost on the host's shared cores beyond the link's
     ``latency + bytes / bandwidth``, measured between two ranks that compute (calibrated loops of
     matrix products, 0.75-3 ms) around their messages: ``busy`` while both ranks compute and each
-    posts its receive only after computing (messages that arrive while their receiver is still
-    computing: a pipeline whose stages are all busy), fitted over the grid as a cost per message
+    posts its receives only after computing, all of a set at once as the pipeline runtime does
+    (messages that arrive while their receiver is still computing: a pipeline whose stages are
+    all busy), fitted over the grid as a cost per message
     plus a share of the time the messages wait (``spin_share``); ``idle`` while the receiver
     waits with its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
     on a 2-core host (``/proc/<pid>/task/<tid>/schedstat`` of every thread, ``strace -f``): gloo's
@@ -117,6 +118,10 @@ class HostProbe:
     arrives while its receiver computes (``busy_messages``'s ``set_cost_s``)."""
     set_spin_share: float = 0.0
     """the share of the waits that goes with ``busy_set_s``."""
+    sequential_set_s: dict[str, float] = field(default_factory=dict)
+    sequential_set_spin_share: float = 0.0
+    """``busy_set_s`` and ``set_spin_share`` with each set received one tensor at a time (the
+    probe before ``shared_cores.receive_set``), measured in the same rounds: for comparison only."""
     busy_allreduce_s: float = 0.0
     """wall seconds one all-reduce call adds to a step while both ranks compute."""
     cores: int = 0
@@ -452,6 +457,10 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      busy_set_s={n: float(np.mean([b["messages"]["set_cost_s"][n] for b in both]))
                                  for n in both[0]["messages"]["set_cost_s"]},
                      set_spin_share=mean("messages", "set_spin_share"),
+                     sequential_set_s={n: float(np.mean([b["messages"]["sequential"]["set_cost_s"][n] for b in both]))
+                                       for n in both[0]["messages"]["sequential"]["set_cost_s"]},
+                     sequential_set_spin_share=float(np.mean([b["messages"]["sequential"]["set_spin_share"]
+                                                              for b in both])),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 

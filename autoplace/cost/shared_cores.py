@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["median", "low", "expected", "busy_messages", "busy_allreduce"]
+__all__ = ["median", "low", "expected", "receive_set", "busy_messages", "busy_allreduce"]
 
 
 def median(xs: list[float]) -> float:
@@ -43,6 +43,26 @@ def expected(xs: list[float], *, trim: float = 0.05) -> float:
     drop = int(len(v) * trim) if len(v) >= 20 else 0
     kept = v[:len(v) - drop] if drop else v
     return float(np.mean(kept))
+
+
+def receive_set(tensors: list[torch.Tensor], peer: int) -> None:
+    """Receive ``tensors`` from ``peer`` as torch.distributed.pipelining receives a stage's inputs:
+    every ``irecv`` of the set posted first, then each waited for (``schedules._batch_p2p``, an
+    all-receive batch, before the action that reads them). Posting them one at a time, each
+    waited for before the next (``dist.recv`` in a loop), pays gloo's ready-to-receive round
+    trip through the sender's loop thread once per tensor instead of once for the set: a trial
+    on this 2-core VM, 16 KiB tensors, both ranks computing, cost 6.7 / 13.5 / 11.9 ms over the
+    computation for 16 / 21 / 32 tensors received one at a time against 1.9 / 3.1 / 3.0 ms
+    received as a set."""
+    import torch.distributed as dist
+
+    _wait([dist.irecv(t, peer) for t in tensors])
+
+
+def _wait(works: list[Any]) -> None:
+    for w in works:
+        if w is not None:
+            w.wait()
 
 
 def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
@@ -77,8 +97,9 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
     ``busy``: each rank sends ``k`` tensors of ``nbytes`` (``isend``), computes for ``c``, then
-    receives the other's, against the same computation on both ranks without messages (``solo``,
-    which carries the cores' corun cost and other jobs' load alike): the difference ``extra(c, k)``
+    receives the other's as the pipeline runtime does (:func:`receive_set`), against the same
+    computation on both ranks without messages (``solo``, which carries the cores' corun cost and
+    other jobs' load alike): the difference ``extra(c, k)``
     over a grid of ``computes_s`` x ``tensors`` is fitted as ``k x per_message + c x spin_share``
     (non-negative least squares): a cost per message that arrives while its receiver computes,
     and a share of every second a message waits for its receiver (the loop thread polling
@@ -88,13 +109,16 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     (``set_cost_s``, ``set_spin_share``): what a set of ``k`` messages costs, as measured. The
     grid reaches 32 so that a boundary of up to 32 tensors (GNMT-4 unrolled's 21) is interpolated,
     not extrapolated along the 8-16 segment: the curve bends there (two trials here, 16 KiB
-    messages: 8.4, 10.1, 10.8 ms and 13.2, 14.5, 14.4 ms at 16, 24, 32; in the probes of four
-    later runs on a slower machine, 32 cost 1.1-1.6x what 16 did).
-    ``idle``: rank 0 computes and sends, rank 1 receives (posted in time), computes and sends
-    back: ideally ``2 c`` plus two transfers of ``latency + k x nbytes / bandwidth``, which the
+    messages, received one at a time: 8.4, 10.1, 10.8 ms and 13.2, 14.5, 14.4 ms at 16, 24, 32;
+    in the probes of four later runs on a slower machine, 32 cost 1.1-1.6x what 16 did).
+    ``idle``: rank 0 computes and sends, rank 1 receives (posted in time, as a set), computes and
+    sends back: ideally ``2 c`` plus two transfers of ``latency + k x nbytes / bandwidth``, which the
     simulator charges already; the rest over ``2 k`` messages (``c`` the middle compute, ``k`` 4
     where the grid has it). Trimmed means (:func:`expected`) over ``repeats`` rounds, as rank 0's
-    clock measures them; ``median`` holds the same fits from the medians."""
+    clock measures them; ``median`` holds the same fits from the medians, and ``sequential`` the
+    fits of the same grid received one tensor at a time (``dist.recv`` in a loop: the probe before
+    :func:`receive_set`, which the runtime does not do), timed in the same rounds, so that the
+    two can be compared on the same measurements."""
     import torch.distributed as dist
     from scipy.optimize import nnls
 
@@ -105,19 +129,20 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
         for k in tensors:
             out = [torch.zeros(nbytes // 4) for _ in range(k)]
             inp = [torch.zeros(nbytes // 4) for _ in range(k)]
-            walls: dict[str, list[float]] = {"busy": [], "solo": []}
+            walls: dict[str, list[float]] = {"busy": [], "sequential": [], "solo": []}
             for it in range(repeats + 3):
-                for mode in ("busy", "solo"):
+                for mode in walls:
                     dist.barrier()
                     t0 = time.perf_counter()
-                    if mode == "busy":
+                    if mode != "solo":
                         works = [dist.isend(t, other) for t in out]
                         compute()
-                        for t in inp:
-                            dist.recv(t, other)
-                        for w in works:
-                            if w is not None:
-                                w.wait()
+                        if mode == "busy":
+                            receive_set(inp, other)
+                        else:
+                            for t in inp:
+                                dist.recv(t, other)
+                        _wait(works)
                     else:
                         compute()
                     if it >= 3:
@@ -127,29 +152,39 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
     k = 4 if 4 in tensors else max(tensors)
     out = [torch.zeros(nbytes // 4) for _ in range(k)]
     inp = [torch.zeros(nbytes // 4) for _ in range(k)]
-    idle_walls = []
+    idle_walls: dict[str, list[float]] = {"busy": [], "sequential": []}
     for it in range(repeats + 3):
-        dist.barrier()
-        t0 = time.perf_counter()
-        if rank == 0:
-            compute()
-            for t in out:
-                dist.send(t, 1)
-            for t in inp:
-                dist.recv(t, 1)
-        else:
-            for t in inp:
-                dist.recv(t, 0)
-            compute()
-            for t in out:
-                dist.send(t, 0)
-        if it >= 3:
-            idle_walls.append(time.perf_counter() - t0)
+        for mode in idle_walls:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                compute()
+                if mode == "busy":
+                    _wait([dist.isend(t, 1) for t in out])
+                    receive_set(inp, 1)
+                else:
+                    for t in out:
+                        dist.send(t, 1)
+                    for t in inp:
+                        dist.recv(t, 1)
+            else:
+                if mode == "busy":
+                    receive_set(inp, 0)
+                    compute()
+                    _wait([dist.isend(t, 0) for t in out])
+                else:
+                    for t in inp:
+                        dist.recv(t, 0)
+                    compute()
+                    for t in out:
+                        dist.send(t, 0)
+            if it >= 3:
+                idle_walls[mode].append(time.perf_counter() - t0)
     link = latency_s + k * nbytes / bandwidth
 
-    def fit(stat: Callable[[list[float]], float]) -> dict[str, Any]:
+    def fit(stat: Callable[[list[float]], float], mode: str = "busy") -> dict[str, Any]:
         grid: list[dict[str, float]] = [
-            {"compute_s": r["compute_s"], "tensors": r["tensors"], "busy_wall_s": stat(r["walls"]["busy"]),
+            {"compute_s": r["compute_s"], "tensors": r["tensors"], "busy_wall_s": stat(r["walls"][mode]),
              "solo_wall_s": stat(r["walls"]["solo"])} for r in rows]
         for g in grid:
             g["extra_s"] = max(g["busy_wall_s"] - g["solo_wall_s"], 0.0)
@@ -161,14 +196,16 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
         counts = sorted({int(g["tensors"]) for g in grid})
         a_k = np.array([[float(g["tensors"] == n) for n in counts] + [g["compute_s"]] for g in grid])
         coef, _ = nnls(a_k, y)
-        idle = stat(idle_walls)
+        idle = stat(idle_walls[mode])
         return {"busy": grid, "busy_per_message_s": float(per_message), "spin_share": float(spin_share),
                 "set_cost_s": {str(n): float(v) for n, v in zip(counts, coef[:-1])}, "set_spin_share": float(coef[-1]),
                 "idle_wall_s": idle, "idle_per_message_s": max((idle - 2 * c - 2 * link) / (2 * k), 0.0)}
 
     # wall time that every message of a step pays: the trimmed mean (see :func:`expected`); the
-    # median's fit is kept for comparison
-    return {"bytes": nbytes, **fit(expected), "idle_compute_s": c, "idle_tensors": k, "median": fit(median)}
+    # median's fit is kept for comparison, and so is the fit of the sequential receives (the probe
+    # before: what a runtime that receives one tensor at a time would pay)
+    return {"bytes": nbytes, **fit(expected), "idle_compute_s": c, "idle_tensors": k, "median": fit(median),
+            "sequential": fit(expected, "sequential")}
 
 
 def busy_allreduce(*, nbytes: int = 1 << 20, repeats: int = 40) -> dict[str, Any]:
