@@ -102,6 +102,7 @@ def pool(run_dirs: list[Path]) -> dict[str, Any]:
                             "eager_pooled": eager} if rel else {}
     spreads = np.array([x["spread"] for x in rows])
     return {"runs": len(runs), "rows": rows, "per_run": per_run, "pooled": pooled,
+            "repredicted": sum(bool(doc.get("repredicted")) for doc in docs),
             "measurement_spread": {"median": float(np.median(spreads)), "max": float(np.max(spreads)),
                                    "rows_over_15pct": int(np.sum(spreads > 1 + TARGET))}}
 
@@ -112,7 +113,10 @@ def markdown(res: dict[str, Any]) -> str:
            f"Reproduce: `{res['command']}` ({res['seconds']:.0f} s; load average at the start "
            f"{' / '.join(f'{x:.1f}' for x in res['load_start'])}). {res['runs']} runs of "
            "`benchmarks/fidelity_cpu.py`, each with its own profile, host probe, fit and measurement; "
-           "the report of the last run is `fidelity_cpu.md`.", "",
+           "the report of the last run is `fidelity_cpu.md`."
+           + (f" {res['repredicted']} of the runs were simulated again by the cost model as it is now "
+              "(`fidelity_cpu.py --repredict --out <out>/runs/K`, then `fidelity_cpu_runs.py --repool`): "
+              "the measurements are the command's, the predictions today's." if res.get("repredicted") else ""), "",
            f"**Measurement across runs**: the same plan's measured step moves by a factor of {s['median']:.2f} "
            f"(median over the {len(res['rows'])} multi-process plans; max {s['max']:.2f}) between the fastest "
            f"and the slowest run; {s['rows_over_15pct']} of {len(res['rows'])} plans move by more than 15%.", "",

@@ -52,9 +52,13 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     (:meth:`HostCostModel.message_overhead_s`), a second pass charges them.
 ``spin_share`` (wall time)
     per second that messages wait for their computing receiver (the union of those waits per
-    receiving stage), the wall seconds that receiver's actions lose: the polling loop thread
-    takes a core from the computing threads (``host_probe.busy_messages``' fit). Source of the gap it closes: the 2-process runs of
-    ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
+    receiving stage, the part of it during which the sending stage computes too), the wall
+    seconds that receiver's actions lose: the polling loop thread takes a core from the
+    computing threads (``host_probe.busy_messages``' fit, both ranks computing); while the sender
+    waits, a core is free for it. Charged through every wait instead, the skewed 1F1B splits,
+    whose light stage waits most of the step, came out 1.24-1.28x measured over their model's
+    one-process row on four runs (``fidelity_cpu_runs.md``), 1.00-1.11x with the overlap.
+    Source of the gap it closes: the 2-process runs of ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
     was predicted within 11% (geometric mean): the missing time was wall time outside it.
 ``busy_set_s``, ``set_spin_share`` (wall time)
     the same wall cost measured as a set of ``k`` messages (the tensors one action receives
@@ -232,7 +236,8 @@ class HostCostModel(CostModel):
 
     def message_overhead_s(self, graph: "OpGraph", stage_of_node: np.ndarray, microbatches: int,
                            f_start: np.ndarray, b_start: np.ndarray, xf_end: np.ndarray,
-                           xb_end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+                           xb_end: np.ndarray, f_dur: np.ndarray | None = None,
+                           b_dur: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Per stage, wall seconds to add to each forward and each backward action for the
         messages it receives (``busy_message_s`` / ``idle_message_s``), from a first pass of the
         pipeline simulator: ``xf_end[s, m]`` / ``xb_end[s, m]`` is when micro-batch ``m``'s
@@ -240,7 +245,11 @@ class HostCostModel(CostModel):
         ``b_start`` when the stage starts the action that consumes them; a message that waits
         for its receiver (arrival before that start) arrived while the receiver computed. Every
         op whose output crosses a boundary is one message (``messages_per_boundary``), in both
-        directions.
+        directions. With the stages' action durations (``f_dur``, ``b_dur``, seconds per stage),
+        the share of the waits is charged only for the part of each wait during which the sending
+        stage computes: the probe measures it with both ranks computing, where the receiver's
+        polling loop thread makes three runnable threads on two cores; while the sender waits,
+        its core is free and the polling costs the computing receiver nothing.
         None when neither term is set."""
         if not (self.busy_message_s or self.idle_message_s or self.spin_share or self.busy_set_s):
             return None
@@ -256,12 +265,18 @@ class HostCostModel(CostModel):
             if k[s] == 0:
                 continue
             busy = set_cost(self.busy_set_s, int(tensors[s])) if self.busy_set_s else k[s] * self.busy_message_s
-            for arrive, start, into in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2]),
-                                        (xb_end[s, :m], b_start[s, :m], bo[s:s + 1])):
+            for arrive, start, into, sender in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2], s),
+                                                (xb_end[s, :m], b_start[s, :m], bo[s:s + 1], s + 1)):
                 late = start - arrive > 1e-9  # waited for its receiver to finish computing
                 into += float(np.where(late, busy, k[s] * self.idle_message_s).mean())
                 if spin:
-                    into += spin * _union_length(arrive[late], start[late]) / m
+                    if f_dur is None or b_dur is None:
+                        into += spin * _union_length(arrive[late], start[late]) / m
+                    else:
+                        busy_iv = (np.concatenate([f_start[sender, :m], b_start[sender, :m]]),
+                                   np.concatenate([f_start[sender, :m] + f_dur[sender],
+                                                   b_start[sender, :m] + b_dur[sender]]))
+                        into += spin * _overlap_length(arrive[late], start[late], *busy_iv) / m
         return fo, bo
 
     def _op_times(self, graph: "OpGraph", cluster: "Cluster", batch_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -325,6 +340,25 @@ def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
             continue
         total += b - max(a, reach)
         reach = b
+    return total
+
+
+def _overlap_length(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> float:
+    """Length of the union of the intervals ``[starts[i], ends[i]]`` that lies inside the union of
+    the intervals ``[busy_starts[j], busy_ends[j]]``."""
+    def merged(a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
+        for x, y in sorted(zip(a.tolist(), b.tolist())):
+            if out and x <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], y))
+            elif y > x:
+                out.append((x, y))
+        return out
+
+    total = 0.0
+    for x, y in merged(starts, ends):
+        for u, v in merged(busy_starts, busy_ends):
+            total += max(0.0, min(y, v) - max(x, u))
     return total
 
 

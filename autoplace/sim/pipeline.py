@@ -357,7 +357,7 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
     # -- host terms (autoplace.cost.host.HostCostModel.message_overhead_s; CPU processes only) -------
     # what each message costs its receiver on shared cores depends on whether it arrived while the
     # receiver computed, which this first pass says; a second pass charges it
-    extra = (sim.cost.message_overhead_s(sim.graph, st, m_count, f_start, b_start, xf_end, xb_end)
+    extra = (sim.cost.message_overhead_s(sim.graph, st, m_count, f_start, b_start, xf_end, xb_end, f_act, b_act)
              if n_st > 1 and hasattr(sim.cost, "message_overhead_s") else None)
     if extra is not None and (np.any(extra[0]) or np.any(extra[1])):
         reps = np.array([len(g) for g in groups])

@@ -145,9 +145,12 @@ def test_busy_allreduce_per_ddp_bucket() -> None:
 
 
 def test_spin_share_charges_the_union_of_the_waits() -> None:
-    from autoplace.cost.host import _union_length
+    from autoplace.cost.host import _overlap_length, _union_length
 
     assert _union_length(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0])) == pytest.approx(4.0)
+    # [0, 3] and [5, 6] inside [1, 2] and [2.5, 5.5]: 1 + 0.5 + 0.5
+    assert _overlap_length(np.array([0.0, 1.0, 5.0]), np.array([2.0, 3.0, 6.0]),
+                           np.array([1.0, 2.5]), np.array([2.0, 5.5])) == pytest.approx(2.0)
     g = graph(4, [(0, 1), (1, 2), (2, 3)], [2.0, 2.0, 4.0, 4.0], [4.0, 4.0, 8.0, 8.0], batch_size=8)
     st = np.array([0, 0, 1, 1])
     f_start = np.array([[0, 1, 2, 3], [1.5, 3.5, 5.5, 7.5]], dtype=float)
@@ -157,6 +160,12 @@ def test_spin_share_charges_the_union_of_the_waits() -> None:
     fo, bo = HostCostModel(spin_share=0.5).message_overhead_s(g, st, 4, f_start, b_start, xf_end, xb_end)
     # waits [2.5, 3.5], [3.5, 5.5], [4.5, 7.5]: union 5 s, half of it charged, over 4 forwards
     assert fo[1] == pytest.approx(0.5 * 5.0 / 4) and bo[0] == 0
+    # with the actions' durations, only the waits while the sender computes: stage 0's forwards
+    # fill [0, 4] (1 s each), so of the union [2.5, 7.5] only [2.5, 4] is charged (after that its
+    # core is free for the receiver's polling thread)
+    fo, bo = HostCostModel(spin_share=0.5).message_overhead_s(g, st, 4, f_start, b_start, xf_end, xb_end,
+                                                             np.array([1.0, 2.0]), np.array([2.0, 2.0]))
+    assert fo[1] == pytest.approx(0.5 * 1.5 / 4) and bo[0] == 0
     c = cluster(2)
     plan = Placement.pipeline(g, c, st.tolist(), [0, 1], microbatches=4, schedule="gpipe")
     assert autoplace.simulate(g, plan, c, cost=HostCostModel(spin_share=0.5), timeline=False).step_time_s > \
