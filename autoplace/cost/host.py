@@ -58,8 +58,9 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     waits, a core is free for it. Charged through every wait instead, the skewed 1F1B splits,
     whose light stage waits most of the step, came out 1.24-1.28x measured over their model's
     one-process row on four runs (``fidelity_cpu_runs.md``), 1.00-1.11x with the overlap.
-    Source of the gap it closes: the 2-process runs of ``benchmarks/fidelity_cpu.py`` were 0.5-0.86x predicted while each rank's main-thread CPU
-    was predicted within 11% (geometric mean): the missing time was wall time outside it.
+    Source of the gap it closes: the 2-process runs of ``benchmarks/fidelity_cpu.py`` were
+    0.5-0.86x predicted while each rank's main-thread CPU was predicted within 11% (geometric
+    mean): the missing time was wall time outside it.
 ``busy_set_s``, ``set_spin_share`` (wall time)
     the same wall cost measured as a set of ``k`` messages (the tensors one action receives
     across a boundary, :func:`tensors_per_boundary`), at k = 1, 2, 4, 8, 16 and 32 and interpolated

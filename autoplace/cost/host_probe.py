@@ -45,11 +45,10 @@ a share of those calls waits a scheduler tick for gloo's worker thread, and a st
     wall seconds point-to-point messages cost on the host's shared cores beyond the link's
     ``latency + bytes / bandwidth``, measured between two ranks that compute (calibrated loops of
     matrix products, 0.75-3 ms) around their messages: ``busy`` while both ranks compute and each
-    posts its receives only after computing, all of a set at once as the pipeline runtime does
-    (messages that arrive while their receiver is still computing: a pipeline whose stages are
-    all busy), fitted over the grid as a cost per message
-    plus a share of the time the messages wait (``spin_share``); ``idle`` while the receiver
-    waits with its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
+    posts its receives only after computing, a set at once as the pipeline runtime does (messages
+    arriving while their receiver computes: a pipeline whose stages are all busy), fitted as a
+    cost per message plus a share of the time they wait (``spin_share``); ``idle`` while the
+    receiver waits with its receive posted (a bubble). Why a message costs more than the idle ping-pong says, measured
     on a 2-core host (``/proc/<pid>/task/<tid>/schedstat`` of every thread, ``strace -f``): gloo's
     TCP loop thread (``gloo_tcp_loop``) of a rank whose receive is not posted yet busy-polls
     (``epoll_wait`` returns the readable socket at once, about every 20 us, until the receive is
@@ -119,9 +118,8 @@ class HostProbe:
     set_spin_share: float = 0.0
     """the share of the waits that goes with ``busy_set_s``."""
     sequential_set_s: dict[str, float] = field(default_factory=dict)
+    """``busy_set_s`` with sets received one tensor at a time (before ``receive_set``): comparison only."""
     sequential_set_spin_share: float = 0.0
-    """``busy_set_s`` and ``set_spin_share`` with each set received one tensor at a time (the
-    probe before ``shared_cores.receive_set``), measured in the same rounds: for comparison only."""
     busy_allreduce_s: float = 0.0
     """wall seconds one all-reduce call adds to a step while both ranks compute."""
     cores: int = 0
@@ -442,6 +440,8 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
     pooled = float(np.mean([b["action"][s]["per_tensor_s"] for b in both for s in ("gpipe", "1f1b")]))
     per_tensor = {s: pooled for s in ("gpipe", "1f1b")}
     mean = lambda key, f: float(np.mean([b[key][f] for b in both]))  # noqa: E731
+    sets = lambda fs: {n: float(np.mean([f["set_cost_s"][n] for f in fs])) for n in fs[0]["set_cost_s"]}  # noqa: E731
+    seq = [b["messages"]["sequential"] for b in both]  # the fits of one-tensor-at-a-time receives
     return HostProbe(latency_s=lat, bandwidth=bw, allreduce_latency_s=ar_call / 2, allreduce_bandwidth=ar_bw,
                      corun=factor, action_overhead_s=per_action, step_overhead_s=per_step,
                      tensor_overhead_s=per_tensor,
@@ -454,13 +454,9 @@ def probe_in_group(rank: int, *, step: Callable[[], Any] | None = None, repeats:
                      busy_message_s=mean("messages", "busy_per_message_s"),
                      spin_share=mean("messages", "spin_share"),
                      idle_message_s=mean("messages", "idle_per_message_s"),
-                     busy_set_s={n: float(np.mean([b["messages"]["set_cost_s"][n] for b in both]))
-                                 for n in both[0]["messages"]["set_cost_s"]},
-                     set_spin_share=mean("messages", "set_spin_share"),
-                     sequential_set_s={n: float(np.mean([b["messages"]["sequential"]["set_cost_s"][n] for b in both]))
-                                       for n in both[0]["messages"]["sequential"]["set_cost_s"]},
-                     sequential_set_spin_share=float(np.mean([b["messages"]["sequential"]["set_spin_share"]
-                                                              for b in both])),
+                     busy_set_s=sets([b["messages"] for b in both]), set_spin_share=mean("messages", "set_spin_share"),
+                     sequential_set_s=sets(seq),
+                     sequential_set_spin_share=float(np.mean([f["set_spin_share"] for f in seq])),
                      busy_allreduce_s=mean("allreduce_busy", "per_call_s"), cores=_cores(),
                      ping=ping, allreduce=ar, detail={"ranks": both})
 
