@@ -333,34 +333,29 @@ def set_cost(table: Mapping[str, float], k: int) -> float:
     return float(np.interp(k, counts, cost))
 
 
+def _merged(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The union of the intervals ``[starts[i], ends[i]]`` as disjoint sorted intervals, shape (n, 2)."""
+    out: list[list[float]] = []
+    for a, b in sorted(zip(starts.tolist(), ends.tolist())):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        elif b > a:
+            out.append([a, b])
+    return np.array(out, dtype=float).reshape(-1, 2)
+
+
 def _union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     """Total length of the union of the intervals ``[starts[i], ends[i]]``."""
-    total, reach = 0.0, -np.inf
-    for a, b in sorted(zip(starts.tolist(), ends.tolist())):
-        if b <= reach:
-            continue
-        total += b - max(a, reach)
-        reach = b
-    return total
+    u = _merged(starts, ends)
+    return float((u[:, 1] - u[:, 0]).sum())
 
 
 def _overlap_length(starts: np.ndarray, ends: np.ndarray, busy_starts: np.ndarray, busy_ends: np.ndarray) -> float:
     """Length of the union of the intervals ``[starts[i], ends[i]]`` that lies inside the union of
     the intervals ``[busy_starts[j], busy_ends[j]]``."""
-    def merged(a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:
-        out: list[tuple[float, float]] = []
-        for x, y in sorted(zip(a.tolist(), b.tolist())):
-            if out and x <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], y))
-            elif y > x:
-                out.append((x, y))
-        return out
-
-    total = 0.0
-    for x, y in merged(starts, ends):
-        for u, v in merged(busy_starts, busy_ends):
-            total += max(0.0, min(y, v) - max(x, u))
-    return total
+    u, v = _merged(starts, ends), _merged(busy_starts, busy_ends)
+    both = np.minimum(u[:, 1:2], v[None, :, 1]) - np.maximum(u[:, 0:1], v[None, :, 0])
+    return float(np.clip(both, 0.0, None).sum())
 
 
 def tensors_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages: int) -> np.ndarray:
