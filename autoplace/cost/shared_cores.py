@@ -65,6 +65,28 @@ def _wait(works: list[Any]) -> None:
             w.wait()
 
 
+def _send_set(tensors: list[torch.Tensor], peer: int) -> None:
+    """Every ``isend`` posted, then waited for (the runtime's sends of one action)."""
+    import torch.distributed as dist
+
+    _wait([dist.isend(t, peer) for t in tensors])
+
+
+def _receive_one_at_a_time(tensors: list[torch.Tensor], peer: int) -> None:
+    """``dist.recv`` in a loop: the probe before :func:`receive_set`, kept for comparison."""
+    import torch.distributed as dist
+
+    for t in tensors:
+        dist.recv(t, peer)
+
+
+def _send_one_at_a_time(tensors: list[torch.Tensor], peer: int) -> None:
+    import torch.distributed as dist
+
+    for t in tensors:
+        dist.send(t, peer)
+
+
 def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple[Callable[[], None], float]:
     """A loop of 160 x 160 matrix products of about ``target_s`` CPU seconds on this thread, and
     its measured CPU seconds (lower quartile)."""
@@ -92,7 +114,8 @@ def _calibrated_compute(target_s: float = 1.5e-3, *, repeats: int = 10) -> tuple
 
 
 def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int = 16_384,
-                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3), tensors: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+                  computes_s: tuple[float, ...] = (0.75e-3, 1.5e-3, 3e-3),
+                  tensors: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
                   repeats: int = 15) -> dict[str, Any]:
     """Wall seconds of point-to-point messages beyond the link's charge (module docstring).
 
@@ -137,11 +160,7 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
                     if mode != "solo":
                         works = [dist.isend(t, other) for t in out]
                         compute()
-                        if mode == "busy":
-                            receive_set(inp, other)
-                        else:
-                            for t in inp:
-                                dist.recv(t, other)
+                        (receive_set if mode == "busy" else _receive_one_at_a_time)(inp, other)
                         _wait(works)
                     else:
                         compute()
@@ -157,27 +176,16 @@ def busy_messages(rank: int, *, latency_s: float, bandwidth: float, nbytes: int 
         for mode in idle_walls:
             dist.barrier()
             t0 = time.perf_counter()
+            send, receive = ((_send_set, receive_set) if mode == "busy"
+                             else (_send_one_at_a_time, _receive_one_at_a_time))
             if rank == 0:
                 compute()
-                if mode == "busy":
-                    _wait([dist.isend(t, 1) for t in out])
-                    receive_set(inp, 1)
-                else:
-                    for t in out:
-                        dist.send(t, 1)
-                    for t in inp:
-                        dist.recv(t, 1)
+                send(out, 1)
+                receive(inp, 1)
             else:
-                if mode == "busy":
-                    receive_set(inp, 0)
-                    compute()
-                    _wait([dist.isend(t, 0) for t in out])
-                else:
-                    for t in inp:
-                        dist.recv(t, 0)
-                    compute()
-                    for t in out:
-                        dist.send(t, 0)
+                receive(inp, 0)
+                compute()
+                send(out, 0)
             if it >= 3:
                 idle_walls[mode].append(time.perf_counter() - t0)
     link = latency_s + k * nbytes / bandwidth
