@@ -256,9 +256,16 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
                 queued[key].append((_run_queue_s() - q0) / n)  # main thread runnable, waiting for a core
             return run
 
+        timed = {k: counting(k, f) for k, f in steps.items()}
+        passes: dict[str, list[dict[str, float]]] = {"whole_s": [], "small_whole_s": []}
+        if rank == 0:  # the profiler's whole passes, timed again beside the plans (IN_ROUND)
+            timed[IN_ROUND] = _in_round_passes(traced, wl, payload["small_batch"], passes)
+        else:
+            timed[IN_ROUND] = idle
         load0 = load_average()
-        wall = interleaved({k: counting(k, f) for k, f in steps.items()}, rounds=payload["rounds"],
-                           warmup=payload["warmup"], before=dist.barrier)
+        wall = interleaved(timed, rounds=payload["rounds"], warmup=payload["warmup"], before=dist.barrier)
+        del wall[IN_ROUND]
+        result["in_round"] = {k: v[payload["warmup"]:] for k, v in passes.items()}
         wall = {k: [block / STEPS_PER_ROUND for block in v] for k, v in wall.items()}
         cpu = {k: v[payload["warmup"]:] for k, v in cpu.items()}
         proc = {k: v[payload["warmup"]:] for k, v in proc.items()}
@@ -277,6 +284,31 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
         if rank == 0:
             Path(out).write_text(json.dumps(result))
         dist.destroy_process_group()
+
+
+IN_ROUND = "(profile passes)"
+"""the extra entry of every round (rank 0; rank 1 waits at the barrier): the profiler's whole
+passes (``autoplace.cost.profile.in_step_timer``) at the example batch and at the profile's second
+batch size, timed between the plans' blocks. On this VM the same step's CPU time moves 1.5x within
+seconds (``machine_speed``), so a profile taken once before the rounds describes another machine
+than the one the rounds ran on; the predictions scale the profile's op times to these passes'
+medians (``autoplace.cost.profile.rescaled``: the same per-op shares, the totals of the rounds'
+moments) and keep the profile taken ahead as its own column (``ahead_s``)."""
+
+
+def _in_round_passes(traced: Any, wl: Any, small: int | None, into: dict[str, list[dict[str, float]]]
+                     ) -> Callable[[], None]:
+    from autoplace.cost.profile import in_step_timer
+
+    full = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target)
+    part = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target, batch=small) if small else None
+
+    def run() -> None:
+        into["whole_s"].append(full())
+        if part is not None:
+            into["small_whole_s"].append(part())
+
+    return run
 
 
 # ---- predictions ---------------------------------------------------------------------------
@@ -320,8 +352,9 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
     old = _fresh_profile(wl, repeats=profile_repeats, clock="wall", normalize=False, small_batch=None, optimizer=None)
     prof_s = time.perf_counter() - t0
     plans = plans_of(graph)
+    small = (graph.meta.get("profile") or {}).get("small", {}).get("batch_size")
     payload = {"model": name, "config": config, "graph_hash": graph.hash, "plans": plans, "rounds": rounds,
-               "warmup": warmup, "probe": probe is None, "probe_repeats": probe_repeats}
+               "warmup": warmup, "probe": probe is None, "probe_repeats": probe_repeats, "small_batch": small}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         try:
@@ -350,8 +383,18 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
                      "fit_on": name in FIT_MODELS})
     return {"model": name, "config": {k: v for k, v in wl.config.items()}, "ops": graph.num_nodes,
             "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
-            "load": got["load"], "rows": rows, "_graphs": (old, graph, plans),
+            "load": got["load"], "rows": rows, "_graphs": (old, graph, plans), "in_round": in_round_medians(got),
             "speed": {"before_s": speed_before, "after_s": speed_after, "ratio": speed_after / speed_before}}
+
+
+def in_round_medians(got: dict[str, Any]) -> dict[str, Any]:
+    """Per phase, the median over the timed rounds of the whole passes timed in them (IN_ROUND),
+    at both batch sizes, and how many rounds."""
+    out: dict[str, Any] = {"rounds": len(got["in_round"]["whole_s"])}
+    for key, runs in got["in_round"].items():
+        if runs:
+            out[key] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    return out
 
 
 GRAPHS = "fidelity_cpu_graphs.json"
@@ -468,7 +511,7 @@ def main() -> None:
         predict([m], (0.0, 0.0))
         for r in m["rows"]:
             say(f"  {r['plan']:16s} measured {r['measured_s']['median'] * 1e3:7.1f} ms  before {r['ratio_before']:.2f}  "
-                f"probed terms {r['ratio_after']:.2f}  cpu {r['cpu_s_per_rank'][0] * 1e3:.1f}/"
+                f"probed terms {r['ratio_after']:.2f} (profile ahead {r['ratio_ahead']:.2f})  cpu {r['cpu_s_per_rank'][0] * 1e3:.1f}/"
                 f"{r['cpu_s_per_rank'][1] * 1e3:.1f} pred compute {'/'.join(f'{x * 1e3:.1f}' for x in r['after_compute_s'])}")
     save_graphs(res["models"], args.out / GRAPHS)
     conclude(res, no_fit=args.no_fit)

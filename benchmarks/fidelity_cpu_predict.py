@@ -15,6 +15,7 @@ import numpy as np
 import autoplace
 from autoplace import Cluster, CostModel, OpGraph, Placement
 from autoplace.cost.host import HostCostModel, host_cluster
+from autoplace.cost.profile import rescaled
 
 WITHOUT: list[str] = []
 """HostCostModel fields left at their defaults (``fidelity_cpu.py --repredict --without NAME``)."""
@@ -139,16 +140,30 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
     return out
 
 
+def in_round_graph(graph: OpGraph, model: dict[str, Any]) -> OpGraph | None:
+    """The profile ``graph`` with its op times scaled to the whole passes timed inside the model's
+    timed rounds (``fidelity_cpu.IN_ROUND``; ``autoplace.cost.profile.rescaled``), or None for a
+    run measured before they were."""
+    passes = model.get("in_round") or {}
+    if "whole_s" not in passes:
+        return None
+    return rescaled(graph, passes["whole_s"], passes.get("small_whole_s"))
+
+
 def predict(models: list[dict[str, Any]], fit: tuple[float, float],
             fit_iso: tuple[float, float] = (0.0, 0.0)) -> None:
     """Fill every row's predictions (before, after with ``fit``, without the in-step passes with
-    ``fit_iso``)."""
+    ``fit_iso``). ``after`` is from the profile scaled to the passes timed in the rounds where the
+    run has them; ``ahead`` from the profile as it was taken before the rounds (the same fit)."""
     for m in models:
         old, graph, plans = m["_graphs"]
-        pred = predictions(old, graph, plans, m["probe"], m["corun"], fit, fit_iso)
+        now = in_round_graph(graph, m)
+        pred = predictions(old, now if now is not None else graph, plans, m["probe"], m["corun"], fit, fit_iso)
+        ahead = predictions(old, graph, plans, m["probe"], m["corun"], fit, fit_iso) if now is not None else pred
         for r in m["rows"]:
             p = pred[r["plan"]]
             med = r["measured_s"]["median"]
+            r.update(ahead_s=ahead[r["plan"]]["after_s"], ratio_ahead=ahead[r["plan"]]["after_s"] / med)
             r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
                      cpu_terms_only_s=p["cpu_terms_only_s"], no_in_step_s=p["no_in_step_s"],
                      no_in_step_compute_s=p["no_in_step_compute_s"],

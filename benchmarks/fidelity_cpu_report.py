@@ -85,7 +85,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["held_out"] = {"configs": len(held),
                        "within_15pct": int(sum(abs(r["ratio_after"] - 1) <= TARGET for r in held)),
                        "kendall_tau_all": kendall_tau([r["after_s"] for r in held], [med(r) for r in held])}
-    variants = ("before", "after") + (("no_in_step",) if multi and "ratio_no_in_step" in multi[0] else ())
+    variants = (("before", "after") + (("no_in_step",) if multi and "ratio_no_in_step" in multi[0] else ())
+                + (("ahead",) if multi and "ratio_ahead" in multi[0] else ()))
     for which in variants[2:]:  # an ablation: the held-out rows with and without the term
         out["held_out"][which] = {
             "within_15pct": int(sum(abs(r[f"ratio_{which}"] - 1) <= TARGET for r in held)),
@@ -169,8 +170,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           f"Fit and hold-out: two runtime constants fitted on the pipeline runs of {', '.join(res['fit'].get('fit_models', [])) or 'none'} "
           f"(each rank's CPU beyond its predicted compute = a x actions + b): a = {res['fit']['action_s'] * 1e6:.0f} us per "
           f"action, b = {res['fit']['step_s'] * 1e6:.0f} us per step; rows marked 'fit' were fitted on, the rest are held "
-          "out. Every other term comes from the profiler or the host probe, measured on this machine before the "
-          "timed rounds.", "",
+          "out. Every other term comes from the profiler or the host probe, measured on this machine (the probe before "
+          "the timed rounds; the profile's whole passes inside them, below).", "",
           "The terms of shared cores (busy_message_s, spin_share, idle_message_s, busy_allreduce_s) are not fitted to these runs: the probe "
           "measures them on synthetic computations and messages before the timed rounds (values below).", "",
           "Measured again after waiting for a quiet machine (more than one multi-process row of the model measured "
@@ -181,7 +182,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           "before the profile; `fidelity_cpu.machine_speed`): "
           + ", ".join(f"{m['model']} {m['speed']['ratio']:.2f}" for m in res["models"] if "speed" in m) + ".", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
-          f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "", *in_step_lines(res),
+          f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "", *ahead_lines(res), *in_step_lines(res),
           (f"Rows measured while other jobs took the cores (a main thread waited for a core more than {LOADED:.0%} of the "
            f"step; this run's own gloo threads make it wait a few percent too; see the wall-time table): {', '.join(s['quiet_rows']['loaded']) or 'none'}. The other "
            f"{s['quiet_rows']['configs']} multi-process rows: within 15% {s['quiet_rows']['within_15pct']}, Kendall tau "
@@ -242,6 +243,27 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
                   f"({upd.get('per_tensor_s', 0) * 1e6:.1f} us per tensor).")
     md += [""] + res.get("notes", []) + [""]
     path.write_text("\n".join(md))
+
+
+def ahead_lines(res: dict[str, Any]) -> list[str]:
+    """Where the profile came from: scaled to the whole passes timed inside the rounds (``after``),
+    and the same figures from the profile as it was taken before them (``ahead``)."""
+    s = res["summary"]
+    if "ahead" not in s:
+        return ["The profile: as taken before the timed rounds (this run timed no passes inside them).", ""]
+    a, h, ha = s["ahead"], s["held_out"], s["held_out"].get("ahead", {})
+    rounds = ", ".join(f"{m['model']} {m['in_round'].get('rounds', 0)}" for m in res["models"] if m.get("in_round"))
+    one = [r for m in res["models"] for r in m["rows"] if r["kind"] == "eager"]
+    return ["The profile: its per-op shares as profiled before the rounds, its whole passes (forward, backward, loss, "
+            "Adam's step, at both batch sizes) the medians of the same passes timed again inside the timed rounds, "
+            f"between the plans' blocks on rank 0 (`fidelity_cpu.IN_ROUND`; rounds: {rounds}): the machine's speed "
+            "moves within seconds here, and a profile taken once describes another moment. Nothing is fitted by it: "
+            "no plan's measured time enters. With the profile as taken ahead of the rounds instead (the same probe "
+            f"and fit): within 15% {a['within_15pct']} of {s['multi_process_configs']}, largest error "
+            f"{a['max_abs_error']:.0%}, Kendall tau {a['kendall_tau_all']:.2f}; held out within 15% "
+            f"{ha.get('within_15pct', 0)} of {h['configs']}, tau {ha.get('kendall_tau_all', float('nan')):.2f}. "
+            "One-process eager rows, predicted / measured, passes in the rounds / profile ahead: "
+            + ", ".join(f"{r['model']} {r['ratio_after']:.2f} / {r['ratio_ahead']:.2f}" for r in one) + ".", ""]
 
 
 def in_step_lines(res: dict[str, Any]) -> list[str]:

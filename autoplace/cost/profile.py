@@ -86,7 +86,7 @@ from ..graph.ir import OpGraph
 from ..graph.trace import ExampleInputs, Traced, trace_module
 from .op_timing import TIMED, Clock, clock_of, fetch_attr, invoke, measure_ops, placeholders_on
 
-__all__ = ["profile", "profile_traced", "device_kind", "default_cache_dir", "clock_of", "fx_values", "ProfileError"]
+__all__ = ["profile", "profile_traced", "in_step_timer", "rescaled", "device_kind", "default_cache_dir", "clock_of", "fx_values", "ProfileError"]
 
 _FORMAT = "autoplace.profile/3"  # 3: whole passes timed inside training steps
 _Loss = Callable[[Any, torch.Tensor], torch.Tensor]
@@ -120,16 +120,14 @@ def _flat_inputs(traced: Traced, placeholders: dict[str, Any]) -> list[Any]:
     return [placeholders[n.name] for n in traced.gm.graph.nodes if n.op == "placeholder"]
 
 
-def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int, repeats: int,
-           clock: str, loss: tuple[_Loss, torch.Tensor] | None, optimizer: str | None) -> dict[str, Any]:
-    """Median seconds (over ``repeats``) of the whole passes as training steps run them
-    (``in-step passes``, the module docstring), on a copy of the model so the user's weights and
-    ``.grad`` stay as they are. A step: the forward (the GraphModule called once), the backward
-    (``.backward()`` of its outputs, ones as gradients, into every parameter's ``.grad``), with
-    ``loss`` the loss's forward and backward on the (detached) output, and with ``optimizer``
-    Adam's ``step`` and ``zero_grad``. ``isolated``: the forward and backward of a pass that
-    follows another pass with nothing between them (what the whole passes were before the
-    in-step term: kept to show the term), interleaved with the steps."""
+def _pass_timer(traced: Traced, example_inputs: ExampleInputs, device: torch.device, clock: str,
+                loss: tuple[_Loss, torch.Tensor] | None, optimizer: str | None) -> Callable[[bool], list[float]]:
+    """``one(update)``: one pass of a copy of the model (so the user's weights and ``.grad`` stay
+    as they are): the forward (the GraphModule called once), the backward (``.backward()`` of its
+    outputs, ones as gradients, into every parameter's ``.grad``) and, with ``update``, the
+    loss's forward and backward on the (detached) output and Adam's ``step`` and ``zero_grad``;
+    seconds of each of (fwd, bwd, loss, update), nan where it did not run. The copy and Adam's
+    state persist between calls."""
     gm = copy.deepcopy(traced.gm)
     flat = _flat_inputs(traced, placeholders_on(traced, example_inputs, device))
     timer = Clock(device, clock)
@@ -139,8 +137,6 @@ def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, 
     opt = torch.optim.Adam(params, lr=1e-4) if optimizer == "adam" and params else None
 
     def one(update: bool) -> list[float]:
-        """One pass: forward, backward and (with ``update``) the loss and Adam's step; seconds of
-        each (nan where it did not run)."""
         with torch.enable_grad():
             out, _ = timer.time(lambda: gm(*flat))
             outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -170,6 +166,19 @@ def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, 
         times = timer.read()
         return [times[tickets[k]] if k in tickets else float("nan") for k in ("fwd", "bwd", "loss", "update")]
 
+    return one
+
+
+def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, warmup: int, repeats: int,
+           clock: str, loss: tuple[_Loss, torch.Tensor] | None, optimizer: str | None) -> dict[str, Any]:
+    """Median seconds (over ``repeats``) of the whole passes as training steps run them
+    (``in-step passes``, the module docstring; a step: :func:`_pass_timer` with the update) and
+    ``isolated``: the forward and backward of a pass that follows another pass with nothing
+    between them (what the whole passes were before the in-step term: kept to show the term),
+    interleaved with the steps."""
+    one = _pass_timer(traced, example_inputs, device, clock, loss, optimizer)
+    has_update = optimizer == "adam" and any(p.requires_grad for p in traced.gm.parameters())
+
     # interleaved, so that a burst of other jobs falls on both kinds alike: per round two passes
     # back to back (the second measured: it follows a pass, not an update), then two steps (the
     # second measured: its forward follows the first's update)
@@ -189,7 +198,7 @@ def _whole(traced: Traced, example_inputs: ExampleInputs, device: torch.device, 
         return float(statistics.median(xs)) if xs else 0.0
 
     out: dict[str, Any] = {"fwd": med(step, 0), "bwd": med(step, 1), "loss": med(step, 2)}
-    if opt is not None:
+    if has_update:
         out["update"] = med(step, 3)
     out["isolated"] = {"fwd": med(alone, 0), "bwd": med(alone, 1)}
     return out
@@ -344,6 +353,75 @@ def profile_traced(traced: Traced, example_inputs: ExampleInputs, *, device: str
     tmp.write_text(json.dumps(record))
     tmp.replace(file)  # atomic: a concurrent reader sees the old file or the whole new one
     return _graph(g, record, kind)
+
+
+def in_step_timer(traced: Traced, example_inputs: ExampleInputs, *, device: str | torch.device = "cpu",
+                  clock: str = "auto", loss_fn: _Loss | None = None, target: torch.Tensor | None = None,
+                  optimizer: str | None = "adam", batch: int | None = None) -> Callable[[], dict[str, float]]:
+    """The whole passes that :func:`profile_traced` scales its op times to, timed again at other
+    moments: each call runs two training steps of a copy of the model (the first untimed: its
+    forward follows whatever ran before; the second's follows the first's update, as in
+    ``in-step passes``) and returns the second's seconds per phase, ``{"fwd", "bwd", "loss",
+    "update"}`` (a phase that did not run is absent). The copy and Adam's state persist between
+    calls. ``batch``: on the first ``batch`` samples of the example inputs and target (the
+    profile's second batch size), as the profile times its ``small`` passes. With
+    :func:`rescaled`, a profile taken once describes a machine whose speed moves: per-op shares
+    from the profile, totals from passes timed beside the steps being predicted."""
+    if (loss_fn is None) != (target is None):
+        raise ProfileError("loss_fn and target go together: pass both to time the loss, or neither")
+    dev = torch.device(device)
+    full = traced.graph.batch_size
+    if batch is not None:
+        if not 1 <= int(batch) <= full:
+            raise ProfileError(f"batch is {batch}; it must be in [1, {full}] (the example batch is {full})")
+        example_inputs = _sliced(example_inputs, full, int(batch))
+        target = _sliced(target, full, int(batch)) if target is not None else None
+    loss = (loss_fn, target) if loss_fn is not None and target is not None else None
+    one = _pass_timer(traced, example_inputs, dev, clock_of(dev, clock), loss, optimizer)
+
+    def call() -> dict[str, float]:
+        one(True)
+        times = one(True)
+        return {k: t for k, t in zip(("fwd", "bwd", "loss", "update"), times) if t == t}
+
+    return call
+
+
+def rescaled(graph: OpGraph, whole_s: dict[str, float], small_whole_s: dict[str, float] | None = None) -> OpGraph:
+    """``graph`` (a :func:`profile` result) with its forward and backward op times, its loss and
+    Adam's step (and its back-to-back passes, ``isolated``) scaled so that the whole passes are
+    ``whole_s`` (``{"fwd", "bwd", "loss", "update"}``, e.g. medians of :func:`in_step_timer`), and
+    those at the profile's second batch size ``small_whole_s``: the same per-op shares, other
+    totals. A phase missing from ``whole_s`` keeps its profiled total."""
+    p = graph.meta.get("profile")
+    if not isinstance(p, dict) or "whole_s" not in p:
+        raise ProfileError("rescaled needs a graph from profile(): this one has no meta['profile']['whole_s']")
+
+    def factors(old: dict[str, Any], new: dict[str, float]) -> dict[str, float]:
+        return {k: new[k] / old[k] if k in new and old.get(k, 0) > 0 else 1.0 for k in ("fwd", "bwd", "loss", "update")}
+
+    def scaled(whole: dict[str, Any], k: dict[str, float]) -> dict[str, Any]:
+        out = {n: v * k[n] if n in k else v for n, v in whole.items() if n != "isolated"}
+        if "isolated" in whole:
+            out["isolated"] = {n: v * k[n] for n, v in whole["isolated"].items()}
+        return out
+
+    k = factors(p["whole_s"], whole_s)
+    meta = {**p, "whole_s": scaled(p["whole_s"], k), "rescaled": {"whole_s": dict(whole_s)}}
+    small = p.get("small")
+    if small_whole_s is not None and small and "fwd_time_s" in small:
+        ks = factors(small["whole_s"], small_whole_s)
+        meta["small"] = {**small, "whole_s": scaled(small["whole_s"], ks),
+                         "fwd_time_s": (np.asarray(small["fwd_time_s"]) * ks["fwd"]).tolist(),
+                         "bwd_time_s": (np.asarray(small["bwd_time_s"]) * ks["bwd"]).tolist()}
+        meta["rescaled"]["small_whole_s"] = dict(small_whole_s)
+    upd = p.get("update")
+    if upd and upd.get("total_s", 0) > 0:
+        meta["update"] = {**upd, "total_s": upd["total_s"] * k["update"],
+                          "update_s": [u * k["update"] for u in upd["update_s"]]}
+    out = graph.with_times(np.nan_to_num(graph.fwd_time_s) * k["fwd"], np.nan_to_num(graph.bwd_time_s) * k["bwd"],
+                           profiled_on=graph.profiled_on or "cpu")
+    return out.replace(meta={**graph.meta, "profile": meta})
 
 
 def fx_values(traced: Traced) -> list[list[Any]]:
