@@ -41,7 +41,10 @@ Predictions, per plan, from ``autoplace.simulate`` of the same ``Placement``:
   message costs its receiver when it arrives while the receiver computes or while it waits
   (``busy_message_s``, ``idle_message_s``) and what an all-reduce adds to a computation on both
   ranks (``busy_allreduce_s``)), each measured on this machine by its own probe (synthetic
-  computations and messages, not these models) and none fitted to these runs.
+  computations and messages, not these models) and none fitted to these runs. The profile's
+  whole passes (its op times are scaled to them) are timed again inside the rounds, on rank 0
+  between the plans' blocks (``IN_ROUND``), and the prediction scales the profile to their
+  medians; **ahead** is the same prediction from the profile as taken before the rounds.
 
 Where the wall time goes: besides each rank's main-thread CPU clock, every block records the
 rank's CPU over all its threads (``time.process_time``: gloo's loop and worker threads too) and
@@ -298,6 +301,7 @@ moments) and keep the profile taken ahead as its own column (``ahead_s``)."""
 
 def _in_round_passes(traced: Any, wl: Any, small: int | None, into: dict[str, list[dict[str, float]]]
                      ) -> Callable[[], None]:
+    """IN_ROUND's step on rank 0: the whole passes at the example batch and at ``small``, appended to ``into``."""
     from autoplace.cost.profile import in_step_timer
 
     full = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target)
@@ -316,11 +320,6 @@ def _in_round_passes(traced: Any, wl: Any, small: int | None, into: dict[str, li
 def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
     with tempfile.TemporaryDirectory() as cache:  # a fresh measurement, never an old cached one
         return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
-
-
-DRIFT = 0.10
-"""a model is measured again (like a loaded one) when this machine's speed moved by more than this
-share between its profile and the end of its timed rounds (:func:`machine_speed`)."""
 
 
 def machine_speed(name: str, config: dict[str, Any], steps: int = 30) -> float:
@@ -468,8 +467,9 @@ def main() -> None:
     ap.add_argument("--no-fit", action="store_true", help="no fitted runtime constants (probed terms only)")
     ap.add_argument("--retries", type=int, default=1,
                     help="measure a model again (after waiting for a quiet machine) when more than one of its "
-                         "multi-process rows was measured while other jobs took the cores (LOADED), or when the "
-                         "machine's speed moved by more than DRIFT between its profile and the end of its rounds")
+                         "multi-process rows was measured while other jobs took the cores (LOADED); the machine's "
+                         "speed moving between the profile and the rounds no longer calls for one: the profile's "
+                         "whole passes are timed inside the rounds (IN_ROUND)")
     ap.add_argument("--quiet-wait-s", type=float, default=90.0, help="how long to wait for a quiet machine before a retry")
     args = ap.parse_args()
     if args.render:
@@ -501,9 +501,8 @@ def main() -> None:
             m = run_model(name, MODELS[name], rounds=rounds, warmup=warmup, probe=probe,
                           probe_repeats=probe_repeats, profile_repeats=prof)
             loaded = sum(_loaded(r) for r in m["rows"] if r["multi_process"])
-            drifted = abs(m["speed"]["ratio"] - 1) > DRIFT
             attempts.append({"load": m["load"], "loaded_rows": loaded, "speed_ratio": m["speed"]["ratio"]})
-            if loaded <= 1 and not drifted:
+            if loaded <= 1:
                 break
         m["attempts"] = attempts  # every attempt's load; the rows are the last attempt's
         probe = m["probe"]

@@ -175,8 +175,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           "The terms of shared cores (busy_message_s, spin_share, idle_message_s, busy_allreduce_s) are not fitted to these runs: the probe "
           "measures them on synthetic computations and messages before the timed rounds (values below).", "",
           "Measured again after waiting for a quiet machine (more than one multi-process row of the model measured "
-          "while other jobs took the cores, or the machine's speed moved by more than 10% between the profile and the "
-          "end of the timed rounds; the table shows the last attempt): "
+          "while other jobs took the cores; runs made before the profile's passes were timed inside the rounds also "
+          "when the machine's speed moved by more than 10% between the profile and the end of the timed rounds; the "
+          "table shows the last attempt): "
           + (", ".join(_attempts(m) for m in res["models"] if len(m.get("attempts", [])) > 1) or "none") + ".", "",
           "The machine's speed (one eager training step's CPU time in the parent process, after the timed rounds over "
           "before the profile; `fidelity_cpu.machine_speed`): "

@@ -148,3 +148,63 @@ def test_whole_passes_are_timed_inside_training_steps(tmp_path: Path, monkeypatc
     np.testing.assert_allclose(g.fwd_time_s.sum(), whole["fwd"], rtol=1e-6)
     np.testing.assert_allclose(g.bwd_time_s.sum(), whole["bwd"], rtol=1e-6)
     assert all(q.grad is None for q in model.parameters())  # the steps ran on a copy
+
+
+def test_in_step_timer_times_a_step_that_follows_an_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call runs two training steps of a copy (the second timed, its forward after the
+    first's Adam step), at the batch asked for, and leaves the user's model alone."""
+    model, x = _net()
+    before = [q.detach().clone() for q in model.parameters()]
+    events: list[object] = []
+    model.fc2.register_forward_hook(lambda m, i, o: events.append(o.shape[0]))  # deep copies share the hook
+    step = torch.optim.Adam.step
+
+    def counted(self: torch.optim.Adam, *a: object, **k: object) -> object:
+        events.append("step")
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", counted)
+    loss = lambda out, y: F.cross_entropy(out, y)  # noqa: E731
+    traced = trace_module(model, x)
+    small = prof.in_step_timer(traced, x, loss_fn=loss, target=torch.zeros(8, dtype=torch.long), batch=2)
+    events.clear()  # tracing ran the model
+    times = small()
+    assert events == [2, "step", 2, "step"]
+    assert set(times) == {"fwd", "bwd", "loss", "update"} and all(t > 0 for t in times.values())
+    assert set(prof.in_step_timer(traced, x, optimizer=None)()) == {"fwd", "bwd"}  # no loss, no update: not timed
+    assert all(q.grad is None for q in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ProfileError, match="batch is 9"):
+        prof.in_step_timer(traced, x, batch=9)
+    with pytest.raises(ProfileError, match="go together"):
+        prof.in_step_timer(traced, x, loss_fn=loss)
+
+
+def test_rescaled_keeps_the_op_shares_and_takes_the_new_totals(tmp_path: Path) -> None:
+    """Op times, the loss and Adam's step scaled to other whole passes, at both batch sizes, and
+    the host cost model's one-device step is their new sum."""
+    from autoplace import Cluster, Placement, simulate
+    from autoplace.cost.host import HostCostModel
+
+    model, x = _net()
+    loss = lambda out, y: F.cross_entropy(out, y)  # noqa: E731
+    g = profile(model, x, warmup=0, repeats=1, cache_dir=tmp_path, loss_fn=loss, target=torch.zeros(8, dtype=torch.long),
+                small_batch=2)
+    p = g.meta["profile"]
+    w, ws = p["whole_s"], p["small"]["whole_s"]
+    new = {"fwd": 2 * w["fwd"], "bwd": 0.5 * w["bwd"], "loss": 3 * w["loss"], "update": 4 * w["update"]}
+    new_small = {"fwd": 3 * ws["fwd"], "bwd": ws["bwd"], "loss": ws["loss"], "update": ws["update"]}
+    h = prof.rescaled(g, new, new_small)
+    np.testing.assert_allclose(h.fwd_time_s, 2 * np.nan_to_num(g.fwd_time_s), rtol=1e-9)
+    np.testing.assert_allclose(h.bwd_time_s, 0.5 * np.nan_to_num(g.bwd_time_s), rtol=1e-9)
+    q = h.meta["profile"]
+    np.testing.assert_allclose(q["small"]["fwd_time_s"], 3 * np.asarray(p["small"]["fwd_time_s"]), rtol=1e-9)
+    np.testing.assert_allclose(sum(q["update"]["update_s"]), new["update"], rtol=1e-9)
+    assert q["whole_s"]["isolated"]["fwd"] == pytest.approx(2 * w["isolated"]["fwd"])
+    one = Cluster.from_devices(["cpu"])
+    cost = HostCostModel(optimizer="adam")
+    steps = [simulate(k, Placement.single(k, one), one, cost=cost, timeline=False).step_time_s for k in (g, h)]
+    assert steps[1] - steps[0] == pytest.approx(sum(new.values()) - sum(w[k] for k in new), rel=1e-6)
+    assert g.meta["profile"]["whole_s"]["fwd"] == w["fwd"]  # the profile itself is not changed
+    with pytest.raises(ProfileError, match="no meta"):
+        prof.rescaled(trace_module(model, x).graph, new)
