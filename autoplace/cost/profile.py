@@ -392,7 +392,9 @@ def rescaled(graph: OpGraph, whole_s: dict[str, float], small_whole_s: dict[str,
     Adam's step (and its back-to-back passes, ``isolated``) scaled so that the whole passes are
     ``whole_s`` (``{"fwd", "bwd", "loss", "update"}``, e.g. medians of :func:`in_step_timer`), and
     those at the profile's second batch size ``small_whole_s``: the same per-op shares, other
-    totals. A phase missing from ``whole_s`` keeps its profiled total."""
+    totals. A phase missing from ``whole_s`` keeps its profiled total, and without
+    ``small_whole_s`` the second batch size keeps its profiled times (pass both when the machine
+    moved: micro-batch times are interpolated between the two)."""
     p = graph.meta.get("profile")
     if not isinstance(p, dict) or "whole_s" not in p:
         raise ProfileError("rescaled needs a graph from profile(): this one has no meta['profile']['whole_s']")
