@@ -49,7 +49,11 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     receive is not posted yet and the threads a message wakes wait for a core (see the probe's
     docstring for the measurements); one pass of the pipeline simulator says which messages
     arrive while their receiver computes and for how long they wait
-    (:meth:`HostCostModel.message_overhead_s`), a second pass charges them.
+    (:meth:`HostCostModel.message_overhead_s`), a second pass charges them. With ``busy_set_s``
+    the idle charge counts the boundary's tensors (:func:`tensors_per_boundary`), each its own
+    gloo message as in the probe: counted per producing op, GNMT-4 unrolled's even split (8 ops,
+    21 tensors) came out 0.81-0.82 of measured on its GPipe M2 and 1F1B M4 rows over four runs
+    (``fidelity_cpu_runs.md``), 0.84-0.85 per tensor on the same measurements.
 ``spin_share`` (wall time)
     per second that messages wait for their computing receiver (the union of those waits per
     receiving stage, the part of it during which the sending stage computes too), the wall
@@ -259,6 +263,8 @@ class HostCostModel(CostModel):
         if n_st < 2:
             return fo, bo
         k = messages_per_boundary(graph, np.asarray(stage_of_node), n_st)
+        # the tensors of a boundary, each its own gloo message (the probe's unit for both the busy sets
+        # and idle_message_s); without measured sets, the older per-message model counts producing ops
         tensors = tensors_per_boundary(graph, np.asarray(stage_of_node), n_st) if self.busy_set_s else k
         spin = self.set_spin_share if self.busy_set_s else self.spin_share
         m = int(microbatches)
@@ -269,7 +275,7 @@ class HostCostModel(CostModel):
             for arrive, start, into, sender in ((xf_end[s, :m], f_start[s + 1, :m], fo[s + 1:s + 2], s),
                                                 (xb_end[s, :m], b_start[s, :m], bo[s:s + 1], s + 1)):
                 late = start - arrive > 1e-9  # waited for its receiver to finish computing
-                into += float(np.where(late, busy, k[s] * self.idle_message_s).mean())
+                into += float(np.where(late, busy, tensors[s] * self.idle_message_s).mean())
                 if spin:
                     if f_dur is None or b_dur is None:
                         into += spin * _union_length(arrive[late], start[late]) / m

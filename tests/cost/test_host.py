@@ -225,3 +225,27 @@ def test_message_overhead_charges_a_late_set_of_k_messages_at_its_measured_cost(
     linear = HostCostModel(busy_message_s=1.0, idle_message_s=0.25)
     fo, _ = linear.message_overhead_s(g, np.array([0, 0, 1]), m, f_start, b_start, xf_end, xb_end)
     assert fo[1] == 2.0  # without the measured sets: 2 messages x 1 s
+
+
+def test_a_message_whose_receiver_waits_costs_the_idle_charge_per_tensor() -> None:
+    """One op hands four chunks across the boundary: four gloo messages, the probe's unit for
+    idle_message_s (as for the busy sets), where the op graph's edges count one producing op."""
+    import torch
+
+    from autoplace.cost.host_probe import _Chunks
+    from autoplace.cost.profile import fx_values
+    from autoplace.graph.trace import trace_module
+
+    traced = trace_module(_Chunks(4), (torch.randn(16, 8),))
+    g = traced.graph
+    st = (np.arange(g.num_nodes) >= traced.op_of_fx["cat"]).astype(int)
+    gp = replace(g, meta={**g.meta, "profile": {"whole_s": {"fwd": MS, "bwd": MS}, "fx_values": fx_values(traced)}})
+    f_start = np.array([[0.0, 1.0], [5.0, 6.0]])
+    xf_end = np.array([[5.0, 6.0], [0.0, 0.0]])  # each forward set arrives as its receiver starts: it waited
+    b_start = np.array([[9.0, 10.0], [0.0, 0.0]])
+    xb_end = np.array([[9.0, 10.0], [0.0, 0.0]])
+    cost = HostCostModel(idle_message_s=0.25, busy_set_s={"1": 3.0, "4": 6.0})
+    fo, bo = cost.message_overhead_s(gp, st, 2, f_start, b_start, xf_end, xb_end)
+    assert fo[1] == 1.0 and bo[0] == 1.0  # 4 tensors x 0.25 s, not 1 producing op x 0.25 s
+    fo, _ = HostCostModel(idle_message_s=0.25).message_overhead_s(gp, st, 2, f_start, b_start, xf_end, xb_end)
+    assert fo[1] == 0.25  # without measured sets, the older per-message model: producing ops
