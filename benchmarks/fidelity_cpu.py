@@ -94,16 +94,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph, Placement  # noqa: E402
-from autoplace.cost.profile import profile  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 from _timing import interleaved, load_average, spread  # noqa: E402
 import fidelity_cpu_predict  # noqa: E402
 from fidelity_cpu_predict import FIT_MODELS, fit_runtime, predict  # noqa: E402
+from fidelity_cpu_profile import (IN_ROUND, LR, _fresh_profile, _in_round_passes, _train_step,  # noqa: E402
+                                  in_round_medians, machine_speed)
 from fidelity_cpu_report import _loaded, _wait_for_quiet, notes, summary, table, write_markdown  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-LR = 1e-4
 MODELS: dict[str, dict[str, Any]] = {
     "gpt2": dict(small=True, n_layer=4, n_embd=128, n_head=4, seq_len=64, n_positions=64, batch_size=8),
     "resnet18": dict(small=True, image_size=64, width=8, batch_size=8),
@@ -147,22 +147,6 @@ def plans_of(graph: OpGraph) -> dict[str, dict[str, Any]]:
 
 
 # ---- the two processes ---------------------------------------------------------------------
-
-def _train_step(model: torch.nn.Module, wl: Any, inputs: tuple[Any, ...], target: torch.Tensor,
-                microbatches: int = 1) -> Callable[[], None]:
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    xs = [x.tensor_split(microbatches) for x in inputs]
-    ys = target.tensor_split(microbatches)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        for i in range(microbatches):
-            loss = wl.loss_fn(model(*(x[i] for x in xs)), ys[i])
-            (loss / microbatches if microbatches > 1 else loss).backward()
-        opt.step()
-
-    return step
-
 
 def _run_queue_s() -> float:
     """Seconds this thread has been runnable but waiting for a core (``/proc/thread-self/schedstat``,
@@ -289,56 +273,6 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
         dist.destroy_process_group()
 
 
-IN_ROUND = "(profile passes)"
-"""the extra entry of every round (rank 0; rank 1 waits at the barrier): the profiler's whole
-passes (``autoplace.cost.profile.in_step_timer``) at the example batch and at the profile's second
-batch size, timed between the plans' blocks. On this VM the same step's CPU time moves 1.5x within
-seconds (``machine_speed``), so a profile taken once before the rounds describes another machine
-than the one the rounds ran on; the predictions scale the profile's op times to these passes'
-medians (``autoplace.cost.profile.rescaled``: the same per-op shares, the totals of the rounds'
-moments) and keep the profile taken ahead as its own column (``ahead_s``)."""
-
-
-def _in_round_passes(traced: Any, wl: Any, small: int | None, into: dict[str, list[dict[str, float]]]
-                     ) -> Callable[[], None]:
-    """IN_ROUND's step on rank 0: the whole passes at the example batch and at ``small``, appended to ``into``."""
-    from autoplace.cost.profile import in_step_timer
-
-    full = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target)
-    part = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target, batch=small) if small else None
-
-    def run() -> None:
-        into["whole_s"].append(full())
-        if part is not None:
-            into["small_whole_s"].append(part())
-
-    return run
-
-
-# ---- predictions ---------------------------------------------------------------------------
-
-def _fresh_profile(wl: Any, **kw: Any) -> OpGraph:
-    with tempfile.TemporaryDirectory() as cache:  # a fresh measurement, never an old cached one
-        return profile(wl.model, wl.example_inputs, cache_dir=cache, **kw)
-
-
-def machine_speed(name: str, config: dict[str, Any], steps: int = 30) -> float:
-    """CPU seconds of one eager training step of the model in this process (median of ``steps``
-    after 3 warm-up steps): timed before the profile and again after the timed rounds. On this
-    VM the same step's CPU time once moved 1.3-2x within minutes with nothing else running (the
-    host's other tenants, which no load average or run queue of ours shows), and a profile taken
-    before such a change no longer describes the machine the rounds ran on."""
-    m = autoplace.zoo.build(name, **config)
-    step = _train_step(m.model, m, m.example_inputs, m.target)
-    ts = []
-    for k in range(steps + 3):
-        c0 = time.thread_time()
-        step()
-        if k >= 3:
-            ts.append(time.thread_time() - c0)
-    return float(np.median(ts))
-
-
 def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, probe: dict[str, Any] | None,
               probe_repeats: int, profile_repeats: int) -> dict[str, Any]:
     import torch.multiprocessing as mp
@@ -384,16 +318,6 @@ def run_model(name: str, config: dict[str, Any], *, rounds: int, warmup: int, pr
             "profile_s": prof_s, "profile_meta": graph.meta.get("profile"), "probe": probe, "corun": corun,
             "load": got["load"], "rows": rows, "_graphs": (old, graph, plans), "in_round": in_round_medians(got),
             "speed": {"before_s": speed_before, "after_s": speed_after, "ratio": speed_after / speed_before}}
-
-
-def in_round_medians(got: dict[str, Any]) -> dict[str, Any]:
-    """Per phase, the median over the timed rounds of the whole passes timed in them (IN_ROUND),
-    at both batch sizes, and how many rounds."""
-    out: dict[str, Any] = {"rounds": len(got["in_round"]["whole_s"])}
-    for key, runs in got["in_round"].items():
-        if runs:
-            out[key] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-    return out
 
 
 GRAPHS = "fidelity_cpu_graphs.json"

@@ -142,7 +142,7 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
 
 def in_round_graph(graph: OpGraph, model: dict[str, Any]) -> OpGraph | None:
     """The profile ``graph`` with its op times scaled to the whole passes timed inside the model's
-    timed rounds (``fidelity_cpu.IN_ROUND``; ``autoplace.cost.profile.rescaled``), or None for a
+    timed rounds (``fidelity_cpu_profile.IN_ROUND``; ``autoplace.cost.profile.rescaled``), or None for a
     run measured before they were."""
     passes = model.get("in_round") or {}
     if "whole_s" not in passes:

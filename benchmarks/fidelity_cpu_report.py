@@ -180,7 +180,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
           "table shows the last attempt): "
           + (", ".join(_attempts(m) for m in res["models"] if len(m.get("attempts", [])) > 1) or "none") + ".", "",
           "The machine's speed (one eager training step's CPU time in the parent process, after the timed rounds over "
-          "before the profile; `fidelity_cpu.machine_speed`): "
+          "before the profile; `fidelity_cpu_profile.machine_speed`): "
           + ", ".join(f"{m['model']} {m['speed']['ratio']:.2f}" for m in res["models"] if "speed" in m) + ".", "",
           f"Held out only (multi-process): within 15% {s['held_out']['within_15pct']} of {s['held_out']['configs']}, "
           f"Kendall tau {s['held_out']['kendall_tau_all']:.2f}.", "", *ahead_lines(res), *in_step_lines(res),
@@ -257,7 +257,7 @@ def ahead_lines(res: dict[str, Any]) -> list[str]:
     one = [r for m in res["models"] for r in m["rows"] if r["kind"] == "eager"]
     return ["The profile: its per-op shares as profiled before the rounds, its whole passes (forward, backward, loss, "
             "Adam's step, at both batch sizes) the medians of the same passes timed again inside the timed rounds, "
-            f"between the plans' blocks on rank 0 (`fidelity_cpu.IN_ROUND`; rounds: {rounds}): the machine's speed "
+            f"between the plans' blocks on rank 0 (`fidelity_cpu_profile.IN_ROUND`; rounds: {rounds}): the machine's speed "
             "moves within seconds here, and a profile taken once describes another moment. Nothing is fitted by it: "
             "no plan's measured time enters. With the profile as taken ahead of the rounds instead (the same probe "
             f"and fit): within 15% {a['within_15pct']} of {s['multi_process_configs']}, largest error "

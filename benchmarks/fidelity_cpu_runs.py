@@ -44,7 +44,7 @@ def _rows(res: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def _speeds(res: dict[str, Any]) -> dict[str, float]:
     """Per model, the machine's speed after its timed rounds over before its profile
-    (``fidelity_cpu.machine_speed``; absent in runs made before it was recorded)."""
+    (``fidelity_cpu_profile.machine_speed``; absent in runs made before it was recorded)."""
     return {m["model"]: m["speed"]["ratio"] for m in res["models"] if "speed" in m}
 
 
@@ -145,7 +145,7 @@ def markdown(res: dict[str, Any]) -> str:
     if a and res.get("in_round"):
         ha = a.get("held_out") or {}
         out += ["", f"The profile: in {res['in_round']} of the {res['runs']} runs its whole passes were timed again "
-                "inside the timed rounds and the predictions scale its op times to them (`fidelity_cpu.IN_ROUND`); "
+                "inside the timed rounds and the predictions scale its op times to them (`fidelity_cpu_profile.IN_ROUND`); "
                 "with the profile as taken before the rounds instead (pooled `ahead`): within 15% "
                 f"{a['within_15pct']} of {a['configs']}, largest error {a['max_abs_error']:.0%}, Kendall tau "
                 f"{a['kendall_tau_all']:.2f}; held out {ha.get('within_15pct', 0)} of {ha.get('configs', 0)}, "
