@@ -7,6 +7,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,6 +43,17 @@ class Net(nn.Module):
 def _net() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     return Net(), (torch.randn(8, 3, 32, 32),)
+
+
+def _record_adam_steps(monkeypatch: pytest.MonkeyPatch, events: list[Any]) -> None:
+    """Every Adam step appends "step" to ``events``."""
+    step = torch.optim.Adam.step
+
+    def counted(self: torch.optim.Adam, *a: object, **k: object) -> object:
+        events.append("step")
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", counted)
 
 
 def test_times_positive_finite_and_grads_untouched(tmp_path: Path) -> None:
@@ -129,13 +141,7 @@ def test_whole_passes_are_timed_inside_training_steps(tmp_path: Path, monkeypatc
     model, x = _net()
     events: list[str] = []
     model.fc2.register_forward_hook(lambda *_: events.append("fwd"))  # deep copies share the hook
-    step = torch.optim.Adam.step
-
-    def counted(self: torch.optim.Adam, *a: object, **k: object) -> object:
-        events.append("step")
-        return step(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.Adam, "step", counted)
+    _record_adam_steps(monkeypatch, events)
     loss = lambda out, y: F.cross_entropy(out, y)  # noqa: E731
     g = profile(model, x, warmup=1, repeats=3, cache_dir=tmp_path, loss_fn=loss, target=torch.zeros(8, dtype=torch.long),
                 small_batch=2)
@@ -157,13 +163,7 @@ def test_in_step_timer_times_a_step_that_follows_an_update(monkeypatch: pytest.M
     before = [q.detach().clone() for q in model.parameters()]
     events: list[object] = []
     model.fc2.register_forward_hook(lambda m, i, o: events.append(o.shape[0]))  # deep copies share the hook
-    step = torch.optim.Adam.step
-
-    def counted(self: torch.optim.Adam, *a: object, **k: object) -> object:
-        events.append("step")
-        return step(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.Adam, "step", counted)
+    _record_adam_steps(monkeypatch, events)
     loss = lambda out, y: F.cross_entropy(out, y)  # noqa: E731
     traced = trace_module(model, x)
     small = prof.in_step_timer(traced, x, loss_fn=loss, target=torch.zeros(8, dtype=torch.long), batch=2)
