@@ -60,6 +60,10 @@ Terms of a whole step that per-op timing misses (in ``OpGraph.meta["profile"]``,
     alongside (single-tensor Adam, torch's CPU default, launches about ten kernels per tensor:
     small tensors cost their launches, not their bytes).
 
+:func:`in_step_timer` times the in-step passes again at other moments and :func:`rescaled` scales
+a profile to them (the same per-op shares): on a machine whose speed moves, a profile describes
+only its own moment (``benchmarks/fidelity_cpu.py`` times them inside its timed rounds).
+
 Results are cached as JSON by graph hash and device kind, under ``cache_dir`` (default
 ``$AUTOPLACE_CACHE/profiles``, or ``~/.cache/autoplace/profiles`` when that variable is unset);
 a hit returns the stored times without running anything. The cache key includes the options
