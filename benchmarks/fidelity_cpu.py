@@ -1,7 +1,7 @@
 """Fidelity on this machine: real multi-process CPU training (gloo) against the simulator's
 prediction from autoplace's own profiler and host probe, nothing fitted per run.
 
-    python benchmarks/fidelity_cpu.py            # about 2 minutes on a quiet 2-core machine (9 at load 10-17)
+    python benchmarks/fidelity_cpu.py            # 7-8 minutes on a quiet 2-core machine (this VM, Dec 2026)
     python benchmarks/fidelity_cpu.py --quick    # fewer rounds, to check that it runs
     python benchmarks/fidelity_cpu.py --render   # rewrite the markdown from the JSON
     python benchmarks/fidelity_cpu.py --repredict  # the same measurements, simulated again (cost model changes)

@@ -2,7 +2,7 @@
 (each a fresh profile, host probe, fit and measurement), the measured step of every plan across
 the runs, and the prediction against the runs' mean.
 
-    python benchmarks/fidelity_cpu_runs.py --runs 3         # about 8 minutes on a quiet 2-core machine
+    python benchmarks/fidelity_cpu_runs.py --runs 4         # about 30 minutes on a quiet 2-core machine
     python benchmarks/fidelity_cpu_runs.py --render         # rewrite the markdown from the JSON
     python benchmarks/fidelity_cpu_runs.py --repool         # pool the runs again, after each was repredicted
 
