@@ -47,28 +47,21 @@ def placement(graph: OpGraph, plan: dict[str, Any], cluster: Cluster) -> Placeme
 def without_in_step(graph: OpGraph) -> OpGraph:
     """``graph`` as the profiler measured it before the in-step passes: every op's forward and
     backward scaled to the whole passes timed back to back (``whole_s["isolated"]``, at both
-    batch sizes) and Adam's step timed alone (``update["alone_s"]``). The same measurement, so the
-    difference is the term alone, not another moment's noise."""
-    p = dict(graph.meta["profile"])
+    batch sizes) and Adam's step timed alone (``update["alone_s"]``), by
+    ``autoplace.cost.profile.rescaled``. The same measurement, so the difference is the term
+    alone, not another moment's noise."""
+    p = graph.meta["profile"]
 
-    def scaled(part: dict[str, Any], f: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        w = part["whole_s"]
-        iso = w.get("isolated", {})
-        sf = iso.get("fwd", w["fwd"]) / w["fwd"] if w["fwd"] > 0 else 1.0
-        sb = iso.get("bwd", w["bwd"]) / w["bwd"] if w["bwd"] > 0 else 1.0
-        return f * sf, b * sb
+    def isolated(whole: dict[str, Any]) -> dict[str, float]:
+        iso = whole.get("isolated", {})
+        return {k: iso.get(k, whole[k]) for k in ("fwd", "bwd")}
 
-    fwd, bwd = scaled(p, np.nan_to_num(graph.fwd_time_s), np.nan_to_num(graph.bwd_time_s))
-    small = p.get("small")
-    if small and "fwd_time_s" in small:
-        sf, sb = scaled(small, np.asarray(small["fwd_time_s"]), np.asarray(small["bwd_time_s"]))
-        p["small"] = {**small, "fwd_time_s": sf.tolist(), "bwd_time_s": sb.tolist()}
+    whole = isolated(p["whole_s"])
     upd = p.get("update")
     if upd and upd.get("total_s", 0) > 0 and "alone_s" in upd:
-        k = upd["alone_s"] / upd["total_s"]
-        p["update"] = {**upd, "total_s": upd["alone_s"], "update_s": [u * k for u in upd["update_s"]]}
-    out = graph.with_times(fwd, bwd, profiled_on=graph.profiled_on or "cpu")
-    return out.replace(meta={**graph.meta, "profile": p})
+        whole["update"] = upd["alone_s"]
+    small = p.get("small")
+    return rescaled(graph, whole, isolated(small["whole_s"]) if small and "fwd_time_s" in small else None)
 
 
 def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, wall_terms: bool = True) -> HostCostModel:

@@ -13,7 +13,7 @@ import torch
 
 import autoplace
 from autoplace import OpGraph
-from autoplace.cost.profile import profile
+from autoplace.cost.profile import in_step_timer, profile
 
 LR = 1e-4
 
@@ -47,8 +47,6 @@ moments) and keep the profile taken ahead as its own column (``ahead_s``)."""
 def _in_round_passes(traced: Any, wl: Any, small: int | None, into: dict[str, list[dict[str, float]]]
                      ) -> Callable[[], None]:
     """IN_ROUND's step on rank 0: the whole passes at the example batch and at ``small``, appended to ``into``."""
-    from autoplace.cost.profile import in_step_timer
-
     full = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target)
     part = in_step_timer(traced, wl.example_inputs, loss_fn=wl.loss_fn, target=wl.target, batch=small) if small else None
 
