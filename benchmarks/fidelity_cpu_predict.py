@@ -93,9 +93,10 @@ def host_cost(probe: dict[str, Any], fit: tuple[float, float] = (0.0, 0.0), *, w
 
 def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, Any]], probe: dict[str, Any],
                 corun: float, fit: tuple[float, float] = (0.0, 0.0),
-                fit_iso: tuple[float, float] = (0.0, 0.0)) -> dict[str, dict[str, Any]]:
+                fit_iso: tuple[float, float] = (0.0, 0.0), ahead: OpGraph | None = None) -> dict[str, dict[str, Any]]:
     """Simulated step seconds of every plan, before, after and after without the in-step passes
-    (``fit_iso``: its own fitted constants; see the module docstring)."""
+    (``fit_iso``: its own fitted constants; see the module docstring), and ``ahead_s``: after,
+    from the profile ``ahead`` (as taken before the rounds; ``graph`` itself when None)."""
     iso = without_in_step(graph)
     iso_cost, iso_cpu = host_cost(probe, fit_iso), host_cost(probe, fit_iso, wall_terms=False)
     one = Cluster.from_devices(["cpu"])
@@ -130,6 +131,9 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
                     "after_compute_s": [float(x) for x in cpu_only.compute_s],
                     "no_in_step_s": float(no_in.step_time_s),
                     "no_in_step_compute_s": [float(x) for x in no_in_cpu.compute_s]}
+        out[key]["ahead_s"] = (float(autoplace.simulate(ahead, placement(ahead, plan, ca), ca, cost=after_cost,
+                                                        timeline=False).step_time_s)
+                               if ahead is not None else out[key]["after_s"])
     return out
 
 
@@ -151,12 +155,12 @@ def predict(models: list[dict[str, Any]], fit: tuple[float, float],
     for m in models:
         old, graph, plans = m["_graphs"]
         now = in_round_graph(graph, m)
-        pred = predictions(old, now if now is not None else graph, plans, m["probe"], m["corun"], fit, fit_iso)
-        ahead = predictions(old, graph, plans, m["probe"], m["corun"], fit, fit_iso) if now is not None else pred
+        pred = predictions(old, now if now is not None else graph, plans, m["probe"], m["corun"], fit, fit_iso,
+                           ahead=graph if now is not None else None)
         for r in m["rows"]:
             p = pred[r["plan"]]
             med = r["measured_s"]["median"]
-            r.update(ahead_s=ahead[r["plan"]]["after_s"], ratio_ahead=ahead[r["plan"]]["after_s"] / med)
+            r.update(ahead_s=p["ahead_s"], ratio_ahead=p["ahead_s"] / med)
             r.update(before_s=p["before_s"], after_s=p["after_s"], after_compute_s=p["after_compute_s"],
                      cpu_terms_only_s=p["cpu_terms_only_s"], no_in_step_s=p["no_in_step_s"],
                      no_in_step_compute_s=p["no_in_step_compute_s"],
