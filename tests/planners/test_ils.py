@@ -41,3 +41,17 @@ def test_ils_simulation_limit_and_errors() -> None:
         iterated_local_search(graph, cluster, budget_s=None)
     with pytest.raises(ValueError, match="max_samples is 0"):
         iterated_local_search(graph, cluster, max_samples=0)
+
+
+def test_ils_with_the_critical_chain_descent_is_seeded_and_bounded() -> None:
+    graph, cluster = branchy(60, seed=5), Cluster.preset("2xA100+2xT4")
+    runs = [iterated_local_search(graph, cluster, budget_s=None, max_samples=2000, seed=0, local="critical")
+            for _ in range(2)]
+    r = runs[0]
+    assert np.array_equal(r.device_of_node, runs[1].device_of_node) and r.step_time_s == runs[1].step_time_s
+    assert 2000 <= r.samples <= 2000 + cluster.num_devices and r.kicks > 0
+    assert Simulator(graph, cluster).evaluate(r.device_of_node).step_time_s == pytest.approx(r.step_time_s)
+    env = PlacementEnv(graph, cluster)
+    assert r.step_time_s <= env.best_step_time_s
+    with pytest.raises(ValueError, match="local is 'tabu'"):
+        iterated_local_search(graph, cluster, max_samples=10, local="tabu")

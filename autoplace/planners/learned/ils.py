@@ -11,6 +11,12 @@ search:
         trial = refine(trial, only the moved ops and their neighbours, <= 3 passes)
         if trial is faster than best: best = trial          # acceptance: better only
 
+With ``local="critical"`` the search also descends the step's critical chain
+(:mod:`autoplace.planners.learned.critical`): the first local optimum is
+:func:`~autoplace.planners.learned.critical.critical_refine`'s (the chain's descent, then
+``refine``), and a kicked trial that comes within ``CRITICAL_WITHIN`` of the best after its
+neighbourhood refine is descended along its chain before the acceptance test.
+
 It is the learned planners' memetic loop with uniform random perturbations instead of a
 policy's samples: what a learned planner gains over it is what the learning adds. Every
 evaluation goes through one :class:`PlacementEnv` (the heuristic seeds included), so the
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .critical import critical_descent, critical_refine
 from .env import Candidate, PlacementEnv, SeedPlacement
 from .refine import neighbourhood, refine
 
@@ -39,7 +46,12 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from autoplace.sim import Evaluation
 
-__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine"]
+__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "LOCAL_SEARCHES", "CRITICAL_WITHIN"]
+
+LOCAL_SEARCHES = ("refine", "critical")
+"""The local searches :func:`iterated_local_search` can use (see the module doc)."""
+CRITICAL_WITHIN = 0.05
+"""With ``local="critical"``: a kicked trial within this share of the best is descended."""
 
 
 class TimedEnv(PlacementEnv):
@@ -84,11 +96,13 @@ class ILSResult:
 
 def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generator, *,
                     budget_s: float | None = None, max_evaluations: int | None = None,
-                    device: Callable[[np.ndarray], int] | None = None) -> tuple[np.ndarray, float]:
+                    device: Callable[[np.ndarray], int] | None = None, local: str = "refine",
+                    best_step_time_s: float | None = None) -> tuple[np.ndarray, float]:
     """One ILS step from ``best``: move a random run of 2-16 consecutive ops to one random
     device (or to ``device(run)``: a chooser given the run's op indices), refine those ops and
-    their neighbours (<= 3 passes); returns the refined trial and its step time (``inf`` when
-    it does not fit)."""
+    their neighbours (<= 3 passes); with ``local="critical"``, then descend the trial's
+    critical chain when it is within ``CRITICAL_WITHIN`` of ``best_step_time_s``. Returns the
+    trial and its step time (``inf`` when it does not fit)."""
     graph = env.graph
     n, d = graph.num_nodes, env.cluster.num_devices
     length = int(rng.integers(2, 17))
@@ -96,27 +110,37 @@ def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generato
     run = np.arange(lo, min(lo + length, n))
     trial = best.copy()
     trial[run] = int(rng.integers(d)) if device is None else int(device(run))
+    t0 = time.perf_counter()
     r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
                budget_s=budget_s, max_evaluations=max_evaluations)
+    if local == "critical" and best_step_time_s is not None and r.step_time_s < best_step_time_s * (1 + CRITICAL_WITHIN):
+        left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 0.01)
+        calls = None if max_evaluations is None else max_evaluations - r.evaluations
+        if calls is None or calls > 0:
+            r = critical_descent(env, r.device_of_node, seed=int(rng.integers(1 << 30)), budget_s=left,
+                                 max_evaluations=calls)
     return r.device_of_node, r.step_time_s
 
 
 def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: float | None = 60.0,
                           max_simulations: int | None = None, max_samples: int | None = None, seed: int = 0,
                           cost: "CostModel | None" = None, start: np.ndarray | None = None,
-                          seeds: Sequence[SeedPlacement] | None = None) -> ILSResult:
+                          seeds: Sequence[SeedPlacement] | None = None, local: str = "refine") -> ILSResult:
     """Iterated local search (see the module doc) until ``budget_s`` seconds (heuristic seeding
     included), ``max_simulations`` distinct simulations or ``max_samples`` simulator calls,
     whichever comes first (at least one limit is needed). ``start``: the placement to refine
     first (default: the best heuristic's); ``seeds``: heuristic seeds already computed (default:
-    run them). A call limit can be overrun by at most one op's moves (refine finishes the op
-    it is on); the result says how many were used."""
+    run them); ``local``: the local search, one of :data:`LOCAL_SEARCHES`. A call limit can be
+    overrun by at most one op's moves (the local search finishes the op it is on); the result
+    says how many were used."""
     if budget_s is None and max_simulations is None and max_samples is None:
         raise ValueError("iterated_local_search needs a limit: budget_s, max_simulations or max_samples "
                          "(all three are None, so it would never stop)")
     for name, v in (("budget_s", budget_s), ("max_simulations", max_simulations), ("max_samples", max_samples)):
         if v is not None and not v > 0:
             raise ValueError(f"{name} is {v}; it must be > 0 (or None for no limit of that kind)")
+    if local not in LOCAL_SEARCHES:
+        raise ValueError(f"local is {local!r}; it must be one of {LOCAL_SEARCHES}")
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
     env = TimedEnv(graph, cluster, cost, seeds=seeds, clock_start=t0)
@@ -140,11 +164,13 @@ def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: flo
         c = calls_left()
         return (budget_s is not None and time.perf_counter() - t0 >= budget_s) or (c is not None and c <= 0)
 
-    best = refine(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left()).device_of_node
+    descend = critical_refine if local == "critical" else refine
+    best = descend(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left()).device_of_node
     best_t = env.sim.evaluate(best).step_time_s
     kicks = 0
     while not spent():
-        trial, trial_t = kick_and_refine(env, best, rng, budget_s=left_s(), max_evaluations=calls_left())
+        trial, trial_t = kick_and_refine(env, best, rng, budget_s=left_s(), max_evaluations=calls_left(), local=local,
+                                         best_step_time_s=best_t)
         kicks += 1
         if trial_t < best_t * (1 - 1e-12):
             best, best_t = trial, trial_t

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from .env import PlacementEnv
 
-__all__ = ["RefineResult", "refine", "neighbourhood"]
+__all__ = ["RefineResult", "refine", "neighbourhood", "neighbour_lists"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class RefineResult:
     wall_s: float
 
 
-def _neighbours(env: "PlacementEnv") -> list[np.ndarray]:
-    g = env.graph
+def neighbour_lists(graph: "OpGraph") -> list[np.ndarray]:
+    """Per op, the ops it reads from or feeds (with repeats where two edges join them)."""
+    g = graph
     src, dst = g.edges[:, 0], g.edges[:, 1]
     order = np.argsort(np.concatenate([src, dst]), kind="stable")
     other = np.concatenate([dst, src])[order]
@@ -95,7 +96,7 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
     current = float(ev.step_time_s) if not ev.oom else np.inf
     first = float(ev.step_time_s)
     evaluations, moves, passes = 1, 0, 0
-    nbrs = _neighbours(env)
+    nbrs = neighbour_lists(env.graph)
     movable = np.arange(env.graph.num_nodes) if ops is None else np.unique(np.asarray(ops, dtype=np.int64))
 
     def out_of_time() -> bool:
