@@ -170,7 +170,7 @@ def test_fine_tuning_reports_the_policy_apart_from_refine() -> None:
     assert m["refine"]["evaluations"] <= 48 + cluster.num_devices
     assert m["refine"]["step_time_s"] <= m["refine"]["start_step_time_s"]
     assert returned <= min(m["policy_step_time_s"], m["reference_s"], m["refine"]["step_time_s"]) * (1 + 1e-12)
-    assert m["source"] in {"sample", "refine", *m["seeds"]}
+    assert m["source"] in {"sample", "refine", "critical", *m["seeds"]}
     off = MarsPlanner(MarsConfig(refine_share=0.0)).place(graph, cluster, seed=1, max_samples=48).meta
     assert "refine" not in off and off["policy_step_time_s"] == m["policy_step_time_s"]
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from autoplace.sim import Simulator
     from .env import PlacementEnv
 
-__all__ = ["CriticalChain", "critical_chain", "critical_descent", "critical_refine"]
+__all__ = ["CriticalChain", "critical_chain", "critical_descent", "critical_refine", "LOCAL_SEARCHES", "local_search"]
 
 _FWD, _BWD, _TRANSFER, _UPDATE = 0, 1, 2, 3
 _KIND = ("forward", "backward", "transfer", "update")
@@ -265,3 +265,16 @@ def critical_refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s
     b = refine(env, a.device_of_node, budget_s=left, seed=seed, max_evaluations=calls)
     return RefineResult(b.device_of_node, b.step_time_s, a.start_step_time_s, a.moves + b.moves, a.passes + b.passes,
                         a.evaluations + b.evaluations, time.perf_counter() - t0)
+
+
+LOCAL_SEARCHES = ("refine", "critical")
+"""The local searches the learned planners polish with: ``"refine"`` (every op, every pass) and
+``"critical"`` (:func:`critical_refine`: the critical chain's ops first)."""
+
+
+def local_search(name: str) -> Callable[..., RefineResult]:
+    """The local search called ``name`` (one of :data:`LOCAL_SEARCHES`); both take
+    ``(env, device_of_node, *, budget_s, seed, max_evaluations)``."""
+    if name not in LOCAL_SEARCHES:
+        raise ValueError(f"local search is {name!r}; it must be one of {LOCAL_SEARCHES}")
+    return critical_refine if name == "critical" else refine

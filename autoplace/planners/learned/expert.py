@@ -6,7 +6,7 @@ Anthony, Tian, Barber, "Thinking Fast and Slow with Deep Learning and Tree Searc
 the apprentice itself guides). Here the expert is the local search of
 :mod:`autoplace.planners.learned.ils` and the apprentice the Mars network:
 
-    incumbent = refine(greedy decode of the policy)           # the first proposal, polished
+    incumbent = search(greedy decode of the policy)           # the first proposal, polished
                 best of it and the heuristic seeds
     repeat until the budget (seconds and/or simulator calls) is spent:
         S = samples_per_round placements of the policy          # proposals
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .critical import LOCAL_SEARCHES, local_search
 from .ils import kick_and_refine
 from .mars.decoder import MASK
 from .ppo import PPOConfig, PPOUpdate
@@ -75,6 +76,9 @@ class ExpertConfig:
     """also a PPO update on each round's samples."""
     ppo_config: PPOConfig = field(default_factory=_default_ppo)
     """that update's settings (its seed is replaced by the run's)."""
+    search: str = "critical"
+    """the expert's local search (:data:`~autoplace.planners.learned.critical.LOCAL_SEARCHES`): the
+    first proposal's polish, and the kicks' (``"critical"``: they also descend the critical chain)."""
 
     def __post_init__(self) -> None:
         for name in ("samples_per_round",):
@@ -83,6 +87,8 @@ class ExpertConfig:
         for name in ("kicks_per_round", "imitation_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ExpertConfig.{name} is {getattr(self, name)}; it must be >= 0")
+        if self.search not in LOCAL_SEARCHES:
+            raise ValueError(f"ExpertConfig.search is {self.search!r}; it must be one of {LOCAL_SEARCHES}")
         if not 0.0 <= self.policy_kicks <= 1.0:
             raise ValueError(f"ExpertConfig.policy_kicks is {self.policy_kicks}; it must be a share in [0, 1]")
 
@@ -146,7 +152,7 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
         first = policy.decode(policy.sample(1, gen, greedy=True).actions)[0]
     _, ev = env.evaluate(first)
     policy_best = math.inf if ev.oom else float(ev.step_time_s)
-    polished = refine(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left())
+    polished = local_search(config.search)(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left())
     first_polish = polished.step_time_s
     assert isinstance(env.best_candidate, np.ndarray)
     incumbent = np.array(env.best_candidate, dtype=np.int64)
@@ -178,7 +184,7 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
                 break
             chooser = guide if guide is not None and rng.random() < config.policy_kicks else None
             trial, t = kick_and_refine(env, incumbent, rng, budget_s=left_s(), max_evaluations=calls_left(),
-                                       device=chooser)
+                                       device=chooser, local=config.search, best_step_time_s=inc_t)
             if t < inc_t * (1 - 1e-12):
                 incumbent, inc_t = trial, t
         # ---- learning: PPO on the proposals, imitation of the incumbent ----------------------

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from .critical import critical_descent, critical_refine
+from .critical import LOCAL_SEARCHES, critical_descent, local_search
 from .env import Candidate, PlacementEnv, SeedPlacement
 from .refine import neighbourhood, refine
 
@@ -46,10 +46,8 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from autoplace.sim import Evaluation
 
-__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "LOCAL_SEARCHES", "CRITICAL_WITHIN"]
+__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "CRITICAL_WITHIN"]
 
-LOCAL_SEARCHES = ("refine", "critical")
-"""The local searches :func:`iterated_local_search` can use (see the module doc)."""
 CRITICAL_WITHIN = 0.05
 """With ``local="critical"``: a kicked trial within this share of the best is descended."""
 
@@ -164,8 +162,7 @@ def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: flo
         c = calls_left()
         return (budget_s is not None and time.perf_counter() - t0 >= budget_s) or (c is not None and c <= 0)
 
-    descend = critical_refine if local == "critical" else refine
-    best = descend(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left()).device_of_node
+    best = local_search(local)(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left()).device_of_node
     best_t = env.sim.evaluate(best).step_time_s
     kicks = 0
     while not spent():

@@ -45,16 +45,14 @@ Departures from the paper, and why:
   the shipped weights place graphs zero-shot (:mod:`autoplace.planners.learned.pretrain`).
 
 The planner ``"mars"`` (model mode): with ``budget_s=None`` it loads the shipped weights
-(``autoplace/weights/mars.pt``), decodes greedily and draws ``zero_shot_samples`` samples
-and ``refine`` polishes the best until the plan has taken ``polish_s_per_kop`` (:mod:`.polish`);
-with ``budget_s=N`` it fine-tunes a copy of the network with PPO on the target for about
-``(1 - refine_share) N`` seconds, then polishes the best placement with the named
-post-processing step ``refine`` (local search on the simulator,
-:mod:`autoplace.planners.learned.refine`) for the rest; with ``MarsConfig.expert`` (default off)
-it runs expert iteration instead (:mod:`autoplace.planners.learned.expert`). Either way it returns the best placement that
-fits among its samples, the refined one and the heuristic placements it was seeded with
-(:class:`autoplace.planners.learned.env.PlacementEnv`); ``placement.meta["policy_step_time_s"]`` is
-the policy's own best, before any post-processing.
+(``autoplace/weights/mars.pt``), decodes greedily, draws ``zero_shot_samples`` samples and a
+local search (``MarsConfig.search``) polishes the best until the plan has taken
+``polish_s_per_kop`` (:mod:`.polish`); with ``budget_s=N`` it fine-tunes a copy of the network
+with PPO for about ``(1 - refine_share) N`` seconds and the same search polishes the best
+placement for the rest; with ``MarsConfig.expert`` it runs expert iteration instead
+(:mod:`autoplace.planners.learned.expert`). It returns the best placement that fits among its
+samples, the polished one and the heuristic seeds (:class:`~autoplace.planners.learned.env.PlacementEnv`);
+``meta["policy_step_time_s"]`` is the policy's own best, before any post-processing.
 """
 
 from __future__ import annotations
@@ -77,6 +75,7 @@ from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
 from .polish import final_step, polish_budget_s, polish_zero_shot
 from .tuned import tuned_dir, tuned_path
+from ..critical import LOCAL_SEARCHES, local_search
 from ..expert import ExpertConfig, expert_iteration
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport, LearnedRun
@@ -335,9 +334,8 @@ class MarsConfig:
     """samples drawn after the greedy decode when there is no budget."""
     refine_share: float = 0.25
     """share of a fine-tuning run (of ``budget_s``; and up to ``max_samples`` more simulator
-    calls) given to the named post-processing step ``refine`` (single-op moves on the
-    simulator, :mod:`autoplace.planners.learned.refine`) on the best placement found; 0 turns it off.
-    Zero-shot plans are refined only with ``polish_s_per_kop``."""
+    calls) given to the local search ``search`` on the best placement found; 0 turns it off.
+    Zero-shot plans are polished only with ``polish_s_per_kop``."""
     polish_s_per_kop: float | None = 1.8
     """zero-shot only: ``refine`` the policy's best proposals until the plan (weights, seeds, policy,
     polish) has taken this many s per 1,000 ops (:mod:`.polish`; benchmarks/results/ablation.md); None: off."""
@@ -345,6 +343,9 @@ class MarsConfig:
     """proposals (distinct, fastest first) the polish refines in turn while its time lasts."""
     polish_seed_starts: int = 0
     """heuristic seeds (fastest first) the polish refines too, after those; with any, equal shares."""
+    search: str = "critical"
+    """the zero-shot polish's and fine-tuning's local search: ``"critical"`` (the critical chain's
+    ops first, :mod:`autoplace.planners.learned.critical`) or ``"refine"`` (every op each pass)."""
     ppo: PPOConfig = field(default_factory=_default_ppo)
     """PPO of fine-tuning; its ``seed`` is replaced by the plan's ``seed``."""
     weights: str | None = None
@@ -370,6 +371,8 @@ class MarsConfig:
                              "1,000 ops, or None for no polish")
         if self.polish_starts < 1:
             raise ValueError(f"MarsConfig.polish_starts is {self.polish_starts}; it must be >= 1")
+        if self.search not in LOCAL_SEARCHES:
+            raise ValueError(f"MarsConfig.search is {self.search!r}; it must be one of {LOCAL_SEARCHES}")
 
 
 @dataclass(frozen=True)
@@ -393,12 +396,11 @@ class MarsPlanner:
 
         ``placement.meta``: ``policy_step_time_s`` (the best of the policy's own samples that
         fit, greedy decode included), ``greedy_step_time_s``, ``reference_s`` (the best
-        heuristic's), ``source`` (``"sample"``, ``"refine"`` or the heuristic that won),
+        heuristic's), ``source`` (``"sample"``, ``"refine"``/``"critical"`` or a heuristic),
         ``samples``, ``step_s`` (seconds of the seeds, the policy, the polish), for fine-tuning
         ``updates``, ``history`` and ``refine``; with ``polish_s_per_kop``: ``polish`` and
         ``final_step`` (``"policy"``, ``"refine"`` or ``"seed"``)."""
         import time
-
         from autoplace.cost.analytic import CostModel
 
         cfg = config if config is not None else self.config
@@ -443,7 +445,7 @@ class MarsPlanner:
                 meta["polish"] = polish_zero_shot(
                     env, policy.decode(greedy.actions) + policy.decode(s.actions), greedy_ev + evs, seed=seed,
                     budget_s=polish_budget_s(graph.num_nodes, cfg.polish_s_per_kop, time.perf_counter() - t0),
-                    starts=cfg.polish_starts, seeds=env.seeds, seed_starts=cfg.polish_seed_starts)
+                    starts=cfg.polish_starts, seeds=env.seeds, seed_starts=cfg.polish_seed_starts, search=cfg.search)
         elif cfg.expert:
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
@@ -451,10 +453,8 @@ class MarsPlanner:
                         tuned_weights=str(keep_tuned(net)), expert={"first_polish_s": ex.first_polish_s})
             train_s, meta["policy_step_time_s"] = ex.wall_s, min(greedy_fit, ex.policy_step_time_s)
         else:
-            from ..refine import refine
-
             ppo_config = ppo if ppo is not None else dataclasses.replace(cfg.ppo, seed=seed)
-            share = cfg.refine_share if 0 < cfg.refine_share < 1 else (1.0 if cfg.refine_share >= 1 else 0.0)
+            share = min(max(cfg.refine_share, 0.0), 1.0)
             left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
             result = train(policy, env, ppo_config, budget_s=None if left is None else left * (1 - share),
                            max_samples=max_samples, progress=progress)
@@ -464,9 +464,10 @@ class MarsPlanner:
             policy_best = min(greedy_fit, result.best_sampled_step_time_s)
             if share > 0 and isinstance(env.best_candidate, np.ndarray):
                 left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
-                r = refine(env, env.best_candidate, budget_s=left, seed=seed, max_evaluations=max_samples)
-                meta["refine"] = {"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s,
-                                  "moves": r.moves, "evaluations": r.evaluations, "wall_s": r.wall_s}
+                r = local_search(cfg.search)(env, env.best_candidate, budget_s=left, seed=seed,
+                                             max_evaluations=max_samples)
+                meta["refine"] = {"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
+                                  "evaluations": r.evaluations, "wall_s": r.wall_s, "search": cfg.search}
             meta["policy_step_time_s"] = policy_best
         meta.setdefault("policy_step_time_s", min(greedy_fit, meta["best_sample_step_time_s"]))
         meta["samples"] = env.num_samples

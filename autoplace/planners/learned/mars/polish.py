@@ -1,21 +1,23 @@
-"""The bounded polish of Mars's zero-shot plan: ``refine`` from the policy's best proposals.
+"""The bounded polish of Mars's zero-shot plan: a local search from the policy's best proposals.
 
 A zero-shot plan (no fine-tuning) has a time target per graph size (issue 15: under 2 s per
 1,000 ops warm on 2 cores). The heuristic seeds and the policy (greedy decode and
 ``MarsConfig.zero_shot_samples`` samples) take part of it; with
-``MarsConfig.polish_s_per_kop`` set, the rest goes to the named post-processing step
-:func:`autoplace.planners.learned.refine.refine`:
+``MarsConfig.polish_s_per_kop`` set, the rest goes to a local search, ``MarsConfig.polish_search``:
+:func:`~autoplace.planners.learned.critical.critical_refine` (``"critical"``: the ops of the
+step's critical chain first, then every op) or the named post-processing step
+:func:`autoplace.planners.learned.refine.refine` (``"refine"``):
 
     bound  = polish_s_per_kop * ops / 1000 - (seconds the plan has taken so far)
     starts = the policy's proposals that fit, distinct, fastest first (at most ``starts``)
-    for each start while time is left: refine(start, budget_s = time left)
+    for each start while time is left: search(start, budget_s = time left)
 
-``refine`` keeps only improving moves that fit, and the environment keeps the best placement
-it has seen, so the plan is never worse than the policy's best proposal (nor than the
-heuristic seeds). ``refine`` checks the clock after each op's moves, so the bound is
-overshot by at most one op's moves (a few simulator calls).
+Both keep only improving moves that fit, and the environment keeps the best placement it has
+seen, so the plan is never worse than the policy's best proposal (nor than the heuristic
+seeds). Both check the clock after each op's moves, so the bound is overshot by at most one
+op's moves (a few simulator calls).
 
-A time bound makes the plan depend on the machine's speed and load whenever ``refine`` has
+A time bound makes the plan depend on the machine's speed and load whenever the search has
 not reached a local optimum by then; for a reproducible zero-shot plan set
 ``MarsConfig(polish_s_per_kop=None)`` (the greedy decode and the samples are seeded).
 
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..refine import refine
+from ..critical import local_search
 
 if TYPE_CHECKING:
     from autoplace.sim import Evaluation
@@ -53,9 +55,10 @@ def polish_budget_s(num_ops: int, s_per_kop: float, elapsed_s: float) -> float:
 
 def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evaluations: Sequence["Evaluation"], *,
                      budget_s: float, seed: int = 0, starts: int = 2, seeds: Sequence["SeedPlacement"] = (),
-                     seed_starts: int = 0) -> dict[str, Any]:
-    """Refine the fastest ``starts`` distinct proposals that fit (``evaluations[i]`` is
-    ``proposals[i]``'s) in turn for at most ``budget_s`` seconds in all (see the module doc);
+                     seed_starts: int = 0, search: str = "critical") -> dict[str, Any]:
+    """Polish the fastest ``starts`` distinct proposals that fit (``evaluations[i]`` is
+    ``proposals[i]``'s) in turn with the local search ``search`` (``"critical"`` or
+    ``"refine"``) for at most ``budget_s`` seconds in all (see the module doc);
     with ``seed_starts``, the fastest that many of the heuristic ``seeds`` that fit are refined
     after them, and every start gets an equal share of the time left (without, the first start
     may take it all). Returns what it did: ``budget_s``, ``wall_s``, ``start_step_time_s`` (the
@@ -65,6 +68,7 @@ def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evalu
         raise ValueError(f"{len(proposals)} proposals but {len(evaluations)} evaluations; give one per proposal")
     if starts < 1:
         raise ValueError(f"starts is {starts}; it must be >= 1")
+    polish = local_search(search)
     if seed_starts < 0:
         raise ValueError(f"seed_starts (MarsConfig.polish_seed_starts) is {seed_starts}; it must be >= 0")
     t0 = time.perf_counter()
@@ -90,15 +94,15 @@ def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evalu
         left = budget_s - (time.perf_counter() - t0)
         if left <= 0:
             break
-        r = refine(env, start, budget_s=left / (len(pool) - k) if seed_starts else left, seed=seed + k)
+        r = polish(env, start, budget_s=left / (len(pool) - k) if seed_starts else left, seed=seed + k)
         best = min(best, r.step_time_s)
         runs.append({"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
                      "passes": r.passes, "evaluations": r.evaluations, "wall_s": r.wall_s})
-    return {"budget_s": budget_s, "wall_s": time.perf_counter() - t0, "start_step_time_s": start_s,
+    return {"budget_s": budget_s, "search": search, "wall_s": time.perf_counter() - t0, "start_step_time_s": start_s,
             "step_time_s": best, "runs": runs}
 
 
 def final_step(best_source: str) -> str:
     """Which step a zero-shot plan came from, by the environment's ``best_source``: ``"policy"``
     (a greedy decode or sample), ``"refine"`` (the polish) or ``"seed"`` (a heuristic)."""
-    return {"sample": "policy", "refine": "refine"}.get(best_source, "seed")
+    return {"sample": "policy", "refine": "refine", "critical": "refine"}.get(best_source, "seed")
