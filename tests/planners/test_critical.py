@@ -53,6 +53,13 @@ def test_the_chain_follows_tied_parameters_and_one_queue_targets() -> None:
     dev = np.array([0, 0, 1, 1, 2, 2])  # op 4 holds a copy of op 1's parameter: gradient and copy cross
     c = critical_chain(sim, dev)
     _assert_contiguous(c, sim.evaluate(dev).step_time_s)
+    # the owner late in the graph: its device finishes its backward first, and its update waits
+    # for the copy's gradient from device 0 (the walk goes update -> tied gradient -> backward)
+    late = dataclasses.replace(chain(6, flops=1e11, params_per_op=[0, 0, 0, 0, 4e8, 0]), tied=((4, 1),))
+    sim = Simulator(late, cluster)
+    c = critical_chain(sim, dev)
+    _assert_contiguous(c, sim.evaluate(dev).step_time_s)
+    assert [k for k, *_ in c.elements][-3:] == ["transfer", "update", "transfer"]  # gradient in, update, copy out
     two = Simulator(branchy(30, seed=4), Cluster.from_devices(["cpu", "cpu"]))
     d2 = np.arange(30) % 2
     c2 = critical_chain(two, d2)
@@ -89,6 +96,22 @@ def test_descent_moves_only_chain_ops_and_never_gets_worse() -> None:
     assert env.sim.evaluate(r.device_of_node).step_time_s == pytest.approx(r.step_time_s)
     again = critical_descent(PlacementEnv(graph, cluster), start, seed=0)
     assert np.array_equal(again.device_of_node, r.device_of_node)  # seeded
+
+
+def test_a_pass_tries_the_chain_ops_and_transfer_ends_only() -> None:
+    """At a local optimum one pass tries every candidate on every other device and nothing
+    else: 1 + candidates x (devices - 1) calls, far fewer than every op's moves."""
+    graph, cluster = branchy(80, seed=8), Cluster.preset("2xA100+2xT4")
+    env = PlacementEnv(graph, cluster)
+    start = np.random.default_rng(3).integers(cluster.num_devices, size=graph.num_nodes)
+    done = critical_descent(env, start, seed=0).device_of_node
+    c = critical_chain(env.sim, done)
+    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    candidates = set(c.ops.tolist()) | {int(x) for x in c.transfers[:, 0]}
+    candidates |= {int(k) for op, _, to in c.transfers.tolist() for k in dst[src == op] if done[k] == to}
+    again = critical_descent(env, done, seed=1)
+    assert again.moves == 0 and again.evaluations == 1 + len(candidates) * (cluster.num_devices - 1)
+    assert len(candidates) < graph.num_nodes
 
 
 def test_descent_stops_where_no_move_of_a_chain_op_helps() -> None:
