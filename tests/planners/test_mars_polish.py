@@ -29,15 +29,17 @@ def _proposals(env: PlacementEnv, n: int = 4) -> tuple[list[np.ndarray], list]:
     return props, evs
 
 
-def test_polish_is_never_worse_than_the_best_proposal_and_stops_at_its_bound() -> None:
+@pytest.mark.parametrize("search", ["critical", "refine"])
+def test_polish_is_never_worse_than_the_best_proposal_and_stops_at_its_bound(search: str) -> None:
     graph, cluster = branchy(400, seed=5), Cluster.homogeneous("V100-16GB", 8, "pcie3")
     env = PlacementEnv(graph, cluster)
     props, evs = _proposals(env)
     best = min(e.step_time_s for e in evs if not e.oom)
     budget = 0.1
     t0 = time.perf_counter()
-    out = polish_zero_shot(env, props, evs, budget_s=budget, starts=2)
+    out = polish_zero_shot(env, props, evs, budget_s=budget, starts=2, search=search)
     wall = time.perf_counter() - t0
+    assert out["search"] == search
     assert out["start_step_time_s"] == pytest.approx(best)
     assert out["step_time_s"] <= best and env.best_step_time_s <= best
     # the bound: refine alone on this graph runs far past it (checked below), the polish must not
@@ -77,6 +79,8 @@ def test_budget_is_what_the_graph_size_leaves() -> None:
         polish_budget_s(100, 0.0, 0.0)
     with pytest.raises(ValueError, match="polish_s_per_kop"):
         MarsConfig(polish_s_per_kop=-1.0)
+    with pytest.raises(ValueError, match="MarsConfig.search is 'tabu'"):
+        MarsConfig(search="tabu")
 
 
 def test_seed_starts_share_the_bound_with_the_policys_best() -> None:
