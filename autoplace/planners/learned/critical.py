@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import budget as _budget
-from .refine import RefineResult, neighbour_lists, refine
+from .refine import RefineResult, move_op, neighbour_lists, refine
 
 if TYPE_CHECKING:
     from autoplace.sim import Simulator
@@ -198,7 +198,6 @@ def critical_descent(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     dev = np.array(device_of_node, dtype=np.int64)
-    n_dev = env.cluster.num_devices
     _, ev = env.evaluate(dev, source="critical")
     current = float(ev.step_time_s) if not ev.oom else np.inf
     first = float(ev.step_time_s)
@@ -220,23 +219,9 @@ def critical_descent(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_
         improved = False
         for i in rng.permutation(np.array(sorted(candidates), dtype=np.int64)):
             own = int(dev[i])
-            if n_dev <= all_devices_up_to:
-                options = set(range(n_dev))
-            else:
-                options = set(int(d) for d in np.unique(dev[nbrs[i]])) if nbrs[i].size else set()
-                if rng.random() < explore:
-                    options.add(int(rng.integers(n_dev)))
-            options.discard(own)
-            best_d, best_t = own, current
-            for d in sorted(options):
-                dev[i] = d
-                _, ev = env.evaluate(dev, source="critical")
-                evaluations += 1
-                if not ev.oom and ev.step_time_s < best_t * (1 - 1e-12):
-                    best_d, best_t = d, float(ev.step_time_s)
-            dev[i] = best_d
-            if best_d != own:
-                current = best_t
+            current, calls = move_op(env, dev, int(i), current, rng, nbrs, explore, all_devices_up_to, "critical")
+            evaluations += calls
+            if dev[i] != own:
                 moves += 1
                 improved = True
                 if max_moves is not None and moves >= max_moves:

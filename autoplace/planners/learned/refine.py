@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from .env import PlacementEnv
 
-__all__ = ["RefineResult", "refine", "neighbourhood", "neighbour_lists"]
+__all__ = ["RefineResult", "refine", "neighbourhood", "neighbour_lists", "move_op"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,31 @@ def neighbourhood(graph: "OpGraph", ops: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([ops, dst[inside[src]], src[inside[dst]]]))
 
 
+def move_op(env: "PlacementEnv", dev: np.ndarray, i: int, current: float, rng: np.random.Generator,
+            nbrs: list[np.ndarray], explore: float, all_devices_up_to: int, source: str) -> tuple[float, int]:
+    """Try op ``i`` of ``dev`` on the other devices (every one on clusters of at most
+    ``all_devices_up_to``; else those of its neighbours ``nbrs[i]`` and, with probability
+    ``explore``, one random other) and leave it on the fastest that fits if that beats
+    ``current`` (``dev`` is changed in place). Returns the step time and the calls made."""
+    own = int(dev[i])
+    n_dev = env.cluster.num_devices
+    if n_dev <= all_devices_up_to:
+        options = set(range(n_dev))
+    else:
+        options = set(int(d) for d in np.unique(dev[nbrs[i]])) if nbrs[i].size else set()
+        if rng.random() < explore:
+            options.add(int(rng.integers(n_dev)))
+    options.discard(own)
+    best_d, best_t = own, current
+    for d in sorted(options):
+        dev[i] = d
+        _, ev = env.evaluate(dev, source=source)
+        if not ev.oom and ev.step_time_s < best_t * (1 - 1e-12):
+            best_d, best_t = d, float(ev.step_time_s)
+    dev[i] = best_d
+    return best_t, len(options)
+
+
 def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float | None = None, seed: int = 0,
            explore: float = 0.1, all_devices_up_to: int = 8, max_passes: int = 50,
            max_evaluations: int | None = None, ops: np.ndarray | None = None) -> RefineResult:
@@ -109,23 +134,9 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
         improved = False
         for i in rng.permutation(movable):
             own = int(dev[i])
-            if n_dev <= all_devices_up_to:
-                options = set(range(n_dev))
-            else:
-                options = set(int(d) for d in np.unique(dev[nbrs[i]])) if nbrs[i].size else set()
-                if rng.random() < explore:
-                    options.add(int(rng.integers(n_dev)))
-            options.discard(own)
-            best_d, best_t = own, current
-            for d in sorted(options):
-                dev[i] = d
-                _, ev = env.evaluate(dev, source="refine")
-                evaluations += 1
-                if not ev.oom and ev.step_time_s < best_t * (1 - 1e-12):
-                    best_d, best_t = d, float(ev.step_time_s)
-            dev[i] = best_d
-            if best_d != own:
-                current = best_t
+            current, calls = move_op(env, dev, int(i), current, rng, nbrs, explore, all_devices_up_to, "refine")
+            evaluations += calls
+            if dev[i] != own:
                 moves += 1
                 improved = True
             if out_of_time():
