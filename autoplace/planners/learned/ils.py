@@ -46,8 +46,11 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from autoplace.sim import Evaluation
 
-__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "CRITICAL_WITHIN"]
+__all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "CRITICAL_WITHIN", "Proposer"]
 
+Proposer = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, int]]
+"""A kick chooser: (incumbent, rng) -> (run of op indices, device), e.g. a learned one
+(:meth:`autoplace.planners.learned.kicks.KickModel.proposer`)."""
 CRITICAL_WITHIN = 0.05
 """With ``local="critical"``: a kicked trial within this share of the best is descended."""
 
@@ -95,19 +98,24 @@ class ILSResult:
 def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generator, *,
                     budget_s: float | None = None, max_evaluations: int | None = None,
                     device: Callable[[np.ndarray], int] | None = None, local: str = "refine",
-                    best_step_time_s: float | None = None) -> tuple[np.ndarray, float]:
+                    best_step_time_s: float | None = None, propose: Proposer | None = None) -> tuple[np.ndarray, float]:
     """One ILS step from ``best``: move a random run of 2-16 consecutive ops to one random
-    device (or to ``device(run)``: a chooser given the run's op indices), refine those ops and
-    their neighbours (<= 3 passes); with ``local="critical"``, then descend the trial's
-    critical chain when it is within ``CRITICAL_WITHIN`` of ``best_step_time_s``. Returns the
-    trial and its step time (``inf`` when it does not fit)."""
+    device (or to ``device(run)``: a chooser given the run's op indices; or the run and device
+    ``propose(best, rng)`` returns), refine those ops and their neighbours (<= 3 passes); with
+    ``local="critical"``, then descend the trial's critical chain when it is within
+    ``CRITICAL_WITHIN`` of ``best_step_time_s``. Returns the trial and its step time (``inf``
+    when it does not fit)."""
     graph = env.graph
     n, d = graph.num_nodes, env.cluster.num_devices
-    length = int(rng.integers(2, 17))
-    lo = int(rng.integers(0, max(n - length, 1)))
-    run = np.arange(lo, min(lo + length, n))
+    if propose is not None:
+        run, target = propose(best, rng)
+    else:
+        length = int(rng.integers(2, 17))
+        lo = int(rng.integers(0, max(n - length, 1)))
+        run = np.arange(lo, min(lo + length, n))
+        target = int(rng.integers(d)) if device is None else int(device(run))
     trial = best.copy()
-    trial[run] = int(rng.integers(d)) if device is None else int(device(run))
+    trial[run] = target
     t0 = time.perf_counter()
     r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
                budget_s=budget_s, max_evaluations=max_evaluations)
@@ -123,12 +131,14 @@ def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generato
 def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: float | None = 60.0,
                           max_simulations: int | None = None, max_samples: int | None = None, seed: int = 0,
                           cost: "CostModel | None" = None, start: np.ndarray | None = None,
-                          seeds: Sequence[SeedPlacement] | None = None, local: str = "refine") -> ILSResult:
+                          seeds: Sequence[SeedPlacement] | None = None, local: str = "refine",
+                          propose: Proposer | None = None) -> ILSResult:
     """Iterated local search (see the module doc) until ``budget_s`` seconds (heuristic seeding
     included), ``max_simulations`` distinct simulations or ``max_samples`` simulator calls,
     whichever comes first (at least one limit is needed). ``start``: the placement to refine
     first (default: the best heuristic's); ``seeds``: heuristic seeds already computed (default:
-    run them); ``local``: the local search, one of :data:`LOCAL_SEARCHES`. A call limit can be
+    run them); ``local``: the local search, one of :data:`LOCAL_SEARCHES`; ``propose``: a kick
+    chooser (default: the uniform kick of the module doc). A call limit can be
     overrun by at most one op's moves (the local search finishes the op it is on); the result
     says how many were used."""
     if budget_s is None and max_simulations is None and max_samples is None:
@@ -167,7 +177,7 @@ def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: flo
     kicks = 0
     while not spent():
         trial, trial_t = kick_and_refine(env, best, rng, budget_s=left_s(), max_evaluations=calls_left(), local=local,
-                                         best_step_time_s=best_t)
+                                         best_step_time_s=best_t, propose=propose)
         kicks += 1
         if trial_t < best_t * (1 - 1e-12):
             best, best_t = trial, trial_t
