@@ -379,6 +379,8 @@ def main() -> None:
     ap.add_argument("--weights", type=Path, default=WEIGHTS_PATH, help="pipeline_rl.pt")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the saved rows of the planners not in --planners (rerun only those named)")
     args = ap.parse_args()
     if args.report_only:
         result = json.loads((args.out / "learning.json").read_text())
@@ -391,11 +393,16 @@ def main() -> None:
         start = time.perf_counter()
         cases = held_out_cases(PIPEDREAM)[: args.cases]
         mp = {int(x) for x in args.mp_cases.split(",") if x != ""}
-        rows = run(cases, mp, set(args.planners.split(",")), args.budget, args.search_budget, args.seed,
-                   args.weights)
+        chosen = set(args.planners.split(","))
+        rows = run(cases, mp, chosen, args.budget, args.search_budget, args.seed, args.weights)
         cmd = "python benchmarks/learning.py " + " ".join(a for a in sys.argv[1:])
+        prior_min = 0.0
+        if args.keep:  # the other planners' rows as saved, with the commands that made them
+            saved = json.loads((args.out / "learning.json").read_text())
+            rows = [r for r in saved["rows"] if r["planner"] not in chosen] + rows
+            cmd, prior_min = saved["command"] + "; then " + cmd, float(saved["wall_min"])
         result = {"rows": rows, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                  "command": cmd.strip(), "wall_min": (time.perf_counter() - start) / 60,
+                  "command": cmd.strip(), "wall_min": prior_min + (time.perf_counter() - start) / 60,
                   "load_after": os.getloadavg()[0]}
         result["comparisons"] = comparisons(rows)
         args.out.mkdir(parents=True, exist_ok=True)
