@@ -23,10 +23,7 @@ chosen):
   simulator calls (10,000 per 1,000 ops): the comparison the default was chosen on;
 - ``ceiling``: the critical ILS again with ``--ceiling-x`` times the calls its ``--budget``
   run made (a call limit, so the load does not move it): how much a far longer search of the
-  same kind still finds, next to the lower bound;
-- ``kicks``: the critical ILS for ``--budget`` seconds with learned kicks
-  (:mod:`autoplace.planners.learned.kicks`: a model fitted on training-split ILS runs picks
-  the most promising of 8 uniform kicks) against the same search with uniform kicks.
+  same kind still finds, next to the lower bound.
 
 Two jobs run at a time (2 cores), one thread each; wall-clock budgets move with the load, which
 the JSON records. Step times are simulated (the simulator is the judge; no measured run).
@@ -57,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 SEARCHES = ("refine", "critical")
 ZERO_SHOT = ("dgi+ppo", "fresh", "seeds")
 TUNE_MODES = ("ppo", "expert")
-PARTS = ("controls", "zero_shot", "tuned", "train", "ceiling", "kicks")
+PARTS = ("controls", "zero_shot", "tuned", "train", "ceiling")
 KOP = 1.8
 TRAIN_CALLS_PER_KOP = 10_000
 
@@ -89,15 +86,10 @@ def train_cases(k: int = 12, seed: int = 5) -> list[tuple[Any, Any]]:
 
 # ---- jobs (each runs in a worker process) ---------------------------------------------------
 
-def _ils(graph: Any, cluster: Any, local: str, budget: float | None, samples: int | None,
-         learned_kicks: bool = False) -> dict[str, Any]:
+def _ils(graph: Any, cluster: Any, local: str, budget: float | None, samples: int | None) -> dict[str, Any]:
     from autoplace.planners.learned.ils import iterated_local_search
-    from autoplace.planners.learned.kicks import KickModel
-    from autoplace.sim import simulator_for
 
-    propose = KickModel.from_json().proposer(simulator_for(graph, cluster)) if learned_kicks else None
-    r = iterated_local_search(graph, cluster, budget_s=budget, max_samples=samples, seed=0, local=local,
-                              propose=propose)
+    r = iterated_local_search(graph, cluster, budget_s=budget, max_samples=samples, seed=0, local=local)
     return {"step_time_s": r.step_time_s, "samples": r.samples, "simulations": r.simulations, "kicks": r.kicks,
             "wall_s": r.wall_s, "history": [list(h) for h in r.history]}
 
@@ -183,8 +175,6 @@ def run_job(job: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         out = _ils(graph, cluster, rest[0], rest[1], None)
     elif part == "ceiling":
         out = _ils(graph, cluster, "critical", None, rest[0])
-    elif part == "kicks":
-        out = _ils(graph, cluster, "critical", rest[0], None, learned_kicks=True)
     elif part == "zero_shot":
         out = _zero_shot(graph, cluster, rest[0], rest[1])
     elif part == "tuned":
@@ -218,8 +208,6 @@ def jobs_for(part: str, data: dict[str, Any], args: argparse.Namespace) -> list[
         return [("tuned", "held", k, m, s, args.budget) for k in range(n) for m in TUNE_MODES for s in SEARCHES]
     if part == "train":
         return [("train", "train", k, s) for k in range(len(data["train_cases"])) for s in SEARCHES]
-    if part == "kicks":
-        return [("kicks", "held", k, args.budget) for k in range(n)]
     crit = {r["job"][2]: r["out"] for r in data["results"] if r["job"][0] == "controls" and r["job"][3] == "critical"}
     return [("ceiling", "held", k, int(crit[k]["samples"] * args.ceiling_x)) for k in range(n) if k in crit]
 

@@ -172,26 +172,6 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         lines += ["", f"Geometric mean over the ILS refine {budget:.0f} s plan: **{fmt(geomean(a))}**; over the critical one: "
                   f"{fmt(geomean(b))}; cases at least 3% better than the refine control: "
                   f"{sum(1 for x in a if x is not None and x <= 0.97)} of {len(a)}.", ""]
-    # ---- learned kicks ---------------------------------------------------------------------------
-    kicks = {r["job"][2]: r["out"] for r in data["results"] if r["job"][0] == "kicks"}
-    if kicks:
-        lines += [f"## Learned kicks: the critical ILS {budget:.0f} s, kicks picked by the model against uniform kicks", "",
-                  "| graph | cluster | uniform ms (calls) | learned ms (calls) | equal time | equal calls |",
-                  "|---|---|---:|---:|---:|---:|"]
-        et_all, ec_all = [], []
-        for k, r in sorted(kicks.items()):
-            c, u = cases[k], ctl["critical"][k]
-            if not u:
-                continue
-            et = r["step_time_s"] / u["step_time_s"]
-            at = best_at(u, samples=r["samples"], start_s=c["best_heuristic_s"])
-            ec = r["step_time_s"] / at if at else None
-            et_all.append(et)
-            ec_all.append(ec)
-            lines.append(f"| {c['graph']} | {c['cluster']} | {u['step_time_s'] * 1e3:.2f} ({u['samples']:,}) | "
-                         f"{r['step_time_s'] * 1e3:.2f} ({r['samples']:,}) | {fmt(et)} | {fmt(ec)} |")
-        lines += ["", f"Geometric mean, learned over uniform: equal time **{fmt(geomean(et_all))}**, equal calls "
-                  f"**{fmt(geomean(ec_all))}** (below 1: the learned kicks are better).", ""]
     # ---- train -----------------------------------------------------------------------------------
     tr = data.get("train_cases", [])
     if any(("train", "train", k, s) in idx for k in range(len(tr)) for s in SEARCHES):

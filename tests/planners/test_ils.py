@@ -55,3 +55,23 @@ def test_ils_with_the_critical_chain_descent_is_seeded_and_bounded() -> None:
     assert r.step_time_s <= env.best_step_time_s
     with pytest.raises(ValueError, match="local is 'tabu'"):
         iterated_local_search(graph, cluster, max_samples=10, local="tabu")
+
+
+def test_a_kick_chooser_replaces_the_uniform_kick() -> None:
+    """``propose`` gets the incumbent and the rng and returns (run, device): one that draws as the
+    plain ILS does gives the same search; one that always kicks op 0 to device 0 gives another."""
+    graph, cluster = branchy(40, seed=1), Cluster.preset("2xA100+2xT4")
+    seen: list[np.ndarray] = []
+
+    def uniform(best: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+        seen.append(best.copy())
+        length = int(rng.integers(2, 17))
+        lo = int(rng.integers(0, max(graph.num_nodes - length, 1)))
+        return np.arange(lo, min(lo + length, graph.num_nodes)), int(rng.integers(cluster.num_devices))
+
+    a = iterated_local_search(graph, cluster, budget_s=None, max_samples=3000, seed=0, propose=uniform)
+    b = iterated_local_search(graph, cluster, budget_s=None, max_samples=3000, seed=0)
+    assert np.array_equal(a.device_of_node, b.device_of_node) and a.kicks == b.kicks == len(seen)
+    c = iterated_local_search(graph, cluster, budget_s=None, max_samples=3000, seed=0,
+                              propose=lambda best, rng: (np.array([0]), 0))
+    assert c.kicks > 0 and not (np.array_equal(c.device_of_node, b.device_of_node) and c.kicks == b.kicks)
