@@ -21,12 +21,13 @@ A time bound makes the plan depend on the machine's speed and load whenever the 
 not reached a local optimum by then; for a reproducible zero-shot plan set
 ``MarsConfig(polish_s_per_kop=None)`` (the greedy decode and the samples are seeded).
 
-Measured on the held-out split (benchmarks/results/ablation.md, ``python benchmarks/ablation.py
---resume --parts zero_shot --variants dgi+ppo+polish fresh+polish seeds+polish``; simulated
-step times, wall-clock bounds on 2 shared cores): at 1.8 s per 1,000 ops the shipped network
-plus the polish reaches 1.009 of a 60 s iterated local search (geometric mean, 8 cases),
-against 1.025 without the polish, 1.017 for a fresh network plus the polish, and 1.030 for
-the polish from the heuristic seeds alone.
+Measured on the held-out split (benchmarks/results/critical_search.md, ``python
+benchmarks/critical_search.py --parts zero_shot``; simulated step times, wall-clock bounds on 2
+cores, two runs at a time): at 1.8 s per 1,000 ops the shipped network plus the ``"critical"``
+polish reaches 1.008 of a 60 s iterated local search (the ``refine`` one; geometric mean, 8
+cases), plus the ``"refine"`` polish 1.012; a fresh network 1.017 / 1.020; the polish from the
+heuristic seeds alone, no network, 1.014 / 1.033. (ablation.md has the variants without a
+polish: the shipped network alone 1.025.)
 """
 
 from __future__ import annotations
