@@ -210,23 +210,12 @@ def collect(pairs: list[tuple[Any, Any]], *, samples: int, seed: int = 0,
 
 
 def training_pairs(count: int, seed: int) -> list[tuple[Any, Any]]:
-    """``count`` (graph, cluster) pairs of the training split (graphs of 150 to 1,400 ops),
-    drawn with ``seed``; no graph twice."""
-    from autoplace.planners.learned.corpus import training_clusters, training_graphs
+    """``count`` (graph, cluster) pairs of the training split, drawn with ``seed`` as
+    ``critical_search.train_cases`` draws them (graphs of 150 to 1,400 ops, no graph twice)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from critical_search import train_cases
 
-    graphs, clusters = training_graphs(), training_clusters()
-    rng = np.random.default_rng(seed)
-    out: list[tuple[Any, Any]] = []
-    keys: set[str] = set()
-    for _ in range(50 * count):
-        if len(out) == count:
-            break
-        e, c = graphs[int(rng.integers(len(graphs)))], clusters[int(rng.integers(len(clusters)))]
-        g = e.load()
-        if 150 <= g.num_nodes <= 1400 and c.num_devices >= 2 and e.key not in keys:
-            keys.add(e.key)
-            out.append((g, c))
-    return out
+    return [(e.load(), c) for e, c in train_cases(count, seed)]
 
 
 # ---- the analysis ------------------------------------------------------------------------------

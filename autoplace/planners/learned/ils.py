@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["ILSResult", "TimedEnv", "iterated_local_search", "kick_and_refine", "CRITICAL_WITHIN", "Proposer"]
 
 Proposer = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, int]]
-"""A kick chooser: (incumbent, rng) -> (run of op indices, device), e.g. a learned one
-(:meth:`autoplace.planners.learned.kicks.KickModel.proposer`)."""
+"""A kick chooser: (incumbent, rng) -> (run of op indices, device); benchmarks/learned_kicks.py
+tries a learned one."""
 CRITICAL_WITHIN = 0.05
 """With ``local="critical"``: a kicked trial within this share of the best is descended."""
 
@@ -105,6 +105,8 @@ def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generato
     ``local="critical"``, then descend the trial's critical chain when it is within
     ``CRITICAL_WITHIN`` of ``best_step_time_s``. Returns the trial and its step time (``inf``
     when it does not fit)."""
+    if local not in LOCAL_SEARCHES:
+        raise ValueError(f"local is {local!r}; it must be one of {LOCAL_SEARCHES}")
     graph = env.graph
     n, d = graph.num_nodes, env.cluster.num_devices
     if propose is not None:
