@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import budget as _budget
-from .refine import RefineResult, move_op, neighbour_lists, refine
+from .refine import RefineResult, move_op, neighbour_lists, refine, spent
 
 if TYPE_CHECKING:
     from autoplace.sim import Simulator
@@ -213,9 +213,7 @@ def critical_descent(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_
     nbrs = neighbour_lists(env.graph)
 
     def out_of_time() -> bool:
-        if max_evaluations is not None and evaluations >= max_evaluations:
-            return True
-        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
+        return spent(start, budget_s, evaluations, max_evaluations)
 
     while not out_of_time() and (max_moves is None or moves < max_moves):
         rounds += 1

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from .env import PlacementEnv
 
-__all__ = ["RefineResult", "refine", "neighbourhood", "neighbour_lists", "move_op"]
+__all__ = ["RefineResult", "refine", "neighbourhood", "neighbour_lists", "move_op", "spent"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,15 @@ def move_op(env: "PlacementEnv", dev: np.ndarray, i: int, current: float, rng: n
     return best_t, len(options)
 
 
+def spent(start: float, budget_s: float | None, evaluations: int, max_evaluations: int | None) -> bool:
+    """Whether a local search begun at ``start`` (``time.perf_counter()``) that has made
+    ``evaluations`` simulator calls must stop: its calls, its seconds or the planning budget
+    (:mod:`autoplace.planners.budget`) are spent."""
+    if max_evaluations is not None and evaluations >= max_evaluations:
+        return True
+    return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
+
+
 def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float | None = None, seed: int = 0,
            explore: float = 0.1, all_devices_up_to: int = 8, max_passes: int = 50,
            max_evaluations: int | None = None, ops: np.ndarray | None = None) -> RefineResult:
@@ -125,9 +134,7 @@ def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float |
     movable = np.arange(env.graph.num_nodes) if ops is None else np.unique(np.asarray(ops, dtype=np.int64))
 
     def out_of_time() -> bool:
-        if max_evaluations is not None and evaluations >= max_evaluations:
-            return True
-        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
+        return spent(start, budget_s, evaluations, max_evaluations)
 
     while passes < max_passes and not out_of_time():
         passes += 1
