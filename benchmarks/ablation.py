@@ -41,6 +41,8 @@ the shipped weights, then imitation of the ILS targets), ``dgi+ppo+on-policy``
 polished by ``refine``, ``ImitationConfig.on_policy``). A "PPO only" variant (the shipped recipe without DGI)
 is not trained (it takes hours of one core).
 
+Every polish and fine-tune here searches with ``refine``, as when these results were made (the
+planners' default is now the critical-chain search: benchmarks/critical_search.py compares both).
 Step times are simulated (the simulator is the judge; no measured run backs them). Times are
 wall-clock on 2 CPU cores shared with other jobs (the JSON records the load average).
 """
@@ -119,14 +121,14 @@ def run_case_base(entry: Any, cluster: Any, ils_budget: float, seed: int = 0) ->
 
 
 def run_zero_shot(entry: Any, cluster: Any, weights: Path, polish_s_per_kop: float | None = None,
-                  options: dict[str, int] | None = None) -> dict[str, Any]:
+                  options: dict[str, int] | None = None, search: str = "refine") -> dict[str, Any]:
     from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
 
     graph = entry.load()
     t0 = time.perf_counter()
     opts = options or {}
     cfg = MarsConfig(polish_s_per_kop=polish_s_per_kop, polish_starts=opts.get("polish_starts", 2),
-                     polish_seed_starts=opts.get("polish_seed_starts", 0))
+                     polish_seed_starts=opts.get("polish_seed_starts", 0), search=search)
     p = MarsPlanner().place(graph, cluster, weights=weights, config=cfg)
     plan_s = time.perf_counter() - t0
     m = p.meta
@@ -141,8 +143,9 @@ def run_zero_shot(entry: Any, cluster: Any, weights: Path, polish_s_per_kop: flo
     return out
 
 
-def run_seeds_polish(entry: Any, cluster: Any, polish_s_per_kop: float) -> dict[str, Any]:
-    """The control: the heuristic seeds, then the same bounded polish from the best two of them."""
+def run_seeds_polish(entry: Any, cluster: Any, polish_s_per_kop: float, search: str = "refine") -> dict[str, Any]:
+    """The control: the heuristic seeds, then the same bounded polish (local search ``search``)
+    from the best two of them."""
     from autoplace.cost.analytic import CostModel
     from autoplace.planners.learned.mars.polish import final_step, polish_budget_s, polish_zero_shot
     from autoplace.planners.learned.run import LearnedRun
@@ -154,7 +157,8 @@ def run_seeds_polish(entry: Any, cluster: Any, polish_s_per_kop: float) -> dict[
     props = [np.asarray(sd.candidate, dtype=np.int64) for sd in env.seeds]
     evs = [env.evaluate(c, source=sd.planner)[1] for c, sd in zip(props, env.seeds)]
     pol = polish_zero_shot(env, props, evs, budget_s=polish_budget_s(graph.num_nodes, polish_s_per_kop,
-                                                                     time.perf_counter() - t0), starts=2)
+                                                                     time.perf_counter() - t0), starts=2,
+                           search=search)
     p = env.placement(planner="seeds+polish")
     plan_s = time.perf_counter() - t0
     step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
@@ -208,11 +212,11 @@ def run_tuned(entry: Any, cluster: Any, weights: Path, budget: float, mode: str)
     from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
 
     graph = entry.load()
-    expert = ExpertConfig(ppo=False, imitation_steps=1, kicks_per_round=48, samples_per_round=8) \
-        if mode == "expert-lean" else ExpertConfig()
+    expert = ExpertConfig(ppo=False, imitation_steps=1, kicks_per_round=48, samples_per_round=8, search="refine") \
+        if mode == "expert-lean" else ExpertConfig(search="refine")
     t0 = time.perf_counter()
     p = MarsPlanner().place(graph, cluster, weights=weights, budget_s=budget, seed=0,
-                            config=MarsConfig(expert=mode != "ppo", expert_config=expert))
+                            config=MarsConfig(expert=mode != "ppo", expert_config=expert, search="refine"))
     wall = time.perf_counter() - t0
     m = p.meta
     step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s

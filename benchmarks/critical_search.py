@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPEDREAM = ROOT.parent / "shared" / "data" / "pipedream"
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # ablation.py's runners, in spawned workers too
 
 SEARCHES = ("refine", "critical")
 ZERO_SHOT = ("dgi+ppo", "fresh", "seeds")
@@ -94,46 +95,26 @@ def _ils(graph: Any, cluster: Any, local: str, budget: float | None, samples: in
             "wall_s": r.wall_s, "history": [list(h) for h in r.history]}
 
 
-def _zero_shot(graph: Any, cluster: Any, variant: str, search: str) -> dict[str, Any]:
-    import autoplace
-    from autoplace.cost.analytic import CostModel
-    from autoplace.planners.learned.mars.planner import MarsConfig, MarsPlanner
-    from autoplace.planners.learned.mars.polish import final_step, polish_budget_s, polish_zero_shot
-    from autoplace.planners.learned.run import LearnedRun
-
-    def once() -> dict[str, Any]:
-        t0 = time.perf_counter()
-        if variant == "seeds":
-            env = LearnedRun.start(graph, cluster, CostModel(), None, None).env
-            props = [np.asarray(sd.candidate, dtype=np.int64) for sd in env.seeds]
-            evs = [env.evaluate(c, source=sd.planner)[1] for c, sd in zip(props, env.seeds)]
-            polish_zero_shot(env, props, evs, budget_s=polish_budget_s(graph.num_nodes, KOP, time.perf_counter() - t0),
-                             starts=2, search=search)
-            step, source = env.best_step_time_s, env.best_source
-        else:  # the shipped weights, or a fresh network's
-            cfg = MarsConfig(polish_s_per_kop=KOP, search=search, weights=None if variant == "dgi+ppo" else str(_fresh()))
-            p = MarsPlanner().place(graph, cluster, config=cfg)
-            step = autoplace.simulate(graph, p, cluster, timeline=False).step_time_s
-            source = p.meta["source"]
-        return {"step_time_s": float(step), "plan_s": time.perf_counter() - t0, "final_step": final_step(source)}
-
-    once()  # warm: compiled kernels, caches
-    return once()
-
-
-def _fresh() -> Path:
-    """A fresh Mars network's weights (seed 0), saved once per worker."""
+def _zero_shot(entry: Any, cluster: Any, variant: str, search: str) -> dict[str, Any]:
+    """ablation.py's zero-shot run (``dgi+ppo``, ``fresh``) or its seeds-only control (``seeds``)
+    with the polish searching with ``search``; warm (the second of two runs in the process)."""
     import tempfile
 
-    import torch
+    from ablation import _weights, run_seeds_polish, run_zero_shot
 
-    from autoplace.planners.learned.mars.planner import new_net, save_net
+    if variant == "seeds":
+        def once() -> dict[str, Any]:
+            return run_seeds_polish(entry, cluster, KOP, search=search)
+    else:
+        weights = _weights(variant, Path(tempfile.mkdtemp(prefix="critical-search-")))
+        assert weights is not None, f"no weights for {variant}"
 
-    path = Path(tempfile.gettempdir()) / f"critical-search-fresh-{os.getpid()}.pt"
-    if not path.exists():
-        torch.manual_seed(0)
-        save_net(new_net(), path)
-    return path
+        def once() -> dict[str, Any]:
+            return run_zero_shot(entry, cluster, weights, KOP, search=search)
+
+    once()  # warm: compiled kernels, caches
+    r = once()
+    return {"step_time_s": float(r["returned"]), "plan_s": r["plan_s"], "final_step": r["final_step"]}
 
 
 def _tuned(graph: Any, cluster: Any, mode: str, search: str, budget: float) -> dict[str, Any]:
@@ -176,7 +157,7 @@ def run_job(job: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     elif part == "ceiling":
         out = _ils(graph, cluster, "critical", None, rest[0])
     elif part == "zero_shot":
-        out = _zero_shot(graph, cluster, rest[0], rest[1])
+        out = _zero_shot(entry, cluster, rest[0], rest[1])
     elif part == "tuned":
         out = _tuned(graph, cluster, rest[0], rest[1], rest[2])
     else:
