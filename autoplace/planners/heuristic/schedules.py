@@ -189,6 +189,10 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         groups = [list(g) for g in ranks] if ranks is not None else [devs[i * tp:(i + 1) * tp]
                                                                       for i in range(len(devs) // tp)]
         n_ranks = len(groups)
+        if not ms:  # no micro-batch count gives every replica an equal share of the batch: no shape
+            notes.append(f"the multi-stage shapes on {n_ranks} ranks{label} not offered: no micro-batch count M "
+                         f"with {max(len(groups[0]) // tp, 1)} x M dividing the batch of {graph.batch_size}")
+            return
         tf, tb = sim.op_times(ms[0])
         firsts = [g[0] for g in groups]
         work = (tf[:, firsts] + tb[:, firsts]).mean(axis=1)
