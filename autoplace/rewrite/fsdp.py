@@ -48,9 +48,12 @@ from ..parallel import StageOptions, hsdp_shape
 from ..placement import batch_share_problems
 from .errors import ShardedRunError
 from .pipeline import propagate_fake, split_with_boundaries
+from . import batchnorm, liveness
 from .runner import PipelineRunner, share
-from .launch import default_device
-from .runtime import StageContext, StageWrap, build_pipeline_runner, ddp_stage, move_to
+from .launch import default_device, resolve_timeouts
+from .links import Links
+from .liveness import Timeouts
+from .runtime import StageContext, StageWrap, build_pipeline_runner, ddp_stage, move_to, wait_groups
 from .units import outline_units, shard_stage, unit_of_fx
 
 if TYPE_CHECKING:
@@ -123,25 +126,34 @@ class FSDPRunner(PipelineRunner):
     """A one-stage plan on FSDP (or HSDP): every rank runs the whole model on its share of every
     micro-batch; ``step`` returns the batch loss on every rank. A :class:`PipelineRunner` of one
     stage whose ``stage_module`` (and ``module``) is the stage module, units outlined and
-    fully_shard-ed: its parameters are DTensor shards, the ones this rank updates."""
+    fully_shard-ed: its parameters are DTensor shards, the ones this rank updates. It steps
+    through :meth:`PipelineRunner.step` (timeouts, heartbeat, BatchNorm statistics, errors),
+    running FSDP's own loop in place of a pipeline schedule."""
 
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]
     """``loss_fn(output, target)`` on one micro-batch."""
 
     def __init__(self, *, rank: int, replica: int, replicas: int, microbatches: int, batch_size: int,
                  module: torch.nn.Module, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
-                 scale_grads: bool = True, dp_group: Any = None, units: Sequence[str] = ()) -> None:
+                 scale_grads: bool = True, dp_group: Any = None, units: Sequence[str] = (),
+                 timeouts: Timeouts | None = None, predicted_step_s: float | None = None,
+                 batch_norms: Sequence[Any] = (), links: Links | None = None) -> None:
         super().__init__(rank=rank, stage_index=0, num_stages=1, replica=replica, replicas=replicas,
                          microbatches=microbatches, batch_size=batch_size, stage_module=module, module=module,
-                         schedule=None, scale_grads=scale_grads, dp_group=dp_group, units=units)
+                         schedule=None, scale_grads=scale_grads, dp_group=dp_group, units=units,
+                         timeouts=timeouts, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
+                         links=links)
         self.__dict__["loss_fn"] = loss_fn  # not a submodule: a loss module's buffers are not the model's
 
     def _where(self) -> str:
         return f"FSDP rank {self.rank} (replica {self.replica} of {self.replicas})"
 
-    def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
-        """One training step on the full batch (every rank passes the same batch and target);
-        gradients end in the shards' ``.grad``; returns the batch's mean (or summed) loss."""
+    def _schedule_text(self) -> str:  # for report(): one stage, no pipeline schedule
+        plan = self.__dict__.get("plan")
+        kind = plan.shard[0] if plan is not None and plan.shard else "fsdp"
+        return f"none (one stage, {kind} over {self.replicas} ranks, micro-batches accumulated)"
+
+    def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if target is None:
             raise ShardedRunError(f"{self._where()}: step() needs target= to compute the loss")
         for i, x in enumerate(inputs):
@@ -149,6 +161,11 @@ class FSDPRunner(PipelineRunner):
                 got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ShardedRunError(f"{self._where()}: input {i} is {got}; the runner was built for a batch of "
                                       f"{self.batch_size} (the example inputs): pass batches of that size")
+
+    def _run(self, inputs: Sequence[torch.Tensor], target: torch.Tensor | None) -> list[torch.Tensor]:
+        """Forward and backward per micro-batch of this rank's share; gradients are
+        reduce-scattered into the shards by every backward."""
+        assert target is not None
         m_count = self.microbatches
         mine = [share(x, m_count, self.replicas, self.replica).tensor_split(m_count) for x in inputs]
         tgt = share(target, m_count, self.replicas, self.replica).tensor_split(m_count)
@@ -157,17 +174,7 @@ class FSDPRunner(PipelineRunner):
             loss = self.loss_fn(self.module(*(x[m] for x in mine)), tgt[m])
             (loss / m_count if self.scale_grads else loss).backward()
             losses.append(loss.detach().float())
-        if not self.scale_grads and self.replicas > 1:
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(self.replicas)  # FSDP averages over replicas; a summed loss wants the sum
-        total = torch.stack(losses)
-        total = total.mean() if self.scale_grads else total.sum()
-        if self.replicas > 1:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.dp_group)
-            if self.scale_grads:
-                total = total / self.replicas
-        return total
+        return losses
 
 
 def build_sharded_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],
@@ -189,7 +196,8 @@ def build_sharded_runner(traced: "Traced", plan: "Placement", cluster: "Cluster"
     opts = StageOptions.of(plan)
     if plan.num_stages == 1 and opts.sharded(0):
         return _one_stage(traced, plan, cluster, opts, example_inputs=example_inputs, loss_fn=loss_fn,
-                          device=default_device(device), scale_grads=scale_grads)
+                          device=default_device(device), scale_grads=scale_grads, timeouts=timeouts,
+                          predicted_step_s=predicted_step_s, batch_norm=batch_norm)
     return build_sharded_pipeline(traced, plan, cluster, example_inputs=example_inputs, loss_fn=loss_fn,
                                   device=device, scale_grads=scale_grads, timeouts=timeouts,
                                   predicted_step_s=predicted_step_s, batch_norm=batch_norm)
@@ -216,16 +224,35 @@ def _batch(example_inputs: Sequence[Any], microbatches: int, replicas: int) -> i
 
 def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: StageOptions, *,
                example_inputs: Sequence[Any], loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
-               device: torch.device, scale_grads: bool) -> FSDPRunner:
+               device: torch.device, scale_grads: bool, timeouts: Any, predicted_step_s: float | None,
+               batch_norm: str) -> FSDPRunner:
+    """The :class:`FSDPRunner` of a one-stage sharded plan, with the runner options every
+    pipeline gets (:func:`~autoplace.rewrite.runtime.build_pipeline_runner`): BatchNorm over the
+    whole batch (replicas synchronised, ``batch_norm="sync"``), the bounds of ``timeouts`` on the
+    mesh's collectives, the step gate and the heartbeat."""
     from torch.distributed.device_mesh import init_device_mesh
 
     assert plan.stage_devices is not None
+    if batch_norm not in batchnorm.MODES:
+        raise ShardedRunError(f"batch_norm is {batch_norm!r}; it must be one of {batchnorm.MODES}")
+    limits = resolve_timeouts(timeouts)
+    hb = liveness.heartbeat(limits.heartbeat_s)
+    if hb is not None:
+        hb.state = "building"
     replicas = len(plan.stage_devices[0])
     batch = _batch(example_inputs, plan.microbatches, replicas)
     micro = tuple(x[: batch // (plan.microbatches * replicas)] for x in example_inputs)
     split, _, unit_of = _stage_modules(traced, plan, micro)
     like = {n.name: (n.op, n.target) for n in traced.gm.graph.nodes}
     stage = split.stages[0]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    members = list(range(world))
+    bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, [members], 0)
+    bn_group = liveness.group(members, bounds[0]) if replicas > 1 and batch_norm == "sync" and \
+        batchnorm.has_batch_norm(stage) else None
+    # before the units are outlined: they then hold the converted layers
+    batch_norms = batchnorm.convert(stage, mode=batch_norm, microbatches=plan.microbatches, replicas=replicas,
+                                    batch_size=batch, stage_index=0, group=bn_group)
     units = outline_units(stage, unit_of, like=like)
     shape, names = _mesh_spec(plan, cluster, opts.shard[0], replicas)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
@@ -233,12 +260,14 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
     shard_stage(stage, units, mesh, shard=opts.shard[0], recompute=opts.recompute[0],
                 bf16=opts.precision[0] == "bf16", reshard_after_forward=opts.reshard_after_forward[0],
                 output_dtype=torch.float32)
-    rank = dist.get_rank()
+    collectives = [mesh.get_group(n) for n in names] + [bn_group]
+    links = Links(limits, members, members, [r for r in members if r != rank],
+                  {r: f"rank {r} (replica {r % replicas} of {replicas})" for r in members}, collectives, gate_group,
+                  p2p)
     return FSDPRunner(rank=rank, replica=rank % replicas, replicas=replicas, microbatches=plan.microbatches,
                       batch_size=batch, module=stage, loss_fn=loss_fn, scale_grads=scale_grads, dp_group=None,
-                      units=units)
-
-
+                      units=units, timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
+                      links=links)
 
 
 def build_sharded_pipeline(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],

@@ -99,16 +99,78 @@ class PipelineRunner(torch.nn.Module):
         rep = f", replica {self.replica} of {self.replicas}" if self.replicas > 1 else ""
         return f"pipeline rank {self.rank} (stage {self.stage_index} of {self.num_stages}{rep})"
 
+    # ---- checkpoints and the report (the functions are autoplace.rewrite.checkpoint's) ----------
+
+    def save(self, path: Any, *, optimizer: torch.optim.Optimizer | None = None, step: int | None = None) -> None:
+        """:func:`autoplace.rewrite.checkpoint.save`: this rank's part of the model (and of
+        ``optimizer``) in the original model's names, to the DCP directory ``path``; every rank calls it."""
+        from .checkpoint import save
+
+        save(self, path, optimizer=optimizer, step=step)
+
+    def load(self, path: Any, *, optimizer: torch.optim.Optimizer | None = None) -> int | None:
+        """:func:`autoplace.rewrite.checkpoint.load`: read a checkpoint written under any plan
+        into this rank's tensors (and ``optimizer``); returns the saved step. Every rank calls it."""
+        from .checkpoint import load
+
+        return load(self, path, optimizer=optimizer)
+
+    def full_state_dict(self, *, model: torch.nn.Module | None = None, rank0_only: bool = False) -> dict[str, Any]:
+        """:func:`autoplace.rewrite.checkpoint.full_state_dict`: the whole model's state, gathered,
+        in the original names (``model``: exactly its keys). Every rank calls it."""
+        from .checkpoint import full_state_dict
+
+        return full_state_dict(self, model=model, rank0_only=rank0_only)
+
+    def _schedule_text(self) -> str:
+        plan = self.__dict__.get("plan")
+        return plan.schedule if plan is not None else type(self.schedule).__name__
+
+    def report(self, cluster: Any = None) -> str:
+        """This rank's part of the plan in a few lines: the plan, the stage(s) and replica this rank
+        runs, their parameters (elements and bytes, the local share of sharded ones), the schedule,
+        the micro-batches and the predicted step time (the plan's; with ``cluster``, simulated)."""
+        from ..report import format_bytes, plan_summary
+
+        plan, graph = self.__dict__.get("plan"), self.__dict__.get("graph")
+        lines = [f"{type(self).__name__}: {self._where()}"]
+        if plan is not None:
+            lines.append(f"plan: {plan_summary(plan)}" + (f" (planner {plan.planner})" if plan.planner else ""))
+        params = list(self.parameters())
+        whole = sum(p.numel() for p in params)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        held = sum(t.numel() for t in local)
+        nbytes = sum(t.numel() * t.element_size() for t in local)
+        share = f", {held:,} held here" if held != whole else ""
+        lines.append(f"parameters: {len(params)} tensors, {whole:,} elements{share} ({format_bytes(nbytes)} on this rank)")
+        per = self.batch_size // max(self.microbatches * self.replicas, 1)
+        lines.append(f"schedule: {self._schedule_text()}, {self.microbatches} micro-batch"
+                     f"{'es' if self.microbatches != 1 else ''} of {per} sample{'s' if per != 1 else ''} per replica "
+                     f"(batch {self.batch_size})")
+        step_s = self.predicted_step_s
+        if step_s is None and plan is not None:
+            known = plan.meta.get("predicted_step_time_s")
+            step_s = float(known) if isinstance(known, (int, float)) else None
+        if cluster is not None and plan is not None and graph is not None:
+            from ..sim import simulate
+
+            step_s = float(simulate(graph, plan, cluster).step_time_s)
+        lines.append(f"predicted step: {step_s * 1e3:.3f} ms" if step_s else
+                     "predicted step: not known (pass the cluster: report(cluster))")
+        lines.append(f"steps run: {self.steps}")
+        return "\n".join(lines)
+
     def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:
         """One training step on a full batch; returns the batch loss on the last stage, else None.
 
         Every rank passes the same full batch (only stage 0 reads ``inputs``, only the last
         stage reads ``target``); gradients accumulate into ``.grad`` of ``parameters()``.
+
+        Every runner kind steps through here: the gate and bounds of ``timeouts``, the
+        heartbeat, BatchNorm's once-a-step statistics and the errors that name a silent peer are
+        applied once, for all of them; a kind changes only :meth:`_run` (what runs the step).
         """
         self._check(inputs, target)
-        args = tuple(share(x, self.microbatches, self.replicas, self.replica) for x in inputs) if self.is_first else ()
-        tgt = share(target, self.microbatches, self.replicas, self.replica) if self.is_last and target is not None else None
-        losses: list[torch.Tensor] = []
         n = self.steps + 1
         if self.links is not None:
             self.links.start(self, n)
@@ -116,14 +178,10 @@ class PipelineRunner(torch.nn.Module):
         for layer in self.batch_norms:
             layer.discard()
         try:
-            # return_outputs=False: the last stage keeps no merged output, only the losses.
-            if self.is_last:
-                self.schedule.step(*args, target=tgt, losses=losses, return_outputs=False)
-            else:
-                self.schedule.step(*args, return_outputs=False)
+            losses = self._run(inputs, target)
             self._finish_grads()
             batchnorm.commit(self.batch_norms)
-            loss = self._batch_loss(losses) if self.is_last else None
+            loss = self._batch_loss(losses) if losses is not None else None
         except Exception as e:
             if self.links is not None:
                 self.links.quiet()
@@ -142,6 +200,19 @@ class PipelineRunner(torch.nn.Module):
         if self.links is not None:
             self.links.done(self, n)
         return loss
+
+    def _run(self, inputs: Sequence[torch.Tensor], target: torch.Tensor | None) -> list[torch.Tensor] | None:
+        """The schedule on this rank's shares of the batch; the micro-batches' losses on the last
+        stage, None elsewhere."""
+        args = tuple(share(x, self.microbatches, self.replicas, self.replica) for x in inputs) if self.is_first else ()
+        tgt = share(target, self.microbatches, self.replicas, self.replica) if self.is_last and target is not None else None
+        losses: list[torch.Tensor] = []
+        # return_outputs=False: the last stage keeps no merged output, only the losses.
+        if self.is_last:
+            self.schedule.step(*args, target=tgt, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(*args, return_outputs=False)
+        return losses if self.is_last else None
 
     def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if self.is_first:
