@@ -22,6 +22,8 @@ from ..errors import AutoplaceError, NoFitError
 from ..placement import Placement
 from ..progress import Status
 from . import budget as _budget
+from .reserve import MemoryReserve, ReserveSpec, reserved_cluster, resolve_reserve
+from .runnable import runnable_problems
 from .registry import KINDS, MODES, Planner, as_cluster, call_planner, check_configs, config_for, get_planner, planners
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "plan_budget", "wrap_budget"]
+__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "TIE_BAND", "plan_budget", "wrap_budget"]
 
 
 
@@ -45,6 +47,12 @@ QUICK_RESERVE_S = 1.0
 """In quick mode (``budget_s=None``) a learned planner may run until this many seconds per
 learned planner after it are left (they usually finish early; a fine-tuning budget is split
 in equal shares instead)."""
+
+
+TIE_BAND = 0.01
+"""``plan(planner="best")``: plans whose simulated step is within this share of the fastest's are
+a tie, broken by the lower peak memory (a 1% difference is inside the simulator's error; memory
+headroom is what keeps a real run alive)."""
 
 
 WRAP_TARGET_S = 9.0
@@ -73,12 +81,18 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
          module: "torch.nn.Module | None" = None, kinds: tuple[str, ...] = KINDS,
          accept: Callable[[Placement], str] | None = None,
-         config: object | Mapping[str, object] | None = None) -> Placement:
+         config: object | Mapping[str, object] | None = None, memory_reserve: ReserveSpec = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
     ``mode`` runs (heuristics first, then the learned planners on what time is left) and the
-    fastest simulated placement that fits in memory wins. ``mode``: ``"model"``,
+    fastest simulated placement that fits in memory wins, except that among the plans within
+    :data:`TIE_BAND` (1%) of the fastest's step time the one with the lowest peak memory wins
+    (``meta["tie_rule"]`` says which was fastest and why another was chosen; the chosen row of
+    ``meta["candidates"]`` has ``chosen=True``). With ``"best"`` only plans the runtime runs
+    are returned (:func:`~autoplace.planners.runnable.runnable_problems`: a pipeline plan's
+    stages replicated alike, equal shares of the batch; the others are recorded with the
+    reason, as ``accept``'s). ``mode``: ``"model"``,
     ``"pipeline"`` (stages, possibly replicated: data parallel is the one-stage case) or
     ``"auto"`` (both).
 
@@ -127,6 +141,15 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     configs (``{"eagle": EagleConfig(...), "mars": MarsConfig(...)}``). A config of another
     class than the planner's ``config_type`` is a TypeError naming the class it expects.
 
+    ``memory_reserve``: memory every device keeps free (:mod:`autoplace.planners.reserve`: the
+    CUDA context, workspaces, NCCL buffers, allocator fragmentation). None: the default
+    (:class:`~autoplace.planners.reserve.MemoryReserve`: 432 MiB + 256 MiB with several GPUs + 5%
+    per GPU, none on CPUs; or the one of an enclosing ``using_reserve``); 0: none; a fraction in
+    (0, 1) of every device's memory; bytes (>= 1 MiB) per device; or a MemoryReserve. Every
+    planner plans against ``capacity - reserve``: a plan over it does not fit. ``meta`` says
+    the reserve (``memory_reserve``, ``memory_reserve_bytes``), the full capacities and the
+    plan's smallest margin (``memory_margin_bytes``: capacity - peak, over devices).
+
     While it runs, planning of more than 2 s shows which planner runs and how far it is on
     stderr (:class:`autoplace.progress.Status`; off inside ``autoplace.progress.shown(False)``).
     Small torch networks run on one thread meanwhile (the learned planners' policies: extra
@@ -135,7 +158,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     from ..sim import simulator_for
 
     start = time.perf_counter()
-    cluster = as_cluster(cluster)
+    full = as_cluster(cluster)
+    reserve = resolve_reserve(memory_reserve)
+    cluster = reserved_cluster(full, reserve)
     modes = MODES if mode == "auto" else (mode,)
     if mode != "auto" and mode not in MODES:
         raise ValueError(f"mode is {mode!r}; it must be 'model', 'pipeline' or 'auto'")
@@ -164,7 +189,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             raise NoFitError(f"planner {planner!r} returned a placement that does not fit: {over}. "
                              f"Try planner='best' (every planner, the best that fits), mode='pipeline' "
                              f"(stages hold only their share of activations), or larger devices")
-        return _stamp(out, row, [])
+        return _reserved(_stamp(out, row, []), full, reserve)
 
     limit = DEFAULT_BUDGET_S if budget_s is None else float(budget_s)
     outer = _budget.current()
@@ -175,8 +200,11 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     if not jobs:
         raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
     check_configs(config, list(dict.fromkeys(n for _, n in jobs)))
+    user_accept = accept
+    accept = _runs_and(graph, user_accept)  # what the runtime runs, then the caller's rule
     rows: list[dict[str, Any]] = []
     best: tuple[float, Placement, dict[str, Any]] | None = None
+    pool: list[tuple[float, Placement, dict[str, Any]]] = []  # every usable plan, for the tie rule
     one_device = cluster.num_devices == 1
     learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device)
     seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
@@ -191,7 +219,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if p.kind == "learned" and k and get_planner(jobs[k - 1][1]).kind == "heuristic":
                 # the schedule pass on the heuristics' plans, before the learned planners take the time left
                 status.part(k, "schedules")
-                best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best)
+                best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best, pool)
             status.part(k, name)
             left = overall.left_s()
             share: float | None = None
@@ -251,6 +279,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if why:
                 row.update(error=why, why=why)
             rows.append(row)
+            if not row["oom"] and not why:
+                pool.append((row["step_time_s"], out, row))
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
             if not row["oom"] and not why and out.mode == "pipeline":
@@ -258,19 +288,60 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if p.kind == "heuristic" and k + 1 < len(jobs) and get_planner(jobs[k + 1][1]).kind == "learned":
                 _share_seeds(graph, cluster, cost, seeds)
         # the schedule pass, at the end on the plans the learned planners added
-        best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best)
+        best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best, pool)
     if best is None:
         from .memory import MemoryEstimate, needs
 
         reasons = "\n  - ".join(f"{r['planner']}: {r.get('why') or 'its placement is over memory'}" for r in rows)
         mem = MemoryEstimate.of(graph, sim.cost)
-        usable = "fits" if accept is None else "fits and can be used"
-        raise NoFitError(f"no planner found a placement that {usable} on {cluster.name or 'the cluster'}. "
+        usable = "fits and runs" if user_accept is None else "fits, runs and can be used"
+        kept = "" if reserve.is_zero else f" (keeping {reserve.describe()} free: memory_reserve=0 turns it off)"
+        raise NoFitError(f"no planner found a placement that {usable} on {cluster.name or 'the cluster'}{kept}. "
                          f"{needs(graph, cluster, mem)}\n  - {reasons}")
-    out = _stamp(best[1], best[2], rows)
+    step, chosen, row, tie = _tie_break(pool)
+    out = _stamp(chosen, row, rows)
     meta = dict(out.meta, budget_s=limit, planning_s=time.perf_counter() - start,
-                compile_s=_budget.compile_s() - compiled0)
-    return dataclasses.replace(out, meta=meta)
+                compile_s=_budget.compile_s() - compiled0, tie_rule=tie)
+    return _reserved(dataclasses.replace(out, meta=meta), full, reserve)
+
+
+def _runs_and(graph: "OpGraph", accept: Callable[[Placement], str] | None) -> Callable[[Placement], str]:
+    """``accept`` after the runtime's rules (:func:`runnable_problems`): the first reason that
+    refuses a plan, ``""`` when none does."""
+    def usable(p: Placement) -> str:
+        return next(iter(runnable_problems(p, graph)), "") or (accept(p) if accept is not None else "")
+
+    return usable
+
+
+def _tie_break(pool: list[tuple[float, Placement, dict[str, Any]]]) -> tuple[float, Placement, dict[str, Any], dict[str, Any]]:
+    """The plan :func:`plan` returns among the usable ones: the lowest peak memory among those
+    within :data:`TIE_BAND` of the fastest step (the faster on equal peaks), and what the rule
+    did (``meta["tie_rule"]``). Marks the chosen row ``chosen=True``."""
+    fastest = min(pool, key=lambda c: c[0])
+    band = [c for c in pool if c[0] <= fastest[0] * (1 + TIE_BAND)]
+    pick = min(band, key=lambda c: (c[2]["peak_memory_bytes"], c[0]))
+    pick[2]["chosen"] = True
+    tie: dict[str, Any] = dict(band=TIE_BAND, in_band=len(band), fastest=fastest[2]["planner"],
+                               fastest_step_time_s=fastest[0], fastest_peak_memory_bytes=fastest[2]["peak_memory_bytes"],
+                               chosen=pick[2]["planner"])
+    if pick is not fastest:
+        tie["why"] = (f"{pick[2]['planner']} is {pick[0] / fastest[0] - 1:.2%} slower than {fastest[2]['planner']} "
+                      f"(within {TIE_BAND:.0%}) and peaks at {pick[2]['peak_memory_bytes'] / 2**30:.2f} GiB "
+                      f"instead of {fastest[2]['peak_memory_bytes'] / 2**30:.2f} GiB")
+    return pick[0], pick[1], pick[2], tie
+
+
+def _reserved(out: Placement, full: Cluster, reserve: MemoryReserve) -> Placement:
+    """``out`` (planned on the reserved cluster) stamped for the ``full`` one: its fingerprint,
+    the reserve, the full capacities and the smallest margin (capacity - peak)."""
+    cut = reserve.bytes_per_device(full)
+    peaks = np.asarray(out.meta.get("memory_per_device") or [out.meta.get("peak_memory_bytes", 0.0)], dtype=float)
+    cap = full.memory
+    margin = float(np.min(cap[:peaks.size] - peaks)) if peaks.size == cap.size else float(cap.min() - peaks.max())
+    meta = dict(out.meta, memory_reserve=reserve.describe(), memory_reserve_bytes=[float(x) for x in cut],
+                memory_capacity_bytes=[float(x) for x in cap], memory_margin_bytes=margin)
+    return dataclasses.replace(out, cluster_fingerprint=full.fingerprint, meta=meta)
 
 
 SCHEDULE_PASS_PLANS = 3
@@ -281,12 +352,13 @@ distinct pipeline plans that fit (0: no schedule pass)."""
 
 def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[tuple[float, str, Placement]],
                    rows: list[dict[str, Any]], accept: Callable[[Placement], str] | None, overall: _budget.Deadline,
-                   limit: float, done: set[tuple[object, ...]],
-                   best: tuple[float, Placement, dict[str, Any]] | None) -> tuple[float, Placement, dict[str, Any]] | None:
+                   limit: float, done: set[tuple[object, ...]], best: tuple[float, Placement, dict[str, Any]] | None,
+                   pool: list[tuple[float, Placement, dict[str, Any]]]) -> tuple[float, Placement, dict[str, Any]] | None:
     """Run best_schedule on the fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans not in
     ``done`` (added there); a row ``NAME+sched`` for each (its chosen schedule and what was tried
     in ``note``). Returns ``best`` (step, placement, row), replaced by the fastest variant when
-    one beats it (best_schedule chooses only variants ``accept`` takes)."""
+    one beats it (best_schedule chooses only variants ``accept`` takes); each variant that fits
+    joins ``pool`` (the tie rule's candidates)."""
     from .heuristic.schedules import best_schedule
     from .heuristic.sequence_parallel import with_sequence_parallel
 
@@ -320,8 +392,10 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                          f"{len(choice.candidates)} schedule variants tried, {len(fits)} fit"
                          + "".join(f"; {n}" for n in stopped)))
         rows.append(row)
+        if got != p and not row["oom"]:
+            pool.append((row["step_time_s"], dataclasses.replace(got, planner=label), row))  # "by pipedream-dp+sched"
         if got != p and not row["oom"] and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
-            out = (row["step_time_s"], dataclasses.replace(got, planner=label), row)  # "by pipedream-dp+sched"
+            out = (row["step_time_s"], dataclasses.replace(got, planner=label), row)
     return out
 
 
@@ -380,7 +454,7 @@ def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, 
 def _stamp(out: Placement, row: dict[str, Any], rows: list[dict[str, Any]]) -> Placement:
     meta = dict(out.meta)
     meta.update(predicted_step_time_s=row["step_time_s"], peak_memory_bytes=row["peak_memory_bytes"],
-                plan_time_s=row["plan_time_s"])
+                plan_time_s=row["plan_time_s"], memory_per_device=row["memory_per_device"])
     if rows:
         meta["candidates"] = rows
     return dataclasses.replace(out, meta=meta)

@@ -1,0 +1,62 @@
+"""What the pipeline runtime runs, as the planners ask it: :func:`runnable_problems`.
+
+``plan(planner="best")`` returns only plans the runtime runs (DESIGN.md: "every plan the
+planners can return is runnable"). A model-parallel plan always runs (one process, one
+GraphModule). A pipeline plan runs under ``autoplace.rewrite`` when
+
+- every stage is replicated the same number of times (one (pp, dp) mesh of ranks);
+- the batch divides into ``microbatches x replicas`` equal shares (``torch.distributed.pipelining``
+  fixes the shapes before the first step: :func:`autoplace.pipeline_rules.batch_share_problems`
+  with ``even=True``);
+- all stages use one shard kind and one precision, and a sharded pipeline keeps tied parameters
+  in one stage and was traced by torch.fx (its FSDP units are fx nodes).
+
+These are the rules of ``autoplace.rewrite.fsdp.runtime_problems`` (less the launcher's count of
+ranks), read here from the rules layer so that the planners do not import the runtime;
+``tests/planners/test_plan_property.py`` checks every plan plan() returns against the runtime's
+own function, so the two cannot drift apart unseen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..parallel import StageOptions
+from ..pipeline_rules import batch_share_problems
+
+if TYPE_CHECKING:
+    from ..graph.ir import OpGraph
+    from ..placement import Placement
+
+__all__ = ["runnable_problems"]
+
+
+def runnable_problems(plan: "Placement", graph: "OpGraph") -> list[str]:
+    """Why the runtime cannot run ``plan`` (empty: it can); see the module docstring."""
+    if plan.mode != "pipeline" or plan.stage_devices is None:
+        return []
+    replicas = [len(s) for s in plan.stage_devices]
+    out: list[str] = []
+    if len(set(replicas)) != 1:
+        out.append(f"stages are replicated {replicas} times; the runtime needs the same count per stage")
+    out.extend(batch_share_problems(graph.batch_size, plan.microbatches, replicas, even=True))
+    opts = StageOptions.of(plan)
+    if opts.is_default:
+        return out
+    kinds = set(opts.shard)
+    if len(kinds) > 1:
+        out.append(f"stages use shard kinds {list(opts.shard)}; the runtime runs one kind for every stage")
+    sharded = kinds & {"fsdp", "hsdp"}
+    if sharded and graph.meta.get("traced_with") == "export":
+        out.append("FSDP units are cut from a torch.fx trace; this model was traced with torch.export: "
+                   "use shard='ddp', or make the model symbolically traceable (leaf_modules=)")
+    if sharded and plan.num_stages > 1 and plan.stage_of_node is not None:
+        for grp in graph.tied:
+            st = {int(plan.stage_of_node[i]) for i in grp}
+            if len(st) > 1:
+                out.append(f"parameters tied across stages {sorted(st)} ({graph.names[grp[0]]}); a sharded "
+                           "pipeline holds each parameter in one stage: keep tied ops in one stage")
+                break
+    if len(set(opts.precision)) > 1:
+        out.append(f"stages use precisions {list(opts.precision)}; the runtime runs one precision for every stage")
+    return out
