@@ -46,7 +46,7 @@ def _in_torchrun() -> bool:
 
 
 def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, budget_s: float | None, trace_s: float,
-               seed: int, cost: CostModel, module: nn.Module | None = None) -> Placement:
+               seed: int, cost: CostModel, module: nn.Module | None = None, memory_reserve: Any = None) -> Placement:
     """The plan ``wrap`` runs in this process (model parallel), under ``wrap``'s planning
     budget (:func:`autoplace.planners.planning.wrap_budget`). With ``mode="auto"`` on several
     devices, ``plan(mode="auto")`` also weighs the data-parallel, pipeline and hybrid plans
@@ -67,7 +67,8 @@ def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, bud
     with Step(f"autoplace: planning {graph.num_nodes} ops on {n} devices (planner {name!r})", stream=sys.stderr), \
             plan_budget(wrap_budget(budget_s, trace_s)):
         chosen = make_plan(graph, cluster, planner=name, mode="auto" if weigh else "model", budget_s=budget_s,
-                           seed=seed, cost=cost, module=module, accept=runs_here if weigh else None)
+                           seed=seed, cost=cost, module=module, accept=runs_here if weigh else None,
+                           memory_reserve=memory_reserve)
     return auto_choice(chosen, n) if weigh else chosen
 
 
@@ -94,7 +95,7 @@ class PlacedModule(nn.Module):
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
                  plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
                  leaf_modules: Sequence[type | str], progress: bool, online: OnlineConfig | None = None,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, memory_reserve: Any = None) -> None:
         super().__init__()
         # Share the user's registries: same keys in state_dict(), same Parameter objects.
         self._modules = model._modules
@@ -111,6 +112,7 @@ class PlacedModule(nn.Module):
                              _tuner=None, _optimizer=optimizer, _modes={})
         self.devices, self.cluster, self.cost = list(devices), cluster, cost or CostModel()
         self._planner, self._mode, self._budget_s, self._seed = planner, mode, budget_s, seed
+        self._memory_reserve = memory_reserve
         self._leaf_modules, self._progress = tuple(leaf_modules), progress
         self.plan: Placement | None = plan
         self.graph: OpGraph | None = None
@@ -150,7 +152,7 @@ class PlacedModule(nn.Module):
             t0 = time.perf_counter()
             self.plan = plan_model(graph, self.cluster, planner=self._planner, mode=self._mode, budget_s=self._budget_s,
                                    trace_s=self.timings["trace_s"], seed=self._seed, cost=self.cost,
-                                   module=self.__dict__["_wrapped"])
+                                   module=self.__dict__["_wrapped"], memory_reserve=self._memory_reserve)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
         t0 = time.perf_counter()
@@ -336,7 +338,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
          budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[type | str] = (), progress: bool = True,
          optimizer: torch.optim.Optimizer | None = None, online: OnlineConfig | None = None,
          loss_fn: Callable[..., torch.Tensor] | None = None, timeout_s: float | Timeouts | None = None,
-         batch_norm: str = "sync") -> Wrapped:
+         batch_norm: str = "sync", memory_reserve: Any = None) -> Wrapped:
     """Place ``model`` on ``devices`` and return a module that runs it there.
 
     Returns a :class:`PlacedModule` (model parallel, in this process) or, under torchrun (mode
@@ -377,11 +379,18 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
         batch_norm: pipeline mode only: ``"sync"`` (default: BatchNorm running statistics over
             the whole batch, replicas synchronised) or ``"local"`` (torch's, per micro-batch).
 
+    ``memory_reserve``: memory each device keeps free for what the simulator does not count (CUDA
+    context, NCCL buffers, fragmentation), as :func:`autoplace.plan`'s: None (the default
+    :class:`autoplace.planners.reserve.MemoryReserve`), 0, a fraction, bytes or a MemoryReserve.
+
     Errors (:class:`WrapError`, :class:`PlacementError`) come before anything about the model changes.
     """
     names = check_arguments(model, devices, mode=mode, batch_norm=batch_norm, budget_s=budget_s,
                              planner=planner if plan is None else "best")
     cl = target_cluster(names, cluster)
+    from .planners.reserve import keeping_reserve, resolve_reserve
+
+    resolve_reserve(memory_reserve)  # a bad value is refused before anything runs
     placement = plan if plan is None or isinstance(plan, Placement) else Placement.from_json(plan)
     if placement is not None:
         used = placement.devices_used()
@@ -400,6 +409,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
     if mode == "pipeline" or (mode == "auto" and distributed) or (placement is not None and placement.mode == "pipeline"):
         from .distributed import wrap_pipeline
 
+        wrap_pipeline = keeping_reserve(memory_reserve, wrap_pipeline)  # its plan() calls keep the reserve
         return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
                              plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
                              online=online_cfg, optimizer=optimizer, loss_fn=loss_fn, timeout_s=timeout_s,
@@ -411,7 +421,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
                         "in this process takes none: leave them out, or launch with torchrun and mode='pipeline'")
     pm = PlacedModule(model, names, cluster=cl, planner=planner, mode=mode, plan=placement, cost=cost,
                       budget_s=budget_s, seed=seed, leaf_modules=leaf_modules, progress=progress, online=online_cfg,
-                      optimizer=optimizer)
+                      optimizer=optimizer, memory_reserve=memory_reserve)
     if example_inputs is not None:
         args, kw = as_inputs(example_inputs)
         pm._build(args, kw)

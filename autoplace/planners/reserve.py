@@ -44,7 +44,7 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
 
 __all__ = ["MemoryReserve", "MemoryReserveError", "ReserveSpec", "resolve_reserve", "reserved_cluster",
-           "using_reserve", "MIN_RESERVE_BYTES"]
+           "using_reserve", "keeping_reserve", "MIN_RESERVE_BYTES"]
 
 MiB = 2.0**20
 
@@ -139,6 +139,21 @@ def using_reserve(value: ReserveSpec) -> Iterator[MemoryReserve]:
         yield resolved
     finally:
         _SCOPE.reset(token)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def keeping_reserve(value: ReserveSpec, fn: F) -> F:
+    """``fn`` run inside :func:`using_reserve` ``(value)`` (``fn`` itself when ``value`` is None)."""
+    if value is None:
+        return fn
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with using_reserve(value):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def resolve_reserve(value: ReserveSpec) -> MemoryReserve:

@@ -139,3 +139,15 @@ def test_the_tie_rule_keeps_the_faster_outside_the_band(two: None) -> None:
     p = ask(graph(FAR), CLUSTER, memory_reserve=0)
     assert p.planner == "all"  # 2.1% faster: not a tie
     assert p.meta["tie_rule"]["chosen"] == "all" and "why" not in p.meta["tie_rule"]
+
+
+def test_wrap_passes_the_reserve_to_plan() -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = (torch.randn(4, 8),)
+    with pytest.raises(MemoryReserveError, match="'lots'"):
+        autoplace.wrap(model, ["cpu", "cpu"], example_inputs=x, cluster="2xV100-pcie", memory_reserve="lots")
+    pm = autoplace.wrap(model, ["cpu", "cpu"], example_inputs=x, cluster="2xV100-pcie", memory_reserve=2**30,
+                        mode="model", progress=False, budget_s=1.0)
+    assert pm.plan is not None and pm.plan.meta["memory_reserve_bytes"] == [2.0**30, 2.0**30]
