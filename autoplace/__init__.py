@@ -35,12 +35,15 @@ _LAZY = {
     "PlacedModule": ("autoplace.api", "PlacedModule"),
     "zoo": ("autoplace.zoo", None),
     "OnlineConfig": ("autoplace.online", "OnlineConfig"),
+    "save_checkpoint": ("autoplace.rewrite.checkpoint", "save"),
+    "load_checkpoint": ("autoplace.rewrite.checkpoint", "load"),
+    "full_state_dict": ("autoplace.rewrite.checkpoint", "full_state_dict"),
 }
 
 __all__ = [
     "trace", "load_pipedream", "OpGraph", "Cluster", "Device", "Link", "CostModel", "Placement",
     "PlacementError", "simulate", "SimResult", "lower_bound", "planners", "plan", "wrap", "PlacedModule", "zoo",
-    "OnlineConfig", "AutoplaceError",
+    "OnlineConfig", "AutoplaceError", "save_checkpoint", "load_checkpoint", "full_state_dict",
 ]
 
 

@@ -100,6 +100,12 @@ class MultiStageRunner(PipelineRunner):
         return (f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, "
                 f"{self.schedule_name}{rep})")
 
+    def _schedule_text(self) -> str:  # for report(): the torch schedule and this rank's virtual stages
+        plan = self.__dict__.get("plan")
+        tp = f", tp={plan.tp}" if plan is not None and plan.tp > 1 else ""
+        return (f"{self.schedule_name} ({type(self.schedule).__name__}), stages {list(self.stage_indices)} of "
+                f"{self.num_stages} on this rank of {self.ranks}{tp}")
+
     def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if self.has_first:
             for i, x in enumerate(inputs):

@@ -107,10 +107,19 @@ def reference(wl: Any) -> tuple[list[float], torch.nn.Module, torch.nn.Module]:
     return losses, at_save, ref
 
 
-def out_err(a: torch.nn.Module, b: torch.nn.Module, wl: Any) -> float:
-    x, _ = batch(wl, 99)
+def plain_loss(model: torch.nn.Module, wl: Any, step: int) -> float:
+    x, y = batch(wl, step)
     with torch.no_grad():
-        return (a(x) - b(x)).abs().max().item()
+        return float(wl.loss_fn(model(x), y))
+
+
+def next_loss(runner: Any, wl: Any) -> float | None:
+    """The runner's loss on the batch after the last (a forward and backward; no update)."""
+    x, y = batch(wl, STEPS)
+    loss = runner.step(x, target=y)
+    for p in runner.parameters():
+        p.grad = None
+    return None if loss is None else float(loss)
 
 
 def param_err(state: dict[str, torch.Tensor], ref: torch.nn.Module) -> float:
@@ -139,7 +148,7 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
 
     c = cluster(world)
     wl = fresh(0)
-    ref_losses, ref_saved, ref_end = reference(wl)
+    ref_losses, _, ref_end = reference(wl)
     graph = autoplace.trace(wl.model, wl.example_inputs)
     rec: dict[str, Any] = {"rank": rank, "ref_losses": ref_losses}
     path = Path(case.get("ckpt") or out / f"{case['id']}-ckpt")
@@ -162,7 +171,10 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         rec.update(kind=type(runner).__name__, losses=losses, report=runner.report(c), raw_keys=sorted(runner.state_dict()),
                    names=sorted(mine), dtensors=sorted(k for k, v in mine.items() if isinstance(v, DTensor)),
                    full_keys=list(full) == list(model.state_dict()), full_param_err=param_err(full, ref_end),
-                   unwrapped_out_err=out_err(plain, ref_end, wl), dcp_plain_out_err=out_err(on_disk, ref_saved, wl),
+                   # the plain model's loss on the next batch, and the runner's (its forward, before an update)
+                   plain_next=plain_loss(plain, wl, STEPS), next=next_loss(runner, wl),
+                   # the checkpoint (step 2) in the plain model: its loss on batch 2 is the run's third
+                   dcp_plain_loss=plain_loss(on_disk, wl, SAVE_AT),
                    model_keys=sorted(model.state_dict()), **chunk_counts(path))
         dist.barrier()
     rec["loads"] = []
@@ -178,8 +190,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         plain_b = fresh(9).model
         plain_b.load_state_dict(full_b)
         rec["loads"].append(dict(kind=kind, runner=type(runner_b).__name__, step=step, losses=losses_b,
-                                 full_param_err=param_err(full_b, ref_end), unwrapped_out_err=out_err(plain_b, ref_end, wl),
-                                 report=runner_b.report()))
+                                 full_param_err=param_err(full_b, ref_end), plain_next=plain_loss(plain_b, wl, STEPS),
+                                 next=next_loss(runner_b, wl), report=runner_b.report()))
     (out / f"{case['id']}-rank{rank}.json").write_text(json.dumps(rec))
 
 
