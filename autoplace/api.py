@@ -338,7 +338,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
          budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[type | str] = (), progress: bool = True,
          optimizer: torch.optim.Optimizer | None = None, online: OnlineConfig | None = None,
          loss_fn: Callable[..., torch.Tensor] | None = None, timeout_s: float | Timeouts | None = None,
-         batch_norm: str = "sync", memory_reserve: Any = None) -> Wrapped:
+         batch_norm: str = "sync", microbatches: int | None = None, memory_reserve: Any = None) -> Wrapped:
     """Place ``model`` on ``devices`` and return a module that runs it there.
 
     Returns a :class:`PlacedModule` (model parallel, in this process) or, under torchrun (mode
@@ -378,6 +378,9 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
             :func:`autoplace.distributed.wrap_pipeline`), seconds, or a ``liveness.Timeouts``.
         batch_norm: pipeline mode only: ``"sync"`` (default: BatchNorm running statistics over
             the whole batch, replicas synchronised) or ``"local"`` (torch's, per micro-batch).
+        microbatches: pipeline mode only: the micro-batches of every step (None: the planner's
+            choice). Planning keeps only plans with that many; a given ``plan`` runs with it.
+            ``microbatches=1`` trains exactly as the unsplit model (BatchNorm over the whole batch).
 
     ``memory_reserve``: memory each device keeps free for what the simulator does not count (CUDA
     context, NCCL buffers, fragmentation), as :func:`autoplace.plan`'s: None (the default
@@ -386,7 +389,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
     Errors (:class:`WrapError`, :class:`PlacementError`) come before anything about the model changes.
     """
     names = check_arguments(model, devices, mode=mode, batch_norm=batch_norm, budget_s=budget_s,
-                             planner=planner if plan is None else "best")
+                            planner=planner if plan is None else "best", microbatches=microbatches)
     cl = target_cluster(names, cluster)
     from .planners.reserve import keeping_reserve, resolve_reserve
 
@@ -413,9 +416,9 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
         return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
                              plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
                              online=online_cfg, optimizer=optimizer, loss_fn=loss_fn, timeout_s=timeout_s,
-                             batch_norm=batch_norm)
-    given = [k for k, v in (("loss_fn", loss_fn), ("timeout_s", timeout_s), ("batch_norm", batch_norm != "sync"))
-             if v not in (None, False)]
+                             batch_norm=batch_norm, microbatches=microbatches)
+    given = [k for k, v in (("loss_fn", loss_fn), ("timeout_s", timeout_s), ("batch_norm", batch_norm != "sync"),
+                            ("microbatches", microbatches)) if v not in (None, False)]
     if given:
         raise WrapError(f"{', '.join(given)}: for mode='pipeline' (under torchrun) only; a model-parallel wrap "
                         "in this process takes none: leave them out, or launch with torchrun and mode='pipeline'")

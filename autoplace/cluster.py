@@ -318,7 +318,8 @@ class Cluster:
         ``["cpu", "cpu"]``. CUDA devices are read from ``torch.cuda.get_device_properties``
         and matched to a known kind by name; unknown GPUs get estimates from their SM count.
 
-        Targets that name one device (``["cpu", "cpu"]``) share its memory: each gets ``1/k``
+        Targets that name one device (``["cpu", "cpu"]``, ``["cpu:1", "cpu"]``: torch has one
+        CPU device, whatever the index) share its memory: each gets ``1/k``
         of it (``k`` targets), so plans that fit one target each fit the device together, and
         they are joined by the ``same-memory`` link; the simulator runs a model-parallel step
         over them on one queue (``Simulator.queue_of``: one process runs their ops one after
@@ -351,17 +352,22 @@ class Cluster:
             else:
                 raise ClusterError(f"device type {td.type!r} of {nm!r} is not supported; use 'cpu' or 'cuda:N'")
 
+        # torch has one CPU device whatever the index ("cpu", "cpu:1" are the same memory and cores);
+        # "cuda" and "cuda:0" are one GPU: count the resolved names
+        def physical(dv: Device) -> str:
+            return "cpu" if dv.kind == "cpu" else dv.name
+
         def link_of(i: int, j: int) -> Link:
             a, b = devs[i], devs[j]
-            if a.name == b.name:
+            if physical(a) == physical(b):
                 return LINKS["same-memory"]
             if a.kind == "cpu" or b.kind == "cpu":
                 return LINKS["host-pcie4"]
             return LINKS["nvlink4"] if a.kind in ("H100", "H200") else LINKS["pcie4"]
 
-        count = [dv.name for dv in devs]  # "cuda" and "cuda:0" are one device: count the resolved names
+        count = [physical(dv) for dv in devs]
         share = {nm: count.count(nm) for nm in count}
-        devs = [replace(dv, memory_bytes=dv.memory_bytes / share[dv.name]) if share[dv.name] > 1 else dv
+        devs = [replace(dv, memory_bytes=dv.memory_bytes / share[physical(dv)]) if share[physical(dv)] > 1 else dv
                 for dv in devs]
         return cls.from_links(devs, link_of, name=name or ",".join(names))
 

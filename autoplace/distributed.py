@@ -19,6 +19,7 @@ every re-split.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
@@ -73,15 +74,18 @@ def _predicted_step_s(plan: Placement, graph: Any, cluster: Cluster, cost: CostM
 
 def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner: str = "best",
                            cost: CostModel | None = None, budget_s: float | None = None,
-                           seed: int = 0) -> Placement:
+                           seed: int = 0, microbatches: int | None = None) -> Placement:
     """The fastest simulated pipeline plan the runtime can run on ``world`` ranks: every stage
-    replicated the same number of times, all ranks used. ``plan(mode="pipeline")`` chooses,
-    with the plans the runtime cannot run recorded in ``meta["candidates"]`` with the reason."""
+    replicated the same number of times, all ranks used (and, with ``microbatches``, that many
+    micro-batches). ``plan(mode="pipeline")`` chooses, with the plans the runtime cannot run
+    recorded in ``meta["candidates"]`` with the reason."""
     from .planners import plan as make_plan
     from .errors import NoFitError
 
     def runs_here(p: Placement) -> str:
         used = len(p.devices_used())
+        if microbatches is not None and p.microbatches != microbatches:
+            return f"{p.microbatches} micro-batches (wrap(microbatches={microbatches}) asks for {microbatches})"
         if _uniform_replicas(p) is None:
             return "stages replicated unevenly (the runtime needs the same count per stage)"
         from .rewrite.fsdp import runtime_problems  # shard/recompute/precision: what the sharded runtime runs
@@ -104,7 +108,8 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                   cost: CostModel | None = None, budget_s: float | None = None, seed: int = 0,
                   leaf_modules: Sequence[type | str] = (), loss_fn: Callable[..., torch.Tensor] | None = None,
                   timeout_s: "float | Timeouts | None" = None, online: "OnlineConfig | None" = None,
-                  optimizer: torch.optim.Optimizer | None = None, batch_norm: str = "sync") -> "PipelineRunner":
+                  optimizer: torch.optim.Optimizer | None = None, batch_norm: str = "sync",
+                  microbatches: int | None = None) -> "PipelineRunner":
     """This rank's pipeline runner, or with ``online`` an OnlinePipeline (see the module docstring).
 
     ``timeout_s``: how long a rank waits for a peer before it raises ``PipelineTimeoutError``
@@ -155,13 +160,15 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         if rank == 0:
             try:
                 box[0] = runnable_pipeline_plan(graph, cluster, world, planner=planner, cost=cost,
-                                                budget_s=budget_s, seed=seed).to_dict()
+                                                budget_s=budget_s, seed=seed, microbatches=microbatches).to_dict()
             except Exception as e:  # every rank must learn of the failure, not wait for a plan
                 box[0] = {"error": f"{type(e).__name__}: {e}"}
         dist.broadcast_object_list(box, src=0)
         if "error" in box[0]:
             raise PipelineWrapError(f"planning failed on rank 0: {box[0]['error']}")
         plan = Placement.from_dict(box[0])
+    elif microbatches is not None and plan.microbatches != microbatches:
+        plan = dataclasses.replace(plan, microbatches=microbatches)  # the user's word over the plan file's
     plan.validate(graph, cluster)
     if plan.mode != "pipeline":
         raise PipelineWrapError("mode='pipeline' needs a pipeline plan; this one is model parallel")

@@ -42,6 +42,15 @@ __all__ = ["Placement", "PlacementError", "SCHEDULES", "ALL_SCHEDULES", "pipelin
 MODES = ("model", "pipeline")
 
 
+def _with_batch(graph: "OpGraph", meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A plan's meta with the batch size of the graph it was made for (the error for a plan
+    reused at another batch says so; the exports read it)."""
+    out = dict(meta or {})
+    if graph.batch_size:
+        out.setdefault("batch_size", int(graph.batch_size))
+    return out
+
+
 class PlacementError(AutoplaceError, ValueError):
     """A placement does not fit its graph or cluster; the message lists every problem."""
 
@@ -159,7 +168,7 @@ class Placement:
                         validate: bool = True) -> "Placement":
         """A model-parallel placement: ``device_of_node[i]`` runs op i."""
         p = cls("model", np.asarray(device_of_node), graph_hash=graph.hash,
-                cluster_fingerprint=cluster.fingerprint, planner=planner, meta=dict(meta or {}))
+                cluster_fingerprint=cluster.fingerprint, planner=planner, meta=_with_batch(graph, meta))
         if validate:
             p.validate(graph, cluster)
         return p
@@ -187,7 +196,7 @@ class Placement:
         recompute = split_recompute(graph, st, len(sd), recompute)  # unit paths per stage
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
-                planner=planner, meta=dict(meta or {}), shard=shard, recompute=recompute, precision=precision,
+                planner=planner, meta=_with_batch(graph, meta), shard=shard, recompute=recompute, precision=precision,
                 reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages, tp=tp,
                 sequence_parallel=sequence_parallel)
         if validate:
@@ -209,8 +218,15 @@ class Placement:
         out: list[str] = []
         n, d = graph.num_nodes, cluster.num_devices
         if self.graph_hash and self.graph_hash != graph.hash:
-            out.append(f"it was made for graph {self.graph_hash}, not this one ({graph.hash}"
-                       f"{', ' + graph.name if graph.name else ''}); plan again for this model")
+            made_for = self.meta.get("batch_size")
+            if isinstance(made_for, int) and made_for != graph.batch_size and len(self.device_of_node) == graph.num_nodes:
+                out.append(f"it was made for a batch of {made_for}; this trace has a batch of {graph.batch_size} "
+                           f"(graph {self.graph_hash}, not {graph.hash}): step times, memory and micro-batch "
+                           f"shares depend on the batch, so plan again at a batch of {graph.batch_size}, or trace "
+                           f"and train with batches of {made_for}")
+            else:
+                out.append(f"it was made for graph {self.graph_hash}, not this one ({graph.hash}"
+                           f"{', ' + graph.name if graph.name else ''}); plan again for this model")
         dev = self.device_of_node
         if dev.shape[0] != n:
             out.append(f"device_of_node has {dev.shape[0]} entries; the graph has {n} ops")
@@ -265,8 +281,15 @@ class Placement:
         stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
                            for k, devs in enumerate(self.stage_devices))
         opts = describe_options(self)
+        micro = f"{self.microbatches} micro-batch{'es' if self.microbatches != 1 else ''}"
+        if self.num_stages == 1 and self.tp == 1:  # no pipeline: one stage, whole or over its replicas
+            devs = self.stage_devices[0]
+            kind = ("single-device" if len(devs) == 1 else
+                    {"fsdp": "FSDP", "hsdp": "HSDP"}.get(self.shard[0] if self.shard else "ddp", "data-parallel"))
+            return (f"{kind} placement{who} of {n} ops: one stage on {len(devs)} device{'s' if len(devs) != 1 else ''} "
+                    f"[{'+'.join(map(str, devs))}], {micro}" + (f", {opts}" if opts else ""))
         return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
-                f"{self.microbatches} micro-batches, {self.schedule}"
+                f"{micro}, {self.schedule}"
                 + (f" with {self.virtual_stages} virtual stages per rank" if self.virtual_stages != 1 else "")
                 + (f", tensor parallel x{self.tp}" if self.tp != 1 else "")
                 + (" with sequence parallelism" if self.sequence_parallel else "")

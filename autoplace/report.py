@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .parallel import describe_options
+from .pipeline_rules import ALL_SCHEDULES, stage_ranks
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -196,6 +197,26 @@ def planning_summary(meta: dict[str, Any]) -> str:
     return line + ("" if not (timed or cut) else " (a larger budget_s gives them time)")
 
 
+def ops_and_params(graph: "OpGraph", plan: "Placement", num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per device: the ops it runs and the parameter bytes it holds (a replicated stage's on
+    each of its devices; with virtual stages, every stage of the device's rank)."""
+    d = num_devices
+    ops: np.ndarray = np.bincount(plan.device_of_node, minlength=d)
+    params: np.ndarray = np.bincount(plan.device_of_node, weights=graph.param_bytes, minlength=d)
+    if plan.mode == "pipeline" and plan.stage_devices is not None and plan.stage_of_node is not None:
+        ops = np.zeros(d, dtype=np.int64)
+        params = np.zeros(d)
+        rank_of_op = plan.stage_of_node
+        if plan.virtual_stages != 1 and plan.schedule in ALL_SCHEDULES:  # a rank holds several virtual stages
+            rank_of_op = np.asarray(stage_ranks(plan.schedule, plan.num_stages, plan.virtual_stages))[rank_of_op]
+        for r, devs in enumerate(plan.stage_devices):
+            mask = rank_of_op == r
+            for x in devs:
+                ops[x] += int(mask.sum())
+                params[x] += float(graph.param_bytes[mask].sum())
+    return ops, params
+
+
 def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
                      cost: "CostModel | None" = None, simulated: "SimResult | None" = None) -> str:
     """Per device: ops, parameters, peak memory; predicted step time against the best single
@@ -204,16 +225,7 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
 
     sim = simulated if simulated is not None else simulate(graph, plan, cluster, cost=cost)
     d = cluster.num_devices
-    ops: np.ndarray = np.bincount(plan.device_of_node, minlength=d)
-    params: np.ndarray = np.bincount(plan.device_of_node, weights=graph.param_bytes, minlength=d)
-    if plan.mode == "pipeline" and plan.stage_devices is not None and plan.stage_of_node is not None:
-        ops = np.zeros(d, dtype=np.int64)
-        params = np.zeros(d)
-        for s, devs in enumerate(plan.stage_devices):
-            mask = plan.stage_of_node == s
-            for x in devs:
-                ops[x] += int(mask.sum())
-                params[x] += float(graph.param_bytes[mask].sum())
+    ops, params = ops_and_params(graph, plan, d)
     rows = []
     for i in range(d):
         if ops[i] == 0 and sim.peak_memory_bytes[i] == 0:
@@ -238,11 +250,14 @@ def placement_report(graph: "OpGraph", plan: "Placement", cluster: "Cluster", *,
     lines.extend(f"OUT OF MEMORY: {m}" for m in sim.oom_messages())
     if plan.meta.get("auto_choice"):
         lines += ["", f"mode='auto': {plan.meta['auto_choice']}"]
-    names = [dv.name for dv in cluster.devices]
-    if len(set(names)) < len(names):
-        lines.append("note: some targets share one physical device (" + ", ".join(sorted(set(
-            n for n in names if names.count(n) > 1))) + "); the prediction runs them as separate devices, each with the "
-            "whole compute (Cluster.from_devices gives each its share of the memory)")
+    shared = sorted({cluster.devices[j].name for i in range(d) for j in range(d)
+                     if i != j and cluster.link_names[i][j] == "same-memory"})
+    if shared:
+        how = ("runs their ops one after another, as this process does," if plan.mode == "model" else
+               "gives each process its own compute (processes on one CPU share its cores: a real run is slower)")
+        lines.append("note: some targets are one physical device (" + ", ".join(shared) + "): the prediction " + how +
+                     " and gives each its share of the memory (Cluster.from_devices); they are placement targets "
+                     "for trials, not a speedup")
     cands = plan.meta.get("candidates")
     if cands:
         alts = alternatives_table(cands)

@@ -43,18 +43,27 @@ def _check_devices(devices: Sequence[str | torch.device]) -> list[str]:
 
 
 def check_arguments(model: object, devices: Sequence[str | torch.device], *, mode: str, batch_norm: str,
-                     budget_s: float | None, planner: str) -> list[str]:
+                     budget_s: float | None, planner: str, microbatches: int | None = None) -> list[str]:
     """The device names of ``devices``, after checking what ``wrap`` was given (WrapError: the
     value, the rule, the fix)."""
     from .planners.registry import get_planner
 
     if not isinstance(model, nn.Module):
         raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if type(model).__module__.split(".")[0] == "autoplace" and hasattr(model, "plan"):
+        raise WrapError(f"model is already wrapped by autoplace (a {type(model).__name__}); wrapping it again would "
+                        "trace the wrapper and place its placed copy. Wrap the original model once: to change the "
+                        "plan or the devices, call autoplace.wrap on the model you first gave wrap (the wrapper "
+                        "shares its parameters), with plan= or the new devices")
     if mode not in MODES:
         raise WrapError(f"mode {mode!r} is unknown; use one of {MODES}")
     if batch_norm not in ("sync", "local"):
         raise WrapError(f"batch_norm is {batch_norm!r}; use 'sync' (whole-batch statistics) or 'local' (per "
                         "micro-batch)")
+    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+                                     or microbatches < 1):
+        raise WrapError(f"microbatches is {microbatches!r}; it must be a whole number >= 1 (1: no micro-batches), or "
+                        "None for the planner's choice")
     if budget_s is not None and not budget_s > 0:
         raise WrapError(f"budget_s is {budget_s!r}; it must be > 0 seconds, or None for wrap's default")
     if planner != "best":
@@ -63,6 +72,11 @@ def check_arguments(model: object, devices: Sequence[str | torch.device], *, mod
         except AutoplaceError as e:  # UnknownPlannerError: the message lists the registered planners
             raise WrapError(str(e)) from None
     names = _check_devices(devices)
+    meta = [n for n in names if torch.device(n).type == "meta"]
+    if meta and len(meta) < len(names):
+        raise WrapError(f"devices {names} mix the meta device with real ones; meta tensors hold shapes, no values, so "
+                        "ops placed there could not compute nor send their results. Leave 'meta' out of devices; to "
+                        "plan for hardware you do not have, use autoplace.plan(graph, autoplace.Cluster.preset(...))")
     spread = {t.device for t in [*model.parameters(), *model.buffers()]}
     if len(spread) > 1:
         raise WrapError(f"the model is already spread over devices {sorted(map(str, spread))}; "

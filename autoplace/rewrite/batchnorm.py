@@ -251,8 +251,8 @@ def convert(stage: torch.fx.GraphModule, *, mode: str, microbatches: int, replic
             f"{batch_size // microbatches} samples{across} by its own statistics ({microbatches} micro-batches of the "
             f"batch of {batch_size}): the loss and gradients are those of the unsplit model run micro-batch by "
             "micro-batch, not on the whole batch. Running statistics (hence eval outputs) are taken over the whole "
-            "batch and equal the unsplit model's. For training equal to the unsplit model use microbatches=1 or "
-            "GroupNorm", UserWarning, stacklevel=3)
+            "batch and equal the unsplit model's. For training equal to the unsplit model pass "
+            "autoplace.wrap(..., microbatches=1), or use GroupNorm", UserWarning, stacklevel=3)
     return converted
 
 

@@ -3,7 +3,7 @@
 A small BatchNorm CNN (the user's own model: conv, BatchNorm, a residual block, pooling, a
 linear head), in float32, trained 3 SGD steps under each case's plan and, on every rank, the
 unsplit model on the full batch. ``default`` is what ``autoplace.wrap`` picks by itself for
-``["cpu"] * N``; the others are given plans: ``fsdp``, ``hsdp`` (2 hosts), ``data-parallel``
+``["cpu"] * N`` (``m1``: with ``microbatches=1``); the others are given plans: ``fsdp``, ``hsdp`` (2 hosts), ``data-parallel``
 (DDP), each one stage over every rank with one micro-batch. Each rank writes OUT/<case>-rank<r>.json:
 its losses, the reference's, the largest parameter and running-statistics differences after
 the steps, and the plan it ran.
@@ -29,7 +29,7 @@ from autoplace.graph.trace import trace_module
 from autoplace.rewrite.runtime import init_distributed
 
 STEPS, BATCH = 3, 8
-CASES = {"default": None, "fsdp": "fsdp", "hsdp": "hsdp", "data-parallel": "ddp"}
+CASES = {"default": None, "m1": None, "fsdp": "fsdp", "hsdp": "hsdp", "data-parallel": "ddp"}
 
 
 class Block(nn.Module):
@@ -67,8 +67,9 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     x0 = torch.randn(BATCH, 3, 12, 12)
     loss_fn = nn.CrossEntropyLoss()
     shard = CASES[case]
-    if shard is None:
-        runner = autoplace.wrap(model, ["cpu"] * world, example_inputs=(x0,), loss_fn=loss_fn, progress=False)
+    if shard is None:  # the plan wrap picks; "m1": with wrap(microbatches=1)
+        runner = autoplace.wrap(model, ["cpu"] * world, example_inputs=(x0,), loss_fn=loss_fn, progress=False,
+                                microbatches=1 if case == "m1" else None)
     else:
         c = cluster(world, 2 if shard == "hsdp" else 1)
         g = trace_module(model, (x0,)).graph
@@ -104,7 +105,8 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
         elif name in dict(ref.named_parameters()):
             param_err = max(param_err, err)
     (out / f"{case}-rank{rank}.json").write_text(json.dumps(dict(
-        rank=rank, case=case, plan=runner.plan.describe(), shard=list(runner.plan.shard or ()), losses=losses,
+        rank=rank, case=case, plan=runner.plan.describe(), shard=list(runner.plan.shard or ()),
+        microbatches=runner.plan.microbatches, losses=losses,
         ref_losses=ref_losses, param_err=param_err, stats_err=stats_err,
         batch_norms=len(getattr(runner, "batch_norms", [])))))
     dist.barrier()

@@ -39,9 +39,10 @@ def _check(rows: list[dict]) -> None:
 
 
 def test_batch_norm_under_every_replicated_plan_on_two_processes(tmp_path: Path) -> None:
-    got = _launch(tmp_path, 2, ["default", "fsdp", "data-parallel"])
+    got = _launch(tmp_path, 2, ["default", "m1", "fsdp", "data-parallel"])
     for rows in got.values():
         _check(rows)
+    assert all(r["microbatches"] == 1 for r in got["m1"])  # wrap(microbatches=1) is kept
     assert got["fsdp"][0]["shard"] == ["fsdp"] and got["fsdp"][0]["batch_norms"] == 5
 
 
