@@ -35,6 +35,7 @@ from .wrap_args import WrapError, as_inputs, check_arguments, target_cluster
 if TYPE_CHECKING:
     from .graph.trace import ExampleInputs, Traced
     from .online import OnlineConfig, OnlineTuner
+    from .planners.reserve import ReserveSpec
     from .rewrite.liveness import Timeouts
     from .rewrite.runtime import PipelineRunner
     from .sim import SimResult
@@ -46,7 +47,7 @@ def _in_torchrun() -> bool:
 
 
 def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, budget_s: float | None, trace_s: float,
-               seed: int, cost: CostModel, module: nn.Module | None = None, memory_reserve: Any = None) -> Placement:
+               seed: int, cost: CostModel, module: nn.Module | None = None, memory_reserve: ReserveSpec = None) -> Placement:
     """The plan ``wrap`` runs in this process (model parallel), under ``wrap``'s planning
     budget (:func:`autoplace.planners.planning.wrap_budget`). With ``mode="auto"`` on several
     devices, ``plan(mode="auto")`` also weighs the data-parallel, pipeline and hybrid plans
@@ -95,7 +96,7 @@ class PlacedModule(nn.Module):
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
                  plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
                  leaf_modules: Sequence[type | str], progress: bool, online: OnlineConfig | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, memory_reserve: Any = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, memory_reserve: ReserveSpec = None) -> None:
         super().__init__()
         # Share the user's registries: same keys in state_dict(), same Parameter objects.
         self._modules = model._modules
@@ -338,7 +339,7 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
          budget_s: float | None = None, seed: int = 0, leaf_modules: Sequence[type | str] = (), progress: bool = True,
          optimizer: torch.optim.Optimizer | None = None, online: OnlineConfig | None = None,
          loss_fn: Callable[..., torch.Tensor] | None = None, timeout_s: float | Timeouts | None = None,
-         batch_norm: str = "sync", microbatches: int | None = None, memory_reserve: Any = None) -> Wrapped:
+         batch_norm: str = "sync", microbatches: int | None = None, memory_reserve: ReserveSpec = None) -> Wrapped:
     """Place ``model`` on ``devices`` and return a module that runs it there.
 
     Returns a :class:`PlacedModule` (model parallel, in this process) or, under torchrun (mode

@@ -43,7 +43,7 @@ def _split(g: Any, c: Cluster, **kw: Any) -> Placement:
 
 @pytest.fixture
 def two(monkeypatch: pytest.MonkeyPatch) -> None:
-    autoplace.planners()  # the built-in planners registered first, so none lands in the patched registry
+    reg.planners()  # the built-in planners registered first, so none lands in the patched registry
     monkeypatch.setattr(reg, "_REGISTRY", {"all": FunctionPlanner("all", ("model",), _all),
                                           "split": FunctionPlanner("split", ("model",), _split)})
 
