@@ -92,3 +92,18 @@ def test_the_report_counts_every_virtual_stage_of_a_rank() -> None:
     ops, params = ops_and_params(g, p, c.num_devices)
     assert ops.sum() == g.num_nodes and params.sum() == pytest.approx(float(g.param_bytes.sum()))
     assert ops[0] > 0 and ops[1] > 0 and ops[2:].sum() == 0
+
+
+def test_plans_skipped_for_the_export_trace_are_not_blamed_on_memory() -> None:
+    import sys
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parent / "rewrite"))
+    import hf_models
+
+    g = autoplace.trace(hf_models.build("gpt2"), (torch.randint(0, 64, (4, 8)),))
+    assert g.meta.get("traced_with") == "export"
+    with pytest.raises(autoplace.AutoplaceError) as info:
+        autoplace.plan(g, Cluster.from_devices(["cpu", "cpu"]), planner="fsdp", mode="pipeline")
+    msg = str(info.value)
+    assert "traced with torch.export" in msg and "more or larger devices" not in msg, msg

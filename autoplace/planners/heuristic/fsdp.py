@@ -39,6 +39,7 @@ from autoplace.parallel import StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
 from ..registry import FunctionPlanner, register
+from ...errors import NoFitError
 from ..memory import MemoryEstimate, gib, no_fit
 from .stage_options import precision_for
 
@@ -118,6 +119,10 @@ class _Search:
 
     def best(self, why_none: str) -> Placement:
         fits = [v for v in self.tried if not v.oom]
+        if not self.tried and self.refused:  # every variant refused before memory was weighed: say why, not memory
+            reasons = sorted({r.split(": ", 1)[-1] for r in self.refused})
+            raise NoFitError(f"{self.planner}: none of its {len(self.refused)} plans can run here: "
+                             + "; ".join(reasons[:2]), why=reasons[0])
         if not fits:
             mem = MemoryEstimate.of(self.graph, self.cost)
             least = min(self.tried, key=lambda v: v.peak, default=None)
