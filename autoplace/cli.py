@@ -1,9 +1,11 @@
 """The ``autoplace`` command.
 
     autoplace demo [--model inception_v3] [--cluster 4xV100-pcie]   plan a zoo model on a simulated cluster
-    autoplace plan MODULE:FACTORY --devices cuda:0 cuda:1 --out plan.json
+    autoplace plan MODULE:FACTORY --devices cuda:0 cuda:1 --out plan.json   (--mode auto by default, as wrap)
     autoplace plan zoo:gpt2:xl --cluster 8xV100-nvlink --out plan.json
     autoplace show plan.json
+    autoplace show --as torchtitan plan.json                          torchtitan 0.3.0 overrides
+    autoplace show --as accelerate plan.json                          accelerate launch config / device_map
     autoplace trace MODEL                                             print a zoo model's op graph summary
     autoplace bench [--quick]                                         the placement benchmark (from a checkout)
 
@@ -114,7 +116,7 @@ def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     png = res.plot(out / "demo_timeline.png", title=f"{args.model} on {args.cluster}: {placement.planner}")
-    placement.to_json(out / "demo_plan.json")
+    _with_facts(placement, graph, cluster).to_json(out / "demo_plan.json")
     _say(f"\nwrote {png} (timeline) and {out / 'demo_plan.json'} (the plan)")
     return 0
 
@@ -169,6 +171,14 @@ def _check_planner(planner: str, mode: str, budget_s: float | None) -> None:
                          f"Drop --budget-s, or use a learned planner ({', '.join(learned)}) or best")
 
 
+def _with_facts(placement: Any, graph: Any, cluster: Any, module: Any = None) -> Any:
+    """The plan with what its exports need from the graph, cluster and model (batch size, modules
+    per stage, device_map, ...) in its meta, so `autoplace show --as` works from the file alone."""
+    from autoplace.export import with_export_facts
+
+    return with_export_facts(placement, graph, cluster, module=module)
+
+
 def _plan(args: argparse.Namespace) -> int:
     import autoplace
     from autoplace.report import placement_report
@@ -188,7 +198,7 @@ def _plan(args: argparse.Namespace) -> int:
     with Step(f"planning with {args.planner}"):
         placement = autoplace.plan(graph, cluster, planner=args.planner, mode=args.mode, budget_s=args.budget_s,
                                    seed=args.seed, module=model)
-    placement.to_json(args.out)
+    _with_facts(placement, graph, cluster, model).to_json(args.out)
     _say(placement_report(graph, placement, cluster))
     _say(f"\nwrote {args.out}")
     return 0
@@ -241,11 +251,24 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Defaults(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth saying (not None,
+    not False, and not already said in the help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        quiet = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if quiet or "default" in text or not action.option_strings:
+            return text
+        return text + (" " if text else "") + "(default: %(default)s)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="autoplace", description="Automatic device placement for PyTorch")
+    ap = argparse.ArgumentParser(prog="autoplace", description="Automatic device placement for PyTorch",
+                                 formatter_class=_Defaults)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    d = sub.add_parser("demo", help="plan a zoo model on a simulated cluster and compare the planners")
+    d = sub.add_parser("demo", formatter_class=_Defaults, help="plan a zoo model on a simulated cluster and compare the planners")
     d.add_argument("--model", default="inception_v3",
                    help="zoo model spec: NAME[:small|:PRESET][:KEY=VALUE]... (autoplace.zoo.names())")
     d.add_argument("--small", action="store_true", help="the model's small test config (as :small)")
@@ -255,38 +278,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--budget-s", type=_seconds, default=None,
                    help="seconds planning may take, every planner together; learned planners fine-tune on what "
                         "the heuristics leave (default: at most 6 s, learned planners in quick mode)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="seed of the planners' sampling")
     d.add_argument("--out", default="autoplace_out", help="folder for the timeline PNG and the plan")
     d.set_defaults(fn=_demo)
 
-    p = sub.add_parser("plan", help="plan a model given by a factory function and save the plan")
+    p = sub.add_parser("plan", formatter_class=_Defaults, help="plan a model given by a factory function and save the plan")
     p.add_argument("factory", help="MODULE:FACTORY returning (model, example_inputs), or a zoo spec "
                                    "zoo:NAME[:small|:PRESET][:KEY=VALUE]... (zoo:gpt2:xl)")
     p.add_argument("--devices", nargs="+", default=None,
                    help="this machine's devices to plan for (default: cpu); repeats share one memory")
     p.add_argument("--cluster", default=None, help="plan for a simulated preset instead (autoplace.Cluster.presets())")
     p.add_argument("--planner", default="best", help="a name from autoplace.planners(), or best (all of them)")
-    p.add_argument("--mode", default="model", choices=["model", "pipeline", "auto"])
+    p.add_argument("--mode", default="auto", choices=["model", "pipeline", "auto"],
+                   help="model: one process, ops over devices; pipeline: stages, data/tensor parallel; auto: both "
+                        "(as autoplace.wrap)")
     p.add_argument("--budget-s", type=_seconds, default=None,
                    help="seconds planning may take (with --planner best: every planner together, default at most "
                         "6 s; with a learned planner: its fine-tuning time, default its quick mode)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="plan.json")
+    p.add_argument("--seed", type=int, default=0, help="seed of the planners' sampling")
+    p.add_argument("--out", default="plan.json", help="the plan file to write (JSON)")
     p.set_defaults(fn=_plan)
 
-    s = sub.add_parser("show", help="print a saved plan")
+    s = sub.add_parser("show", formatter_class=_Defaults, help="print a saved plan")
     s.add_argument("plan")
     s.add_argument("--as", dest="as_", choices=["torchtitan", "accelerate"], default=None,
-                   help="print the plan as a torchtitan job config (TOML) or an accelerate FSDP config (YAML)")
-    s.add_argument("--cluster", default=None, help="cluster preset the plan was made for (hosts, for HSDP degrees)")
+                   help="print the plan for a tool: torchtitan (0.3.0 command-line overrides) or accelerate (a "
+                        "launch config, YAML; a model-parallel plan: its device_map, JSON)")
+    s.add_argument("--cluster", default=None, help="cluster preset the plan was made for (hosts, for HSDP degrees), "
+                                                   "for plan files that do not record them")
     s.set_defaults(fn=_show)
 
-    t = sub.add_parser("trace", help="print a zoo model's op graph summary")
+    t = sub.add_parser("trace", formatter_class=_Defaults, help="print a zoo model's op graph summary")
     t.add_argument("model", help="zoo model spec: NAME[:small|:PRESET][:KEY=VALUE]...")
     t.add_argument("--small", action="store_true", help="the model's small test config (as :small)")
     t.set_defaults(fn=_trace)
 
-    b = sub.add_parser("bench", help="run the placement benchmark (benchmarks/placement.py)")
+    b = sub.add_parser("bench", formatter_class=_Defaults, help="run the placement benchmark (benchmarks/placement.py)")
     b.add_argument("--quick", action="store_true")
     b.set_defaults(fn=_bench)
 

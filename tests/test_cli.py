@@ -173,3 +173,43 @@ def test_a_budget_must_be_a_time(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["plan", "zoo:gpt2:test", "--budget-s", "0"])
     assert "0 is not a time; give seconds > 0" in capsys.readouterr().err
+
+
+def test_plan_defaults_to_auto_mode_and_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """`autoplace plan` plans as wrap() and demo do (auto mode), and its --help says so."""
+    import inspect
+
+    assert inspect.signature(autoplace.wrap).parameters["mode"].default == "auto"
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: auto)", "(default: best)", "(default: plan.json)", "(default: 0)"):
+        assert shown in text
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "(default: 4xV100-pcie)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_plan_file_exports_for_torchtitan_and_accelerate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What an export needs (batch, modules per stage, block classes, device_map) survives
+    `autoplace plan --out p.json`; `autoplace show --as` prints it from the file alone."""
+    path = str(tmp_path / "p.json")
+    # a pipeline planner with no --mode: the default (auto) takes it
+    assert main(["plan", "zoo:llama:small:batch_size=8", "--cluster", "4xA100-nvlink", "--planner", "fsdp",
+                 "--out", path]) == 0
+    capsys.readouterr()
+    assert main(["show", "--as", "torchtitan", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert {"--training.global_batch_size 8", "--training.local_batch_size 2",
+            "--parallelism.data_parallel_shard_degree 4"} <= set(lines)
+    assert main(["show", "--as", "accelerate", path]) == 0
+    assert "fsdp_transformer_layer_cls_to_wrap: TransformerBlock" in capsys.readouterr().out
+    # a model-parallel plan: its device_map, JSON, for accelerate; refused for torchtitan with the fix
+    assert main(["plan", "zoo:llama:small", "--cluster", "4xA100-nvlink", "--planner", "accelerate",
+                 "--out", path]) == 0
+    capsys.readouterr()
+    assert main(["show", "--as", "accelerate", path]) == 0
+    device_map = json.loads(capsys.readouterr().out)
+    assert device_map and set(device_map.values()) <= {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}
+    assert main(["show", "--as", "torchtitan", path]) == 1
+    assert "--as accelerate" in capsys.readouterr().err
