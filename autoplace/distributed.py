@@ -186,7 +186,9 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
             raise PipelineWrapError(f"online pipeline tuning runs one stage per rank; the plan replicates stages {r} "
                                     "times: pass a plan without replicas (plan=)")
         pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
-                              optimizer=optimizer, config=online, cost=cost, device=device)
+                              optimizer=optimizer, config=online, cost=cost, device=device,
+                              timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
+                              predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)
         return pipe
     timeouts = timeout_s if isinstance(timeout_s, Timeouts) else fixed
     if plan.shard or plan.recompute or plan.precision:  # FSDP, HSDP, checkpointing, bf16: autoplace.rewrite.fsdp

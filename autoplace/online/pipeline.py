@@ -67,7 +67,8 @@ class OnlinePipeline(PipelineRunner):
     def __init__(self, model: torch.nn.Module, traced: Any, cluster: Cluster, plan: Placement, *,
                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], example_inputs: tuple[torch.Tensor, ...],
                  optimizer: torch.optim.Optimizer, config: OnlineConfig | None = None,
-                 cost: CostModel | None = None, device: str | torch.device | None = None) -> None:
+                 cost: CostModel | None = None, device: str | torch.device | None = None,
+                 timeouts: Any = None, predicted_step_s: float | None = None, batch_norm: str = "sync") -> None:
         if not dist.is_initialized():
             raise OnlineError("OnlinePipeline runs under torch.distributed: launch with torchrun "
                               "(autoplace.wrap(..., mode='pipeline') initialises the process group)")
@@ -77,6 +78,8 @@ class OnlinePipeline(PipelineRunner):
         self.traced, self.graph, self.cluster = traced, traced.graph, cluster
         self.loss_fn, self.example_inputs, self.optimizer = loss_fn, tuple(example_inputs), optimizer
         self.cost = cost if cost is not None else CostModel()
+        # every split's runner gets the runner options wrap was given (build_pipeline_runner's)
+        self._options = dict(timeouts=timeouts, predicted_step_s=predicted_step_s, batch_norm=batch_norm)
         self._check_plan(plan)
         mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
         missing = [n for n, p in model.named_parameters() if id(p) not in mine]
@@ -158,7 +161,7 @@ class OnlinePipeline(PipelineRunner):
         stage_of_fx = {n.name: int(plan.stage_of_node[self.traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
         return build_pipeline_runner(gm, stage_of_fx, example_inputs=self.example_inputs,
                                      microbatches=plan.microbatches, loss_fn=self.loss_fn, schedule=plan.schedule,
-                                     device=self.device, num_stages=plan.num_stages)
+                                     device=self.device, num_stages=plan.num_stages, **self._options)
 
     def _gather_holders(self) -> dict[str, list[int]]:
         mod = self.runner.stage_module

@@ -49,6 +49,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
     try:
         import autoplace
         from autoplace.online import OnlineConfig
+        from autoplace.rewrite.liveness import Timeouts
 
         model = _model()
         ref = copy.deepcopy(model)
@@ -62,7 +63,8 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
         cfg = OnlineConfig(trials=3, steps_per_trial=2, warmup_steps=1, every_n_steps=1, screen_samples=8,
                            screen_top_k=1, min_gain=0.0)
         pipe = autoplace.wrap(model, ["cpu", "cpu"], mode="pipeline", example_inputs=(x0,), loss_fn=_loss,
-                              plan=start, finetune="online", optimizer=opt, online=cfg)
+                              plan=start, finetune="online", optimizer=opt, online=cfg,
+                              timeout_s=Timeouts(floor_s=45))
         from autoplace.rewrite.runtime import PipelineRunner
 
         result["types"] = [isinstance(pipe, PipelineRunner), isinstance(pipe, nn.Module),
@@ -86,6 +88,8 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
             errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
             mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
             state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
+        # wrap's runner options reach every split's runner: its timeouts and the plan's predicted step
+        result["floor_s"], result["predicted"] = pipe.runner.timeouts.floor_s, pipe.runner.predicted_step_s
         result.update(held=sorted(held), errors=errs, state_errors=state_errs, resplits=pipe.resplits,
                       moves=pipe.moves, splits=splits, phase=pipe.phase, report=pipe.tuning_report())
     except Exception:
@@ -123,5 +127,6 @@ def test_resplits_move_parameters_and_adam_state_between_ranks(tmp_path: Path, s
             assert set(st) == {"step", "exp_avg", "exp_avg_sq"}
             assert st["step"] == 0.0, (n, st)
             assert st["exp_avg"] <= 1e-5 and st["exp_avg_sq"] <= 1e-5, (n, st)
+    assert all(r["floor_s"] == 45 and r["predicted"] for r in res), [(r["floor_s"], r["predicted"]) for r in res]
     assert res[0]["phase"] == "done"
     assert "trial" in res[0]["report"] and "measured ms" in res[0]["report"]
