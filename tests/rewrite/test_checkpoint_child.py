@@ -50,8 +50,9 @@ def plan_for(kind: str, graph: Any, c: Cluster, world: int) -> Placement:
         return [i * k // n for i in range(n)]
 
     every = list(range(world))
-    if kind in ("pp", "gpipe"):  # one stage per rank
-        return Placement.pipeline(graph, c, cut(world), every, microbatches=2, schedule="1f1b" if kind == "pp" else "gpipe")
+    if kind in ("pp", "gpipe"):  # one stage per rank (torch's 1F1B wants a micro-batch per stage at least)
+        return Placement.pipeline(graph, c, cut(world), every, microbatches=world,
+                                  schedule="1f1b" if kind == "pp" else "gpipe")
     if kind == "ddp":  # data parallel: one stage replicated on every rank
         return Placement.pipeline(graph, c, cut(1), [every], microbatches=2)
     if kind in ("fsdp", "hsdp"):
