@@ -5,9 +5,9 @@ accelerate's launcher (``accelerate launch --config_file``'s parsing, up to the 
 builds) and device_maps by ``check_device_map``. A kind a tool cannot run must be refused with
 an ExportError naming the reason and the fix.
 
-torchtitan is optional (not in the dev extra): those tests skip without it. Its config code
-needs ``tyro``; install as ``pip install --no-deps torchtitan==0.3.0 && pip install tyro
-spmd_types==0.2.3 einops`` (its full dependencies would downgrade huggingface_hub and fsspec).
+torchtitan is in the dev extra; without it those tests skip. Its config code needs only ``tyro``
+and ``spmd_types``: ``pip install --no-deps torchtitan==0.3.0 && pip install tyro spmd_types==0.2.3``
+is enough where its full dependencies (datasets, wandb, tensorboard) are not wanted.
 """
 
 from __future__ import annotations
