@@ -15,7 +15,8 @@ model, pipeline and auto, at short budgets. Each call is one of:
   ``autoplace.distributed.runnable_pipeline_plan`` accepts, all ranks aside);
 - **refused**: an :class:`autoplace.AutoplaceError` (its class and first line are recorded);
 - **bad plan**: a Placement that breaks one of those rules (a failure);
-- **crashed**: any other exception (a failure).
+- **crashed**: any other exception (a failure), a learned planner's included (plan() records it
+  in its candidates, warns and goes on without that planner).
 
 ``tests/planners/test_plan_property.py`` runs a subset by default and the whole product under
 ``-m slow``; both use :func:`ask`.
@@ -95,6 +96,7 @@ def ask(graph_name: str, graph: Any, cluster_name: str, mode: str, budget_s: flo
     """Call plan() once and classify what came back (the module docstring's four kinds)."""
     import autoplace
     from autoplace.errors import AutoplaceError
+    from autoplace.progress import shown
     from autoplace.rewrite.fsdp import runtime_problems
 
     c = cluster(cluster_name)
@@ -102,7 +104,7 @@ def ask(graph_name: str, graph: Any, cluster_name: str, mode: str, budget_s: flo
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with autoplace.progress.shown(False):
+            with shown(False):
                 p = autoplace.plan(graph, c, planner="best", mode=mode, budget_s=budget_s)
     except AutoplaceError as e:
         first = str(e).splitlines()[0] if str(e) else ""
@@ -114,6 +116,10 @@ def ask(graph_name: str, graph: Any, cluster_name: str, mode: str, budget_s: flo
         return Outcome(graph_name, cluster_name, mode, budget_s, "crashed", f"{type(e).__name__}: {e} ({where})",
                        time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
+    swallowed = [f"{r['planner']}: {r.get('error', '')}" for r in p.meta.get("candidates", [])
+                 if str(r.get("why", "")).startswith("failed:")]
+    if swallowed:  # a learned planner's exception, recorded and skipped by plan(): still a crash
+        return Outcome(graph_name, cluster_name, mode, budget_s, "crashed", "; ".join(swallowed)[:500], seconds)
     bad = list(p.problems(graph, c))
     if p.mode == "pipeline":
         bad += runtime_problems(p, graph)

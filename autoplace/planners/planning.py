@@ -186,7 +186,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             raise NoFitError(f"planner {planner!r} gave a placement that cannot be used: {why}")
         if row["oom"]:
             over = "; ".join(sim.run(out, timeline=False).oom_messages())
-            raise NoFitError(f"planner {planner!r} returned a placement that does not fit: {over}. "
+            kept = "" if reserve.is_zero else f" (each device's memory less the reserve of {reserve.describe()}: " \
+                "memory_reserve=0 turns it off)"
+            raise NoFitError(f"planner {planner!r} returned a placement that does not fit: {over}{kept}. "
                              f"Try planner='best' (every planner, the best that fits), mode='pipeline' "
                              f"(stages hold only their share of activations), or larger devices")
         return _reserved(_stamp(out, row, []), full, reserve)
@@ -208,7 +210,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     one_device = cluster.num_devices == 1
     learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device)
     seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
-    fitting: list[tuple[float, str, Placement]] = []  # pipeline plans that fit and can be used
+    fitting: list[tuple[float, str, Placement, bool]] = []  # pipeline plans that fit: usable, or refused by the runtime only
     done: set[tuple[object, ...]] = set()  # the plans the schedule pass has seen
     compiled0 = _budget.compile_s()
     with _one_thread(), Status("autoplace: planning", len(jobs), note=_compile_note) as status, \
@@ -283,8 +285,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                 pool.append((row["step_time_s"], out, row))
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
-            if not row["oom"] and not why and out.mode == "pipeline":
-                fitting.append((row["step_time_s"], name, out))
+            if not row["oom"] and out.mode == "pipeline" and (not why or (
+                    runnable_problems(out, graph) and (user_accept is None or not user_accept(out)))):
+                fitting.append((row["step_time_s"], name, out, bool(why)))  # a refused one's variants may run
             if p.kind == "heuristic" and k + 1 < len(jobs) and get_planner(jobs[k + 1][1]).kind == "learned":
                 _share_seeds(graph, cluster, cost, seeds)
         # the schedule pass, at the end on the plans the learned planners added
@@ -294,7 +297,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
         reasons = "\n  - ".join(f"{r['planner']}: {r.get('why') or 'its placement is over memory'}" for r in rows)
         mem = MemoryEstimate.of(graph, sim.cost)
-        usable = "fits and runs" if user_accept is None else "fits, runs and can be used"
+        usable = "fits" if user_accept is None else "fits and can be used"
         kept = "" if reserve.is_zero else f" (keeping {reserve.describe()} free: memory_reserve=0 turns it off)"
         raise NoFitError(f"no planner found a placement that {usable} on {cluster.name or 'the cluster'}{kept}. "
                          f"{needs(graph, cluster, mem)}\n  - {reasons}")
@@ -350,12 +353,13 @@ SCHEDULE_PASS_PLANS = 3
 distinct pipeline plans that fit (0: no schedule pass)."""
 
 
-def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[tuple[float, str, Placement]],
+def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[tuple[float, str, Placement, bool]],
                    rows: list[dict[str, Any]], accept: Callable[[Placement], str] | None, overall: _budget.Deadline,
                    limit: float, done: set[tuple[object, ...]], best: tuple[float, Placement, dict[str, Any]] | None,
                    pool: list[tuple[float, Placement, dict[str, Any]]]) -> tuple[float, Placement, dict[str, Any]] | None:
-    """Run best_schedule on the fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans not in
-    ``done`` (added there); a row ``NAME+sched`` for each (its chosen schedule and what was tried
+    """Run best_schedule on the fastest :data:`SCHEDULE_PASS_PLANS` distinct usable pipeline plans
+    not in ``done`` (added there), and on the fastest one the runtime refused (uneven replicas or
+    batch shares: its re-cut, unreplicated and pp x dp variants may run); a row ``NAME+sched`` for each (its chosen schedule and what was tried
     in ``note``). Returns ``best`` (step, placement, row), replaced by the fastest variant when
     one beats it (best_schedule chooses only variants ``accept`` takes); each variant that fits
     joins ``pool`` (the tie rule's candidates)."""
@@ -363,13 +367,15 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
     from .heuristic.sequence_parallel import with_sequence_parallel
 
     picked: list[tuple[float, str, Placement]] = []
-    for step, name, p in sorted(fitting, key=lambda x: x[0]):
+    room = {False: SCHEDULE_PASS_PLANS, True: 1 if SCHEDULE_PASS_PLANS else 0}  # usable, refused
+    for step, name, p, refused in sorted(fitting, key=lambda x: x[0]):
         if p.shard or p.recompute or p.precision or p.reshard_after_forward:
             continue  # per-stage options: best_schedule could only swap gpipe and 1f1b
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in p.to_dict().items()
                            if k not in ("planner", "meta", "schedule")))
-        if key not in done and len(picked) < SCHEDULE_PASS_PLANS:
+        if key not in done and room[refused] > 0:
             done.add(key)
+            room[refused] -= 1
             picked.append((step, name, p))
     out = best
     for step, name, p in picked:
@@ -391,10 +397,14 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                    note=(f"{'chose ' + shape if got != p and row['step_time_s'] < step else 'kept ' + shape}: "
                          f"{len(choice.candidates)} schedule variants tried, {len(fits)} fit"
                          + "".join(f"; {n}" for n in stopped)))
+        refused = accept(got) if accept is not None and not row["oom"] else ""
+        if refused:  # the refused plan kept: no variant of it runs
+            row.update(error=refused, why=refused)
         rows.append(row)
-        if got != p and not row["oom"]:
+        usable = got != p and not row["oom"] and not refused
+        if usable:
             pool.append((row["step_time_s"], dataclasses.replace(got, planner=label), row))  # "by pipedream-dp+sched"
-        if got != p and not row["oom"] and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
+        if usable and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
             out = (row["step_time_s"], dataclasses.replace(got, planner=label), row)
     return out
 

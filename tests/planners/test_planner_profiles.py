@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import autoplace
+from autoplace.planners.planning import TIE_BAND
 from autoplace import Cluster
 from autoplace.planners import NoFitError, get_planner
 from autoplace.planners.heuristic.pipedream_dp import live_tensors
@@ -75,6 +76,9 @@ def test_branch_compression_on_profiles(graphs: dict, name: str, branchy: bool) 
 def test_best_on_a_profile_is_never_worse(graphs: dict) -> None:
     graph, cluster = _graph(graphs, pipedream_path("resnet18")), Cluster.preset("2xA100+2xT4")
     best = autoplace.plan(graph, cluster, mode="auto", kinds=("heuristic",))
-    times = [r["step_time_s"] for r in best.meta["candidates"] if r["step_time_s"] is not None and not r["oom"]]
-    assert best.meta["predicted_step_time_s"] == pytest.approx(min(times))
-    assert len(times) >= 8
+    rows = [r for r in best.meta["candidates"] if r["step_time_s"] is not None and not r["oom"]]
+    assert len(rows) >= 8
+    # the fastest plan the runtime runs (a refused one has its reason in why), or one within the
+    # tie band with a lower peak
+    times = [r["step_time_s"] for r in rows if not r.get("why")]
+    assert min(times) <= best.meta["predicted_step_time_s"] <= min(times) * (1 + TIE_BAND)

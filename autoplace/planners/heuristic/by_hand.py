@@ -152,8 +152,10 @@ def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
                         module: Any = None) -> Placement:
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
-    # every replica needs a sample: with a batch smaller than the cluster, the fastest `batch` devices
-    k = min(cluster.num_devices, graph.batch_size)
+    # every replica takes an equal share of the batch (the runtime cuts it evenly): the most devices
+    # whose count divides the batch, the fastest of them (all when the count divides it)
+    b = graph.batch_size
+    k = max(d for d in range(1, min(cluster.num_devices, b) + 1) if b % d == 0)
     group = sorted(device_orders(judge)[-1][:k])
     devices = (tuple(group),)
     copy = float(mem.static.sum())
@@ -164,7 +166,10 @@ def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel 
                          f"device {cluster.device_label(small)} has {gib(float(cluster.memory[small]))}")
     stage = np.zeros(graph.num_nodes, dtype=np.int64)
     m = 1
-    while m * k <= graph.batch_size:
+    while m * k <= b:
+        if b % (m * k):
+            m *= 2
+            continue  # unequal shares of a micro-batch: the runtime cannot run it
         c = judge.pipeline(f"DDP over {k} devices, {m} accumulation steps", stage, devices, m, "1f1b")
         if not c.oom and m > 1:
             break  # more accumulation only adds overhead once it fits

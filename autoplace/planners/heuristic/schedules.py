@@ -4,7 +4,9 @@ simulator that fits in memory (and that ``accept`` takes).
 
 Candidates, for a plan whose stages each run on one device (``P`` ranks):
 
-- the plan as given, and the other of gpipe/1f1b;
+- the plan as given, and the other of gpipe/1f1b; when its micro-batches do not cut the batch
+  into equal shares of its replicas (the runtime needs them), both at the nearest counts below
+  and above that do (:func:`even_microbatches`);
 - ``1f1b`` and ``zb-h1`` with the plan's own stages (``v = 1``);
 - ``interleaved-1f1b``, ``looped-bfs`` and ``zb-h1`` with ``v`` in ``virtual_stages`` (default
   2, 3, 4) and ``zbv`` and ``dualpipev`` with ``v = 2``, on ``P x v`` stages cut from the ops in
@@ -114,6 +116,19 @@ def _microbatch_options(plan: Placement, graph: "OpGraph", ranks: int, replicas:
         if m * replicas <= b and b % (m * replicas) == 0 and m not in out:
             out.append(m)
     return out
+
+
+def even_microbatches(batch: int, microbatches: int, replicas: Sequence[int]) -> list[int]:
+    """``[]`` when ``microbatches`` cuts the batch into equal shares of every stage's replicas
+    (``microbatches x r`` divides ``batch``); else the nearest counts below and above that do."""
+    def even(m: int) -> bool:
+        return all(m * r <= batch and batch % (m * r) == 0 for r in set(replicas))
+
+    if even(microbatches):
+        return []
+    below = next((m for m in range(microbatches - 1, 0, -1) if even(m)), None)
+    above = next((m for m in range(microbatches + 1, batch + 1) if even(m)), None)
+    return [m for m in (below, above) if m is not None]
 
 
 def replica_layouts(devs: Sequence[int], d: int) -> list[list[list[int]]]:
@@ -228,6 +243,11 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                      plan.microbatches, plan.tp, keep_options=True)
         if other is not None:
             consider(other)
+        for m in even_microbatches(graph.batch_size, plan.microbatches, [len(g) for g in plan.stage_devices]):
+            for schedule in ("1f1b", "gpipe"):
+                q = make(plan.stage_of_node, plan.stage_devices, schedule, 1, m, plan.tp, keep_options=True)
+                if q is not None:
+                    consider(q, f"{schedule} M={m}")
     replicated = plan.tp == 1 and any(len(g) > 1 for g in plan.stage_devices)
     devs = [d for g in plan.stage_devices for d in g] if replicated else [g[0] for g in plan.stage_devices]
     reasons = []
