@@ -38,7 +38,7 @@ class Case:
                  accelerate: str | None = None) -> None:
         # what `autoplace plan --out p.json` writes and `autoplace show --as` reads: the JSON round trip
         self.plan = Placement.from_dict(with_export_facts(plan, graph, cluster, module=model).to_dict())
-        self.cluster, self.model, self.titan, self.accelerate = cluster, model, titan, accelerate
+        self.cluster, self.model, self.graph, self.titan, self.accelerate = cluster, model, graph, titan, accelerate
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +212,12 @@ def _check_titan(case: Case, cfg: Any) -> None:
     for r in range(p.num_stages):  # torchtitan puts on rank r the stages autoplace puts there
         assert _get_pp_rank_to_stage_indices_mapping(r, p.num_stages, par.pipeline_parallel_schedule,
                                                      len(parts)) == tuple(k for k, x in enumerate(ranks) if x == r)
-    for part in parts:
+    paths = case.graph.module_paths
+    for k, part in enumerate(parts):
         for fqn in part:
-            case.model.get_submodule(fqn)  # every name is a module of the model
+            case.model.get_submodule(fqn)  # every name is a module of the model, whose ops are in stage k
+            ops = [i for i, m in enumerate(paths) if m == fqn or m.startswith(fqn + ".")]
+            assert ops and set(p.stage_of_node[ops].tolist()) == {k}, (fqn, k)
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -246,10 +249,14 @@ def test_torchtitan_refuses_what_its_parser_refuses(cases: dict[str, Case], tita
 
 def _launch_env(path: Path) -> dict[str, str]:
     """What `accelerate launch --config_file path train.py` hands its processes."""
+    from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    known = {a.dest for a in launch_command_parser()._actions}
+    for key in load_config_from_file(str(path)).fsdp_config:  # the launcher copies fsdp_config into its options
+        assert key in known, f"{key} is no option of accelerate launch: it would be ignored"
     args, _, _ = _validate_launch_command(args)
     return prepare_multi_gpu_env(args)
 
