@@ -105,8 +105,19 @@ def export_facts(plan: "Placement", graph: "OpGraph", cluster: "Cluster | None" 
             if "hsdp" in StageOptions.of(plan).shard and len(shapes) == 1 and None not in shapes:
                 facts["dp_shape"] = list(next(iter(shapes)))  # type: ignore[arg-type]
     elif cluster is not None:
+        used = sorted(set(plan.device_of_node.tolist()))
+        hosts = {cluster.devices[x].host for x in used if 0 <= x < cluster.num_devices}
         try:
-            facts["device_map"] = module_device_map(plan.device_of_node, graph, cluster)
+            dm = module_device_map(plan.device_of_node, graph, cluster)
+            if len(hosts) > 1:
+                facts["device_map_error"] = (f"the plan uses devices of {len(hosts)} hosts; a device_map runs in one "
+                                             "process on one host: plan for one host's devices")
+            elif not all(isinstance(v, str) for v in dm.values()):  # indices: the cluster repeats a name
+                facts["device_map_error"] = ("the cluster repeats device names (" + ", ".join(
+                    sorted({cluster.devices[x].name for x in used})) + "); accelerate reads an integer as a GPU "
+                    "index: plan for devices with distinct names (cuda:0, cuda:1, ...)")
+            else:
+                facts["device_map"] = dm
         except AutoplaceError as e:
             facts["device_map_error"] = str(e)
     if module is not None:
@@ -395,6 +406,9 @@ def render(plan: "Placement", fmt: str, graph: "OpGraph | None" = None, *, clust
         if steps:
             head += f"\nAccelerator(gradient_accumulation_steps={steps}) (the plan's micro-batches)"
         head += "\naccelerate launch --config_file THIS_FILE train.py"
+        if acc["num_machines"] > 1:
+            head += (f"\non each of the {acc['num_machines']} machines, with machine_rank, main_process_ip and "
+                     "main_process_port set for it")
         return dumps_yaml(acc, header=head)
     raise ExportError(f"unknown export format {fmt!r}; use 'torchtitan' or 'accelerate'")
 

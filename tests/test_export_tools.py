@@ -330,3 +330,14 @@ def test_exports_need_their_facts() -> None:
     with pytest.raises(ExportError, match="device_map"):
         render(model, "accelerate")
     assert render(model, "accelerate", g, cluster=c).startswith("{")
+
+
+def test_a_device_map_names_devices_accelerate_reads() -> None:
+    """A model-parallel plan over devices with one name (two "cpu"s) is refused: accelerate would
+    read the indices autoplace writes for them as GPU numbers."""
+    wl = zoo.build("llama", small=True, batch_size=8, n_layers=4)
+    g = trace_module(wl.model, wl.example_inputs).graph
+    c = Cluster.from_devices(["cpu", "cpu"])
+    p = Placement.from_assignment(g, c, block_stages(g, 2))
+    with pytest.raises(ExportError, match="repeats device names.*GPU index"):
+        render(p, "accelerate", g, cluster=c)
