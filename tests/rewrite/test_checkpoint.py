@@ -168,6 +168,7 @@ def test_checkpoint_matrix_on_two_processes(tmp_path: Path) -> None:
         {"id": "fsdp", "save": "fsdp", "loads": ["fsdp", "zbv"]},
         {"id": "zbv", "save": "zbv", "loads": ["zbv", "i1f1b"]},
         {"id": "tp", "save": "tp", "loads": ["tp", "pp"]},
+        {"id": "online", "save": "online", "loads": ["online", "fsdp"]},  # OnlinePipeline (one stage per rank)
         {"id": "placed", "ckpt": str(placed_ckpt), "loads": ["pp"]},
     ]
     got = _launch(tmp_path, 2, cases, timeout=900)
@@ -180,6 +181,7 @@ def test_checkpoint_matrix_on_two_processes(tmp_path: Path) -> None:
     assert any("feed_forward" in k for k in tp["dtensors"])
     assert all(n == 1 for n, _ in ddp["chunks"].values())  # two replicas, each key once
     assert {r["kind"] for r in got["zbv"]} == {"MultiStageRunner"}
+    assert {r["kind"] for r in got["online"]} == {"OnlinePipeline"}
     _check_report(got["pp"], "PipelineRunner", "pipeline rank")
     _check_report(got["fsdp"], "FSDPRunner", "FSDP rank")
     _check_report(got["zbv"], "MultiStageRunner", "pipeline rank")

@@ -69,6 +69,20 @@ def plan_for(kind: str, graph: Any, c: Cluster, world: int) -> Placement:
     raise ValueError(kind)
 
 
+def wrap(wl: Any, kind: str, graph: Any, c: Cluster, world: int) -> tuple[Any, torch.optim.Optimizer]:
+    """``autoplace.wrap`` under the plan ``kind`` names, and Adam on what it returns; ``online``: the
+    1F1B plan as an OnlinePipeline (its optimizer holds the whole model, as it requires)."""
+    if kind == "online":
+        opt = torch.optim.Adam(wl.model.parameters(), lr=LR)
+        runner = autoplace.wrap(wl.model, ["cpu"] * world, mode="pipeline", plan=plan_for("pp", graph, c, world),
+                                cluster=c, example_inputs=wl.example_inputs, loss_fn=wl.loss_fn, finetune="online",
+                                optimizer=opt, progress=False)
+        return runner, opt
+    runner = autoplace.wrap(wl.model, ["cpu"] * world, plan=plan_for(kind, graph, c, world), cluster=c,
+                            example_inputs=wl.example_inputs, loss_fn=wl.loss_fn, timeout_s=120, progress=False)
+    return runner, torch.optim.Adam(runner.parameters(), lr=LR)
+
+
 def fresh(seed: int) -> Any:
     torch.manual_seed(seed)
     return zoo.build("llama", small=True, batch_size=8, n_layers=4)
@@ -155,9 +169,7 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     path = Path(case.get("ckpt") or out / f"{case['id']}-ckpt")
     if "ckpt" not in case:
         model = wl.model
-        runner = autoplace.wrap(model, ["cpu"] * world, plan=plan_for(case["save"], graph, c, world), cluster=c,
-                                example_inputs=wl.example_inputs, loss_fn=wl.loss_fn, timeout_s=120, progress=False)
-        opt = torch.optim.Adam(runner.parameters(), lr=LR)
+        runner, opt = wrap(wl, case["save"], graph, c, world)
         losses = train(runner, opt, wl, range(SAVE_AT))
         runner.save(path, optimizer=opt, step=SAVE_AT)
         losses += train(runner, opt, wl, range(SAVE_AT, STEPS))
@@ -181,10 +193,7 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     rec["loads"] = []
     for i, kind in enumerate(case["loads"]):
         wl_b = fresh(1 + i)
-        runner_b = autoplace.wrap(wl_b.model, ["cpu"] * world, plan=plan_for(kind, graph, c, world), cluster=c,
-                                  example_inputs=wl_b.example_inputs, loss_fn=wl_b.loss_fn, timeout_s=120,
-                                  progress=False)
-        opt_b = torch.optim.Adam(runner_b.parameters(), lr=LR)
+        runner_b, opt_b = wrap(wl_b, kind, graph, c, world)
         step = runner_b.load(path, optimizer=opt_b)
         losses_b = train(runner_b, opt_b, wl_b, range(SAVE_AT, STEPS))
         full_b = runner_b.full_state_dict(model=wl_b.model)
