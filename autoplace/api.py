@@ -308,10 +308,13 @@ class PlacedModule(nn.Module):
     # ---- reporting -----------------------------------------------------------------------
 
     def save_plan(self, path: str | Path) -> Path:
-        """Write the plan as JSON (reuse it with ``wrap(model, devices, plan=path)``)."""
-        if self.plan is None:
+        """Write the plan as JSON (reuse it with ``wrap(model, devices, plan=path)``), with what
+        its exports need (``autoplace show --as accelerate path``: :func:`autoplace.export.export_facts`)."""
+        from .export import with_export_facts
+
+        if self.plan is None or self.graph is None:
             raise WrapError("there is no plan yet: call the model once (or pass example_inputs to wrap) first")
-        self.plan.to_json(path)
+        with_export_facts(self.plan, self.graph, self.cluster, module=self.__dict__["_wrapped"]).to_json(path)
         return Path(path)
 
     def report(self) -> str:
