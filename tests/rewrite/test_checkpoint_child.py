@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -157,9 +158,33 @@ def chunk_counts(path: Path) -> dict[str, Any]:
     return {"chunks": out, "keys": sorted(md.state_dict_metadata)}
 
 
+def constants(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
+    """A model whose forward makes a tensor constant (fx's ``_tensor_constant0``, a buffer of its
+    stage): the runner's raw keys, and those of its checkpoint and of the gathered state."""
+    import rewrite_models as rm
+    import pipeline_workers as pw
+    from autoplace.rewrite.checkpoint import full_state_dict, model_state_dict
+    from autoplace.rewrite.runtime import build_pipeline_runner
+    from torch.distributed.checkpoint import FileSystemReader
+
+    model, (x,), _ = rm.build("factories", 0)
+    gm = torch.fx.symbolic_trace(model)
+    runner = build_pipeline_runner(gm, pw.contiguous_stages(gm, world), example_inputs=(x,), microbatches=2,
+                                   loss_fn=rm.loss_fn("factories"), schedule="1f1b")
+    path = out / f"{case['id']}-ckpt"
+    runner.save(path)
+    saved = sorted(k[len("model."):] for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    (out / f"{case['id']}-rank{rank}.json").write_text(json.dumps(dict(
+        raw_keys=sorted(runner.state_dict()), names=sorted(model_state_dict(runner)), saved=saved,
+        full=sorted(full_state_dict(runner)), model_keys=sorted(model.state_dict()))))
+
+
 def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.tensor import DTensor
+
+    if case.get("model") == "factories":
+        return constants(case, rank, world, out)
 
     c = cluster(world)
     wl = fresh(0)
