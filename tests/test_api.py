@@ -135,8 +135,8 @@ def test_other_bad_arguments() -> None:
         autoplace.wrap(model, CPU3, mode="fast")
     with pytest.raises(WrapError, match="must be a torch.nn.Module"):
         autoplace.wrap(lambda x: x, CPU3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="unexpected keyword argument 'microbatches'"):
-        autoplace.wrap(model, CPU3, mode="model", microbatches=4)  # type: ignore[call-arg]
+    with pytest.raises(WrapError, match="microbatches: for mode='pipeline'"):  # wrap(microbatches=) is pipelines'
+        autoplace.wrap(model, CPU3, mode="model", microbatches=4)
     with pytest.raises(WrapError, match="loss_fn: for mode='pipeline'"):
         autoplace.wrap(model, CPU3, mode="model", loss_fn=torch.nn.functional.mse_loss)
     with pytest.raises(WrapError, match="batch_norm is 'global'"):
