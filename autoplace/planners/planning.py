@@ -2,8 +2,10 @@
 
 ``plan(graph, cluster, planner="best")`` runs every registered planner of the mode (see
 :mod:`autoplace.planners.registry`), simulates each placement and returns the fastest one that
-fits in memory, with the candidates it weighed in ``placement.meta["candidates"]``: it is never
-slower in the simulator than any heuristic it ran. ``planner="NAME"`` runs one.
+fits in memory less a reserve per device (:mod:`autoplace.planners.reserve`) and that the runtime
+runs, with the candidates it weighed in ``placement.meta["candidates"]``: within 1% of the
+fastest (:data:`TIE_BAND`) the lowest peak memory wins, so it is never more than 1% slower in
+the simulator than any usable plan of a heuristic it ran. ``planner="NAME"`` runs one.
 """
 
 from __future__ import annotations
@@ -116,14 +118,15 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
     Schedule pass (pipeline and auto modes): after the heuristics, and again at the end, the
     fastest :data:`SCHEDULE_PASS_PLANS` distinct pipeline plans that fit and that ``accept``
-    takes go through :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved,
+    takes, and the fastest one that fits but the runtime refuses (its variants may run), go through :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved,
     looped-BFS, zero-bubble, ZBV and DualPipeV schedules, virtual stages, micro-batches, TP
     groups inside a host, ranks of data-parallel replicas), then the TP variants again with
     sequence parallelism (:func:`~autoplace.planners.heuristic.sequence_parallel.with_sequence_parallel`);
     each gives a row ``NAME+sched`` whose ``note`` says what it chose
     and how many variants it tried (``schedule``, ``virtual_stages``, ``tp``,
     ``schedule_notes``), or why it was skipped (no time left). A variant wins only when it is
-    faster than every other row. A named planner (``planner="pipedream-dp"``) gets no pass.
+    faster than every other row (or, by the tie rule, within 1% of the fastest with a lower peak).
+    A named planner (``planner="pipedream-dp"``) gets no pass.
 
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
@@ -397,11 +400,11 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                    note=(f"{'chose ' + shape if got != p and row['step_time_s'] < step else 'kept ' + shape}: "
                          f"{len(choice.candidates)} schedule variants tried, {len(fits)} fit"
                          + "".join(f"; {n}" for n in stopped)))
-        refused = accept(got) if accept is not None and not row["oom"] else ""
-        if refused:  # the refused plan kept: no variant of it runs
-            row.update(error=refused, why=refused)
+        why = accept(got) if accept is not None and not row["oom"] else ""
+        if why:  # the refused plan kept: no variant of it runs
+            row.update(error=why, why=why)
         rows.append(row)
-        usable = got != p and not row["oom"] and not refused
+        usable = got != p and not row["oom"] and not why
         if usable:
             pool.append((row["step_time_s"], dataclasses.replace(got, planner=label), row))  # "by pipedream-dp+sched"
         if usable and row["step_time_s"] < step and (out is None or row["step_time_s"] < out[0]):
