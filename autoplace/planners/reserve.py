@@ -13,10 +13,12 @@ The default, per GPU (sources of each figure):
   around 400MB if CUDA >= 11.7 is used and lazy module loading enabled (default in PyTorch)"
   (pytorch/pytorch#109888); ~300 MB measured in pytorch/pytorch#107667 and 287 MB with lazy
   loading (666 MB without) in pytorch/pytorch#86509. Older CUDA took over 1 GB.
-- **cuBLAS and cuDNN workspaces**, 32 MiB: cuBLAS's default workspace configuration
-  (``CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8``, 2 x 4 MiB + 8 x 16 KiB per handle and stream, as
-  PyTorch's reproducibility notes describe it) for a few streams; cuDNN's convolution workspaces
-  go through the caching allocator and are covered by the fraction below.
+- **cuBLAS and cuDNN workspaces**, 32 MiB: the cuBLAS API reference recommends a 4 MiB
+  workspace per handle (32 MiB on Hopper), which PyTorch follows for cuBLASLt
+  (pytorch/pytorch#120925); PyTorch's cuBLAS handles hold about 8 MiB each per stream (an
+  8,519,680-byte block in ``torch.cuda.memory_snapshot()``, discuss.pytorch.org/t/178671); a few
+  streams' worth. cuDNN's convolution workspaces go through the caching allocator and are
+  covered by the fraction below.
 - **NCCL buffers**, 256 MiB, only when the cluster has more than one GPU: ``NCCL_BUFFSIZE``
   defaults to 4 MiB, a circular FIFO per channel and peer (NVIDIA/nccl#285, #1450: "each channel
   has its own buffer for collective operations"); a ring has 2 peers and NCCL opens up to 32
@@ -27,8 +29,9 @@ The default, per GPU (sources of each figure):
   cannot always serve a request from free but scattered memory (the PyTorch devlog "When does
   fragmentation occur in the CUDA caching allocator?", 2026); ZeRO (Rajbhandari et al., SC 2020,
   sec. 3.2) reports running out of memory "with over 30% of memory still available" in extreme
-  cases, and GMLake (Guo et al., ASPLOS 2024) fragmentation of up to 33%. 5% is the ordinary case
-  of a steady training loop; pass a larger ``memory_reserve`` for recompute- or offload-heavy runs.
+  cases, and GMLake (Guo et al., ASPLOS 2024) fragmentation of up to 33%. Those are worst cases,
+  not a typical figure: 5% is this module's choice for a steady training loop (the same shapes
+  every step); pass a larger ``memory_reserve`` for recompute-, offload- or LoRA-heavy runs.
 
 CPU (and meta) devices keep none by default: no CUDA context or NCCL buffers live there, the
 host's allocator returns freed pages to the system, and a CPU target's memory is already a share
