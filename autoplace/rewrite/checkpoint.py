@@ -125,10 +125,14 @@ def _init_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def optimizer_state_dict(obj: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def optimizer_state_dict(obj: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                         init: bool = True) -> dict[str, Any]:
     """The optimizer's state for the parameters this rank holds, keyed by their original names:
-    ``state.<fqn>.<key>`` (tensors alias the optimizer's) and ``param_groups.<fqn>.<hyperparameter>``."""
-    _init_state(optimizer)
+    ``state.<fqn>.<key>`` (tensors alias the optimizer's) and ``param_groups.<fqn>.<hyperparameter>``.
+    ``init``: create the state first if the optimizer has not stepped (what a load reads into);
+    :func:`save` does not, so saving before the first step changes nothing (Adam's step count)."""
+    if init:
+        _init_state(optimizer)
     names = _param_names(obj)
     out: dict[str, Any] = {}
     for group in optimizer.param_groups:
@@ -153,7 +157,7 @@ def save(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
 
     state: dict[str, Any] = {"model": model_state_dict(obj)}
     if optimizer is not None:
-        state["optim"] = optimizer_state_dict(obj, optimizer)
+        state["optim"] = optimizer_state_dict(obj, optimizer, init=False)
     if step is not None:
         state["step"] = int(step)
     dcp.save(state, checkpoint_id=str(path))
@@ -169,6 +173,17 @@ def _saved_keys(path: str | Path) -> set[str]:
                               "save() wrote") from None
 
 
+def _agree(problem: str) -> None:
+    """Raise ``problem`` on every rank if any rank has one (a rank that went on alone would wait
+    in the load's collectives for the ranks that raised)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, problem)
+        problem = next((f"rank {r}: {p}" for r, p in enumerate(every) if p), "")
+    if problem:
+        raise CheckpointError(problem)
+
+
 def load(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optimizer | None = None) -> int | None:
     """Read the checkpoint at ``path`` into ``obj`` (and ``optimizer``), in place, whatever plan
     wrote it; returns the saved ``step`` (None if none was saved). Every rank calls it. Buffers
@@ -180,24 +195,28 @@ def load(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
     model = model_state_dict(obj)
     params = set(_param_names(obj).values())
     missing = sorted(k for k in model if f"model.{k}" not in saved and k in params)
-    if missing:
-        raise CheckpointError(f"the checkpoint at {path} lacks {len(missing)} parameter(s) of this model "
-                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): it was written "
-                              "for another model")
+    problem = (f"the checkpoint at {path} lacks {len(missing)} parameter(s) of this model ({', '.join(missing[:4])}"
+               f"{', ...' if len(missing) > 4 else ''}): it was written for another model") if missing else ""
     state: dict[str, Any] = {"model": {k: v for k, v in model.items() if f"model.{k}" in saved}}
+    unstepped = False  # saved before the optimizer's first step: no state to read, none to keep
     if optimizer is not None:
         optim = optimizer_state_dict(obj, optimizer)
         lost = sorted(k for k in optim if f"optim.{k}" not in saved)
-        if lost:
-            raise CheckpointError(f"the checkpoint at {path} has no optimizer state for {len(lost)} key(s) "
-                                  f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}): save with "
-                                  "optimizer=, or load without it")
+        if lost and all(k.startswith("state.") for k in lost) and not any(k.startswith("optim.state.") for k in saved) \
+                and any(k.startswith("optim.param_groups.") for k in saved):
+            unstepped, optim = True, {k: v for k, v in optim.items() if not k.startswith("state.")}
+        elif lost and not problem:
+            problem = (f"the checkpoint at {path} has no optimizer state for {len(lost)} key(s) ({', '.join(lost[:3])}"
+                       f"{', ...' if len(lost) > 3 else ''}): save with optimizer=, or load without it")
         state["optim"] = optim
+    _agree(problem)
     if "step" in saved:
         state["step"] = 0
     dcp.load(state, checkpoint_id=str(path))
     if optimizer is not None:
         _set_hyperparameters(obj, optimizer, state["optim"])
+        if unstepped:
+            optimizer.state.clear()
     return int(state["step"]) if "step" in state else None
 
 

@@ -191,6 +191,7 @@ def test_checkpoint_matrix_on_two_processes(tmp_path: Path) -> None:
     consts = got["consts"]
     assert any(k.endswith("_tensor_constant0") for r in consts for k in r["raw_keys"])
     assert all(r["saved"] == r["full"] == r["model_keys"] for r in consts), consts[0]
+    assert consts[0]["rank0_only"] == consts[0]["model_keys"] and consts[1]["rank0_only"] == []
     _into_placed(tmp_path, tmp_path / "fsdp-ckpt", _losses([r["losses"] for r in got["fsdp"]]), "fsdp -> placed (losses)")
     print("\n".join(f"{k}: {v:.2e}" for k, v in MEASURED.items()))
 
@@ -228,5 +229,17 @@ def test_names_and_errors_in_one_process(tmp_path: Path) -> None:
     checkpoint.save(lin, tmp_path / "lin")
     with pytest.raises(checkpoint.CheckpointError, match="no optimizer state"):
         checkpoint.load(lin, tmp_path / "lin", optimizer=torch.optim.Adam(lin.parameters()))
+    # saved before the first step: the optimizer keeps no state (Adam's step count unchanged), and so does a load
+    opt = torch.optim.Adam(lin.parameters(), lr=0.1)
+    checkpoint.save(lin, tmp_path / "step0", optimizer=opt, step=0)
+    assert not opt.state
+    twin = torch.nn.Linear(2, 2)
+    twin_opt = torch.optim.Adam(twin.parameters(), lr=0.5)
+    assert checkpoint.load(twin, tmp_path / "step0", optimizer=twin_opt) == 0
+    assert not twin_opt.state and twin_opt.param_groups[0]["lr"] == 0.1  # the saved hyperparameters
+    for m, o in ((lin, opt), (twin, twin_opt)):
+        m(torch.ones(3, 2)).sum().backward()
+        o.step()
+    assert torch.equal(lin.weight, twin.weight)
     with pytest.raises(checkpoint.CheckpointError, match=r"lacks 2 parameter\(s\) of this model \(0.bias, 0.weight"):
         checkpoint.load(torch.nn.Sequential(torch.nn.Linear(2, 2)), tmp_path / "lin")

@@ -176,7 +176,8 @@ def constants(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     saved = sorted(k[len("model."):] for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata)
     (out / f"{case['id']}-rank{rank}.json").write_text(json.dumps(dict(
         raw_keys=sorted(runner.state_dict()), names=sorted(model_state_dict(runner)), saved=saved,
-        full=sorted(full_state_dict(runner)), model_keys=sorted(model.state_dict()))))
+        full=sorted(full_state_dict(runner)), model_keys=sorted(model.state_dict()),
+        rank0_only=sorted(full_state_dict(runner, rank0_only=True)))))
 
 
 def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
