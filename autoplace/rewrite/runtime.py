@@ -373,7 +373,10 @@ def build_pipeline_runner(
     inputs, outputs = stage_io(gm, split, values, micro, stage, device, hook.boundary_dtype)
     pipe_stage = PipelineStage(module, stage, n_stages, device, input_args=inputs, output_args=outputs,
                                group=pp_group)
-    sched_cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    # torch's Schedule1F1B refuses fewer micro-batches than stages (a plan the simulator allows):
+    # with so few there is no steady state, and GPipe's order does the same work (a late stage
+    # may then hold all M micro-batches' activations where 1F1B holds fewer)
+    sched_cls = ScheduleGPipe if schedule == "gpipe" or microbatches < n_stages else Schedule1F1B
     sched = sched_cls(pipe_stage, microbatches, loss_fn=model_output_loss(gm, loss_fn), scale_grads=scale_grads)
     runner = PipelineRunner(rank=dist.get_rank(), stage_index=stage, num_stages=n_stages, replica=replica,
                             replicas=replicas, microbatches=microbatches, batch_size=batch,

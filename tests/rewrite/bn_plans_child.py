@@ -4,7 +4,8 @@ A small BatchNorm CNN (the user's own model: conv, BatchNorm, a residual block, 
 linear head), in float32, trained 3 SGD steps under each case's plan and, on every rank, the
 unsplit model on the full batch. ``default`` is what ``autoplace.wrap`` picks by itself for
 ``["cpu"] * N`` (``m1``: with ``microbatches=1``); the others are given plans: ``fsdp``, ``hsdp`` (2 hosts), ``data-parallel``
-(DDP), each one stage over every rank with one micro-batch. Each rank writes OUT/<case>-rank<r>.json:
+(DDP), each one stage over every rank with one micro-batch, and ``pipeline``: one stage per rank,
+1F1B with one micro-batch (fewer micro-batches than stages, which torch's Schedule1F1B refuses). Each rank writes OUT/<case>-rank<r>.json:
 its losses, the reference's, the largest parameter and running-statistics differences after
 the steps, and the plan it ran.
 """
@@ -29,7 +30,7 @@ from autoplace.graph.trace import trace_module
 from autoplace.rewrite.runtime import init_distributed
 
 STEPS, BATCH = 3, 8
-CASES = {"default": None, "m1": None, "fsdp": "fsdp", "hsdp": "hsdp", "data-parallel": "ddp"}
+CASES = {"default": None, "m1": None, "fsdp": "fsdp", "hsdp": "hsdp", "data-parallel": "ddp", "pipeline": "pp"}
 
 
 class Block(nn.Module):
@@ -73,8 +74,12 @@ def run(out: Path, case: str, rank: int, world: int) -> None:
     else:
         c = cluster(world, 2 if shard == "hsdp" else 1)
         g = trace_module(model, (x0,)).graph
-        plan = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [list(range(world))], microbatches=1,
-                                  shard=None if shard == "ddp" else shard)
+        if shard == "pp":  # one stage per rank, 1F1B with one micro-batch (fewer than stages)
+            cut = np.minimum(np.arange(g.num_nodes) * world // g.num_nodes, world - 1)
+            plan = Placement.pipeline(g, c, cut, [[r] for r in range(world)], microbatches=1, schedule="1f1b")
+        else:
+            plan = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [list(range(world))], microbatches=1,
+                                      shard=None if shard == "ddp" else shard)
         runner = autoplace.wrap(model, ["cpu"] * world, plan=plan, cluster=c, example_inputs=(x0,),
                                 loss_fn=loss_fn, progress=False)
     opt = torch.optim.SGD(runner.parameters(), lr=0.1)

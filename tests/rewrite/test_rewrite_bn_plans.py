@@ -39,7 +39,7 @@ def _check(rows: list[dict]) -> None:
 
 
 def test_batch_norm_under_every_replicated_plan_on_two_processes(tmp_path: Path) -> None:
-    got = _launch(tmp_path, 2, ["default", "m1", "fsdp", "data-parallel"])
+    got = _launch(tmp_path, 2, ["default", "m1", "fsdp", "data-parallel", "pipeline"])
     for rows in got.values():
         _check(rows)
     assert all(r["microbatches"] == 1 for r in got["m1"])  # wrap(microbatches=1) is kept
@@ -48,7 +48,7 @@ def test_batch_norm_under_every_replicated_plan_on_two_processes(tmp_path: Path)
 
 @pytest.mark.slow
 def test_batch_norm_under_every_replicated_plan_on_four_processes(tmp_path: Path) -> None:
-    got = _launch(tmp_path, 4, ["default", "fsdp", "hsdp", "data-parallel"])
+    got = _launch(tmp_path, 4, ["default", "fsdp", "hsdp", "data-parallel", "pipeline"])
     for rows in got.values():
         _check(rows)
     assert got["hsdp"][0]["shard"] == ["hsdp"]
