@@ -4,8 +4,9 @@
 :mod:`autoplace.planners.registry`), simulates each placement and returns the fastest one that
 fits in memory less a reserve per device (:mod:`autoplace.planners.reserve`) and that the runtime
 runs, with the candidates it weighed in ``placement.meta["candidates"]``: within 1% of the
-fastest (:data:`TIE_BAND`) the lowest peak memory wins, so it is never more than 1% slower in
-the simulator than any usable plan of a heuristic it ran. ``planner="NAME"`` runs one.
+fastest (:data:`TIE_BAND`) the lowest peak memory wins when it saves :data:`TIE_MEMORY` of a
+device, so it is never more than 1% slower in the simulator than any usable plan of a heuristic
+it ran. ``planner="NAME"`` runs one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "TIE_BAND", "plan_budget", "wrap_budget"]
+__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "TIE_BAND", "TIE_MEMORY", "plan_budget", "wrap_budget"]
 
 
 
@@ -55,6 +56,11 @@ TIE_BAND = 0.01
 """``plan(planner="best")``: plans whose simulated step is within this share of the fastest's are
 a tie, broken by the lower peak memory (a 1% difference is inside the simulator's error; memory
 headroom is what keeps a real run alive)."""
+
+TIE_MEMORY = 0.05
+"""... when the lower peak is at least this share of the device's memory (usable, after the reserve)
+below the fastest plan's: a few MiB saved on a device with room to spare is no reason to leave
+the fastest (often the simpler) plan."""
 
 
 WRAP_TARGET_S = 9.0
@@ -90,6 +96,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``mode`` runs (heuristics first, then the learned planners on what time is left) and the
     fastest simulated placement that fits in memory wins, except that among the plans within
     :data:`TIE_BAND` (1%) of the fastest's step time the one with the lowest peak memory wins
+    when it saves at least :data:`TIE_MEMORY` (5%) of a device's memory
     (``meta["tie_rule"]`` says which was fastest and why another was chosen; the chosen row of
     ``meta["candidates"]`` has ``chosen=True``). With ``"best"`` only plans the runtime runs
     are returned (:func:`~autoplace.planners.runnable.runnable_problems`: a pipeline plan's
@@ -322,18 +329,25 @@ def _runs_and(graph: "OpGraph", accept: Callable[[Placement], str] | None) -> Ca
 
 def _tie_break(pool: list[tuple[float, Placement, dict[str, Any]]]) -> tuple[float, Placement, dict[str, Any], dict[str, Any]]:
     """The plan :func:`plan` returns among the usable ones: the lowest peak memory among those
-    within :data:`TIE_BAND` of the fastest step (the faster on equal peaks), and what the rule
-    did (``meta["tie_rule"]``). Marks the chosen row ``chosen=True``."""
+    within :data:`TIE_BAND` of the fastest step that peak at least :data:`TIE_MEMORY` of a
+    device's memory (the one at the fastest plan's peak) below it, else the fastest; the faster
+    on equal peaks. And what the rule did (``meta["tie_rule"]``). Marks the chosen row ``chosen=True``."""
     fastest = min(pool, key=lambda c: c[0])
     band = [c for c in pool if c[0] <= fastest[0] * (1 + TIE_BAND)]
-    pick = min(band, key=lambda c: (c[2]["peak_memory_bytes"], c[0]))
+    row = fastest[2]
+    per_device = row.get("memory_per_device") or [row["peak_memory_bytes"]]
+    caps = row.get("memory_capacity_bytes") or [np.inf]
+    cap = float(caps[int(np.argmax(per_device))]) if len(caps) == len(per_device) else float(min(caps))
+    leaner = [c for c in band if row["peak_memory_bytes"] - c[2]["peak_memory_bytes"] >= TIE_MEMORY * cap]
+    pick = min(leaner, key=lambda c: (c[2]["peak_memory_bytes"], c[0])) if leaner else fastest
     pick[2]["chosen"] = True
-    tie: dict[str, Any] = dict(band=TIE_BAND, in_band=len(band), fastest=fastest[2]["planner"],
+    tie: dict[str, Any] = dict(band=TIE_BAND, memory_share=TIE_MEMORY, in_band=len(band), fastest=row["planner"],
                                fastest_step_time_s=fastest[0], fastest_peak_memory_bytes=fastest[2]["peak_memory_bytes"],
                                chosen=pick[2]["planner"])
     if pick is not fastest:
         tie["why"] = (f"{pick[2]['planner']} is {pick[0] / fastest[0] - 1:.2%} slower than {fastest[2]['planner']} "
-                      f"(within {TIE_BAND:.0%}) and peaks at {pick[2]['peak_memory_bytes'] / 2**30:.2f} GiB "
+                      f"(within {TIE_BAND:.0%}) and peaks {(row['peak_memory_bytes'] - pick[2]['peak_memory_bytes']) / cap:.0%} "
+                      f"of a device lower, at {pick[2]['peak_memory_bytes'] / 2**30:.2f} GiB "
                       f"instead of {fastest[2]['peak_memory_bytes'] / 2**30:.2f} GiB")
     return pick[0], pick[1], pick[2], tie
 
