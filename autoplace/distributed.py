@@ -88,7 +88,7 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
             return f"{p.microbatches} micro-batches (wrap(microbatches={microbatches}) asks for {microbatches})"
         if _uniform_replicas(p) is None:
             return "stages replicated unevenly (the runtime needs the same count per stage)"
-        from .rewrite.fsdp import runtime_problems  # shard/recompute/precision: what the sharded runtime runs
+        from .capability import runtime_problems  # what the runtime runs
 
         sharded = runtime_problems(p, graph)
         if sharded:

@@ -26,7 +26,7 @@ from ..placement import Placement
 from ..progress import Status
 from . import budget as _budget
 from .reserve import MemoryReserve, ReserveSpec, reserved_cluster, resolve_reserve
-from .runnable import runnable_problems
+from ..capability import runtime_problems
 from .registry import KINDS, MODES, Planner, as_cluster, call_planner, check_configs, config_for, get_planner, planners
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     when it saves at least :data:`TIE_MEMORY` (5%) of a device's memory
     (``meta["tie_rule"]`` says which was fastest and why another was chosen; the chosen row of
     ``meta["candidates"]`` has ``chosen=True``). With ``"best"`` only plans the runtime runs
-    are returned (:func:`~autoplace.planners.runnable.runnable_problems`: a pipeline plan's
+    are returned (:func:`~autoplace.capability.runtime_problems`: a pipeline plan's
     stages replicated alike, equal shares of the batch; the others are recorded with the
     reason, as ``accept``'s). ``mode``: ``"model"``,
     ``"pipeline"`` (stages, possibly replicated: data parallel is the one-stage case) or
@@ -296,7 +296,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if not row["oom"] and not why and (best is None or row["step_time_s"] < best[0]):
                 best = (row["step_time_s"], out, row)
             if not row["oom"] and out.mode == "pipeline" and (not why or (
-                    runnable_problems(out, graph) and (user_accept is None or not user_accept(out)))):
+                    runtime_problems(out, graph) and (user_accept is None or not user_accept(out)))):
                 fitting.append((row["step_time_s"], name, out, bool(why)))  # a refused one's variants may run
             if p.kind == "heuristic" and k + 1 < len(jobs) and get_planner(jobs[k + 1][1]).kind == "learned":
                 _share_seeds(graph, cluster, cost, seeds)
@@ -319,10 +319,10 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
 
 def _runs_and(graph: "OpGraph", accept: Callable[[Placement], str] | None) -> Callable[[Placement], str]:
-    """``accept`` after the runtime's rules (:func:`runnable_problems`): the first reason that
+    """``accept`` after the runtime's rules (:func:`~autoplace.capability.runtime_problems`): the first reason that
     refuses a plan, ``""`` when none does."""
     def usable(p: Placement) -> str:
-        return next(iter(runnable_problems(p, graph)), "") or (accept(p) if accept is not None else "")
+        return next(iter(runtime_problems(p, graph)), "") or (accept(p) if accept is not None else "")
 
     return usable
 

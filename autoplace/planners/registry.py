@@ -124,12 +124,14 @@ def _load() -> None:
 
 
 def _modules(pkg: Any) -> list[str]:
-    """The modules of subpackage ``pkg``: its ``PLANNER_MODULES`` in order, then the rest found on disk
-    (private ones, starting with ``_``, excepted)."""
-    first = [f"{pkg.__name__}.{m}" for m in getattr(pkg, "PLANNER_MODULES", ())]
-    found = [info.name for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.", onerror=lambda n: None)
-             if not info.ispkg and not info.name.rsplit(".", 1)[-1].startswith("_")]
-    return first + [m for m in found if m not in first]
+    """The modules of subpackage ``pkg`` that register planners: its ``PLANNER_MODULES``, in order,
+    when it names them (so planning imports no training code: pretraining, the corpus, imitation);
+    else every module found on disk (private ones, starting with ``_``, excepted)."""
+    named = getattr(pkg, "PLANNER_MODULES", None)
+    if named is not None:
+        return [f"{pkg.__name__}.{m}" for m in named]
+    return [info.name for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.", onerror=lambda n: None)
+            if not info.ispkg and not info.name.rsplit(".", 1)[-1].startswith("_")]
 
 
 def get_planner(name: str) -> Planner:

@@ -32,7 +32,7 @@ The parameters of the traced model become the sharded ones: ``fully_shard`` swap
 place on the leaf modules, which the traced model shares with the user's (as the pipeline
 runtime moves them in place). Give ``runner.parameters()`` to the optimizer.
 
-:func:`runtime_problems` lists what the runtime cannot run (a plan search's ``accept`` hook).
+:func:`autoplace.capability.runtime_problems` lists what the runtime cannot run (the planners ask it too).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.fx
 
 from ..parallel import StageOptions, hsdp_shape
-from ..placement import batch_share_problems
+from ..capability import runtime_problems
 from .errors import ShardedRunError
 from .pipeline import propagate_fake, split_with_boundaries
 from . import batchnorm, liveness
@@ -64,48 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = ["outline_units", "shard_stage", "FSDPRunner", "build_sharded_runner", "build_sharded_pipeline",
            "runtime_problems", "ShardedRunError", "unit_of_fx"]
-
-
-# ---- what the runtime runs ------------------------------------------------------------------------
-
-
-def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = None) -> list[str]:
-    """Why the runtime cannot run ``plan`` (empty: it can). Besides validity, the runtime needs
-    every stage replicated the same number of times, one shard kind for all stages (and one
-    hsdp shape), no parameter tied across stages of a sharded pipeline, and an fx-traced model
-    (the units are fx nodes)."""
-    out: list[str] = []
-    if plan.mode != "pipeline" or plan.stage_devices is None:
-        return out
-    opts = StageOptions.of(plan)
-    sizes = {len(s) for s in plan.stage_devices}
-    if len(sizes) != 1:
-        out.append(f"stages are replicated {[len(s) for s in plan.stage_devices]} times; the runtime needs the "
-                   "same count per stage")
-    if world is not None and len(plan.devices_used()) != world:
-        out.append(f"the plan uses {len(plan.devices_used())} devices; torchrun started {world} processes")
-    # build_pipeline_runner splits the batch evenly for plain (DDP) stages too
-    out.extend(batch_share_problems(graph.batch_size, plan.microbatches, [len(s) for s in plan.stage_devices],
-                                    even=True))
-    if opts.is_default:
-        return out
-    kinds = set(opts.shard)
-    if len(kinds) > 1:
-        out.append(f"stages use shard kinds {list(opts.shard)}; the runtime runs one kind for every stage")
-    sharded = kinds & {"fsdp", "hsdp"}
-    if sharded and graph.meta.get("traced_with") == "export":
-        out.append("FSDP units are cut from a torch.fx trace; this model was traced with torch.export: "
-                   "use shard='ddp', or make the model symbolically traceable (leaf_modules=)")
-    if sharded and plan.num_stages > 1 and plan.stage_of_node is not None:
-        for grp in graph.tied:
-            st = {int(plan.stage_of_node[i]) for i in grp}
-            if len(st) > 1:
-                out.append(f"parameters tied across stages {sorted(st)} ({graph.names[grp[0]]}); a sharded "
-                           "pipeline holds each parameter in one stage: keep tied ops in one stage")
-                break
-    if len(set(opts.precision)) > 1:
-        out.append(f"stages use precisions {list(opts.precision)}; the runtime runs one precision for every stage")
-    return out
 
 
 def _mesh_spec(plan: "Placement", cluster: "Cluster", shard: str, replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -21,7 +21,7 @@ checkpointing, and torchtitan's pipeline x FSDP composition.
   wins. ``pp = 1`` is FSDP or HSDP alone.
 
 Every plan returned is one the runtime (:mod:`autoplace.rewrite.fsdp`) runs: variants it would
-refuse (:func:`autoplace.rewrite.fsdp.runtime_problems`: parameters tied across stages, a batch
+refuse (:func:`autoplace.capability.runtime_problems`: parameters tied across stages, a batch
 that does not split evenly, a model traced with torch.export) are never chosen. Nothing fits:
 :class:`~autoplace.errors.NoFitError` with what was needed.
 """
@@ -101,7 +101,7 @@ class _Search:
 
     def run(self, label: str, stage_of_node: np.ndarray, stage_devices: list[list[int]], microbatches: int,
             **options: Any) -> _Variant | None:
-        from autoplace.rewrite.fsdp import runtime_problems
+        from autoplace.capability import runtime_problems
 
         _budget.check()
         p = Placement.pipeline(self.graph, self.cluster, stage_of_node, stage_devices, microbatches=microbatches,

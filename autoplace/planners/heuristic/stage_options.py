@@ -25,7 +25,7 @@ given (:mod:`autoplace.parallel` names the options):
 The objective is the simulated step time among the variants that fit; recompute is used only
 where memory needs it (it always costs a forward). Every variant is checked by the plan's rules
 (:meth:`Placement.problems <autoplace.placement.Placement.problems>`) and the runtime's
-(:func:`autoplace.rewrite.fsdp.runtime_problems`: the same replica count per stage, batch shares
+(:func:`autoplace.capability.runtime_problems`: the same replica count per stage, batch shares
 that divide evenly, no parameter tied across sharded stages) before it is simulated, so no
 variant exists only in the simulator; stages the runtime cannot run with options (uneven
 replicas; schedules past GPipe and 1F1B) get none. Bounded by ``max_evals`` simulations per plan
@@ -46,7 +46,7 @@ from autoplace.graph.units import block_units, stage_units
 from autoplace.parallel import NO_BF16_KINDS, StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES
 from autoplace.placement import Placement
-from autoplace.rewrite.fsdp import runtime_problems
+from autoplace.capability import runtime_problems
 from .. import budget as _budget
 from ..judge import Choice, Judge
 from .sequence_parallel import sp_choice

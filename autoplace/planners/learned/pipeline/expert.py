@@ -36,7 +36,7 @@ from autoplace.placement import PlacementError
 from ...candidate import pipeline_plan
 from ..adam import Adam
 from ..env import PlacementEnv, heuristic_seeds
-from .pretrain import make_policy
+from .weights import make_policy
 from .search import SEARCH_SEEDS, SearchConfig, local_search
 from .space import PipelinePlan
 

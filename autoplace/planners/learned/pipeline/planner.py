@@ -63,7 +63,7 @@ from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
 from ...candidate import pipeline_plan
-from .pretrain import WEIGHTS_PATH, load_weights, weights_hidden
+from .weights import WEIGHTS_PATH, load_weights, weights_hidden
 
 if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel

@@ -33,33 +33,23 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
-from autoplace.graph.features import node_features
-from autoplace.sim import simulator_for
 from ..adam import Adam
 from ..corpus import HELD_OUT, CorpusGraph, held_out_clusters, held_out_graphs, training_clusters, training_graphs
-from .policy import PipelinePolicy, device_features, summary_features
+from .policy import PipelinePolicy
 from .search import pipeline_search
-from .space import PipelinePlan, PipelineSpace
-
-if TYPE_CHECKING:
-    from autoplace.cost.analytic import CostModel
-    from autoplace.graph.ir import OpGraph
+from .space import PipelinePlan
+from .weights import MAX_STAGES, WEIGHTS_PATH, load_weights, make_policy, weights_hidden
 
 __all__ = ["PretrainConfig", "make_policy", "imitate", "pretrain", "pretraining_pairs", "large_cluster",
            "load_weights", "weights_hidden", "split_record", "WEIGHTS_PATH", "LARGE_SEED0", "MAX_STAGES"]
 
-WEIGHTS_PATH = Path(__file__).resolve().parents[3] / "weights" / "pipeline_rl.pt"
-"""The shipped weights (their split and command in the ``.json`` beside them)."""
 LARGE_SEED0 = 70_000
 """First seed of :func:`large_cluster` in pretraining."""
-MAX_STAGES = 16
-"""Most stages the pretrained policy plans (the device head's cost grows as stages^2 x devices)."""
 _GPUS = ("V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100", "T4")
 
 
@@ -111,39 +101,6 @@ def large_cluster(seed: int) -> Cluster:
         return intra if devs[i].host == devs[j].host else inter
 
     return Cluster.from_links(devs, link_of, name=f"large-{seed}")
-
-
-def make_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None" = None, *, hidden: int = 32,
-                max_stages: int | None = MAX_STAGES, explore: float = 0.1, seed: int = 0,
-                weights: Path | str | None = None) -> PipelinePolicy:
-    """The pipeline policy of ``graph`` on ``cluster`` (``weights``: a pretrained network to load)."""
-    sim = simulator_for(graph, cluster, cost)
-    space = PipelineSpace.of(graph, cluster, sim, max_stages=max_stages)
-    x = np.asarray(node_features(graph, cluster, cost=sim.cost), dtype=np.float32)
-    pol = PipelinePolicy(space, x, device_features(space, cluster), summary_features(space, sim, sim.cost),
-                         hidden=hidden, explore=explore, seed=seed)
-    if weights is not None:
-        pol.load_shared(load_weights(weights))
-    return pol
-
-
-def load_weights(path: Path | str) -> dict[str, torch.Tensor]:
-    """The shared network saved by :func:`pretrain`."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no pipeline policy weights at {p}; run python -m "
-                                "autoplace.planners.learned.pipeline.pretrain, or plan without weights")
-    state = torch.load(p, map_location="cpu", weights_only=True)
-    return {str(k): v for k, v in state.items()}
-
-
-def weights_hidden(path: Path | str) -> int:
-    """The hidden size the weights at ``path`` were made with (from the .json beside them)."""
-    meta = Path(path).with_suffix(".json")
-    if not meta.exists():
-        raise FileNotFoundError(f"{meta} is missing: the pipeline weights' record (hidden size, split, command) "
-                                "is written beside them by python -m autoplace.planners.learned.pipeline.pretrain")
-    return int(json.loads(meta.read_text())["config"]["hidden"])
 
 
 def imitate(policies: list[PipelinePolicy], targets: list[tuple[torch.Tensor, ...]], params: list[torch.nn.Parameter],

@@ -1,44 +1,44 @@
-"""What the pipeline runtime runs, as the planners ask it: :func:`runnable_problems`.
+"""What the runtime (:mod:`autoplace.rewrite`) runs, in the rules layer: :func:`runtime_problems`.
 
-``plan(planner="best")`` returns only plans the runtime runs (DESIGN.md: "every plan the
-planners can return is runnable"). A model-parallel plan always runs (one process, one
-GraphModule). A pipeline plan runs under ``autoplace.rewrite`` when
+The runtime refuses a plan it cannot run with these reasons before it builds anything, and the
+planners read the same function instead of importing the runtime (``plan(planner="best")``
+returns only plans it accepts: DESIGN.md's "every plan the planners can return is runnable").
+A model-parallel plan always runs (one process, one GraphModule). A pipeline plan runs when
 
 - every stage is replicated the same number of times (one (pp, dp) mesh of ranks);
 - the batch divides into ``microbatches x replicas`` equal shares (``torch.distributed.pipelining``
   fixes the shapes before the first step: :func:`autoplace.pipeline_rules.batch_share_problems`
   with ``even=True``);
 - all stages use one shard kind and one precision, and a sharded pipeline keeps tied parameters
-  in one stage and was traced by torch.fx (its FSDP units are fx nodes).
-
-These are the rules of ``autoplace.rewrite.fsdp.runtime_problems`` (less the launcher's count of
-ranks), read here from the rules layer so that the planners do not import the runtime;
-``tests/planners/test_plan_property.py`` checks every plan plan() returns against the runtime's
-own function, so the two cannot drift apart unseen.
+  in one stage and was traced by torch.fx (its FSDP units are fx nodes);
+- under torchrun, the plan uses as many devices as there are processes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..parallel import StageOptions
-from ..pipeline_rules import batch_share_problems
+from .parallel import StageOptions
+from .pipeline_rules import batch_share_problems
 
 if TYPE_CHECKING:
-    from ..graph.ir import OpGraph
-    from ..placement import Placement
+    from .graph.ir import OpGraph
+    from .placement import Placement
 
-__all__ = ["runnable_problems"]
+__all__ = ["runtime_problems"]
 
 
-def runnable_problems(plan: "Placement", graph: "OpGraph") -> list[str]:
-    """Why the runtime cannot run ``plan`` (empty: it can); see the module docstring."""
+def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = None) -> list[str]:
+    """Why the runtime cannot run ``plan`` (empty: it can); see the module docstring. ``world``:
+    the processes torchrun started, which must be the plan's devices (None: not checked)."""
     if plan.mode != "pipeline" or plan.stage_devices is None:
         return []
     replicas = [len(s) for s in plan.stage_devices]
     out: list[str] = []
     if len(set(replicas)) != 1:
         out.append(f"stages are replicated {replicas} times; the runtime needs the same count per stage")
+    if world is not None and len(plan.devices_used()) != world:
+        out.append(f"the plan uses {len(plan.devices_used())} devices; torchrun started {world} processes")
     out.extend(batch_share_problems(graph.batch_size, plan.microbatches, replicas, even=True))
     opts = StageOptions.of(plan)
     if opts.is_default:
