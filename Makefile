@@ -10,8 +10,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	# compile the simulator's numba kernels into their on-disk cache now (about 15 s), so the
-	# first plan does not pay it (autoplace/sim/warmup.py)
-	$(PY) -m autoplace.sim.warmup
+	# first plan does not pay it (autoplace/planners/warmup.py)
+	$(PY) -m autoplace.planners.warmup
 	touch $@
 
 .PHONY: demo test install bench

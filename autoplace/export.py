@@ -31,10 +31,9 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
 
 from .errors import AutoplaceError
-from .graph.units import block_units, stage_units
+from .graph.units import block_units, stage_module_paths
 from .parallel import StageOptions, default_reshard, hsdp_shape
 from .pipeline_rules import SPECS, stage_ranks
 
@@ -67,18 +66,9 @@ def torchtitan_schedule(schedule: str) -> str:
 
 
 def stage_modules(plan: "Placement", graph: "OpGraph") -> list[list[str]]:
-    """Per stage, the module paths that make it, in order: its FSDP units (blocks, embedding,
-    head) and the top-level modules of its other ops (torchtitan's ``module_fqns_per_model_part``)."""
+    """Per stage, the module paths that make it (:func:`autoplace.graph.units.stage_module_paths`)."""
     assert plan.stage_of_node is not None
-    units = block_units(graph)
-    unit = stage_units(units, np.asarray(plan.stage_of_node))
-    out: list[list[str]] = [[] for _ in range(int(plan.stage_of_node.max()) + 1 if plan.stage_of_node.size else 0)]
-    for i, s in enumerate(plan.stage_of_node.tolist()):
-        u = int(unit[i])
-        name = units.names[u] if u >= 0 else graph.module_paths[i].split(".", 1)[0]
-        if name and name not in out[s]:
-            out[s].append(name)
-    return out
+    return stage_module_paths(graph, plan.stage_of_node)
 
 
 def _is_block(name: str) -> bool:

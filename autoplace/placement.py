@@ -295,6 +295,22 @@ class Placement:
                 + (" with sequence parallelism" if self.sequence_parallel else "")
                 + (f", {opts}" if opts else ""))
 
+    def summary(self) -> str:
+        """The plan's shape in a few words: ``"2 stages x 4 replicas, M=8, 1f1b, fsdp, recompute"``
+        (replica counts per stage when they differ), ``"model parallel on 3 devices"``."""
+        if self.mode != "pipeline" or self.stage_devices is None:
+            used = len(self.devices_used())
+            return f"model parallel on {used} device{'s' if used != 1 else ''}"
+        reps = [len(s) // self.tp for s in self.stage_devices]  # a stage's devices are replicas x its TP group
+        n = len(reps)
+        rep = f"{reps[0]} replica{'s' if reps[0] != 1 else ''}" if len(set(reps)) == 1 else f"{reps} replicas"
+        out = f"{n} stage{'s' if n != 1 else ''} x {rep}, M={self.microbatches}, {self.schedule}"
+        if self.virtual_stages != 1:
+            out += f", v={self.virtual_stages}"
+        if self.tp != 1:
+            out += f", tp={self.tp}" + ("+sp" if self.sequence_parallel else "")
+        return out + ", " + (describe_options(self) or "ddp")
+
     def __repr__(self) -> str:
         if self.mode == "pipeline" and (self.stage_of_node is None or self.stage_devices is None):
             return (f"<pipeline placement of {self.device_of_node.shape[0]} ops without stage_of_node or "

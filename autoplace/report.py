@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .parallel import describe_options
 from .pipeline_rules import ALL_SCHEDULES, stage_ranks
 
 if TYPE_CHECKING:
@@ -63,19 +62,8 @@ _NOTE_WIDTH = 70  # a longer note goes under the table, whole
 
 
 def plan_summary(plan: "Placement") -> str:
-    """The plan's shape in a few words: ``"2 stages x 4 replicas, M=8, 1f1b, fsdp, recompute"``
-    (replica counts per stage when they differ), ``"model parallel on 3 devices"``."""
-    if plan.mode != "pipeline" or plan.stage_devices is None:
-        return f"model parallel on {len(plan.devices_used())} device{'s' if len(plan.devices_used()) != 1 else ''}"
-    reps = [len(s) // plan.tp for s in plan.stage_devices]  # a stage's devices are replicas x its TP group
-    n = len(reps)
-    rep = f"{reps[0]} replica{'s' if reps[0] != 1 else ''}" if len(set(reps)) == 1 else f"{reps} replicas"
-    out = f"{n} stage{'s' if n != 1 else ''} x {rep}, M={plan.microbatches}, {plan.schedule}"
-    if plan.virtual_stages != 1:
-        out += f", v={plan.virtual_stages}"
-    if plan.tp != 1:
-        out += f", tp={plan.tp}" + ("+sp" if plan.sequence_parallel else "")
-    return out + ", " + (describe_options(plan) or "ddp")
+    """The plan's shape in a few words (:meth:`autoplace.Placement.summary`)."""
+    return plan.summary()
 
 
 def memory_per_device(nbytes: Sequence[float], capacity: Sequence[float] = ()) -> str:

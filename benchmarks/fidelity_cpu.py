@@ -35,7 +35,7 @@ Predictions, per plan, from ``autoplace.simulate`` of the same ``Placement``:
   timing overhead removed, scaled to the whole passes timed inside training steps, a second
   batch size, the loss and Adam's step measured, the fx values that cross each op boundary) and
   :class:`autoplace.cost.host.HostCostModel` with the host probe's terms
-  (:mod:`autoplace.cost.host_probe`: the gloo link, gloo's all-reduce for DDP's cluster, the
+  (:mod:`autoplace.online.host_probe`: the gloo link, gloo's all-reduce for DDP's cluster, the
   corun factor, the pipeline runtime's cost per action and per boundary tensor beyond the
   first, and the wall time of shared cores: what a
   message costs its receiver when it arrives while the receiver computes or while it waits
@@ -162,7 +162,7 @@ def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) 
     """One rank: gloo, the host probe (first model only), then every plan of the model, interleaved."""
     import torch.distributed as dist
 
-    from autoplace.cost import host_probe
+    from autoplace.online import host_probe
     from autoplace.graph.trace import trace_module
     from autoplace.rewrite.runtime import build_pipeline_runner
 

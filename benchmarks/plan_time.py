@@ -339,7 +339,7 @@ def markdown(doc: dict[str, Any]) -> str:
                   f"{f['model']} on {f['target']} with `NUMBA_CACHE_DIR` empty: wrap {f['wrap_s']:.1f} s, of which "
                   f"{f['compile_s']:.1f} s compiling the simulator's kernels in the model plan (once: later "
                   "processes load them from the cache, in autoplace's `__pycache__` folders or `NUMBA_CACHE_DIR`; "
-                  "`python -m autoplace.sim.warmup` compiles them ahead). The budget does not count compilation, "
+                  "`python -m autoplace.planners.warmup` compiles them ahead). The budget does not count compilation, "
                   "so a first run plans as the next ones do." + same]
     lines += ["", "## plan(budget_s=B): the whole call against B", "",
               "NASNet on 4xV100-pcie, mode='auto', in a fresh process (its first plan). slack = wall - B - compile "

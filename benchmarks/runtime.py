@@ -201,8 +201,8 @@ def overhead_case(name: str, config: dict[str, Any], *, rounds: int, warmup: int
 
 def _ping_pong(rank: int, *, repeats: int) -> list[dict[str, float]]:
     """One-way seconds of a gloo send/recv of each size (half the median round trip), measured by
-    the cost model's own probe (:func:`autoplace.cost.host_probe.ping_pong`)."""
-    from autoplace.cost.host_probe import ping_pong
+    the cost model's own probe (:func:`autoplace.online.host_probe.ping_pong`)."""
+    from autoplace.online.host_probe import ping_pong
 
     return [{"bytes": r["bytes"], "one_way_s": r["median_seconds"], "one_way_min_s": r["min_seconds"],
              "repeats": int(r["repeats"])} for r in ping_pong(rank, repeats=repeats)]

@@ -18,7 +18,7 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     CPU seconds torch.distributed.pipelining adds per forward and per backward action of a
     stage beyond its ops (schedule bookkeeping, the stage's input and output handling, the
     send/recv calls), and per step: measured per schedule by
-    :func:`autoplace.cost.host_probe.action_overhead`; the pipeline simulator adds them to
+    :func:`autoplace.online.host_probe.action_overhead`; the pipeline simulator adds them to
     every stage of a plan of two stages or more (:meth:`HostCostModel.stage_overhead_s`).
 ``pipeline_tensor``
     CPU seconds each tensor crossing a stage boundary adds to every forward and backward action
@@ -44,7 +44,7 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     :func:`messages_per_boundary`) costs its receiving rank beyond the link's
     ``latency + bytes / bandwidth``: ``busy_message_s`` when it arrives while the receiver is
     still computing, ``idle_message_s`` when the receiver is waiting for it
-    (:func:`autoplace.cost.host_probe.busy_messages`, measured between two computing ranks).
+    (:func:`autoplace.online.host_probe.busy_messages`, measured between two computing ranks).
     On a host whose processes fill its cores, gloo's loop thread busy-polls for a message whose
     receive is not posted yet and the threads a message wakes wait for a core (see the probe's
     docstring for the measurements); one pass of the pipeline simulator says which messages
@@ -75,7 +75,7 @@ the graph was profiled on (elsewhere it is the plain CostModel):
 ``busy_allreduce_s`` (wall time)
     each all-reduce call of a replicated stage (DDP: a first bucket of 1 MiB, then 25 MiB
     buckets) adds what one all-reduce adds to a computation on both ranks
-    (:func:`autoplace.cost.host_probe.busy_allreduce`), charged once per step with the update.
+    (:func:`autoplace.online.host_probe.busy_allreduce`), charged once per step with the update.
 ``update``
     Adam's step measured over copies of the parameters and split over ops by a per-tensor and
     a per-byte cost (single-tensor Adam on a CPU launches about ten kernels per tensor: the
@@ -83,7 +83,7 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     3x and Inception's by 20x).
 
 :func:`host_cluster` builds the cluster of ``n`` CPU processes on this host: every device is
-``"cpu"`` with the link measured between two processes (:func:`autoplace.cost.host_probe.probe`:
+``"cpu"`` with the link measured between two processes (:func:`autoplace.online.host_probe.probe`:
 gloo send/recv latency and bandwidth) and a ``time_factor`` for processes computing at the same
 time on shared cores and caches (``corun``, measured by the same probe).
 """
@@ -147,7 +147,7 @@ class HostCostModel(CostModel):
     """the profiled Adam step instead of the bytes-based update."""
     pipeline_action_s: Mapping[str, float] = field(default_factory=dict)
     """per schedule, CPU seconds torch's pipeline runtime adds to each forward and backward action
-    of a stage (``autoplace.cost.host_probe.action_overhead``)."""
+    of a stage (``autoplace.online.host_probe.action_overhead``)."""
     pipeline_step_s: Mapping[str, float] = field(default_factory=dict)
     """per schedule, CPU seconds the pipeline runtime adds per step on each rank (the same probe)."""
     pipeline_tensor_s: Mapping[str, float] = field(default_factory=dict)

@@ -1,5 +1,5 @@
 """What two training processes on shared cores pay for their messages, measured: the
-``busy_messages`` and ``busy_allreduce`` probes of :mod:`autoplace.cost.host_probe` (its docstring
+``busy_messages`` and ``busy_allreduce`` probes of :mod:`autoplace.online.host_probe` (its docstring
 says what each measures and why), and the robust statistics the probes share.
 """
 

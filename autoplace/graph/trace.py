@@ -301,7 +301,7 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
                       backward=lambda n: n.name not in view_like)
     graph, op_of_fx = _build(gm, stats, name=name or type(model).__name__,
                              batch_size=_batch_size(args, kwargs), method=method)
-    from ..cost.memory import attach  # what one step keeps alive, for the simulator's memory terms
+    from .memory_facts import attach  # what one step keeps alive, for the simulator's memory terms
     graph = attach(graph, gm, placeholders, op_of_fx)
     heads = head_counts(gm)  # attention projections' head counts, which tensor parallelism must divide
     if heads:

@@ -162,3 +162,18 @@ def stage_units(units: Units, stage_of_node: np.ndarray) -> np.ndarray:
             if st.min() != st.max():
                 unit[members] = -1
     return unit
+
+
+def stage_module_paths(graph: "OpGraph", stage_of_node: np.ndarray) -> list[list[str]]:
+    """Per stage, the module paths that make it, in order: its FSDP units (blocks, embedding,
+    head) and the top-level modules of its other ops (torchtitan's ``module_fqns_per_model_part``)."""
+    st = np.asarray(stage_of_node)
+    units = block_units(graph)
+    unit = stage_units(units, st)
+    out: list[list[str]] = [[] for _ in range(int(st.max()) + 1 if st.size else 0)]
+    for i, s in enumerate(st.tolist()):
+        u = int(unit[i])
+        name = units.names[u] if u >= 0 else graph.module_paths[i].split(".", 1)[0]
+        if name and name not in out[s]:
+            out[s].append(name)
+    return out

@@ -464,9 +464,7 @@ def _share_seeds(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None",
 
 def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, Any]:
     """A candidate row: the simulated step, peak and per-device memory, and the plan in words
-    (``plan``: :func:`autoplace.report.plan_summary`, short; ``describe``: in full)."""
-    from ..report import plan_summary
-
+    (``plan``: :meth:`Placement.summary`, short; ``describe``: in full)."""
     res = sim.run(out, timeline=False)  # step time, memory and OOM only: no events to build
     peak = np.asarray(res.peak_memory_bytes, dtype=float)
     excess = float(res.oom_excess_bytes)
@@ -475,7 +473,7 @@ def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, 
                 oom_excess_bytes=excess, plan_time_s=plan_time, devices=len(out.devices_used()),
                 memory_per_device=[float(x) for x in peak],
                 memory_capacity_bytes=[float(x) for x in np.asarray(res.memory_capacity_bytes, dtype=float)],
-                plan=plan_summary(out), describe=out.describe())
+                plan=out.summary(), describe=out.describe())
 
 
 def _stamp(out: Placement, row: dict[str, Any], rows: list[dict[str, Any]]) -> Placement:

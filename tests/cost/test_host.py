@@ -179,7 +179,7 @@ def test_boundary_tensors_are_the_fx_values_that_cross() -> None:
     import torch
 
     from autoplace.cost.host import messages_per_boundary, tensors_per_boundary
-    from autoplace.cost.host_probe import _Chunks
+    from autoplace.online.host_probe import _Chunks
     from autoplace.cost.profile import fx_values
     from autoplace.graph.trace import trace_module
 
@@ -232,7 +232,7 @@ def test_a_message_whose_receiver_waits_costs_the_idle_charge_per_tensor() -> No
     idle_message_s (as for the busy sets), where the op graph's edges count one producing op."""
     import torch
 
-    from autoplace.cost.host_probe import _Chunks
+    from autoplace.online.host_probe import _Chunks
     from autoplace.cost.profile import fx_values
     from autoplace.graph.trace import trace_module
 

@@ -17,7 +17,7 @@ from autoplace.planners import NoFitError, get_planner, planners  # noqa: E402
 from autoplace.planners.learned.pipeline.policy import PipelinePolicy, device_features, summary_features  # noqa: E402
 from autoplace.planners.learned.pipeline.planner import PipelineRLConfig, place_pipeline_rl  # noqa: E402
 from autoplace.planners.learned.pipeline.space import Candidate, PipelineActions, PipelineSpace  # noqa: E402
-from autoplace.graph.features import node_features  # noqa: E402
+from autoplace.planners.learned.features import node_features  # noqa: E402
 from autoplace.sim import simulator_for  # noqa: E402
 
 from planner_graphs import branchy, chain, fork_join  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import PIPEDREAM_DIR
 
-from autoplace.graph.features import to_pyg
+from autoplace.planners.learned.features import to_pyg
 from autoplace.planners.learned.corpus import (HELD_OUT, corpus, held_out_graphs, layered_network, random_dag,
                                                training_clusters, training_graphs)
 from autoplace.planners.learned.mars.planner import load_net, new_net

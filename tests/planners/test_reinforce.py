@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import autoplace  # noqa: E402
 from autoplace.cluster import Cluster  # noqa: E402
-from autoplace.graph.features import node_features  # noqa: E402
+from autoplace.planners.learned.features import node_features  # noqa: E402
 from autoplace.planners import NoFitError, get_planner  # noqa: E402
 from autoplace.planners.learned.env import PlacementEnv  # noqa: E402
 from autoplace.planners.learned.reinforce import (ReinforceConfig, ReinforcePlanner, build_policy, chunk_items,  # noqa: E402
@@ -38,7 +38,7 @@ def test_chunk_items_are_means_and_shares() -> None:
     items = chunk_items(x, chunks)
     assert items.shape[0] == 4
     np.testing.assert_allclose(items[1, :x.shape[1]], x[3:6].mean(axis=0), rtol=1e-5)
-    flops_col = list(autoplace.graph.features.FEATURE_NAMES).index("share_fwd_flops")
+    flops_col = list(autoplace.planners.learned.features.FEATURE_NAMES).index("share_fwd_flops")
     np.testing.assert_allclose(items[1, x.shape[1]], x[3:6, flops_col].sum() * 4, rtol=1e-5)
 
 

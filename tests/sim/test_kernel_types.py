@@ -1,7 +1,7 @@
 """The simulator hands its numba kernels arrays of one type whatever the graph: numba compiles a
 kernel once per argument type (read-only arrays are a type of their own), so a graph whose
 tables came out read-only (a one-edge graph's edge columns are views of the frozen graph) would
-compile every kernel again after the install-time warm-up (autoplace.sim.warmup)."""
+compile every kernel again after the install-time warm-up (autoplace.planners.warmup)."""
 
 from __future__ import annotations
 

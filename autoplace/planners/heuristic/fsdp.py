@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.graph.units import block_units
+from autoplace.graph.units import block_units, stage_module_paths
 from autoplace.parallel import StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
@@ -138,9 +138,8 @@ class _Search:
                               "oom": v.oom} for v in ranked]}
         import dataclasses
 
-        from autoplace.export import stage_modules
-
-        meta["stage_modules"] = stage_modules(chosen.placement, self.graph)  # what export writes per stage
+        assert chosen.placement.stage_of_node is not None
+        meta["stage_modules"] = stage_module_paths(self.graph, chosen.placement.stage_of_node)  # what export writes
         meta["batch_size"] = self.graph.batch_size
         out = dataclasses.replace(chosen.placement, meta=meta)
         out.validate(self.graph, self.cluster)

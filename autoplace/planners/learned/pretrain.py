@@ -222,7 +222,7 @@ class _Run:
     # ---- phase 1 ------------------------------------------------------------------------
 
     def dgi_step(self) -> dict[str, Any]:
-        from autoplace.graph.features import to_pyg
+        from autoplace.planners.learned.features import to_pyg
 
         entry = self.graphs[int(self.rng.integers(len(self.graphs)))]
         cluster = self.clusters[int(self.rng.integers(len(self.clusters)))]

@@ -112,7 +112,7 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
     """A freshly initialised :class:`Seq2SeqPolicy` (initialisation seeded by ``seed``)."""
     import torch
 
-    from autoplace.graph.features import node_features
+    from autoplace.planners.learned.features import node_features
     from .seq2seq import Seq2SeqPolicy
 
     x = node_features(graph, cluster, cost=cost)

@@ -18,7 +18,7 @@ the placer's, as in the paper, trained jointly with PPO (:mod:`autoplace.planner
 
 Departures (each says why):
 
-- The grouper's input is the op's features (:func:`autoplace.graph.features.node_features`)
+- The grouper's input is the op's features (:func:`autoplace.planners.learned.features.node_features`)
   next to the mean features of its predecessors and of its successors (a fixed, weightless
   aggregation), so ops that feed each other can look alike to the grouper.
 - The grouper's logits get a per-op residual table B (N x G, zero at start): z_i = FFN(x_i) +
@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autoplace.graph.features import FEATURE_NAMES
+from autoplace.planners.learned.features import FEATURE_NAMES
 from autoplace.graph.ir import OpGraph
 from ..ppo import PolicySample
 from ..seq2seq import AttentionPlacer

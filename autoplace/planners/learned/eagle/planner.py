@@ -222,7 +222,7 @@ def build_policy(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", c
     """A freshly initialised :class:`EaglePolicy` (initialisation seeded by ``seed``)."""
     import torch
 
-    from autoplace.graph.features import node_features
+    from autoplace.planners.learned.features import node_features
     from .network import EaglePolicy
 
     x = node_features(graph, cluster, cost=cost)

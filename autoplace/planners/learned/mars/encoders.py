@@ -5,7 +5,7 @@ NeurIPS 2017 (mean aggregator). Mars (Lan, Chen, Li, ICPP 2021) encodes the op g
 GraphSAGE-style GNN pre-trained by Deep Graph Infomax (:mod:`autoplace.planners.learned.pretrain`).
 
 Input: ``x`` (N, F) node features and ``edge_attr`` (E, F_e) edge features from
-:func:`autoplace.graph.features.to_pyg`, ``edge_index`` (2, E) with row 0 the producer and
+:func:`autoplace.planners.learned.features.to_pyg`, ``edge_index`` (2, E) with row 0 the producer and
 row 1 the consumer. An op graph is directed and both directions matter (what an op reads,
 and who reads what it writes), so every layer aggregates predecessors and successors
 separately, each with its own weights:
@@ -103,5 +103,5 @@ def _mean_at(values: Tensor, index: Tensor, n: int) -> Tensor:
 
 
 def encode(encoder: SAGEEncoder, data: Any) -> Tensor:
-    """Embeddings (N, H) of a ``torch_geometric.data.Data`` from :func:`~autoplace.graph.features.to_pyg`."""
+    """Embeddings (N, H) of a ``torch_geometric.data.Data`` from :func:`~autoplace.planners.learned.features.to_pyg`."""
     return encoder(data.x, data.edge_index, data.edge_attr if encoder.edge_channels else None)

@@ -101,7 +101,7 @@ PRIOR: dict[str, float] = {"log_rel_finish": -4.0, "log_comm": -1.0, "over_memor
 class MarsNet(nn.Module):
     """The parameters of Mars: GNN encoder, segment encoder, device encoder, decoder, pointer.
 
-    ``node_in`` / ``edge_in``: widths of :func:`autoplace.graph.features.to_pyg`'s ``x`` and
+    ``node_in`` / ``edge_in``: widths of :func:`autoplace.planners.learned.features.to_pyg`'s ``x`` and
     ``edge_attr``; ``hidden``: H; ``gnn_layers``: GraphSAGE layers; ``segment``: S, ops per
     segment.
     """
@@ -158,7 +158,7 @@ class MarsPolicy(nn.Module):
     def __init__(self, net: MarsNet, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None) -> None:
         super().__init__()
         from autoplace.cost.analytic import CostModel
-        from autoplace.graph.features import edge_features, node_features
+        from autoplace.planners.learned.features import edge_features, node_features
 
         if graph.num_nodes < 1:
             raise ValueError("Mars needs a graph with at least one op; this one is empty")
@@ -283,7 +283,7 @@ class MarsPolicy(nn.Module):
 
 def new_net(**overrides: Any) -> MarsNet:
     """A freshly initialised network sized for the current feature definitions."""
-    from autoplace.graph.features import EDGE_FEATURE_NAMES, FEATURE_NAMES
+    from autoplace.planners.learned.features import EDGE_FEATURE_NAMES, FEATURE_NAMES
 
     return MarsNet(len(FEATURE_NAMES), len(EDGE_FEATURE_NAMES), **overrides)
 

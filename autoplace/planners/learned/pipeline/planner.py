@@ -146,7 +146,7 @@ class PipelineRLConfig:
 
 
 def _op_features(graph: "OpGraph", cluster: Cluster, cost: "CostModel") -> np.ndarray:
-    from autoplace.graph.features import node_features
+    from autoplace.planners.learned.features import node_features
 
     return np.asarray(node_features(graph, cluster, cost=cost), dtype=np.float32)
 

@@ -3,7 +3,7 @@ and schedule, sampled in that order (the action space is :mod:`.pipeline_space`)
 
 Network (hidden size ``H``, 64 by default):
 
-- **Op encoder**: op features (``autoplace.graph.features.node_features``) -> Linear(F, H) ->
+- **Op encoder**: op features (``autoplace.planners.learned.features.node_features``) -> Linear(F, H) ->
   ReLU, then ``layers`` residual message-passing rounds (GraphSAGE-style, Hamilton et al. 2017:
   ``h <- h + ReLU(W [h, mean over predecessors, mean over successors])``) -> ``h_i`` (H). A
   recurrent net over the topological order (the Mirhoseini et al. placer) was the first

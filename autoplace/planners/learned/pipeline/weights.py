@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from autoplace.cluster import Cluster
-from autoplace.graph.features import node_features
+from autoplace.planners.learned.features import node_features
 from autoplace.sim import simulator_for
 from .policy import PipelinePolicy, device_features, summary_features
 from .space import PipelineSpace

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import autoplace
-from autoplace.graph.features import (
+from autoplace.planners.learned.features import (
     EDGE_FEATURE_NAMES,
     FEATURE_NAMES,
     LOG_SCALE,

@@ -1,6 +1,6 @@
 """Compile the simulator's numba kernels into numba's on-disk cache now, before the first plan.
 
-    python -m autoplace.sim.warmup        # once after installing (or editing) autoplace
+    python -m autoplace.planners.warmup        # once after installing (or editing) autoplace
 
 Every kernel is ``@njit(cache=True)``: the first process that calls one compiles it (about 15 s
 for all of them on two busy cores) and writes it to the cache, where every later process loads

@@ -1,4 +1,4 @@
-"""The shared-cores probes (autoplace.cost.host_probe.busy_messages, busy_allreduce) and the pipeline
+"""The shared-cores probes (autoplace.online.host_probe.busy_messages, busy_allreduce) and the pipeline
 runtime's (action_overhead) on two real gloo processes: they run, and report non-negative seconds
 per message, per all-reduce, per action and per boundary tensor."""
 
@@ -12,13 +12,13 @@ from datetime import timedelta
 import pytest
 import torch
 
-from autoplace.cost.host_probe import BUFFER_LAYERS
+from autoplace.online.host_probe import BUFFER_LAYERS
 
 
 def _worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from autoplace.cost import host_probe
+    from autoplace.online import host_probe
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -64,7 +64,7 @@ def test_busy_probes_run_on_two_processes() -> None:
 
 
 def test_cores_is_positive() -> None:
-    from autoplace.cost.host_probe import _cores
+    from autoplace.online.host_probe import _cores
 
     assert _cores() >= 1
 
@@ -83,7 +83,7 @@ def test_expected_keeps_the_slow_mode_of_a_bimodal_wall_time() -> None:
 
 
 def test_fit_collective_recovers_the_per_call_cost_and_bandwidth() -> None:
-    from autoplace.cost.host_probe import fit_collective
+    from autoplace.online.host_probe import fit_collective
 
     a, bw = 0.9e-3, 1.7e9
     rows = [{"bytes": float(b), "seconds": 0.0, "expected_seconds": a + b / bw}

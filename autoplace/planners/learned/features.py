@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ir import OpGraph
-from .kinds import CLASSES, kind_class
+from autoplace.graph.ir import OpGraph
+from autoplace.graph.kinds import CLASSES, kind_class
 
 if TYPE_CHECKING:
     import networkx
     from torch_geometric.data import Data
 
-    from ..cluster import Cluster
-    from ..cost.analytic import CostModel
+    from autoplace.cluster import Cluster
+    from autoplace.cost.analytic import CostModel
 
 __all__ = [
     "FEATURE_NAMES", "EDGE_FEATURE_NAMES", "LOG_SCALE", "node_features", "edge_features", "depths", "to_pyg",
@@ -116,7 +116,7 @@ def node_features(graph: OpGraph, cluster: "Cluster | None" = None, *,
     if cluster is None:
         cols += [np.zeros(n)] * 4
     else:
-        from ..cost.analytic import CostModel
+        from autoplace.cost.analytic import CostModel
 
         model = cost if cost is not None else CostModel()
         fwd, bwd = model.op_times(graph, cluster)

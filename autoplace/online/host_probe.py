@@ -78,7 +78,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .shared_cores import busy_allreduce, busy_messages, expected, low, median
+from ..cost.shared_cores import busy_allreduce, busy_messages, expected, low, median
 
 __all__ = ["HostProbe", "ping_pong", "fit_link", "fit_collective", "all_reduce_times", "corun_factor",
            "action_overhead", "busy_messages", "busy_allreduce", "probe_in_group", "probe"]

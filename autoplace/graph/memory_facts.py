@@ -1,0 +1,235 @@
+"""The memory facts of a traced model: what autograd saves per op, measured once on fake tensors.
+
+:func:`measure` runs the traced fx graph once on fake tensors (no memory allocated,
+``FakeTensorMode``) under autograd with ``saved_tensors_hooks``, and records per op the storages
+its backward saves, its trainable bytes, its largest parameter, the inputs it reads, the bytes of
+its outputs that carry a gradient and of the graph outputs it produces; :func:`attach` stores
+them in ``OpGraph.meta["memory"]`` (left out of the graph's hash). The terms of a step's peak
+that read them are :mod:`autoplace.cost.memory`'s. They live here, beside the trace, because they
+are read off the fx graph (only ``graph/`` and ``rewrite/`` touch torch.fx).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+if TYPE_CHECKING:
+    from .ir import OpGraph
+
+__all__ = ["measure", "attach", "rnn_workspace_bytes", "FORMAT", "RNN_WORKSPACE"]
+
+FORMAT = "autoplace.memory/1"
+RNN_WORKSPACE = (9.375, 6.0, 28672.0)
+"""rnn_workspace: ``nn.LSTM`` on a CPU runs oneDNN's LSTM (``mkldnn_rnn_layer``), which saves a
+workspace per layer and direction that fake tensors show as empty. Measured bytes:
+``max(28672, 4 (T + 1) B (9.375 H + 6 max(I, H)))`` for T steps, batch B, hidden H, input I
+(least squares over 108 shapes by ``python benchmarks/fidelity_memory.py --rnn-probe``: median
+error 2.5%, up to 36% on the smallest shapes, where oneDNN rounds its buffers to pages). cuDNN's
+reserve space on a GPU holds the same kind of per-step gates and states; not measured here."""
+
+# ---- the facts: one pass on fake tensors ---------------------------------------------------
+
+def _storage_key(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the graph, noting which op is running when autograd saves a tensor."""
+
+    def __init__(self, gm: torch.fx.GraphModule, op_of_fx: Mapping[str, int]) -> None:
+        super().__init__(gm)
+        self.op_of_fx = op_of_fx
+        self.current = -1
+        self.values: dict[str, Any] = {}
+        self.keep: list[Any] = []  # storages stay alive, so their keys are never reused
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = self.op_of_fx.get(n.name, -1)
+        cpu = torch.device("cpu")
+        if n.op in ("call_function", "call_method", "call_module"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args, kwargs = tree_map(lambda v: cpu if isinstance(v, torch.device) else v, (args, kwargs))
+            out = getattr(self, n.op)(n.target, args, kwargs)
+        else:
+            out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def rnn_workspace_bytes(steps: int, batch: int, hidden: int, inputs: int) -> float:
+    """Bytes of the workspace oneDNN's LSTM saves for one layer and direction (see :data:`RNN_WORKSPACE`)."""
+    a, b, floor = RNN_WORKSPACE
+    return max(floor, 4.0 * (steps + 1) * batch * (a * hidden + b * max(inputs, hidden)))
+
+
+def _lstm_workspaces(mod: torch.nn.Module, x: Any) -> list[float]:
+    if not isinstance(mod, torch.nn.LSTM) or not isinstance(x, torch.Tensor) or mod.proj_size:
+        return []
+    if x.dim() == 3:
+        steps, batch = (x.shape[1], x.shape[0]) if mod.batch_first else (x.shape[0], x.shape[1])
+    else:
+        steps, batch = x.shape[0], 1
+    dirs = 2 if mod.bidirectional else 1
+    return [rnn_workspace_bytes(int(steps), int(batch), mod.hidden_size, mod.input_size if layer == 0 else
+                                mod.hidden_size * dirs)
+            for layer in range(mod.num_layers) for _ in range(dirs)]
+
+
+def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx: Mapping[str, int],
+            graph: "OpGraph") -> dict[str, Any]:
+    """The memory facts of ``graph`` (traced from ``gm``; ``op_of_fx`` maps fx nodes to its
+    ops), from one forward on fake CPU tensors under autograd: a JSON-able dict for
+    ``OpGraph.meta["memory"]`` (see the module docstring). Raises whatever the forward raises
+    (a module that branches on tensor values cannot run on fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n_ops = graph.num_nodes
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    cpu = torch.device("cpu")
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor, grad: bool) -> torch.Tensor:
+        if id(t) not in fakes:
+            with mode:
+                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=cpu,
+                                                   requires_grad=grad and t.is_floating_point())
+        return fakes[id(t)]
+
+    trainable = np.zeros(n_ops)
+    largest = np.zeros(n_ops)
+    buffers = np.zeros(n_ops)  # buffer tensors held (what DDP broadcasts before every forward)
+    registered = {id(b) for b in gm.buffers()}
+    state: dict[str, torch.Tensor] = {}
+    owner: dict[int, int] = {}  # id(user's tensor) -> first op holding it
+    for n in gm.graph.nodes:
+        op = op_of_fx.get(n.name, -1)
+        if n.op == "call_module":
+            held = [(f"{n.target}.{k}", v) for k, v in gm.get_submodule(str(n.target)).named_parameters(
+                remove_duplicate=False)] + [(f"{n.target}.{k}", v) for k, v in gm.get_submodule(
+                    str(n.target)).named_buffers(remove_duplicate=False)]
+        elif n.op == "get_attr":
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            held = [(str(n.target), obj)] if isinstance(obj, torch.Tensor) else []
+        else:
+            continue
+        for name, t in held:
+            grad = isinstance(t, torch.nn.Parameter) and t.requires_grad and t.is_floating_point()
+            state[name] = fake(t, grad)
+            if id(t) not in owner and op >= 0:
+                owner[id(t)] = op
+                if grad:
+                    trainable[op] += _nbytes(t)
+                    largest[op] = max(largest[op], _nbytes(t))
+                elif id(t) in registered:
+                    buffers[op] += 1
+    for name, t in list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False)):
+        if name not in state:
+            state[name] = fake(t, isinstance(t, torch.nn.Parameter) and t.requires_grad)
+    weight_keys = {_storage_key(t) for t in fakes.values()}
+
+    rec = _Recorder(gm, op_of_fx)
+    inputs = np.zeros(n_ops)
+    input_keys: set[int] = set()
+    flat = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        value = tree_map(lambda v: fake(v, v.requires_grad) if isinstance(v, torch.Tensor) else v,
+                         placeholders[n.name])
+        flat.append(value)
+        for t in tree_flatten(value)[0]:
+            if isinstance(t, torch.Tensor) and _storage_key(t) not in input_keys:
+                input_keys.add(_storage_key(t))
+                inputs[op_of_fx[n.name]] += _nbytes(t)
+
+    saved: dict[int, list[Any]] = {}  # storage key -> [bytes, set of saving ops]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key in weight_keys or key in input_keys or rec.current < 0:
+            return t
+        st = t.untyped_storage()
+        rec.keep.append(st)
+        saved.setdefault(key, [int(st.nbytes()), set()])[1].add(rec.current)
+        return t
+
+    class _Run(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *args: Any) -> Any:
+            return rec.run(*args)
+
+    runner = _Run()
+    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = torch.func.functional_call(runner, {f"gm.{k}": v for k, v in state.items()}, tuple(flat))
+
+    grad_bytes = np.zeros(n_ops)
+    producer: dict[int, int] = {}
+    for n in gm.graph.nodes:
+        op = op_of_fx.get(n.name, -1)
+        if op < 0 or n.op in ("placeholder", "output"):
+            continue
+        for t in tree_flatten(rec.values.get(n.name))[0]:
+            if isinstance(t, torch.Tensor):
+                producer.setdefault(_storage_key(t), op)
+    for i, name in enumerate(graph.names):
+        for t in tree_flatten(rec.values.get(name))[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+                grad_bytes[i] += _nbytes(t)
+    outputs = np.zeros(n_ops)
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point():
+            made_by = producer.get(_storage_key(t))
+            if made_by is not None:
+                outputs[made_by] += _nbytes(t)
+    extra = 0
+    for n in gm.graph.nodes:  # oneDNN's LSTM workspace, which the fake kernel leaves empty
+        if n.op == "call_module" and n.args and isinstance(n.args[0], torch.fx.Node):
+            for ws in _lstm_workspaces(gm.get_submodule(str(n.target)), rec.values.get(n.args[0].name)):
+                extra -= 1
+                saved[extra] = [ws, {op_of_fx[n.name]}]
+    keys = sorted(saved)
+    ptr = np.zeros(len(keys) + 1, dtype=np.int64)
+    ops: list[int] = []
+    for k, key in enumerate(keys):
+        ops += sorted(saved[key][1])
+        ptr[k + 1] = len(ops)
+    return {
+        "format": FORMAT,
+        "trainable_bytes": trainable.tolist(),
+        "largest_param_bytes": largest.tolist(),
+        "buffer_tensors": buffers.tolist(),
+        "input_bytes": inputs.tolist(),
+        "grad_bytes": grad_bytes.tolist(),
+        "output_bytes": outputs.tolist(),
+        "saved_bytes": [float(saved[k][0]) for k in keys],
+        "saved_ptr": ptr.tolist(),
+        "saved_ops": ops,
+    }
+
+
+def attach(graph: "OpGraph", gm: torch.fx.GraphModule, placeholders: Mapping[str, Any],
+           op_of_fx: Mapping[str, int]) -> "OpGraph":
+    """``graph`` with its memory facts in ``meta["memory"]``; when the fake-tensor forward
+    fails (a module that branches on tensor values), ``meta["memory_error"]`` says why and the
+    simulator keeps its plain sum for this graph."""
+    from dataclasses import replace
+
+    try:
+        facts = measure(gm, placeholders, op_of_fx, graph)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the graph as it was, said in meta
+        return replace(graph, meta={**graph.meta, "memory_error": f"{type(e).__name__}: {str(e)[:200]}"})
+    return replace(graph, meta={**graph.meta, "memory": facts})
