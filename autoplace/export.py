@@ -57,12 +57,12 @@ class ExportError(AutoplaceError, ValueError):
 
 def torchtitan_schedule(schedule: str) -> str:
     """torchtitan's ``pipeline_parallel_schedule`` (a key of torch's ``get_schedule_class``) for
-    autoplace's ``schedule``: its torch class in :data:`~autoplace.pipeline_rules.SPECS`, less
-    "Schedule" (``zb-h1`` -> ``InterleavedZeroBubble``)."""
+    autoplace's ``schedule``: its entry's ``torchtitan_name`` in :data:`~autoplace.pipeline_rules.SPECS`
+    (``zb-h1`` -> ``InterleavedZeroBubble``)."""
     spec = SPECS.get(schedule)
     if spec is None:
         raise ExportError(f"schedule {schedule!r} is not one autoplace runs ({', '.join(SPECS)}); re-plan")
-    return spec.torch_class.removeprefix("Schedule")
+    return spec.torchtitan_name
 
 
 def stage_modules(plan: "Placement", graph: "OpGraph") -> list[list[str]]:

@@ -33,11 +33,6 @@ __all__ = ["SCHEDULES", "ALL_SCHEDULES", "MULTI_SCHEDULES", "ScheduleSpec", "SPE
            "schedule_problems", "stage_ranks", "pipeline_problems", "batch_share_problems", "replica_samples",
            "device_range"]
 
-SCHEDULES = ("1f1b", "gpipe")
-"""The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search)."""
-ALL_SCHEDULES = SCHEDULES + ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
-"""Every schedule a plan may name; those past SCHEDULES take ``virtual_stages`` per rank
-(:mod:`autoplace.sim.schedules`, run by :mod:`autoplace.rewrite.schedules`)."""
 
 @dataclass(frozen=True)
 class ScheduleSpec:
@@ -53,17 +48,37 @@ class ScheduleSpec:
     virtual: tuple[int, int | None]
     """(fewest, most) virtual stages per rank (None: no upper limit)."""
 
+    @property
+    def multi_stage(self) -> bool:
+        """Whether a rank may hold several stages (``virtual_stages``), run by torch's
+        ``PipelineScheduleMulti`` classes."""
+        return self.virtual != (1, 1)
+
+    @property
+    def torchtitan_name(self) -> str:
+        """The name torchtitan's ``pipeline_parallel_schedule`` takes (its ``get_schedule_class``)."""
+        return self.torch_class.removeprefix("Schedule")
+
 
 SPECS: dict[str, ScheduleSpec] = {
-    "gpipe": ScheduleSpec("gpipe", "ScheduleGPipe", "loop", False, (1, 1)),
     "1f1b": ScheduleSpec("1f1b", "Schedule1F1B", "loop", False, (1, 1)),
+    "gpipe": ScheduleSpec("gpipe", "ScheduleGPipe", "loop", False, (1, 1)),
     "interleaved-1f1b": ScheduleSpec("interleaved-1f1b", "ScheduleInterleaved1F1B", "loop", False, (1, None)),
     "looped-bfs": ScheduleSpec("looped-bfs", "ScheduleLoopedBFS", "loop", False, (1, None)),
     "zb-h1": ScheduleSpec("zb-h1", "ScheduleInterleavedZeroBubble", "loop", True, (1, None)),
     "zbv": ScheduleSpec("zbv", "ScheduleZBVZeroBubble", "v", True, (2, 2)),
     "dualpipev": ScheduleSpec("dualpipev", "ScheduleDualPipeV", "v", True, (2, 2)),
 }
-MULTI_SCHEDULES = tuple(k for k in SPECS if k not in ("gpipe", "1f1b"))
+"""The one list of schedules. Adding one is an entry here and its order of actions in
+:data:`autoplace.sim.schedules.ORDERS`; the simulator, the runtime, the planners' offers and the
+exports read everything else from its entry."""
+ALL_SCHEDULES = tuple(SPECS)
+"""Every schedule a plan may name; the multi-stage ones take ``virtual_stages`` per rank
+(:mod:`autoplace.sim.schedules`, run by :mod:`autoplace.rewrite.schedules`)."""
+SCHEDULES = tuple(k for k, spec in SPECS.items() if not spec.multi_stage)
+"""The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search, in the order
+pipeline-rl's schedule action indexes them)."""
+MULTI_SCHEDULES = tuple(k for k, spec in SPECS.items() if spec.multi_stage)
 """The schedules :mod:`autoplace.sim.schedules` simulates (gpipe and 1f1b: :mod:`autoplace.sim.pipeline`)."""
 
 

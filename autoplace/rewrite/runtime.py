@@ -69,13 +69,13 @@ from .links import Links
 from .liveness import Timeouts
 from .model_output import model_output_loss, output_tensors
 from .pipeline import Split, propagate_fake, split_with_boundaries
+from ..pipeline_rules import SCHEDULES  # the one-stage-per-rank schedules this builder runs
 from .runner import PipelineRunner
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES", "Timeouts", "StageWrap", "StageContext", "ddp_stage",
            "stage_example", "move_to", "check_batch", "wait_groups", "stage_io", "require_distributed"]
 
-SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)

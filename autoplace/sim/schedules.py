@@ -56,14 +56,14 @@ per-stage times (split backward, transfers, activation memory) is :mod:`.order_s
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..pipeline_rules import (MULTI_SCHEDULES, SCHEDULES, SPECS, ScheduleSpec, schedule_problems, stage_ranks,
                               torch_schedule_class)
 from ..placement import PlacementError
 from .order_sim import OrderTimes, bubble_fraction, encode, simulate_order, weight_fraction
 
-__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "Action", "actions", "schedule_actions", "grid", "stage_ranks",
+__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "ORDERS", "Action", "actions", "schedule_actions", "grid", "stage_ranks",
            "schedule_problems", "torch_schedule_class", "simulate_order", "OrderTimes", "weight_fraction",
            "bubble_fraction", "encode"]
 # SPECS and the schedule rules are autoplace.pipeline_rules'; simulate_order and its helpers
@@ -261,6 +261,18 @@ def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
     return out
 
 
+ORDERS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+    "interleaved-1f1b": lambda p, v, m, r: _depth_first(p, v, m, r, False),
+    "zb-h1": lambda p, v, m, r: _depth_first(p, v, m, r, True),
+    "looped-bfs": _looped_bfs,
+    "zbv": lambda p, v, m, r: _zbv(p, m, r),
+    "dualpipev": lambda p, v, m, r: _dualpipev(p, m, r),
+}
+"""The order of actions of rank ``r`` (``order(ranks, virtual_stages, microbatches, r)``) for every
+multi-stage schedule of :data:`autoplace.pipeline_rules.SPECS` (gpipe and 1f1b:
+:func:`schedule_actions`): with the table entry, all that adding a schedule takes."""
+
+
 @lru_cache(maxsize=256)
 def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -> tuple[tuple[Action, ...], ...]:
     """Each rank's actions in the order it runs them (stages are global virtual-stage indices)."""
@@ -270,19 +282,10 @@ def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -
     if problems:
         raise PlacementError(problems)
     p, v, m = ranks, virtual_stages, microbatches
-    if schedule in ("gpipe", "1f1b"):
+    if not SPECS[schedule].multi_stage:
         return schedule_actions(p, m, schedule)
-    if schedule == "interleaved-1f1b":
-        rows = [_depth_first(p, v, m, r, False) for r in range(p)]
-    elif schedule == "zb-h1":
-        rows = [_depth_first(p, v, m, r, True) for r in range(p)]
-    elif schedule == "looped-bfs":
-        rows = [_looped_bfs(p, v, m, r) for r in range(p)]
-    elif schedule == "zbv":
-        rows = [_zbv(p, m, r) for r in range(p)]
-    else:
-        rows = [_dualpipev(p, m, r) for r in range(p)]
-    return tuple(tuple(r) for r in rows)
+    order = ORDERS[schedule]
+    return tuple(tuple(order(p, v, m, r)) for r in range(p))
 
 
 def grid(order: tuple[tuple[Action, ...], ...]) -> str:

@@ -77,6 +77,7 @@ import numpy as np
 from numba import njit
 
 from autoplace.cluster import Cluster
+from autoplace.pipeline_rules import SCHEDULES
 from autoplace.placement import Placement
 from ..registry import FunctionPlanner, register
 from .by_hand import device_orders
@@ -90,8 +91,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Chain", "compress", "solve", "place_pipedream_dp", "StagePlan", "microbatch_grid"]
 
-SCHEDULES = ("1f1b", "gpipe")
-"""The synchronous schedules this planner chooses between (flushes, replicated stages allowed)."""
+# The synchronous schedules this planner chooses between (flushes, replicated stages allowed) are
+# autoplace.pipeline_rules.SCHEDULES, the one-stage-per-rank rows of the schedule table.
 
 
 @dataclass(frozen=True)

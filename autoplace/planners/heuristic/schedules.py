@@ -59,7 +59,7 @@ import numpy as np
 
 from autoplace.placement import Placement, PlacementError
 from autoplace.planners import budget as _budget
-from autoplace.pipeline_rules import schedule_problems
+from autoplace.pipeline_rules import SPECS, schedule_problems
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -69,7 +69,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ScheduleChoice", "best_schedule", "balanced_cut"]
 
-MULTI = ("interleaved-1f1b", "looped-bfs", "zb-h1")
+# The shapes offered, read from the schedule table: the looped multi-stage schedules at each
+# virtual-stage count asked, those with a split backward also at one stage per rank, and the V
+# schedules at their one count.
+LOOPED = tuple(k for k, spec in SPECS.items() if spec.multi_stage and spec.style == "loop")
+V_SHAPED = tuple(k for k, spec in SPECS.items() if spec.style == "v")
 
 
 @dataclass(frozen=True)
@@ -211,11 +215,11 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         tf, tb = sim.op_times(ms[0])
         firsts = [g[0] for g in groups]
         work = (tf[:, firsts] + tb[:, firsts]).mean(axis=1)
-        shapes: list[tuple[str, int]] = [("1f1b", 1), ("zb-h1", 1)]
+        shapes: list[tuple[str, int]] = [("1f1b", 1)] + [(s, 1) for s in LOOPED if SPECS[s].split_backward]
         if n_ranks > 1:
-            shapes += [(s, v) for v in virtual_stages if v > 1 for s in MULTI] + [("zbv", 2)]
-            if tp == 1:
-                shapes.append(("dualpipev", 2))
+            shapes += [(s, v) for v in virtual_stages if v > 1 for s in LOOPED]
+            # DualPipeV is not offered with tensor parallelism
+            shapes += [(s, SPECS[s].virtual[0]) for s in V_SHAPED if tp == 1 or s != "dualpipev"]
         for m in ms:
             if ranks is not None:  # replicas: balance the stages at the replicas' micro-batch, B / (M d)
                 tf, tb = sim.op_times(m * max(len(groups[0]) // tp, 1))
