@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
     _say(graph.describe())
     with Step(f"planning with {args.planner}"):
         placement = autoplace.plan(graph, cluster, planner=args.planner, mode=args.mode, budget_s=args.budget_s,
-                                   seed=args.seed, module=model)
+                                   seed=args.seed, module=model, memory_reserve=args.memory_reserve)
     _with_facts(placement, graph, cluster, model).to_json(args.out)
     _say(placement_report(graph, placement, cluster))
     _say(f"\nwrote {args.out}")
@@ -242,6 +242,20 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
     return subprocess.call(cmd)
+
+
+def _reserve(text: str) -> float:
+    """--memory-reserve: bytes, with an optional KiB/MiB/GiB unit, or a fraction below 1."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30}
+    low = text.strip().lower()
+    scale = next((v for k, v in units.items() if low.endswith(k)), 1)
+    number = low[:-3] if scale != 1 else low
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: write bytes (e.g. 2GiB, 512MiB, "
+                                         "1073741824), a fraction such as 0.1, or 0") from None
+    return int(value) if scale != 1 or value >= 1 else value
 
 
 def _seconds(text: str) -> float:
@@ -296,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seconds planning may take (with --planner best: every planner together, default at most "
                         "6 s; with a learned planner: its fine-tuning time, default its quick mode)")
     p.add_argument("--seed", type=int, default=0, help="seed of the planners' sampling")
+    p.add_argument("--memory-reserve", type=_reserve, default=None,
+                   help="memory every device keeps free for what the plan does not count (CUDA context, NCCL "
+                        "buffers, fragmentation): bytes (or 2GiB, 512MiB), a fraction such as 0.1, or 0 for none; "
+                        "default: autoplace.planners.reserve's (about 0.7 GiB + 5%% per GPU, none on a CPU)")
     p.add_argument("--out", default="plan.json", help="the plan file to write (JSON)")
     p.set_defaults(fn=_plan)
 

@@ -213,3 +213,19 @@ def test_plan_file_exports_for_torchtitan_and_accelerate(tmp_path: Path, capsys:
     assert device_map and set(device_map.values()) <= {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}
     assert main(["show", "--as", "torchtitan", path]) == 1
     assert "--as accelerate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given,reserve", [("0", 0.0), ("2GiB", 2.0 * 2**30), ("512MiB", 512.0 * 2**20)])
+def test_plan_keeps_the_memory_reserve_asked(given: str, reserve: float, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "p.json"
+    assert main(["plan", "zoo:resnet18:small", "--cluster", "2xV100-pcie", "--planner", "expert", "--mode", "model",
+                 "--memory-reserve", given, "--out", str(out_path)]) == 0
+    meta = json.loads(out_path.read_text())["meta"]
+    assert meta["memory_reserve_bytes"] == pytest.approx([reserve, reserve])  # per device
+
+
+def test_a_memory_reserve_that_is_no_size_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "zoo:resnet18:small", "--memory-reserve", "lots", "--out", str(tmp_path / "p.json")])
+    assert "is not a memory size" in capsys.readouterr().err
