@@ -50,10 +50,10 @@ from .errors import ShardedRunError
 from .pipeline import propagate_fake, split_with_boundaries
 from . import batchnorm, liveness
 from .runner import PipelineRunner, share
-from .launch import default_device, resolve_timeouts
+from .launch import default_device
 from .links import Links
 from .liveness import Timeouts
-from .runtime import StageContext, StageWrap, build_pipeline_runner, ddp_stage, move_to, wait_groups
+from .runtime import StageContext, StageWrap, build_pipeline_runner, ddp_stage, move_to, runner_options, wait_groups
 from .units import outline_units, shard_stage, unit_of_fx
 
 if TYPE_CHECKING:
@@ -191,12 +191,7 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
     from torch.distributed.device_mesh import init_device_mesh
 
     assert plan.stage_devices is not None
-    if batch_norm not in batchnorm.MODES:
-        raise ShardedRunError(f"batch_norm is {batch_norm!r}; it must be one of {batchnorm.MODES}")
-    limits = resolve_timeouts(timeouts)
-    hb = liveness.heartbeat(limits.heartbeat_s)
-    if hb is not None:
-        hb.state = "building"
+    limits = runner_options(batch_norm, timeouts)
     replicas = len(plan.stage_devices[0])
     batch = _batch(example_inputs, plan.microbatches, replicas)
     micro = tuple(x[: batch // (plan.microbatches * replicas)] for x in example_inputs)

@@ -74,7 +74,8 @@ from .runner import PipelineRunner
 
 __all__ = ["PipelineRunner", "build_pipeline_runner", "init_distributed", "free_port", "PipelineError",
            "PipelineTimeoutError", "SCHEDULES", "Timeouts", "StageWrap", "StageContext", "ddp_stage",
-           "stage_example", "move_to", "check_batch", "wait_groups", "stage_io", "require_distributed"]
+           "stage_example", "move_to", "check_batch", "wait_groups", "stage_io", "require_distributed",
+           "runner_options"]
 
 
 
@@ -248,6 +249,18 @@ def tie_groups(modules: Sequence[torch.nn.Module], owners: Sequence[int], copies
     return out
 
 
+def runner_options(batch_norm: str, timeouts: Timeouts | float | None) -> Timeouts:
+    """The runner options every runner kind takes, checked once: ``batch_norm`` is a known mode,
+    ``timeouts`` resolved (:func:`resolve_timeouts`); the heartbeat starts, saying "building"."""
+    if batch_norm not in batchnorm.MODES:
+        raise PipelineError(f"batch_norm is {batch_norm!r}; it must be one of {batchnorm.MODES}")
+    limits = resolve_timeouts(timeouts)
+    hb = liveness.heartbeat(limits.heartbeat_s)
+    if hb is not None:
+        hb.state = "building"
+    return limits
+
+
 def build_pipeline_runner(
     gm: torch.fx.GraphModule,
     stage_of_fx: Mapping[str, int],
@@ -307,12 +320,7 @@ def build_pipeline_runner(
     if (replicas > 1 or hook.dp_mesh is not None) and group is not None:
         raise PipelineError("group= is for a plain pipeline; with replicas > 1 the runner builds its own "
                             "(stages x replicas) device mesh over the whole world")
-    if batch_norm not in batchnorm.MODES:
-        raise PipelineError(f"batch_norm is {batch_norm!r}; it must be one of {batchnorm.MODES}")
-    limits = resolve_timeouts(timeouts)
-    hb = liveness.heartbeat(limits.heartbeat_s)
-    if hb is not None:
-        hb.state = "building"
+    limits = runner_options(batch_norm, timeouts)
     device = default_device(device)
     batch = check_batch(example_inputs, microbatches * replicas,
                         f"microbatches x replicas = {microbatches} x {replicas}")
