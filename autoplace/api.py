@@ -93,6 +93,9 @@ class PlacedModule(nn.Module):
     forward (``OnlineTuner.around_forward``) and asks for re-placements by ``apply_plan``.
     """
 
+    autoplace_wrapper = True
+    """What ``autoplace.wrap`` returns: wrapping it again is refused (wrap the original model)."""
+
     def __init__(self, model: nn.Module, devices: list[str], *, cluster: Cluster, planner: str, mode: str,
                  plan: Placement | None, cost: CostModel | None, budget_s: float | None, seed: int,
                  leaf_modules: Sequence[type | str], progress: bool, online: OnlineConfig | None = None,

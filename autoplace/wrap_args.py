@@ -50,7 +50,7 @@ def check_arguments(model: object, devices: Sequence[str | torch.device], *, mod
 
     if not isinstance(model, nn.Module):
         raise WrapError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if type(model).__module__.split(".")[0] == "autoplace" and hasattr(model, "plan"):
+    if getattr(type(model), "autoplace_wrapper", False):  # PlacedModule, a pipeline runner
         raise WrapError(f"model is already wrapped by autoplace (a {type(model).__name__}); wrapping it again would "
                         "trace the wrapper and place its placed copy. Wrap the original model once: to change the "
                         "plan or the devices, call autoplace.wrap on the model you first gave wrap (the wrapper "

@@ -43,6 +43,9 @@ class PipelineRunner(torch.nn.Module):
     ``stage_modules.<k>.<name>``). Calling the runner is :meth:`step`.
     """
 
+    autoplace_wrapper = True
+    """What ``autoplace.wrap`` returns: wrapping it again is refused (wrap the original model)."""
+
     stage_module: torch.nn.Module
     """This stage's module (a GraphModule): the user's parameters under their original names."""
     module: torch.nn.Module
