@@ -47,7 +47,7 @@ def _in_torchrun() -> bool:
 
 
 def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, budget_s: float | None, trace_s: float,
-               seed: int, cost: CostModel, module: nn.Module | None = None, memory_reserve: ReserveSpec = None) -> Placement:
+               seed: int, cost: CostModel, memory_reserve: ReserveSpec = None) -> Placement:
     """The plan ``wrap`` runs in this process (model parallel), under ``wrap``'s planning
     budget (:func:`autoplace.planners.planning.wrap_budget`). With ``mode="auto"`` on several
     devices, ``plan(mode="auto")`` also weighs the data-parallel, pipeline and hybrid plans
@@ -68,7 +68,7 @@ def plan_model(graph: OpGraph, cluster: Cluster, *, planner: str, mode: str, bud
     with Step(f"autoplace: planning {graph.num_nodes} ops on {n} devices (planner {name!r})", stream=sys.stderr), \
             plan_budget(wrap_budget(budget_s, trace_s)):
         chosen = make_plan(graph, cluster, planner=name, mode="auto" if weigh else "model", budget_s=budget_s,
-                           seed=seed, cost=cost, module=module, accept=runs_here if weigh else None,
+                           seed=seed, cost=cost, accept=runs_here if weigh else None,
                            memory_reserve=memory_reserve)
     return auto_choice(chosen, n) if weigh else chosen
 
@@ -156,7 +156,7 @@ class PlacedModule(nn.Module):
             t0 = time.perf_counter()
             self.plan = plan_model(graph, self.cluster, planner=self._planner, mode=self._mode, budget_s=self._budget_s,
                                    trace_s=self.timings["trace_s"], seed=self._seed, cost=self.cost,
-                                   module=self.__dict__["_wrapped"], memory_reserve=self._memory_reserve)
+                                   memory_reserve=self._memory_reserve)
             self.timings["plan_s"] = time.perf_counter() - t0
         self.simulated = simulate(graph, self.plan, self.cluster, cost=self.cost)
         t0 = time.perf_counter()

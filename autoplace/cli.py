@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
     _say(graph.describe())
     with Step(f"planning with {args.planner}"):
         placement = autoplace.plan(graph, cluster, planner=args.planner, mode=args.mode, budget_s=args.budget_s,
-                                   seed=args.seed, module=model, memory_reserve=args.memory_reserve)
+                                   seed=args.seed, memory_reserve=args.memory_reserve)
     _with_facts(placement, graph, cluster, model).to_json(args.out)
     _say(placement_report(graph, placement, cluster))
     _say(f"\nwrote {args.out}")

@@ -87,7 +87,7 @@ def plan_budget(budget_s: float | None) -> Iterator[float]:
 
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
-         module: "torch.nn.Module | None" = None, kinds: tuple[str, ...] = KINDS,
+         kinds: tuple[str, ...] = KINDS,
          accept: Callable[[Placement], str] | None = None,
          config: object | Mapping[str, object] | None = None, memory_reserve: ReserveSpec = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
@@ -138,8 +138,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
     planning time, or the reason it gave no plan) and ``budget_s`` / ``planning_s`` (the bound
-    and the time the call took). ``module`` (the user's nn.Module) is accepted and ignored: plans
-    depend on the graph only, so plan() and wrap() agree. ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
+    and the time the call took). Plans depend on the graph only, so plan() and wrap() agree. ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
     for the quick classic ones). A learned planner that fails with an error other than
     :class:`NoFitError` is recorded and skipped with a warning (a heuristic's error
     propagates: it is a bug). ``accept(placement)`` returns why a placement that fits cannot
@@ -178,7 +177,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         raise ValueError(f"budget_s is {budget_s!r}; it must be > 0 seconds, or None for the default "
                          f"({DEFAULT_BUDGET_S:g} s with planner='best')")
     sim = simulator_for(graph, cluster, cost)
-    kw: dict[str, Any] = dict(cost=cost, seed=seed, module=module)
+    kw: dict[str, Any] = dict(cost=cost, seed=seed)
 
     if planner != "best":
         p = get_planner(planner)

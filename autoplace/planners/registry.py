@@ -5,11 +5,9 @@ A planner is any object with
 - ``name``: the registry key (``"m-etf"``, ``"eagle"``);
 - ``modes``: the placement modes it returns, a tuple of ``"model"`` and/or ``"pipeline"``;
 - ``kind``: ``"heuristic"`` or ``"learned"``;
-- ``place(graph, cluster, *, cost=None, budget_s=None, seed=0, module=None) -> Placement``
-  (``module``, the user's ``nn.Module`` when ``wrap`` has one, is accepted and ignored by every
-  built-in planner: a plan depends on the op graph only, so ``plan()`` and ``wrap()`` agree;
-  the keyword is kept for callers that still pass it). A planner with more than one mode also
-  takes ``mode=``.
+- ``place(graph, cluster, *, cost=None, budget_s=None, seed=0) -> Placement`` (a plan depends
+  on the op graph only, never on the module, so ``plan()`` and ``wrap()`` agree). A planner with
+  more than one mode also takes ``mode=``.
 - optionally ``config_type``: the class of its settings; then ``place`` also takes
   ``config=`` (an instance, or None for its own), which ``plan(..., config=...)`` passes on.
 
@@ -61,12 +59,12 @@ class Planner(Protocol):
     def kind(self) -> str: ...
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement: ...
+              budget_s: float | None = None, seed: int = 0) -> Placement: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionPlanner:
-    """A planner made of a function ``fn(graph, cluster, *, cost, seed, module) -> Placement``
+    """A planner made of a function ``fn(graph, cluster, *, cost, seed) -> Placement``
     (how the heuristics are written: the algorithm is the function, this is its registry entry)."""
 
     name: str
@@ -76,8 +74,8 @@ class FunctionPlanner:
     summary: str = ""
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None) -> Placement:
-        return self.fn(graph, as_cluster(cluster), cost=cost, seed=seed, module=module)
+              budget_s: float | None = None, seed: int = 0) -> Placement:
+        return self.fn(graph, as_cluster(cluster), cost=cost, seed=seed)
 
 
 _REGISTRY: dict[str, Planner] = {}

@@ -281,8 +281,7 @@ def _weights(judge: Judge) -> tuple[np.ndarray, np.ndarray]:
     return p, lat + 2.0 * judge.graph.edge_bytes / bw
 
 
-def place_m_topo(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                 module: Any = None) -> Placement:
+def place_m_topo(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
     total = mem.total
@@ -323,13 +322,11 @@ def _place_list(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", na
     return out
 
 
-def place_m_etf(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                module: Any = None) -> Placement:
+def place_m_etf(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _place_list(graph, cluster, cost, "m-etf", sct=False)
 
 
-def place_m_sct(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                module: Any = None) -> Placement:
+def place_m_sct(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _place_list(graph, cluster, cost, "m-sct", sct=True)
 
 

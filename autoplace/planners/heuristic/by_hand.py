@@ -15,7 +15,7 @@
   main device), then device 1, and so on; the bytes are an op's training bytes (parameters +
   gradients + optimizer state + activations: accelerate, built for inference, sizes parameters only). Where the simulator
   still finds a device over memory, its share shrinks and the fill runs again. It reads the
-  graph only, so ``plan()`` and ``wrap()`` (which has the module) give the same plan; to place
+  graph only, so ``plan()`` and ``wrap()`` give the same plan; to place
   by accelerate's own ``device_map``, pass it to :func:`autoplace.device_map.from_device_map`.
 - ``data-parallel`` (pipeline mode): one stage replicated on every device (PyTorch DDP), the
   baseline most users start from; micro-batches are gradient accumulation, tried 1, 2, 4, ...
@@ -72,8 +72,7 @@ def distinct_devices(cluster: Cluster) -> list[int]:
     return sorted(seen.values())
 
 
-def place_single(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                 module: Any = None) -> Placement:
+def place_single(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     for d in distinct_devices(cluster):
         judge.model(f"all on {cluster.device_label(d)}", np.full(graph.num_nodes, d))
@@ -86,8 +85,7 @@ def place_single(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None"
     return judge.placement(best, "single")
 
 
-def place_expert(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                 module: Any = None) -> Placement:
+def place_expert(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     work, mem = judge.work(), MemoryEstimate.of(graph, judge.cost).total
     for order in device_orders(judge):
@@ -132,8 +130,8 @@ def greedy_by_bytes(op_bytes: np.ndarray, caps: np.ndarray, *, reserve_largest: 
     return dev
 
 
-def place_accelerate(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                     module: Any = None) -> Placement:
+def place_accelerate(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                     seed: int = 0) -> Placement:
     """accelerate's fill rule on the graph (see the module doc); ``module`` is not read."""
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
@@ -148,8 +146,8 @@ def place_accelerate(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | N
     return judge.placement(chosen, "accelerate")
 
 
-def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                        module: Any = None) -> Placement:
+def place_data_parallel(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                        seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     mem = MemoryEstimate.of(graph, judge.cost)
     # every replica takes an equal share of the batch (the runtime cuts it evenly): the most devices

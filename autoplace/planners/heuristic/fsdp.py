@@ -186,13 +186,11 @@ def _every_second_block(names: tuple[str, ...]) -> list[str]:
     return blocks[1::2]
 
 
-def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-               module: Any = None) -> Placement:
+def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _fsdp(graph, cluster, cost, "fsdp", [("no AC", False)])
 
 
-def place_fsdp_ac(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                  module: Any = None) -> Placement:
+def place_fsdp_ac(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _fsdp(graph, cluster, cost, "fsdp+ac", [("full AC", _every_block),
                                                   ("AC every 2nd block", _every_second_block)])
 
@@ -202,8 +200,8 @@ def _pp_degrees(cluster: Cluster) -> list[int]:
     return [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= d and d % p == 0]
 
 
-def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                     module: Any = None) -> Placement:
+def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                     seed: int = 0) -> Placement:
     search = _Search(graph, cluster, cost, "torchtitan")
     full_ac = _every_block(block_units(graph).names)
     d = cluster.num_devices

@@ -38,8 +38,8 @@ def stages_from_parts(parts: np.ndarray, devices: np.ndarray) -> tuple[np.ndarra
     return remap[parts], tuple((int(devices[p]),) for p in used)
 
 
-def place_gpipe_uniform(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                        module: Any = None) -> Placement:
+def place_gpipe_uniform(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                        seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     n = graph.num_nodes
     s = min(cluster.num_devices, n)

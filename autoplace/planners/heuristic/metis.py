@@ -143,8 +143,7 @@ def _incident(graph: "OpGraph", i: int) -> np.ndarray:
                            graph.pred_eid[graph.pred_ptr[i]:graph.pred_ptr[i + 1]]])
 
 
-def place_metis(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                module: Any = None) -> Placement:
+def place_metis(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     judge = Judge(graph, cluster, cost)
     work = judge.work()
     mem = MemoryEstimate.of(graph, judge.cost)

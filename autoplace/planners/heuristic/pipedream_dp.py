@@ -362,8 +362,8 @@ def microbatch_grid(batch_size: int, num_stages: int, widest: int) -> list[int]:
     return sorted(m for m in grid if 1 <= m <= cap)
 
 
-def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0,
-                       module: Any = None, max_blocks: int | None = None, climb_evals: int = 400,
+def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
+                       seed: int = 0, max_blocks: int | None = None, climb_evals: int = 400,
                        climb_starts: int = 3, stage_options: bool = True) -> Placement:
     """``stage_options=False``: PipeDream's plan space alone (DDP stages), as before issue 12."""
     t_start = time.perf_counter()

@@ -209,7 +209,7 @@ class ReinforcePlanner:
     config_type: ClassVar[type] = ReinforceConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              budget_s: float | None = None, seed: int = 0,
               config: ReinforceConfig | None = None) -> Placement:
         """:func:`place_reinforce` with ``config`` (default: the planner's); ``module`` is ignored."""
         cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster

@@ -369,7 +369,7 @@ class EaglePlanner:
     config_type: ClassVar[type] = EagleConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              budget_s: float | None = None, seed: int = 0,
               config: EagleConfig | None = None) -> Placement:
         """:func:`place_eagle` with ``config`` (default: the planner's); ``module`` is ignored."""
         cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster

@@ -387,7 +387,7 @@ class MarsPlanner:
     config_type: ClassVar[type] = MarsConfig
 
     def place(self, graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None, weights: str | Path | None = None,
+              budget_s: float | None = None, seed: int = 0, weights: str | Path | None = None,
               max_samples: int | None = None, ppo: PPOConfig | None = None, progress: bool | None = None,
               config: MarsConfig | None = None) -> "Placement":
         """Zero-shot (``budget_s=None`` and ``max_samples=None``) or fine-tuned placement, with

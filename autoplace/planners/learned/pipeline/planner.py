@@ -180,7 +180,7 @@ def _imitate(policy: Any, target: Any, cfg: PipelineRLConfig) -> tuple[int, floa
 
 
 def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-                      budget_s: float | None = None, seed: int = 0, module: Any = None,
+                      budget_s: float | None = None, seed: int = 0,
                       config: PipelineRLConfig | None = None, progress: bool = False) -> Placement:
     """The pipeline-rl plan of ``graph`` on ``cluster`` (see the module doc for the steps).
 
@@ -378,12 +378,12 @@ class PipelineRL:
     config_type: ClassVar[type] = PipelineRLConfig
 
     def place(self, graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
-              budget_s: float | None = None, seed: int = 0, module: Any = None,
+              budget_s: float | None = None, seed: int = 0,
               config: PipelineRLConfig | None = None) -> Placement:
         """:func:`place_pipeline_rl` with ``config`` (default: the planner's)."""
         if isinstance(cluster, str):
             cluster = Cluster.preset(cluster)
-        return place_pipeline_rl(graph, cluster, cost=cost, budget_s=budget_s, seed=seed, module=module,
+        return place_pipeline_rl(graph, cluster, cost=cost, budget_s=budget_s, seed=seed,
                                  config=config if config is not None else self.config)
 
 
