@@ -138,8 +138,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
     ``"best"``, ``candidates`` (one row per planner: simulated step time, peak memory,
     planning time, or the reason it gave no plan) and ``budget_s`` / ``planning_s`` (the bound
-    and the time the call took). Plans depend on the graph only, so plan() and wrap() agree. ``kinds``: which planners ``"best"`` runs (``("heuristic",)``
-    for the quick classic ones). A learned planner that fails with an error other than
+    and the time the call took). Plans depend on the graph only, so plan() and wrap() agree.
+    ``kinds``: which planners ``"best"`` runs (``("heuristic",)`` for the quick classic ones). A learned planner that fails with an error other than
     :class:`NoFitError` is recorded and skipped with a warning (a heuristic's error
     propagates: it is a bug). ``accept(placement)`` returns why a placement that fits cannot
     be used here (``""``: it can), e.g. what a runtime cannot run; such placements are
