@@ -30,6 +30,7 @@ from .cluster import Cluster
 from .cost.analytic import CostModel
 from .placement import Placement
 from .errors import AutoplaceError
+from .capability import runtime_problems
 
 if TYPE_CHECKING:
     from .graph.ir import OpGraph
@@ -191,29 +192,37 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                               predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)
         return pipe
     timeouts = timeout_s if isinstance(timeout_s, Timeouts) else fixed
-    if plan.shard or plan.recompute or plan.precision:  # FSDP, HSDP, checkpointing, bf16: autoplace.rewrite.fsdp
+    predicted = _predicted_step_s(plan, graph, cluster, cost)
+    multi = plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or plan.tp != 1
+    if (plan.shard or plan.recompute or plan.precision) and not multi:
+        # FSDP, HSDP, checkpointing, bf16 under GPipe/1F1B (and BatchNorm): autoplace.rewrite.fsdp
         from .rewrite.fsdp import build_sharded_runner
 
         return _labelled(build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn,
                                               device=device, timeouts=timeouts, batch_norm=batch_norm,
-                                              predicted_step_s=_predicted_step_s(plan, graph, cluster, cost)),
-                         plan, graph)
+                                              predicted_step_s=predicted), plan, graph)
     # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
     # returns the model's own output type (a ModelOutput with every field).
     gm = pipeline_module(traced, inputs)
     stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
-    if plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or plan.tp != 1:
-        # virtual stages, split backward, tensor parallelism: autoplace.rewrite.schedules
+    if multi:
+        # virtual stages, split backward, tensor parallelism, each stage then recomputed and
+        # FSDP/HSDP/DDP-replicated: autoplace.rewrite.schedules
+        from .rewrite.fsdp import stage_data
         from .rewrite.schedules import build_schedule_runner
         from .sim.tensor_parallel import linear_pairs
 
         pairs = [(p.column_path, p.row_path) for p in linear_pairs(graph)] if plan.tp > 1 else []
-        multi = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
-                                      loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
-                                      device=device, tp=plan.tp, tp_pairs=pairs, timeouts=timeouts,
-                                      predicted_step_s=_predicted_step_s(plan, graph, cluster, cost),
-                                      dp=r // plan.tp, sequence_parallel=plan.sequence_parallel)
-        return _labelled(multi, plan, graph)
+        problems = runtime_problems(plan, graph, world)
+        if problems:
+            raise PipelineWrapError("the runtime cannot run this plan: " + "; ".join(problems))
+        runner = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
+                                       loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
+                                       device=device, tp=plan.tp, tp_pairs=pairs, timeouts=timeouts,
+                                       predicted_step_s=predicted, dp=r // plan.tp,
+                                       sequence_parallel=plan.sequence_parallel,
+                                       data=stage_data(traced, plan, cluster))
+        return _labelled(runner, plan, graph)
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages, batch_norm=batch_norm,

@@ -227,10 +227,6 @@ def pipeline_problems(graph: "OpGraph", cluster: "Cluster", stage_of_node: np.nd
                        f"{[list(g) for g in stage_devices]} gives the ranks {sizes} devices: give every rank the "
                        f"same multiple of {t} devices, or use the 1f1b/gpipe schedules with tp=1 for stages "
                        "replicated unevenly")
-        if t > 1 and len(sizes) == 1 and sizes[0] > t:
-            out.append(f"schedule {schedule!r} with tp={t} and {sizes[0] // t} replicas per rank: replicated ranks "
-                       "and tensor parallelism are simulated but not run together (the runtime runs pp x dp or "
-                       f"pp x tp); give each rank {t} devices, or use tp=1 for replicated ranks")
         if t > 1:
             pairs = linear_pairs(graph)
             for g in stage_devices:

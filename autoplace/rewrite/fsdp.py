@@ -37,6 +37,8 @@ runtime moves them in place). Give ``runner.parameters()`` to the optimizer.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +63,9 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from ..graph.trace import Traced
     from ..placement import Placement
+    from .schedules import StageData
 
-__all__ = ["outline_units", "shard_stage", "FSDPRunner", "build_sharded_runner", "build_sharded_pipeline",
+__all__ = ["outline_units", "shard_stage", "FSDPRunner", "build_sharded_runner", "build_sharded_pipeline", "stage_data",
            "runtime_problems", "ShardedRunError", "unit_of_fx"]
 
 
@@ -133,6 +136,25 @@ class FSDPRunner(PipelineRunner):
             (loss / m_count if self.scale_grads else loss).backward()
             losses.append(loss.detach().float())
         return losses
+
+
+def stage_data(traced: "Traced", plan: "Placement", cluster: "Cluster") -> "StageData | None":
+    """What a multi-stage or tensor-parallel pipeline applies to each stage after TP
+    (:class:`autoplace.rewrite.schedules.StageData`): the plan's stage options, its units and,
+    for hsdp, the host shape; None for the default options (DDP, fp32, no recompute)."""
+    from .schedules import StageData
+
+    opts = StageOptions.of(plan)
+    if opts.is_default:
+        return None
+    assert plan.stage_devices is not None and plan.stage_of_node is not None
+    hsdp = None
+    if opts.shard[0] == "hsdp":  # a rank's devices: tp consecutive per replica, the replicas host by host
+        shape, _ = _mesh_spec(dataclasses.replace(plan, stage_devices=[list(s[:: plan.tp]) for s in plan.stage_devices]),
+                              cluster, "hsdp", len(plan.stage_devices[0]) // plan.tp)
+        hsdp = (int(shape[0]), int(shape[1]))
+    return StageData(options=opts, unit_of=unit_of_fx(traced, plan.stage_of_node),
+                     like={n.name: (n.op, n.target) for n in traced.gm.graph.nodes}, hsdp=hsdp)
 
 
 def build_sharded_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],

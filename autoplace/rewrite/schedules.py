@@ -38,6 +38,7 @@ stages; the stage examples, checks and waits are :mod:`autoplace.rewrite.runtime
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,8 +56,10 @@ from .liveness import Timeouts
 from .runner import PipelineRunner, sum_tied_grads
 from .runtime import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
 from .tensor_parallel import apply_tensor_parallel
+from .units import outline_units, shard_stage
+from ..parallel import StageOptions
 
-__all__ = ["MultiStageRunner", "build_schedule_runner"]
+__all__ = ["MultiStageRunner", "StageData", "build_schedule_runner"]
 
 
 class MultiStageRunner(PipelineRunner):
@@ -68,12 +71,13 @@ class MultiStageRunner(PipelineRunner):
                  batch_size: int, schedule_name: str, stage_modules: Sequence[torch.fx.GraphModule], schedule: Any,
                  scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = (),
                  timeouts: Timeouts | None = None, predicted_step_s: float | None = None, replica: int = 0,
-                 replicas: int = 1, dp_group: Any = None) -> None:
+                 replicas: int = 1, dp_group: Any = None, units: Sequence[str] = ()) -> None:
         super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=replica,
                          replicas=replicas, microbatches=microbatches, batch_size=batch_size,
                          stage_module=stage_modules[0], module=stage_modules[0], schedule=schedule,
                          scale_grads=scale_grads, dp_group=dp_group, tied=tied,
-                         timeouts=timeouts, predicted_step_s=predicted_step_s, stage_modules=stage_modules)
+                         timeouts=timeouts, predicted_step_s=predicted_step_s, stage_modules=stage_modules,
+                         units=units)
         self.ranks = ranks
         self.stage_indices = stage_indices
         """the (global, virtual) stages this rank runs."""
@@ -165,6 +169,65 @@ class _Stage(torch.nn.Module):
         return out
 
 
+@dataclass(frozen=True)
+class StageData:
+    """How a multi-stage (or TP) pipeline's stages are data-parallel, applied to each stage after
+    its tensor parallelism: recompute (checkpointed units), then FSDP/HSDP (``fully_shard`` over
+    the stage's replicas, bf16 by its MixedPrecisionPolicy) or DDP. One kind for every stage
+    (:func:`autoplace.capability.runtime_problems`); :func:`autoplace.rewrite.fsdp.stage_data`
+    builds it from a plan."""
+
+    options: StageOptions
+    """per (virtual) stage: shard kind, recompute, precision, reshard_after_forward."""
+    unit_of: Mapping[str, str]
+    """fx node name -> module path of its FSDP unit ("" for a stage's root)."""
+    like: Mapping[str, tuple[str, Any]]
+    """the traced nodes' (op, target) by name (:func:`~autoplace.rewrite.units.outline_units`)."""
+    hsdp: tuple[int, int] | None = None
+    """with hsdp: (replicas across hosts, shards per host) of every stage."""
+
+
+def _mesh(ranks: int, dp: int, tp: int, shard: str, data: "StageData | None") -> tuple[Any, int, int, Any, Any]:
+    """The world as one DeviceMesh ("pp", data dims, "tp"), rank ``r x dp x tp + j x tp + t`` at
+    pipeline rank r, replica j, TP rank t (the simulator's layout: a rank's devices hold TP groups
+    of ``tp`` consecutive devices, one per replica); (mesh, pipeline rank, replica, group of the
+    replicas, their mesh for fully_shard). No mesh when there is one process per pipeline rank."""
+    if dp == 1 and tp == 1 and data is None:
+        return None, dist.get_rank(), 0, None, None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if shard == "hsdp":
+        assert data is not None and data.hsdp is not None and data.hsdp[0] * data.hsdp[1] == dp
+        dims: list[tuple[str, int]] = [("dp_replicate", data.hsdp[0]), ("dp_shard", data.hsdp[1])]
+    elif dp > 1 or data is not None:
+        dims = [("dp_shard" if shard == "fsdp" else "dp", dp)]
+    else:  # pp x tp
+        dims = []
+    dims = [("pp", ranks), *dims, *([("tp", tp)] if tp > 1 else [])]
+    dev_type = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = init_device_mesh(dev_type, tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
+    names = tuple(d for d, _ in dims[1:-1 if tp > 1 else None])
+    dp_mesh = None if not names else mesh[names] if len(names) > 1 else mesh[names[0]]
+    group = (dp_mesh._flatten("dp").get_group() if len(names) > 1 else dp_mesh.get_group()) if dp > 1 else None
+    replica = (dist.get_rank() // tp) % dp
+    return mesh, mesh.get_local_rank("pp"), replica, group, dp_mesh
+
+
+def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, k_count: int, data: StageData,
+                   dp_mesh: Any) -> list[str]:
+    """Stage ``k``'s units outlined in ``mod``, the recomputed ones checkpointed and, for FSDP or
+    HSDP, every unit and the stage (``wrapped``, the module the schedule runs) ``fully_shard``-ed
+    over ``dp_mesh``; returns the units. A bf16 stage sends bf16 on, the last returns fp32."""
+    opts = data.options
+    units = outline_units(mod, data.unit_of, like=data.like)
+    prefix = "mod." if wrapped is not mod else ""
+    shard_stage(wrapped, [prefix + u for u in units], dp_mesh, shard=opts.shard[k], recompute=(
+        True if opts.recompute[k] is True else tuple(prefix + u for u in (opts.recompute[k] or ()))),
+        bf16=opts.precision[k] == "bf16", reshard_after_forward=opts.reshard_after_forward[k],
+        output_dtype=torch.float32 if k == k_count - 1 else torch.bfloat16)
+    return units
+
+
 def build_schedule_runner(
     gm: torch.fx.GraphModule,
     stage_of_fx: Mapping[str, int],
@@ -182,6 +245,7 @@ def build_schedule_runner(
     predicted_step_s: float | None = None,
     dp: int | None = None,
     sequence_parallel: bool = False,
+    data: StageData | None = None,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -218,27 +282,9 @@ def build_schedule_runner(
     if dp < 1 or world % (tp * dp):
         raise PipelineError(f"dp={dp} replicas x tp={tp} do not divide the {world} processes: launch pipeline ranks "
                             f"x {dp} replicas x {tp} processes")
-    if dp > 1 and tp > 1:
-        raise PipelineError(f"dp={dp} replicas with tp={tp}: this runner runs pp x dp or pp x tp, not both; use tp=1 "
-                            "(replicated ranks) or dp=1 (TP groups)")
     ranks = world // (tp * dp)
-    mesh = None
-    dp_group = None
-    replica = 0
-    if dp > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (ranks, dp),
-                                mesh_dim_names=("pp", "dp"))
-        rank, replica, dp_group = mesh.get_local_rank("pp"), mesh.get_local_rank("dp"), mesh.get_group("dp")
-    elif tp > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        dev_type = "cuda" if torch.cuda.is_available() else "cpu"
-        mesh = init_device_mesh(dev_type, (ranks, tp), mesh_dim_names=("pp", "tp"))
-        rank = mesh.get_local_rank("pp")
-    else:
-        rank = dist.get_rank()
+    shard = data.options.shard[0] if data is not None else "ddp"
+    mesh, rank, replica, dp_group, dp_mesh = _mesh(ranks, dp, tp, shard, data)
     problems = schedule_problems(schedule, virtual_stages, ranks, microbatches)
     if problems:
         raise PipelineError("; ".join(problems))
@@ -272,7 +318,12 @@ def build_schedule_runner(
     assert cls is not None  # schedule_problems checked it
     stages: list[PipelineStage] = []
     modules = []
+    units: list[str] = []
+    split_bw = SPECS[schedule].split_backward
+    pp_group = mesh.get_group("pp") if mesh is not None else None
+    boundary = torch.bfloat16 if data is not None and "bf16" in data.options.precision else None
     for k in mine:
+        # torchtitan's order, per stage: tensor parallelism, then recompute, then FSDP/HSDP or DDP
         mod = split.stages[k]
         if mesh is not None and tp > 1:
             here = {n for n, _ in mod.named_modules()}
@@ -281,11 +332,17 @@ def build_schedule_runner(
             if layout:
                 apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
         move_to(mod, device)
-        inputs, outputs = stage_io(gm, split, values, micro, k, device)
-        split_bw = SPECS[schedule].split_backward
-        wrapped: torch.nn.Module = _Stage(mod, fresh=split_bw and k < k_count - 1) if k or split_bw else mod
-        pp_group = mesh.get_group("pp") if mesh is not None else None
-        if dp > 1 and split_bw:  # torch's REDUCE_GRAD action averages it over the replicas (stage_replicas)
+        inputs, outputs = stage_io(gm, split, values, micro, k, device, boundary)
+        sharded = data is not None and data.options.sharded(k)
+        wrapped: torch.nn.Module = (_Stage(mod, fresh=split_bw and k < k_count - 1)
+                                    if k or split_bw or sharded else mod)
+        if data is not None:
+            units.extend(_data_parallel(mod, wrapped, k, k_count, data, dp_mesh))
+        if sharded:  # FSDP reduces the gradients in torch's REDUCE_GRAD action (PipelineStage's hook)
+            stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
+                                        group=pp_group))
+        elif dp > 1 and (split_bw or tp > 1):
+            # the REDUCE_GRAD action averages the gradients (a TP stage's local shards) over the replicas
             stages.append(ReplicatedStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                           group=pp_group, dp_group=dp_group))
         else:
@@ -305,7 +362,7 @@ def build_schedule_runner(
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
                               stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
                               timeouts=limits, predicted_step_s=predicted_step_s, replica=replica, replicas=dp,
-                              dp_group=dp_group)
+                              dp_group=dp_group, units=units)
     # Liveness as every pipeline has it: each TP index's (or replica's) pipeline ranks exchange activations.
     columns = [[r * cols + j for r in range(ranks)] for j in range(cols)]
     _, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor import DTensor
 
 from ..sim.ddp import DDP_BUCKET_BYTES
 
@@ -51,7 +52,9 @@ def average_grads(params: list[torch.nn.Parameter], group: Any, bucket_bytes: fl
     """Average the gradients of ``params`` over ``group``: walking them in reverse (the order a
     backward makes them), flattened into buckets of up to ``bucket_bytes``, one all-reduce each."""
     size = dist.get_world_size(group)
-    grads = [p.grad for p in reversed(params) if p.grad is not None]
+    # a tensor-parallel parameter's gradient is a DTensor: its replicas average their local shards
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in reversed(params)
+             if p.grad is not None]
     bucket: list[torch.Tensor] = []
     used = 0
 
@@ -85,6 +88,10 @@ class ReplicatedStage(PipelineStage):
         self.dp_group = dp_group
 
     def perform_reduce_grad(self, grad_scale_factor: int) -> None:  # noqa: D102
+        with torch.no_grad():
+            self._average()
+        super().perform_reduce_grad(grad_scale_factor)
+
+    def _average(self) -> None:
         params = list({id(p): p for p in self.submod.parameters() if p.requires_grad}.values())
         average_grads(params, self.dp_group)
-        super().perform_reduce_grad(grad_scale_factor)
