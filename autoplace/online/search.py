@@ -14,6 +14,10 @@ gets ``-failure_penalty``. Every measurement refits the calibration
 machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
 before the first round.
 
+With ``OnlineConfig.search == "topk"`` (the learning-free control) nothing is learned: one pool
+of ``4 * screen_samples`` policy samples is drawn at the first round, and every trial measures the
+pool's unmeasured candidate that the calibrated simulator ranks fastest at that moment.
+
 A candidate is what :class:`autoplace.planners.learned.env.PlacementEnv` scores: a ``device_of_node``
 array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``.
 """
@@ -102,6 +106,7 @@ class TuningSearch:
         self.metrics: dict[str, float] = {}
         self._prior_done = False
         self.exhausted = False
+        self._pool: list[Any] | None = None
 
     # ---- simulation -----------------------------------------------------------------------
 
@@ -200,7 +205,30 @@ class TuningSearch:
             rewards = [self._reward(c, *self._evaluate(self._sim, c)) for c in cands]
             self._baseline, self.metrics = self._rule.update(self.policy, s, rewards, self._baseline, self._gen)
 
+    def _control_round(self) -> None:
+        """The learning-free control: the calibrated simulator's fastest untried pool member."""
+        if self._pool is None:
+            s = self._rule.sample(self.policy, 4 * self.config.screen_samples, self._gen)
+            seen: dict[bytes, Any] = {}
+            for c in self.policy.decode(s.actions):
+                if c is not None:
+                    seen.setdefault(candidate_key(c), c)
+            self._pool = list(seen.values())
+        best: tuple[float, Any] | None = None
+        for c in self._pool:
+            key = candidate_key(c)
+            if key in self.measured or key in self.failed:
+                continue
+            pred, oom = self._evaluate(self._sim, c)
+            if not oom and math.isfinite(pred) and (best is None or pred < best[0]):
+                best = (pred, c)
+        self._queue = [best[1]] if best is not None else []
+        self.exhausted = best is None
+
     def _new_round(self) -> None:
+        if self.config.search == "topk":
+            self._control_round()
+            return
         self._update_policy()
         if self.best_key != self._centred_on:
             recentre(self.policy, self.policy_name, self.best if not isinstance(self.best, tuple) else self.best[0],

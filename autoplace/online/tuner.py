@@ -69,6 +69,8 @@ __all__ = ["OnlineConfig", "OnlineTuner", "StepTimer", "OnlineError", "Tunable",
 
 T = TypeVar("T")
 
+SEARCHES = ("ppo", "topk")
+
 
 @runtime_checkable
 class Tunable(Protocol):
@@ -136,6 +138,11 @@ class OnlineConfig:
     """where the best plan is written (JSON) when the trials are done; None: not saved."""
     seed: int = 0
     """seed of the policy's sampling and PPO's shuffles."""
+    search: str = "ppo"
+    """"ppo" (the learned tuner: PPO on live and simulated rewards) or "topk" (the learning-free
+    control: one pool of ``4 * screen_samples`` policy samples, never updated, measured in the
+    order of the calibrated simulator, re-ranked after every measurement; the fastest is kept).
+    "ppo" stays the default until benchmarks/online_control.py has measured which is better."""
 
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
@@ -149,6 +156,8 @@ class OnlineConfig:
         for name, ok, rule in checks:
             if not ok:
                 raise OnlineError(f"OnlineConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
+        if self.search not in SEARCHES:
+            raise OnlineError(f"OnlineConfig.search is {self.search!r}; use one of {SEARCHES}")
         if self.policy not in POLICIES:
             raise OnlineError(f"OnlineConfig.policy is {self.policy!r}; use one of {POLICIES}")
 
