@@ -213,9 +213,9 @@ def _mesh(ranks: int, dp: int, tp: int, shard: str, data: "StageData | None") ->
     return mesh, mesh.get_local_rank("pp"), replica, group, dp_mesh
 
 
-def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, k_count: int, data: StageData,
+def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, last: bool, data: StageData,
                    dp_mesh: Any) -> list[str]:
-    """Stage ``k``'s units outlined in ``mod``, the recomputed ones checkpointed and, for FSDP or
+    """A stage's units (its options are entry ``k`` of ``data.options``) outlined in ``mod``, the recomputed ones checkpointed and, for FSDP or
     HSDP, every unit and the stage (``wrapped``, the module the schedule runs) ``fully_shard``-ed
     over ``dp_mesh``; returns the units. A bf16 stage sends bf16 on, the last returns fp32."""
     opts = data.options
@@ -224,7 +224,7 @@ def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, 
     shard_stage(wrapped, [prefix + u for u in units], dp_mesh, shard=opts.shard[k], recompute=(
         True if opts.recompute[k] is True else tuple(prefix + u for u in (opts.recompute[k] or ()))),
         bf16=opts.precision[k] == "bf16", reshard_after_forward=opts.reshard_after_forward[k],
-        output_dtype=torch.float32 if k == k_count - 1 else torch.bfloat16)
+        output_dtype=torch.float32 if last else torch.bfloat16)
     return units
 
 
@@ -333,11 +333,12 @@ def build_schedule_runner(
                 apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
         move_to(mod, device)
         inputs, outputs = stage_io(gm, split, values, micro, k, device, boundary)
-        sharded = data is not None and data.options.sharded(k)
+        at = k if data is None or data.options.num_stages == k_count else int(rank_of[k])  # options per rank
+        sharded = data is not None and data.options.sharded(at)
         wrapped: torch.nn.Module = (_Stage(mod, fresh=split_bw and k < k_count - 1)
                                     if k or split_bw or sharded else mod)
         if data is not None:
-            units.extend(_data_parallel(mod, wrapped, k, k_count, data, dp_mesh))
+            units.extend(_data_parallel(mod, wrapped, at, k == k_count - 1, data, dp_mesh))
         if sharded:  # FSDP reduces the gradients in torch's REDUCE_GRAD action (PipelineStage's hook)
             stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                         group=pp_group))

@@ -4,8 +4,7 @@ A user's script for composed plans: each case is a plan by hand (``Placement.pip
 ``pp`` ranks of ``dp x tp`` devices, a schedule, virtual stages and stage options: shard kind,
 recompute, precision), run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps
 beside the unsplit model on the same batches. Saves, per rank, the losses, the largest loss and
-(gathered) parameter differences from the unsplit model, and the collectives of the first step
-(CommDebugMode, by kind) to OUT/<id>-rank<r>.pt."""
+(gathered) parameter differences from the unsplit model, and its FSDP units to OUT/<id>-rank<r>.pt."""
 
 from __future__ import annotations
 
@@ -45,7 +44,6 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                             loss_fn=tm.loss, timeout_s=120, progress=False)
     opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
     losses: list[float] = []
-    comms: dict[str, int] = {}
     for step in range(STEPS):
         x, y = tm.batch(8, step)
         loss = runner.step(x, target=y)
@@ -56,7 +54,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}
-    torch.save({"losses": losses, "comms": comms, "kind": type(runner).__name__,
+    torch.save({"losses": losses, "kind": type(runner).__name__, "units": list(getattr(runner, "units", ())),
                 "loss_err": max([abs(a - b) for a, b in zip(losses, want_losses)] or [0.0]),
                 "param_err": max((params[n].float() - want[n]).abs().max().item() for n in params) if params else 0.0,
                 "checked": sorted(params), "stages": list(getattr(runner, "stage_indices", [runner.stage_index])),
