@@ -150,7 +150,7 @@ def stage_data(traced: "Traced", plan: "Placement", cluster: "Cluster") -> "Stag
     assert plan.stage_devices is not None and plan.stage_of_node is not None
     hsdp = None
     if opts.shard[0] == "hsdp":  # a rank's devices: tp consecutive per replica, the replicas host by host
-        shape, _ = _mesh_spec(dataclasses.replace(plan, stage_devices=[list(s[:: plan.tp]) for s in plan.stage_devices]),
+        shape, _ = _mesh_spec(dataclasses.replace(plan, stage_devices=tuple(tuple(s[:: plan.tp]) for s in plan.stage_devices)),
                               cluster, "hsdp", len(plan.stage_devices[0]) // plan.tp)
         hsdp = (int(shape[0]), int(shape[1]))
     return StageData(options=opts, unit_of=unit_of_fx(traced, plan.stage_of_node),

@@ -26,7 +26,16 @@ Data-parallel replicas (``dp > 1``, pp x dp as torchtitan composes them): the wo
 gradients over its rank's replicas once per step, after its last backward
 (:mod:`autoplace.rewrite.stage_replicas`: DDP for the schedules without a split backward, an
 all-reduce in torch's ``REDUCE_GRAD`` action for the split ones), and the loss is the mean over
-the replicas. Replicas with tensor parallelism are not run (the plan rules refuse them).
+the replicas.
+
+Composed plans (torchtitan's order, per stage): tensor parallelism first (``tp``), then the
+plan's stage options (:class:`StageData`: the stage's FSDP units outlined, the recomputed ones
+checkpointed, then ``fully_shard`` over the replicas for FSDP/HSDP, bf16 by its
+MixedPrecisionPolicy), then the schedule. The world is one ("pp", data dims, "tp") DeviceMesh:
+pp x dp x tp (DDP replicas of TP groups: each stage's REDUCE_GRAD action averages its local
+shards' gradients over the replicas), FSDP x TP (``fully_shard`` over the data dims of the same
+mesh, the 2-D layout FSDP2 supports), multi-stage schedules with FSDP, recompute or bf16 stages
+(torch's REDUCE_GRAD action runs FSDP's gradient reduction after a stage's last backward).
 
 Each rank runs on one device (or ``dp`` replicas of it) and waits for its peers as every pipeline
 does (:mod:`autoplace.rewrite.liveness`: heartbeat, a gate at the start of each step, bounds that
@@ -208,7 +217,10 @@ def _mesh(ranks: int, dp: int, tp: int, shard: str, data: "StageData | None") ->
     mesh = init_device_mesh(dev_type, tuple(n for _, n in dims), mesh_dim_names=tuple(d for d, _ in dims))
     names = tuple(d for d, _ in dims[1:-1 if tp > 1 else None])
     dp_mesh = None if not names else mesh[names] if len(names) > 1 else mesh[names[0]]
-    group = (dp_mesh._flatten("dp").get_group() if len(names) > 1 else dp_mesh.get_group()) if dp > 1 else None
+    group = None
+    if dp > 1:
+        assert dp_mesh is not None
+        group = dp_mesh._flatten("dp").get_group() if len(names) > 1 else dp_mesh.get_group()
     replica = (dist.get_rank() // tp) % dp
     return mesh, mesh.get_local_rank("pp"), replica, group, dp_mesh
 
@@ -221,8 +233,9 @@ def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, 
     opts = data.options
     units = outline_units(mod, data.unit_of, like=data.like)
     prefix = "mod." if wrapped is not mod else ""
+    chosen = opts.recompute[k]
     shard_stage(wrapped, [prefix + u for u in units], dp_mesh, shard=opts.shard[k], recompute=(
-        True if opts.recompute[k] is True else tuple(prefix + u for u in (opts.recompute[k] or ()))),
+        True if chosen is True else tuple(prefix + u for u in chosen) if chosen else False),
         bf16=opts.precision[k] == "bf16", reshard_after_forward=opts.reshard_after_forward[k],
         output_dtype=torch.float32 if last else torch.bfloat16)
     return units

@@ -93,7 +93,10 @@ def test_tensor_parallel_groups_are_tried_inside_hosts() -> None:
     names = {s for s, _, _ in choice.candidates}
     assert {"1f1b tp=2", "1f1b tp=4", "interleaved-1f1b tp=2"} <= names
     got = choice.placement
-    assert not got.problems(g, c) and (got.tp == 1 or all(len(d) == got.tp for d in got.stage_devices))
+    # a rank is one TP group or d data-parallel replicas of one (pp x dp x tp), each group inside a host
+    assert not got.problems(g, c) and (got.tp == 1 or all(len(d) % got.tp == 0 for d in got.stage_devices))
+    hosts = c.hosts
+    assert all(len({hosts[x] for x in d[j:j + got.tp]}) == 1 for d in got.stage_devices for j in range(0, len(d), got.tp))
     # across the two hosts no TP group is formed
     cross = Placement.pipeline(g, c, balanced_cut(np.ones(g.num_nodes), 4), [2, 3, 4, 5], microbatches=4)
     assert not any("tp=4" in s for s, _, _ in best_schedule(g, c, cross).candidates)

@@ -280,6 +280,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         from autoplace.sim.tensor_parallel import linear_pairs
 
         hosts = cluster.hosts
+        if tp_degrees and linear_pairs(graph):
+            _tp_replicated_sweeps(plan, graph, devs, sweep, tp_degrees, hosts)
         if tp_degrees and not linear_pairs(graph):
             notes.append("tensor parallelism not offered: the graph has no column/row linear pairs")
         else:
@@ -325,6 +327,23 @@ def _replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sweep
                 continue
             for k, groups in enumerate(replica_layouts(pool, d)):
                 sweep(pool, None, ms, 1, f" dp={d}" + (" strided" if k else "") + where, ranks=groups)
+
+
+def _tp_replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sweep: Callable[..., None],
+                          tp_degrees: Sequence[int], hosts: Sequence[int]) -> None:
+    """pp x dp x tp (Megatron's 3-D layout): ranks of ``d`` replicas of a TP group of ``t``
+    consecutive devices inside one host, over the plan's devices."""
+    n = len(devs)
+    for t in tp_degrees:
+        for d in range(2, n // max(t, 1) + 1):
+            if t < 2 or n % (d * t):
+                continue
+            ranks = [devs[i * d * t:(i + 1) * d * t] for i in range(n // (d * t))]
+            if any(len({hosts[x] for x in g[j:j + t]}) > 1 for g in ranks for j in range(0, len(g), t)):
+                continue  # a TP group would span hosts
+            ms = _microbatch_options(plan, graph, len(ranks), d)
+            if ms:
+                sweep(devs, None, ms, t, f" dp={d}", ranks=ranks)
 
 
 def _options(p: Placement) -> dict[str, Any]:
