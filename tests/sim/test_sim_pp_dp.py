@@ -91,9 +91,15 @@ def test_uneven_replicas_and_bad_tp_groups_are_refused_with_the_fix() -> None:
         Placement.pipeline(graph(4, [(i, i + 1) for i in range(3)], [1.0] * 4, [1.0] * 4, batch_size=4), c,
                            [0, 1, 2, 3], [[0, 2], [1, 3]], microbatches=4, schedule="interleaved-1f1b",
                            virtual_stages=2)
-    with pytest.raises(PlacementError, match=r"tp=2 and 2 replicas per rank.*give each rank 2 devices, or use tp=1"):
-        Placement.pipeline(_chain(4), cluster(8), [0, 1, 2, 3], [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=4,
+    with pytest.raises(PlacementError, match=r"same multiple of 2"):  # a rank's devices must be whole TP groups
+        Placement.pipeline(_chain(4), cluster(6), [0, 1, 2, 3], [[0, 1, 2], [3, 4, 5]], microbatches=4,
                            schedule="interleaved-1f1b", virtual_stages=2, tp=2)
+    # pp x dp x tp (d = 2 replicas of a TP group of 2 per rank) is a plan now, and one the runtime runs
+    ok = Placement.pipeline(_chain(4), cluster(8), [0, 1, 2, 3], [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=4,
+                            schedule="interleaved-1f1b", virtual_stages=2, tp=2)
+    from autoplace.capability import runtime_problems
+
+    assert runtime_problems(ok, _chain(4), world=8) == []
 
 
 def test_one_replica_per_rank_is_unchanged() -> None:
