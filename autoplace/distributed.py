@@ -216,15 +216,14 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         problems = runtime_problems(plan, graph, world)
         if problems:
             raise PipelineWrapError("the runtime cannot run this plan: " + "; ".join(problems))
-        multi_runner = build_schedule_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
-                                       loss_fn=loss_fn, schedule=plan.schedule, virtual_stages=plan.virtual_stages,
-                                       device=device, tp=plan.tp, tp_pairs=pairs, timeouts=timeouts,
-                                       predicted_step_s=predicted, dp=r // plan.tp,
-                                       sequence_parallel=plan.sequence_parallel,
-                                       data=stage_data(traced, plan, cluster))
+        multi_runner = build_schedule_runner(
+            gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches, loss_fn=loss_fn,
+            schedule=plan.schedule, virtual_stages=plan.virtual_stages, device=device, tp=plan.tp, tp_pairs=pairs,
+            timeouts=timeouts, predicted_step_s=predicted, dp=r // plan.tp, sequence_parallel=plan.sequence_parallel,
+            data=stage_data(traced, plan, cluster))
         return _labelled(multi_runner, plan, graph)
     runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
                                    loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
                                    num_stages=plan.num_stages, batch_norm=batch_norm,
-                                   timeouts=timeouts, predicted_step_s=_predicted_step_s(plan, graph, cluster, cost))
+                                   timeouts=timeouts, predicted_step_s=predicted)
     return _labelled(runner, plan, graph)

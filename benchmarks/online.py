@@ -132,7 +132,8 @@ def run(rank: int, args: dict[str, Any], say: Any) -> dict[str, Any]:
 
     q = args["quantile"]
     cfg = OnlineConfig(trials=args["trials"], steps_per_trial=args["steps"], warmup_steps=2, every_n_steps=2,
-                       screen_samples=16, screen_top_k=2, step_quantile=q, seed=0)
+                       screen_samples=16, screen_top_k=2, step_quantile=q, seed=0,
+                       search=args.get("search", "ppo"))
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     bad = n - 1
     pipe = autoplace.wrap(model, ["cpu", "cpu"], mode="pipeline", example_inputs=(x,), loss_fn=loss_fn,
@@ -275,6 +276,16 @@ def write(result: dict[str, Any], out: Path, load: tuple[float, float], args: di
     (out / "online.md").write_text("\n".join(md))
 
 
+def spawn(args: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The benchmark's two gloo workers with ``args`` (rank 0 writes its result to ``tmp``): the result."""
+    mp.spawn(worker, args=(2, free_port(), args, str(tmp)), nprocs=2, join=True)
+    result = json.loads(tmp.read_text())
+    tmp.unlink()
+    if "error" in result:
+        raise SystemExit(f"the benchmark failed:\n{result['error']}")
+    return dict(result)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer measured steps (smoke run)")
@@ -289,11 +300,7 @@ def main() -> None:
     tmp = Path(a.out) / ".online_rank0.json"
     Path(a.out).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    mp.spawn(worker, args=(2, free_port(), args, str(tmp)), nprocs=2, join=True)
-    result = json.loads(tmp.read_text())
-    tmp.unlink()
-    if "error" in result:
-        raise SystemExit(f"the benchmark failed:\n{result['error']}")
+    result = spawn(args, tmp)
     write(result, Path(a.out), (load0, os.getloadavg()[0]), args)
     print(f"wrote {a.out}/online.json and online.md ({time.perf_counter() - t0:.0f} s)")
 

@@ -8,8 +8,8 @@ What it covers today (a first, small measurement; the issue's full set is not ru
 2-process CPU pipeline of benchmarks/online.py (its model, its deliberately bad start, its
 brute force over every split, its alternate A/B measurement of kept vs best split), run once per
 tuner: ``OnlineConfig(search="ppo")`` and ``OnlineConfig(search="topk")``. The tuner's config is
-benchmarks/online.py's with only ``search`` (and ``trials``) set, through its ``OnlineConfig``
-name, so both runs share every other setting. Not covered yet: the fidelity_cpu configurations,
+benchmarks/online.py's with only ``search`` (and ``trials``) set, through its worker's ``args``,
+so both runs share every other setting. Not covered yet: the fidelity_cpu configurations,
 models outside them, a start from plan("best")'s pick.
 
 Reported per tuner: kept split's A/B time / the brute-force best's (goal: within 3%), live-trial
@@ -20,7 +20,6 @@ error over all splits before and after tuning.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -31,21 +30,12 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch.multiprocessing as mp  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import online as base  # noqa: E402
-from autoplace.online import OnlineConfig  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
-from autoplace.rewrite.runtime import free_port  # noqa: E402
-
-
-def worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> None:
-    base.OnlineConfig = functools.partial(OnlineConfig, search=args["search"])  # type: ignore[misc]
-    base.worker(rank, world, port, args, out)
 
 
 def rms_log(pairs: list[tuple[float, float]]) -> float:
@@ -78,11 +68,7 @@ def main() -> None:
                 "passes": 1 if a.quick else 2, "ab_rounds": 2 if a.quick else 4, "quantile": 0.25, "search": search}
         tmp = out / f".online_control_{search}.json"
         t0 = time.perf_counter()
-        mp.spawn(worker, args=(2, free_port(), args, str(tmp)), nprocs=2, join=True)
-        r = json.loads(tmp.read_text())
-        tmp.unlink()
-        if "error" in r:
-            raise SystemExit(f"{search} failed:\n{r['error']}")
+        r = base.spawn(args, tmp)  # OnlineConfig(search=args["search"]) in each worker
         raw[search] = r
         rows.append(summarize(search, r, a.trials))
         print(f"{search}: {rows[-1]} ({time.perf_counter() - t0:.0f} s)", flush=True)

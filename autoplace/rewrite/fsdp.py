@@ -37,8 +37,6 @@ runtime moves them in place). Give ``runner.parameters()`` to the optimizer.
 
 from __future__ import annotations
 
-import dataclasses
-
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +67,11 @@ __all__ = ["outline_units", "shard_stage", "FSDPRunner", "build_sharded_runner",
            "runtime_problems", "ShardedRunError", "unit_of_fx"]
 
 
-def _mesh_spec(plan: "Placement", cluster: "Cluster", shard: str, replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The data-parallel mesh of one stage: (shape, dim names)."""
-    assert plan.stage_devices is not None
+def _mesh_spec(stage_devices: Sequence[Sequence[int]], cluster: "Cluster", shard: str,
+               replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The data-parallel mesh of one stage (``stage_devices``: every stage's replicas): (shape, dim names)."""
     if shard == "hsdp":
-        shapes = {hsdp_shape(cluster, s) for s in plan.stage_devices}
+        shapes = {hsdp_shape(cluster, s) for s in stage_devices}
         if len(shapes) != 1 or None in shapes:
             raise ShardedRunError(f"hsdp stages have host shapes {sorted(map(str, shapes))}; the runtime needs one "
                                   "(replicas across hosts, devices per host) for every stage")
@@ -150,8 +148,8 @@ def stage_data(traced: "Traced", plan: "Placement", cluster: "Cluster") -> "Stag
     assert plan.stage_devices is not None and plan.stage_of_node is not None
     hsdp = None
     if opts.shard[0] == "hsdp":  # a rank's devices: tp consecutive per replica, the replicas host by host
-        shape, _ = _mesh_spec(dataclasses.replace(plan, stage_devices=tuple(tuple(s[:: plan.tp]) for s in plan.stage_devices)),
-                              cluster, "hsdp", len(plan.stage_devices[0]) // plan.tp)
+        shape, _ = _mesh_spec([s[:: plan.tp] for s in plan.stage_devices], cluster, "hsdp",
+                              len(plan.stage_devices[0]) // plan.tp)
         hsdp = (int(shape[0]), int(shape[1]))
     return StageData(options=opts, unit_of=unit_of_fx(traced, plan.stage_of_node),
                      like={n.name: (n.op, n.target) for n in traced.gm.graph.nodes}, hsdp=hsdp)
@@ -229,7 +227,7 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
     batch_norms = batchnorm.convert(stage, mode=batch_norm, microbatches=plan.microbatches, replicas=replicas,
                                     batch_size=batch, stage_index=0, group=bn_group)
     units = outline_units(stage, unit_of, like=like)
-    shape, names = _mesh_spec(plan, cluster, opts.shard[0], replicas)
+    shape, names = _mesh_spec(plan.stage_devices, cluster, opts.shard[0], replicas)
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     move_to(stage, device)
     shard_stage(stage, units, mesh, shard=opts.shard[0], recompute=opts.recompute[0],
@@ -260,7 +258,7 @@ def build_sharded_pipeline(traced: "Traced", plan: "Placement", cluster: "Cluste
     replicas = len(plan.stage_devices[0])
     _batch(example_inputs, plan.microbatches, replicas)
     shard = opts.shard[0]
-    shape, names = _mesh_spec(plan, cluster, shard, replicas) if shard != "ddp" else ((replicas,), ("dp_shard",))
+    shape, names = _mesh_spec(plan.stage_devices, cluster, shard, replicas) if shard != "ddp" else ((replicas,), ("dp_shard",))
     like = {n.name: (n.op, n.target) for n in traced.gm.graph.nodes}
     unit_of = unit_of_fx(traced, plan.stage_of_node)
     units: list[str] = []

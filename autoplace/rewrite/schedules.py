@@ -227,9 +227,10 @@ def _mesh(ranks: int, dp: int, tp: int, shard: str, data: "StageData | None") ->
 
 def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, last: bool, data: StageData,
                    dp_mesh: Any) -> list[str]:
-    """A stage's units (its options are entry ``k`` of ``data.options``) outlined in ``mod``, the recomputed ones checkpointed and, for FSDP or
-    HSDP, every unit and the stage (``wrapped``, the module the schedule runs) ``fully_shard``-ed
-    over ``dp_mesh``; returns the units. A bf16 stage sends bf16 on, the last returns fp32."""
+    """A stage's units outlined in ``mod``, the recomputed ones checkpointed and, for FSDP or HSDP,
+    every unit and the stage (``wrapped``, the module the schedule runs) ``fully_shard``-ed over
+    ``dp_mesh``, with entry ``k`` of ``data.options``; returns the units. A bf16 stage sends bf16
+    on, the last (``last``) returns fp32."""
     opts = data.options
     units = outline_units(mod, data.unit_of, like=data.like)
     prefix = "mod." if wrapped is not mod else ""

@@ -88,10 +88,6 @@ class ReplicatedStage(PipelineStage):
         self.dp_group = dp_group
 
     def perform_reduce_grad(self, grad_scale_factor: int) -> None:  # noqa: D102
-        with torch.no_grad():
-            self._average()
-        super().perform_reduce_grad(grad_scale_factor)
-
-    def _average(self) -> None:
         params = list({id(p): p for p in self.submod.parameters() if p.requires_grad}.values())
         average_grads(params, self.dp_group)
+        super().perform_reduce_grad(grad_scale_factor)

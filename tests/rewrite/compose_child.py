@@ -42,15 +42,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     plan = plan_for(case, graph, world)
     runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
                             loss_fn=tm.loss, timeout_s=120, progress=False)
-    opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
-    losses: list[float] = []
-    for step in range(STEPS):
-        x, y = tm.batch(8, step)
-        loss = runner.step(x, target=y)
-        opt.step()
-        opt.zero_grad()
-        if loss is not None:
-            losses.append(float(loss.item()))
+    losses = tm.train_runner(runner, STEPS)
     modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}

@@ -64,14 +64,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                                        loss_fn=tm.loss, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
                                        tp_pairs=[(p.column_path, p.row_path) for p in pairs])
         modules = list(runner.stage_modules)
-        opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
-        for step in range(STEPS):
-            x, y = tm.batch(8, step)
-            loss = runner.step(x, target=y)
-            opt.step()
-            opt.zero_grad()
-            if loss is not None:
-                losses.append(loss.item())
+        losses = tm.train_runner(runner, STEPS)
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}
     sharded = sorted({n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")})

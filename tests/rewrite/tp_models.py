@@ -6,6 +6,7 @@ batch; ``loss`` is next-token cross-entropy."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -92,3 +93,19 @@ def reference(model: nn.Module, steps: int) -> tuple[list[float], dict[str, torc
         opt.zero_grad()
         losses.append(out.item())
     return losses, {n: p.detach() for n, p in ref.named_parameters()}
+
+
+def train_runner(runner: Any, steps: int) -> list[float]:
+    """``steps`` SGD steps (lr 0.1) of a pipeline ``runner`` on :func:`batch` (size 8, seed =
+    step), as :func:`reference` trains the unsplit model: the losses this rank saw (the last
+    stage's ranks see them)."""
+    opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = batch(8, step)
+        loss = runner.step(x, target=y)
+        opt.step()
+        opt.zero_grad()
+        if loss is not None:
+            losses.append(float(loss.item()))
+    return losses

@@ -280,8 +280,6 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         from autoplace.sim.tensor_parallel import linear_pairs
 
         hosts = cluster.hosts
-        if tp_degrees and linear_pairs(graph):
-            _tp_replicated_sweeps(plan, graph, devs, sweep, tp_degrees, hosts)
         if tp_degrees and not linear_pairs(graph):
             notes.append("tensor parallelism not offered: the graph has no column/row linear pairs")
         else:
@@ -293,6 +291,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                     notes.append(f"tp={t} not offered: a group of {t} consecutive devices spans two hosts")
                     continue
                 sweep(devs, None, _microbatch_options(plan, graph, len(groups)), t, label)
+            _tp_replicated_sweeps(plan, graph, devs, sweep, tp_degrees, hosts)
     if refused:
         notes.append("faster but refused (accept): " + "; ".join(refused[:3]))
     chosen = best[1] if best is not None else plan
