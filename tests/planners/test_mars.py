@@ -148,9 +148,14 @@ def test_memory_sum_is_the_simulators_and_samples_fit() -> None:
 
 
 def test_same_seed_gives_the_same_plan() -> None:
+    # the zero-shot polish is bounded by wall-clock time (polish.py), so under load it may stop
+    # at another point of its search: the seeded parts (greedy decode, samples) are what a seed
+    # reproduces, and polish_s_per_kop=None is the documented reproducible zero-shot plan
     graph, cluster = branchy(60, seed=11), Cluster.preset("4xV100-pcie")
-    a = MarsPlanner().place(graph, cluster, seed=4)
-    b = MarsPlanner().place(graph, cluster, seed=4)
+    reproducible = MarsConfig(polish_s_per_kop=None)
+    a = MarsPlanner(reproducible).place(graph, cluster, seed=4)
+    b = MarsPlanner(reproducible).place(graph, cluster, seed=4)
+    assert "polish" not in a.meta
     np.testing.assert_array_equal(a.device_of_node, b.device_of_node)
     assert a.meta["greedy_step_time_s"] == b.meta["greedy_step_time_s"]
     # fine-tuning bounded by samples is reproducible too
