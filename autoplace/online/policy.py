@@ -9,9 +9,11 @@ Model parallel (:func:`model_policy`): in order of preference,
    the planner's own network instead of a fresh one. (A Mars plan fine-tuned with
    ``budget_s`` was made by a copy the planner does not keep: the policy starts from the
    weights that copy was fine-tuned from, and its note says so.)
-1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.learned.eagle.planner`; Lan, Chen, Li, IPDPS 2021)
-   centred on the current placement by the planner's own warm start (its samples differ from
-   the placement by about one op and two groups, whole runs of ops moved to another device);
+1. ``"eagle"``: the EAGLE network (:mod:`autoplace.planners.learned.eagle.planner`; Lan, Chen, Li,
+   IPDPS 2021): for a plan the EAGLE planner made, the network it trained
+   (``meta["tuned_weights"]``, :mod:`autoplace.planners.learned.eagle.weights`), else a fresh
+   one; centred on the current placement by the planner's own warm start (its samples differ
+   from the placement by about one op and two groups, whole runs of ops moved to another device);
 2. ``"independent"``: :func:`autoplace.planners.learned.ppo.IndependentPolicy`, one categorical per op
    whose logits put probability ``1 - perturb_ops / N`` on the op's current device: a sample is
    the placement with about ``perturb_ops`` ops moved. This is the documented fallback when
@@ -72,6 +74,23 @@ def planner_network(plan: "Placement") -> tuple["MarsNet | None", str]:
     return net, f"Mars's own network ({weights} weights){gone}"
 
 
+def _eagle_network(plan: "Placement | None", graph: "OpGraph", cluster: "Cluster",
+                   cost: "CostModel | None") -> tuple[Any, str]:
+    """The network the EAGLE planner trained for ``plan`` (``meta["tuned_weights"]``), and a
+    note; ``(None, note)`` for a fresh EAGLE network when there is none or it does not load."""
+    if plan is None or plan.planner != "eagle":
+        return None, "a fresh EAGLE network"
+    path = plan.meta.get("tuned_weights")
+    if not isinstance(path, str) or not Path(path).exists():
+        return None, "a fresh EAGLE network (the plan's trained network is not on disk)"
+    from ..planners.learned.eagle.weights import load_policy
+
+    try:
+        return load_policy(path, graph, cluster, cost), f"EAGLE's trained network ({path})"
+    except ValueError as e:
+        return None, f"a fresh EAGLE network ({str(e)[:160]})"
+
+
 def centred_logits(device_of_node: np.ndarray, num_devices: int, moves: float) -> np.ndarray:
     """(N, D) logits giving each op's current device probability ``1 - moves / N`` and the
     other devices the rest, equally."""
@@ -121,11 +140,13 @@ def model_policy(kind: str, graph: "OpGraph", cluster: "Cluster", cost: "CostMod
             from ..planners.learned.eagle.planner import EagleConfig, build_policy, center
 
             cfg = EagleConfig(warm_op_moves=max(perturb_ops / 2, 0.5), warm_group_moves=max(perturb_ops, 1.0))
-            pol = build_policy(graph, cluster, cost, cfg, seed)
+            pol, why = _eagle_network(planned, graph, cluster, cost)
+            if pol is None:
+                pol = build_policy(graph, cluster, cost, cfg, seed)
             center(pol, np.asarray(device_of_node), cfg)
             _check_protocol(pol, graph.num_nodes, cluster.num_devices)
             pol.__dict__["_online_eagle_config"] = cfg
-            return pol, "eagle", "EAGLE network centred on the plan (warm start)"
+            return pol, "eagle", f"{why}, centred on the plan (warm start)"
         except Exception as e:  # the learned planner is optional here: fall back, say why
             if kind == "eagle":
                 raise

@@ -65,3 +65,31 @@ def test_the_tuner_reaches_the_module_only_through_its_protocol() -> None:
     calls: list[int] = []
     out = tuner.around_forward(lambda: calls.append(1) or x)
     assert out is x and calls == [1]
+
+
+def test_online_tuning_of_an_eagle_plan_starts_from_its_trained_network(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EAGLE plan keeps the network the planner trained; the online EAGLE policy is that
+    network (then centred on the plan, switched off here to compare it), not a fresh one."""
+    import autoplace.planners.learned.eagle.planner as eagle_planner
+    from autoplace.online.policy import model_policy
+    from autoplace.planners.learned.eagle.planner import EagleConfig, EaglePlanner, build_policy
+    from autoplace.planners.learned.eagle.weights import load_policy
+
+    monkeypatch.setenv("AUTOPLACE_CACHE", str(tmp_path))
+    graph = autoplace.trace(_model(), (torch.randn(4, 8),))
+    cluster = autoplace.Cluster.preset("4xV100-pcie")
+    plan = EaglePlanner(EagleConfig(quick_samples=64, progress=False)).place(graph, cluster, seed=0)
+    path = plan.meta["tuned_weights"]
+    monkeypatch.setattr(eagle_planner, "center", lambda policy, device_of_node, config: {})
+    pol, name, note = model_policy("auto", graph, cluster, None, plan.device_of_node, seed=0, perturb_ops=2.0,
+                                   planned=plan)
+    assert name == "eagle" and "trained network" in note and path in note, note
+    trained = load_policy(path, graph, cluster).state_dict()
+    fresh = build_policy(graph, cluster, None, EagleConfig(), seed=0).state_dict()
+    mine = pol.state_dict()
+    assert all(torch.equal(mine[k], v) for k, v in trained.items())
+    assert any(not torch.equal(fresh[k], v) for k, v in trained.items())  # so a fresh start would fail above
+    Path(path).unlink()  # gone from disk: a fresh network, and the note says why
+    _, _, note = model_policy("eagle", graph, cluster, None, plan.device_of_node, seed=0, perturb_ops=2.0, planned=plan)
+    assert "fresh" in note and "not on disk" in note

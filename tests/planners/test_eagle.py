@@ -127,3 +127,60 @@ def test_nothing_fits_raises_no_fit_error() -> None:
     planner = EaglePlanner(EagleConfig(groups=4, hidden=8, quick_samples=16, progress=False))
     with pytest.raises(NoFitError):
         planner.place(graph, cluster)
+
+
+def test_the_trained_network_is_saved_and_reloads_into_an_equal_network(small: tuple[OpGraph, Cluster],
+                                                                          tmp_path, monkeypatch) -> None:
+    """EAGLE keeps the network it trained (meta["tuned_weights"]), as Mars keeps its fine-tuned
+    one, and the file rebuilds that network: same parameters, same buffers, same samples."""
+    import autoplace.planners.learned.eagle.planner as eagle_planner
+    from autoplace.planners.learned.eagle.weights import load_policy
+
+    monkeypatch.setenv("AUTOPLACE_CACHE", str(tmp_path))
+    graph, cluster = small
+    kept: list[dict[str, torch.Tensor]] = []
+    real = eagle_planner.keep_trained
+
+    def spy(policy):  # the network as the planner left it, to compare with the file
+        kept.append({k: v.detach().clone() for k, v in policy.state_dict().items()})
+        return real(policy)
+
+    monkeypatch.setattr(eagle_planner, "keep_trained", spy)
+    cfg = EagleConfig(groups=12, hidden=16, quick_samples=64, quick_refine_evaluations=100, progress=False)
+    plan = EaglePlanner(cfg).place(graph, cluster, seed=3)
+    path = plan.meta["tuned_weights"]
+    assert len(kept) == 1 and str(tmp_path / "eagle") in path
+    loaded = load_policy(path, graph, cluster)
+    assert loaded.state_dict().keys() == kept[0].keys()
+    for k, v in kept[0].items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    fresh = build_policy(graph, cluster, None, cfg, seed=3).state_dict()
+    assert any(not torch.equal(fresh[k], v) for k, v in kept[0].items())  # training moved it: the file matters
+    a = loaded.sample(4, torch.Generator().manual_seed(0))
+    b = build_policy(graph, cluster, None, cfg, seed=3)
+    b.load_state_dict(kept[0])
+    c = b.sample(4, torch.Generator().manual_seed(0))
+    assert all(torch.equal(x, y) for x, y in zip(a.actions, c.actions))
+
+
+def test_a_network_for_another_graph_is_refused_with_the_sizes(small: tuple[OpGraph, Cluster], tmp_path) -> None:
+    from autoplace.planners.learned.eagle.weights import load_policy, save_policy
+
+    graph, cluster = small
+    path = tmp_path / "net.pt"
+    save_policy(build_policy(graph, cluster, None, EagleConfig(groups=12, hidden=16), seed=0), path)
+    with pytest.raises(ValueError, match="40 ops on 4 devices.*41 ops"):
+        load_policy(path, branchy(41, seed=2), cluster)
+
+
+def test_the_folder_keeps_the_newest_networks(small: tuple[OpGraph, Cluster], tmp_path, monkeypatch) -> None:
+    import autoplace.planners.learned.eagle.weights as weights
+
+    monkeypatch.setenv("AUTOPLACE_CACHE", str(tmp_path))
+    monkeypatch.setattr(weights, "KEEP", 2)
+    graph, cluster = small
+    paths = [weights.keep_trained(build_policy(graph, cluster, None, EagleConfig(groups=12, hidden=16), seed=s))
+             for s in range(3)]
+    assert len(set(paths)) == 3
+    left = sorted((tmp_path / "eagle").glob("tuned-*.pt"))
+    assert len(left) == 2 and paths[-1] in left

@@ -41,7 +41,9 @@ What ``place`` does, in order:
 5. Returns the best placement that fits among the samples, the refined placements and the
    seeds: never slower than the seeding heuristics in the simulator. ``placement.meta`` tells which won
    (``source``) and the policy's own best (``policy_step_time_s``); see
-   :mod:`autoplace.planners.learned.run`.
+   :mod:`autoplace.planners.learned.run`;
+   ``meta["tuned_weights"]`` is the trained network's file (:mod:`.weights`), which online
+   fine-tuning of the plan starts from.
 
 Reproducibility: the same seed gives the same plan when the run stops on samples (no budget,
 or ``max_samples`` reached before the budget); with a time budget the stopping point, hence
@@ -63,6 +65,7 @@ from autoplace.planners import budget as _budget
 from ..adam import Adam
 from autoplace.planners.registry import register
 from ..ppo import PPOConfig, TrainResult, merge_results, train
+from .weights import keep_trained
 
 if TYPE_CHECKING:
     import torch
@@ -353,7 +356,8 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
     result = merge_results(results) if results else None
     extra = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
              "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
-             "centres": centres, "refines": refines, "polished": view.polished}
+             "centres": centres, "refines": refines, "polished": view.polished,
+             "tuned_weights": str(keep_trained(policy))}  # online tuning starts from it (.weights)
     return run.finish("eagle", result, extra)
 
 
