@@ -67,6 +67,8 @@ class TrialRecord:
     step_times_s: list[float] = field(default_factory=list)
     error: str = ""
     """why the trial failed (empty when it did not)."""
+    best_before_s: float = math.inf
+    """the best's estimate when this trial was measured (what it had to beat by ``min_gain``)."""
     best_so_far_s: float = math.inf
     """best measured step time after this trial."""
     became_best: bool = False
@@ -153,6 +155,7 @@ class TuningSearch:
             self.measured[key] = rec.measured_s
             if self.reference_s is None:
                 self.reference_s = rec.measured_s
+            rec.best_before_s = self.best_s
             if key == self.best_key:
                 self._best_times = list(times)
                 self.best_s = rec.measured_s
