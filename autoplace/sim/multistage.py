@@ -60,10 +60,9 @@ from ..parallel import StageOptions
 from ..placement import PlacementError
 from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .result import Evaluation, Event, PipelineOutcome, SimResult
-from .ddp import ddp_sync
-from .schedules import OrderTimes, actions, bubble_fraction, simulate_order, weight_fraction
+from .schedules import OrderTimes, actions, bubble_fraction, simulate_order
+from .stage_cost import op_times, stage_costs
 from .stages import boundary_bytes, stage_groups
-from .tensor_parallel import linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_stage_cost
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -79,62 +78,10 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
     column/row pairs are split over its group and their all-reduces added, the forward one to F,
     the backward one to the input-gradient part of B (:mod:`.tensor_parallel`)."""
     k = dev_of_stage.shape[0]
-    f_op, b_op, w_op, u_op, p_op, ar = _op_times(sim, st, dev_of_stage, microbatches, tp_groups,
-                                                 sequence_parallel=sequence_parallel)
+    f_op, b_op, w_op, u_op, p_op, ar = op_times(sim, st, dev_of_stage, microbatches, tp_groups,
+                                                sequence_parallel=sequence_parallel)
     return (np.bincount(st, f_op, minlength=k) + ar[0], np.bincount(st, b_op, minlength=k) + ar[1],
             np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
-
-
-def _op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
-              tp_groups: Sequence[Sequence[int]] | None, *, sequence_parallel: bool,
-              replicas: Sequence[Sequence[int]] | None = None,
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
-    every op on its stage's device (TP pairs, and with ``sequence_parallel`` the SP region, scaled by
-    1/tp), and (2, K) each stage's TP collectives in its forward and in its backward (half each of
-    the blocks' ones, plus with SP the rewrite's own, :func:`~.tensor_parallel.sp_runtime_seconds`).
-    ``replicas``: each stage's replicas' devices; an op then takes its slowest replica's time."""
-    k = dev_of_stage.shape[0]
-    tf, tb = sim.op_times(int(microbatches))
-    dev = dev_of_stage[st]
-    rows = np.arange(st.shape[0])
-    f_op, b_op, u_op = tf[rows, dev], tb[rows, dev], sim.upd[rows, dev]
-    if replicas is not None:
-        for s in range(k):
-            devs = np.asarray(replicas[s], dtype=np.int64)
-            ops = np.nonzero(st == s)[0]
-            if len(devs) > 1 and ops.size:
-                f_op[ops] = tf[np.ix_(ops, devs)].max(axis=1)
-                b_op[ops] = tb[np.ix_(ops, devs)].max(axis=1)
-                u_op[ops] = sim.upd[np.ix_(ops, devs)].max(axis=1)
-    w_op = b_op * weight_fraction(sim.graph.param_bytes)
-    p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
-    ar = np.zeros((2, k))
-    if tp_groups is not None and len(tp_groups[0]) > 1:
-        pairs = linear_pairs(sim.graph)
-        t = len(tp_groups[0])
-        scale = np.ones(st.shape[0])
-        for p in pairs:
-            if len({int(st[i]) for i in p.ops}) == 1:  # a pair cut by a stage boundary stays whole
-                scale[list(p.ops)] = 1.0 / t
-        work = scale.copy()  # the time scale; the SP region's parameters (norms) stay whole on every TP rank
-        for s in range(k):
-            ops = np.nonzero(st == s)[0]
-            if not ops.size:
-                continue
-            ar[:, s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
-                                     int(microbatches), pairs, sequence_parallel=sequence_parallel)[2] / 2
-            if sequence_parallel:
-                # Korthikanti et al. 2022, section 4.2.2: the per-token ops between a row and the next
-                # columns run on 1/t of the sequence (the region the runtime rewrites, per stage), and the
-                # rewrite's own collectives (its region's gathers, the norms' gradient all-reduces) are paid
-                inside = [p for p in pairs if all(int(st[i]) == s for i in p.ops)]
-                if inside:
-                    work[sequence_region(sim.graph, inside, ops)] = 1.0 / t
-                    ar[:, s] += sp_runtime_seconds(sim.graph, sim.cluster, ops, list(tp_groups[s]),
-                                                   int(microbatches), inside)
-        f_op, b_op, w_op, u_op, p_op = f_op * work, b_op * work, w_op * work, u_op * scale, p_op * scale
-    return f_op, b_op, w_op, u_op, p_op, ar
 
 
 def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int]]) -> tuple[float, float]:
@@ -144,47 +91,6 @@ def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int
         if i != j:
             lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]))
     return lt, inv
-
-
-def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
-              last_op: np.ndarray, last_s: np.ndarray, p_op: np.ndarray, tp: int, *,
-              after: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(K,) seconds each virtual stage's last backward waits for its DDP all-reduce past its own
-    end, and (K,) its all-reduce seconds: :func:`~.ddp.ddp_sync` over the stage's ops
-    (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
-    rank's replicas, over the slowest link inside each TP shard's replica group. ``after``: the
-    buckets are all-reduced after the backward (split schedules), not during it (DDP)."""
-    k = rank_of.shape[0]
-    tail, ar = np.zeros(k), np.zeros(k)
-    tables = sim.tables
-    for s in range(k):
-        grp = list(groups[int(rank_of[s])])
-        d = len(grp) // tp
-        if d <= 1:
-            continue
-        ops = np.nonzero(st == s)[0]
-        lt, inv = _slowest(tables.lat, tables.inv_bw, [(grp[i], grp[j]) for i in range(len(grp))
-                                                       for j in range(len(grp)) if i % tp == j % tp])
-        if after:  # every bucket ready when the backward ends
-            ready, ar[s] = ddp_sync(np.zeros(ops.size), p_op[ops], d, float(last_s[s]), 0.0, lt, inv)
-        else:
-            ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv)
-        tail[s] = max(ready - float(last_s[s]), 0.0)
-    return tail, ar
-
-
-def _last_backward_is_weight(order: tuple, n_stages: int, microbatches: int) -> np.ndarray:
-    """(K,) whether each stage's M-th backward (B and W counted together, as torch counts them for
-    ``last_backward``) is a weight-gradient W (else a full B)."""
-    seen = np.zeros(n_stages, dtype=np.int64)
-    out = np.zeros(n_stages, dtype=bool)
-    for row in order:
-        for a in row:
-            if a.kind in ("B", "W"):
-                seen[a.stage] += 1
-                if seen[a.stage] == microbatches:
-                    out[a.stage] = a.kind == "W"
-    return out
 
 
 def _inflight(order: tuple, n_stages: int) -> np.ndarray:
@@ -214,9 +120,9 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     tables = sim.tables
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
                                  edge_ends=(tables.esrc, tables.edst), virtual_stages=v, tp=tp)
-    if options is not None and not options.is_default:
-        problems.append(f"schedule {schedule!r} is simulated and run with the default stage options (ddp, no "
-                        f"recompute, fp32); this plan sets {options.describe()}: drop them or use 1f1b/gpipe")
+    if options is not None and not options.is_default and int(tp) > 1:
+        problems.append(f"tensor parallelism (tp={tp}) is simulated with the default stage options (ddp, no "
+                        f"recompute, fp32); this plan sets {options.describe()}: drop them or use tp=1")
     if problems:
         raise PlacementError(problems)
     m = int(microbatches)
@@ -227,46 +133,29 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     parts = m * d
     rank_of = np.array(stage_ranks(schedule, p, v), dtype=np.int64)
     dev_rank = np.array([g[0] for g in groups], dtype=np.int64)
-    dev_of_stage = dev_rank[rank_of]
-    f_op, b_op, w_op, u_op, p_op, tp_ar = _op_times(sim, st, dev_of_stage, parts,
-                                                    [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
-                                                    sequence_parallel=sequence_parallel,
-                                                    replicas=[groups[r][::t_deg] for r in rank_of] if d > 1 else None)
-    f, b = np.bincount(st, f_op, minlength=k) + tp_ar[0], np.bincount(st, b_op, minlength=k) + tp_ar[1]
-    w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
-                     np.bincount(st, p_op, minlength=k))
+    order = actions(schedule, p, v, m)
+    split = SPECS[schedule].split_backward
     bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)
+    cost = stage_costs(sim, st, groups, rank_of, order, m, t_deg, split, bnd, options=options,
+                    sequence_parallel=sequence_parallel)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
     for s in range(k - 1):
         ra, rc = int(rank_of[s]), int(rank_of[s + 1])
         if bnd[s] > 0 and ra != rc:  # replica j of one rank sends to replica j of the next
+            nbytes = bnd[s] * cost.send[s]
             lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[ra][j * t_deg], groups[rc][j * t_deg]) for j in range(d)])
-            cf[s] = lt + bnd[s] / parts * inv
+            cf[s] = lt + nbytes / parts * inv
             lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[rc][j * t_deg], groups[ra][j * t_deg]) for j in range(d)])
-            cb[s] = lt + bnd[s] / parts * inv
-    out_b = np.bincount(st, tables.out_bytes, minlength=k)
-    if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
-        pairs = linear_pairs(sim.graph)
-        out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
-                                              sequence_parallel=sequence_parallel) for s in range(k)])
-    recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
-    act = (out_b + recv) / parts
-    order = actions(schedule, p, v, m)
-    split = SPECS[schedule].split_backward
-    tail, ar = np.zeros(k), np.zeros(k)
-    if d > 1:
-        weight_last = _last_backward_is_weight(order, k, m)
-        last_op = np.where(weight_last[st], w_op, b_op)
-        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg, after=split)
-    t: OrderTimes = simulate_order(order, rank_of, f, b, w if split else None, cf=cf, cb=cb, act=act, microbatches=m,
-                                   tail=tail if d > 1 else None)
+            cb[s] = lt + nbytes / parts * inv
+    t: OrderTimes = simulate_order(order, rank_of, cost.f, cost.b, cost.w if split else None, cf=cf, cb=cb, act=cost.act,
+                                   microbatches=m, tail=cost.tail if cost.tail.any() else None)
     if not t.ok:  # the orders of schedules.actions never deadlock; a guard on that code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {p} ranks x {v} virtual stages and "
                            f"{m} micro-batches")
 
     # update, tied parameters
-    u_rank = np.bincount(rank_of, u, minlength=p)
+    u_rank = np.bincount(rank_of, cost.u, minlength=p)
     ready = t.rank_end.copy()
     tied_moves: list[tuple[int, int, float, float]] = []
     holders: list[tuple[int, list[int], float]] = []
@@ -292,19 +181,21 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             step = max(step, float(x1))
 
     # memory
-    params = np.bincount(rank_of, p_stage, minlength=p)
+    params = np.bincount(rank_of, cost.params, minlength=p)
+    gathered = np.bincount(rank_of, cost.gathered, minlength=p)
+    remat = np.array([cost.remat[rank_of == r].max(initial=0.0) for r in range(p)])  # one recomputed unit at a time
     tied_extra = np.zeros(p)
     for _, others, nbytes in holders:
         for r in others:
             tied_extra[r] += 2.0 * nbytes
     peak = np.zeros(sim.num_devices)
-    if sim.memory is not None and t_deg == 1:  # a replica's share: 1 / (M d) of the batch per micro-batch
+    if sim.memory is not None and t_deg == 1 and (options is None or options.is_default):  # a replica's share: 1 / (M d) of the batch per micro-batch
         per_stage = sim.memory.pipeline(st, [groups[r] for r in rank_of], _inflight(order, k), m)
         for r, per_rank in enumerate(np.bincount(rank_of, per_stage, minlength=p)):
             peak[groups[r]] = per_rank
     else:
         for r, grp in enumerate(groups):  # every device of a TP group holds its parameter shard and its activation share
-            peak[grp] = params[r] * (2.0 + tables.opt_factor) + t.peak_act[r] + tied_extra[r]
+            peak[grp] = params[r] * (2.0 + tables.opt_factor) + gathered[r] + t.peak_act[r] + remat[r] + tied_extra[r]
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     evaluation = Evaluation(step, peak, excess)
     if not result:
@@ -340,6 +231,6 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     full = SimResult(mode="pipeline", step_time_s=step, peak_memory_bytes=peak, memory_capacity_bytes=sim.capacity,
                      compute_s=compute, comm_s=comm, link_busy_s=link_busy, batch_size=sim.graph.batch_size,
                      device_labels=sim.labels, bubble_fraction=bubble_fraction(t),
-                     allreduce_s=float(ar.max(initial=0.0)), microbatches=m,
+                     allreduce_s=float(cost.sync.max(initial=0.0)), microbatches=m,
                      schedule=schedule, timeline=tuple(events) if timeline else ())
     return PipelineOutcome(evaluation, full)

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
 from ..placement import PlacementError
 from .ddp import DDP_BUCKET_BYTES, ddp_sync
-from .fsdp_stage import ShardedStage, ring_allgather, ring_allreduce, stage_op_times, two_stream
+from .fsdp_stage import ring_allgather, ring_allreduce, two_stream
+from .stage_cost import action_seconds, sharded_fixed_bytes, sharded_stages
 from .pipeline import flush_order, simulate_flush
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .stages import boundary_bytes, link_events
@@ -73,12 +73,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     m_count = int(microbatches)
     n_st = len(groups)
     tables = sim.tables
-    unit = stage_units(block_units(g), st)
-    stages: list[ShardedStage] = []
-    for s, devs in enumerate(groups):
-        nodes = np.nonzero(st == s)[0]
-        tf, tb = stage_op_times(sim, m_count * len(devs), opts.precision[s] == "bf16")
-        stages.append(ShardedStage(sim, s, nodes, unit, devs, opts, m_count, tf, tb))
+    stages = sharded_stages(sim, st, groups, opts, m_count)
     loop = n_st == 1 and stages[0].sharded
 
     # per-stage action times (pipeline regime) or the whole step (loop regime)
@@ -94,15 +89,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
             arrays = [np.ascontiguousarray(np.concatenate([p[i] for p in parts])) for i in range(4)]
             runs[s] = (arrays, two_stream(*arrays))
             continue
-        # the root (and, without reshard_after_forward, every unit) is gathered once a step:
-        # its exposed time is spread over the M forwards
-        ag, cf_ = x.forward_items(x.sharded, x.sharded)
-        z = np.zeros_like(ag)
-        once = float(two_stream(ag, cf_, z, z)[5])
-        each = float(two_stream(*x.forward_items(x.sharded and x.reshard, False), z, z)[5])
-        f_act[s] = each + (once - each) / m_count
-        bag, bc, _, _ = x.backward_items(x.reshard and x.sharded, False)
-        b_act[s] = two_stream(bag, bc, np.zeros_like(bag), np.zeros_like(bag))[5]
+        f_act[s], b_act[s] = action_seconds(x, m_count)
 
     # the schedule
     bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, n_st)
@@ -183,15 +170,15 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
         share = x.c / (m_count * x.n)
         recv = bnd[s - 1] * stages[s - 1].c / (m_count * x.n) if s > 0 else 0.0
         if x.sharded:
-            mem = x.p_all * (2.0 + opt) / x.k
             units = x.p[1:-1]
             if loop:
+                mem = x.p_all * (2.0 + opt) / x.k
                 gathered = x.c * (units.sum() if not x.reshard else
                                   float((units[:-1] + units[1:]).max(initial=units.max(initial=0.0))))
                 mem += 2.0 * x.c * x.p_root + gathered + x.c * float(units.max(initial=0.0))
                 mem += saved * share + remat * share
             else:
-                mem += 2.0 * x.c * x.p_all
+                mem = sharded_fixed_bytes(x, opt)
                 mem += inflight[s] * (saved * share + recv) + remat * share
         else:
             mem = x.p_all * (2.0 + opt) + inflight[s] * (saved * share + recv) + remat * share

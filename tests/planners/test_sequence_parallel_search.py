@@ -90,7 +90,7 @@ def test_sp_is_kept_only_where_the_simulator_says_it_is_faster(long_llama: OpGra
         assert sp_choice(sim, p)[0].sequence_parallel == faster
     assert got.placement.sequence_parallel  # here SP is faster: the region's per-token ops run on 1/tp of the tokens
     # make the SP rewrite's own collectives dear: SP is slower everywhere and never chosen
-    import autoplace.sim.multistage as ms
+    import autoplace.sim.stage_cost as ms
 
     monkeypatch.setattr(ms, "sp_runtime_seconds", lambda *a, **k: (1.0, 1.0))
     slow = simulator_for(long_llama, c)

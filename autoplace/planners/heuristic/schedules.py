@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from autoplace.capability import runtime_problems
+from autoplace.parallel import StageOptions
 from autoplace.placement import Placement, PlacementError
 from autoplace.planners import budget as _budget
 from autoplace.pipeline_rules import SPECS, schedule_problems
@@ -162,44 +164,52 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
         raise PlacementError([f"best_schedule takes a pipeline plan; this one is mode {plan.mode!r}"])
     sim = sim if sim is not None else Simulator(graph, cluster, cost)
+    from .stage_options import precision_for
+
+    precision = precision_for(cluster, sim.cost)
     notes: list[str] = []
     tried: list[tuple[str, int, float | None]] = []
     best: tuple[float, Placement] | None = None
     refused: list[str] = []
     offered: list[Placement] = []
 
-    def consider(p: Placement, label: str = "") -> None:
+    def consider(p: Placement, label: str = "") -> bool | None:
+        """Simulate ``p`` as a candidate; whether it is over memory (None: not simulated)."""
         nonlocal best
         name = label or p.schedule
         if _budget.expired():
             if not any(n.startswith("stopped") for n in notes):
                 notes.append(f"stopped after {len(tried)} variants: the planning time budget was spent")
-            return
+            return None
         try:
             ev = sim.run(p, timeline=False)
         except PlacementError:
             tried.append((name, p.virtual_stages, None))
-            return
+            return None
         offered.append(p)
         step = None if ev.oom else float(ev.step_time_s)
         tried.append((name, p.virtual_stages, step))
         if step is None or not (best is None or step < best[0] * (1 - 1e-9)):
-            return
+            return step is None
         why = accept(p) if accept is not None else ""
         if why:
             refused.append(f"{name} v={p.virtual_stages} M={p.microbatches}: {why}")
-            return
+            return False
         best = (step, p)
+        return False
 
     def make(stage_of_node: np.ndarray, groups: Sequence[Sequence[int]], schedule: str, v: int, m: int,
-             tp: int = 1, keep_options: bool = False) -> Placement | None:
+             tp: int = 1, keep_options: bool = False, options: dict[str, Any] | None = None) -> Placement | None:
         try:
-            return Placement.pipeline(graph, cluster, stage_of_node, groups, microbatches=m, schedule=schedule,
-                                      planner=plan.planner, meta=dict(plan.meta), virtual_stages=v, tp=tp,
-                                      sequence_parallel=keep_options and tp == plan.tp and plan.sequence_parallel,
-                                      **(_options(plan) if keep_options else {}))
+            out = Placement.pipeline(graph, cluster, stage_of_node, groups, microbatches=m, schedule=schedule,
+                                     planner=plan.planner, meta=dict(plan.meta), virtual_stages=v, tp=tp,
+                                     sequence_parallel=keep_options and tp == plan.tp and plan.sequence_parallel,
+                                     **(_options(plan) if keep_options else options or {}))
         except PlacementError:
             return None
+        if options and runtime_problems(out, graph):
+            return None  # stage options the runtime would not run on this shape: never a candidate
+        return out
 
     def sweep(devs: list[int], cut_v1: np.ndarray | None, ms: Sequence[int], tp: int, label: str,
               ranks: Sequence[Sequence[int]] | None = None) -> None:
@@ -239,7 +249,12 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                 if p is None:
                     tried.append((name, v, None))
                     continue
-                consider(p, name)
+                over = consider(p, name)
+                if tp == 1 and over is not None:  # the same shape with stage options (the simulator prices them)
+                    for opts in _stage_option_sets(plan, len(groups[0]), over, precision):
+                        q = make(np.asarray(st), groups, schedule, v, m, 1, options=opts)
+                        if q is not None:
+                            consider(q, f"{name} {_describe(opts)}")
 
     consider(plan)
     if plan.virtual_stages == 1 and plan.schedule in ("1f1b", "gpipe"):
@@ -258,8 +273,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if any("BatchNorm" in k for k in graph.kinds):
         reasons.append("the graph has BatchNorm (the multi-stage runner would take its statistics per micro-batch)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
-        notes.append("the plan's per-stage shard/recompute/precision options are not kept in the multi-stage "
-                     "shapes (their runner runs the default options)")
+        notes.append("the plan's per-stage options are tried on the multi-stage shapes as one setting for every "
+                     "rank (recompute of every unit where the plan recomputes any; not with tensor parallelism)")
     if plan.virtual_stages != 1 or plan.tp != 1:
         reasons.append("the plan already has virtual stages or tensor parallelism")
     if len(devs) < 2:
@@ -348,3 +363,38 @@ def _tp_replicated_sweeps(plan: Placement, graph: "OpGraph", devs: list[int], sw
 def _options(p: Placement) -> dict[str, Any]:
     return dict(shard=p.shard or None, recompute=p.recompute or None, precision=p.precision or None,
                 reshard_after_forward=p.reshard_after_forward or None)
+
+
+def _stage_option_sets(plan: Placement, rank_devices: int, over: bool, precision: str) -> list[dict[str, Any]]:
+    """Stage options to try on a multi-stage shape whose ranks have ``rank_devices`` replicas
+    (``over``: the shape with the default options is over memory): the plan's own options as one
+    setting for every rank (the runtime runs one shard kind and one precision); FSDP over a rank's
+    replicas (in ``precision``, :func:`~.stage_options.precision_for`); recompute of every unit
+    where memory is short (with FSDP too when there are replicas)."""
+    out: list[dict[str, Any]] = []
+    if plan.shard or plan.recompute or plan.precision:
+        o = StageOptions.of(plan)
+        own = dict(shard=o.shard[0], recompute=any(bool(r) for r in o.recompute), precision=o.precision[0],
+                   reshard_after_forward=o.reshard_after_forward[0] if o.sharded(0) else None)
+        if own["shard"] == "ddp" or rank_devices > 1:
+            out.append(own)
+    if rank_devices > 1:
+        out.append(dict(shard="fsdp", precision=precision))
+    if over:
+        out.append(dict(recompute=True))
+        if rank_devices > 1:
+            out.append(dict(shard="fsdp", recompute=True, precision=precision))
+    uniq: list[dict[str, Any]] = []
+    for kw in out:
+        if kw not in uniq:
+            uniq.append(kw)
+    return uniq
+
+
+def _describe(opts: dict[str, Any]) -> str:
+    bits = [str(opts.get("shard") or "ddp")]
+    if opts.get("precision") not in (None, "fp32"):
+        bits.append(str(opts["precision"]))
+    if opts.get("recompute"):
+        bits.append("recompute")
+    return "(" + ", ".join(bits) + ")"

@@ -28,7 +28,9 @@ where memory needs it (it always costs a forward). Every variant is checked by t
 (:func:`autoplace.capability.runtime_problems`: the same replica count per stage, batch shares
 that divide evenly, no parameter tied across sharded stages) before it is simulated, so no
 variant exists only in the simulator; stages the runtime cannot run with options (uneven
-replicas; schedules past GPipe and 1F1B) get none. Bounded by ``max_evals`` simulations per plan
+replicas) get none. A multi-stage schedule (interleaved, zero bubble, ZBV; tensor parallelism
+aside) gets the same pass with one setting per rank for all its virtual stages, recompute of
+all of a rank's units or none (the simulator prices them, :mod:`autoplace.sim.stage_cost`). Bounded by ``max_evals`` simulations per plan
 and by the planning budget (:mod:`autoplace.planners.budget`: the pass stops at a passed
 deadline once it has a variant that fits, and at a hard one always).
 """
@@ -44,7 +46,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, stage_units
 from autoplace.parallel import NO_BF16_KINDS, StageOptions, default_reshard, hsdp_shape
-from autoplace.pipeline_rules import SCHEDULES
+from autoplace.pipeline_rules import SCHEDULES, stage_ranks
 from autoplace.placement import Placement
 from autoplace.capability import runtime_problems
 from .. import budget as _budget
@@ -122,24 +124,29 @@ def _stop(found: bool) -> bool:
 
 
 def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence[int]], microbatches: Sequence[int],
-                    schedule: str = "1f1b", *, planner: str = "", max_evals: int = MAX_EVALS) -> list[Variant]:
+                    schedule: str = "1f1b", *, planner: str = "", max_evals: int = MAX_EVALS,
+                    virtual_stages: int = 1) -> list[Variant]:
     """Every variant the pass simulates for these stages (see the module docstring), the plain
     one (ddp, no recompute) at each micro-batch count included; [] when the runtime cannot run
-    the stages with options."""
+    the stages with options. A multi-stage ``schedule`` (``devices``: its ranks, ``st``: its
+    ``len(devices) x virtual_stages`` stages) sets each rank's options for all its stages, and
+    recomputes all of a rank's units or none."""
     graph, cluster, cost = sim.graph, sim.cluster, sim.cost
     st = np.asarray(st, dtype=np.int64)
     devs = [list(map(int, d)) for d in devices]
     n_st = len(devs)
     reps = {len(d) for d in devs}
-    if schedule not in SCHEDULES or len(reps) != 1:
+    if len(reps) != 1:
         return []
     r = reps.pop()
+    multi = schedule not in SCHEDULES
+    n_virtual = int(virtual_stages)
     shards = ["ddp"] + (["fsdp"] if r > 1 else [])
     shapes = [hsdp_shape(cluster, d) for d in devs]
     if r > 1 and all(x is not None and x[0] > 1 for x in shapes):
         shards.append("hsdp")
     bf16 = precision_for(cluster, cost) == "bf16"
-    space = _Space(graph, st, devs)
+    space = _Space(graph, np.asarray(stage_ranks(schedule, n_st, n_virtual), dtype=np.int64)[st] if multi else st, devs)
     cap = sim.capacity
     out: list[Variant] = []
     seen: dict[tuple[Any, ...], Variant | None] = {}
@@ -152,14 +159,15 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
             return None
         seen[key] = None
         prec = "bf16" if bf16 and shard != "ddp" else "fp32"
-        rc = [space.recompute(s, k) for s, k in enumerate(ks)]
+        rc = [k > 0 if multi else space.recompute(s, k) for s, k in enumerate(ks)]
         p = Placement.pipeline(graph, cluster, st, devs, microbatches=m, schedule=schedule, planner=planner,
                                validate=False, shard=shard, recompute=rc, precision=prec,
-                               reshard_after_forward=rs if shard != "ddp" else None)
+                               reshard_after_forward=rs if shard != "ddp" else None, virtual_stages=n_virtual)
         if p.problems(graph, cluster) or runtime_problems(p, graph):
             return None
         assert p.stage_of_node is not None and p.stage_devices is not None
-        ev = sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, m, schedule, options=StageOptions.of(p))
+        ev = sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, m, schedule, options=StageOptions.of(p),
+                                   virtual_stages=n_virtual)
         opts = StageOptions.of(p).describe() or "ddp"
         label = (f"{n_st} stage{'s' if n_st > 1 else ''} x {r} replica{'s' if r > 1 else ''}, {m} micro-batch"
                  f"{'es' if m > 1 else ''}, {schedule}, {opts}")
@@ -178,7 +186,8 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
         if v is None or not v.oom:
             return v
         bad = over(v)
-        top = tuple(len(space.blocks[s]) if bad[s] else 0 for s in range(n_st))
+        top = tuple(min(len(space.blocks[s]), 1 if multi else len(space.blocks[s])) if bad[s] else 0
+                    for s in range(n_st))
         if not any(top):
             return v  # over memory where no block can be recomputed
         full = run(m, shard, rs, top)
@@ -223,8 +232,7 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
                          max_evals: int = MAX_EVALS) -> Placement:
     """``plan`` with the shard kind, recompute, reshard_after_forward and precision per stage
     that give the fastest simulated step that fits, over ``plan``'s micro-batch count and
-    :func:`microbatch_counts`; ``plan`` itself when no variant beats it (or it is not a GPipe
-    or 1F1B pipeline). A tensor-parallel plan's one option is sequence parallelism
+    :func:`microbatch_counts`; ``plan`` itself when no variant beats it. A tensor-parallel plan's one option is sequence parallelism
     (:func:`~.sequence_parallel.sp_choice`). The answer records ``meta["stage_options"]``:
     variants simulated, the step time before, the variant chosen."""
     from autoplace.sim import simulator_for
@@ -235,15 +243,14 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
             return plan
         return dataclasses.replace(chosen, meta=dict(plan.meta, predicted_step_time_s=step,
                                                      stage_options={"variants": 1, "variant": "sequence parallel"}))
-    if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None \
-            or plan.schedule not in SCHEDULES or plan.virtual_stages != 1 or plan.tp != 1:
+    if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None or plan.tp != 1:
         return plan
     sim = simulator_for(graph, cluster, cost)
     before = sim.run(plan, timeline=False)
     r = max(len(d) for d in plan.stage_devices)
     ms = microbatch_counts(graph.batch_size, plan.num_stages, r, also=(plan.microbatches,))
     variants = option_variants(sim, plan.stage_of_node, plan.stage_devices, ms, plan.schedule, planner=plan.planner,
-                               max_evals=max_evals)
+                               max_evals=max_evals, virtual_stages=plan.virtual_stages)
     best = _fastest(variants)
     if best is None or (not before.oom and best.step_time_s >= before.step_time_s * (1 - 1e-9)):
         return plan
