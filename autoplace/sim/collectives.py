@@ -1,0 +1,230 @@
+"""The collectives one training step of a plan runs on each device, as the simulator models them.
+
+    step_collectives(graph, cluster, placement) -> {device: (StepCollective, ...)}
+
+A value, for tests and reports: the torchrun tests count what torch runs (CommDebugMode) and
+compare it with this list, so a collective the simulator misses, or charges too often, shows up.
+Each entry is one kind of collective over one group of devices, with how many a step runs and
+their bytes (whole tensors), read from the facts the simulator prices:
+
+- tensor parallelism: per virtual stage and micro-batch, :func:`~.tensor_parallel.tp_collectives`
+  of the stage's ops (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
+  of the pairs inside the stage, as :mod:`.multistage` adds them), over the stage's TP group, at
+  ``1/(M d)`` of the batch;
+- DDP replicas (``d > 1`` copies of every rank, shard ``"ddp"``): one all-reduce per DDP bucket
+  of each virtual stage, over the devices of one TP index across the replicas; the buckets are
+  :func:`~.ddp.ddp_sync`'s (its returned seconds, with unit latency and free bandwidth, count
+  them), over the stage's parameter bytes per device (a pair's parameters split by ``tp``);
+- FSDP / HSDP stages: :class:`~.fsdp_stage.ShardedStage`'s items (the stage root, one group at
+  its head, then its units), each item with parameters one all-gather before its compute and one
+  reduce-scatter after its backward (HSDP: plus a cross-host all-reduce of the shard), in
+  :mod:`.sharding`'s two regimes: one sharded stage is FSDP's own loop (every micro-batch gathers
+  every item in forward, the units again in backward with ``reshard_after_forward``, and
+  reduces every item); in a pipeline the root is gathered once a step, the units once a step or
+  (with ``reshard_after_forward``) in every forward and every backward action, and every item
+  is reduced once after the last backward;
+- point-to-point: per boundary between virtual stages on different ranks and micro-batch, one
+  send of the boundary's bytes (:func:`~.stages.boundary_bytes`, ``1/(M d)`` of them) forward
+  and one back, from each replica's first device to the next rank's (:mod:`.multistage`'s links).
+
+What is not listed because the simulator does not price it: tied parameters' moves (the
+simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
+BatchNorm's whole-batch statistics, DDP's buffer broadcasts. Duplicated from the simulator
+(not exposed there): the 1/tp parameter share of a pair inside one stage (:mod:`.multistage`'s
+``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
+:func:`~.sharding.sharded_step`, the replica sender of :mod:`.multistage`'s boundary links.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+import numpy as np
+
+from ..graph.units import block_units, stage_units
+from ..parallel import StageOptions
+from ..pipeline_rules import stage_ranks
+from .ddp import ddp_sync
+from .fsdp_stage import ShardedStage
+from .stages import boundary_bytes, stage_groups
+from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, tp_collectives
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+    from ..placement import Placement
+
+__all__ = ["StepCollective", "step_collectives", "collective_counts"]
+
+
+@dataclass(frozen=True)
+class StepCollective:
+    """``count`` collectives of one ``kind`` over ``group`` in one training step."""
+
+    kind: str
+    """all_reduce, all_gather, reduce_scatter, send or recv."""
+    dim: str
+    """the plan's dimension: tp, dp (DDP replicas), dp_shard, dp_replicate (HSDP) or pp."""
+    group: tuple[int, ...]
+    """device indices of the group, ascending; for send and recv (from, to)."""
+    count: int
+    nbytes: float
+    """bytes of the ``count`` collectives together (whole tensors: an all-gather's output)."""
+    source: str
+    """the simulator's fact it comes from."""
+
+
+def collective_counts(entries: Iterable[StepCollective]) -> dict[tuple[str, tuple[int, ...]], int]:
+    """(kind, group) -> count over ``entries`` (one device's list)."""
+    out: Counter[tuple[str, tuple[int, ...]]] = Counter()
+    for e in entries:
+        out[(e.kind, e.group)] += e.count
+    return dict(out)
+
+
+class _Lists:
+    """Per-device entries, merged by (kind, dim, group, source)."""
+
+    def __init__(self, devices: int) -> None:
+        self.rows: list[dict[tuple[str, str, tuple[int, ...], str], list[float]]] = [{} for _ in range(devices)]
+
+    def add(self, dev: int, kind: str, dim: str, group: Iterable[int], count: int, nbytes: float, source: str) -> None:
+        if count <= 0:
+            return
+        g = tuple(int(x) for x in group)
+        key = (kind, dim, g if kind in ("send", "recv") else tuple(sorted(g)), source)
+        row = self.rows[dev].setdefault(key, [0, 0.0])
+        row[0] += count
+        row[1] += nbytes
+
+    def done(self) -> dict[int, tuple[StepCollective, ...]]:
+        return {d: tuple(StepCollective(k, dim, g, int(c), float(b), src) for (k, dim, g, src), (c, b) in rows.items())
+                for d, rows in enumerate(self.rows)}
+
+
+def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement") -> Mapping[int, tuple[StepCollective, ...]]:
+    """Every device's collectives in one training step of ``placement`` (see the module
+    docstring); a model-parallel placement runs none (its transfers are not collectives)."""
+    out = _Lists(cluster.num_devices)
+    if placement.mode != "pipeline":
+        return out.done()
+    assert placement.stage_of_node is not None and placement.stage_devices is not None
+    st = np.ascontiguousarray(placement.stage_of_node, dtype=np.int64).copy()
+    groups = stage_groups(placement.stage_devices)
+    p, v, t, m = len(groups), int(placement.virtual_stages), max(int(placement.tp), 1), int(placement.microbatches)
+    k = p * v
+    rank_of = stage_ranks(placement.schedule, p, v)
+    d = max(len(groups[0]) // t, 1)
+    parts = m * d
+    opts = StageOptions.of(placement)
+
+    def at(s: int) -> int:  # options per virtual stage or per rank, as the runtime indexes them
+        return s if opts.num_stages == k else int(rank_of[s])
+
+    def tp_group(r: int, j: int) -> list[int]:
+        return groups[r][j * t:(j + 1) * t]
+
+    def dp_group(r: int, i: int) -> list[int]:
+        return [groups[r][j * t + i] for j in range(d)]
+
+    # the parameter bytes per device: a pair inside one stage is split over its TP group
+    pairs = linear_pairs(graph) if t > 1 else []
+    p_op = np.asarray(graph.param_bytes, dtype=np.float64).copy()
+    for pr in pairs:
+        if len({int(st[i]) for i in pr.ops}) == 1:
+            p_op[list(pr.ops)] /= t
+    sp = bool(placement.sequence_parallel)
+    for s in range(k):
+        r = int(rank_of[s])
+        ops = np.nonzero(st == s)[0]
+        if not ops.size:
+            continue
+        if t > 1:
+            per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp)
+            if sp:
+                inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
+                if inside:
+                    per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside)
+            for j in range(d):
+                for dev in tp_group(r, j):
+                    for c in per_mb:
+                        out.add(dev, c.kind, "tp", tp_group(r, j), m, m * c.nbytes, "tensor_parallel.tp_collectives")
+        if d > 1 and not opts.sharded(at(s)):
+            buckets = _ddp_buckets(p_op[ops])
+            for i in range(t):
+                for dev in dp_group(r, i):
+                    out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, float(p_op[ops].sum()), "ddp.ddp_sync buckets")
+    if any(opts.sharded(at(s)) for s in range(k)):
+        _sharded(graph, cluster, st, k, m, rank_of, opts, at, dp_group, t, out)
+    _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out)
+    return out.done()
+
+
+def _ddp_buckets(p_op: np.ndarray) -> int:
+    """How many DDP buckets :func:`~.ddp.ddp_sync` all-reduces for ops with these parameter bytes:
+    with two replicas, unit latency and free bandwidth each bucket's ring costs 2 x (2 - 1) x 0.5 = 1 s."""
+    _, seconds = ddp_sync(np.zeros(p_op.shape[0]), p_op, 2, 0.0, 0.0, 0.5, 0.0)
+    return int(round(seconds))
+
+
+def _sharded(graph: "OpGraph", cluster: "Cluster", st: np.ndarray, k: int, m: int, rank_of: tuple[int, ...],
+             opts: StageOptions, at, dp_group, t: int, out: _Lists) -> None:  # type: ignore[no-untyped-def]
+    """FSDP / HSDP stages' gathers, reduce-scatters and cross-host all-reduces (:mod:`.sharding`)."""
+    from .simulator import Simulator  # the stage items read the simulator's tables
+
+    sim = Simulator(graph, cluster)
+    unit = stage_units(block_units(graph), st)
+    zeros = np.zeros((graph.num_nodes, cluster.num_devices))
+    loop = k == 1  # sharded_step: one sharded stage runs FSDP's own loop
+    for s in range(k):
+        if not opts.sharded(at(s)):
+            continue
+        nodes = np.nonzero(st == s)[0]
+        r = int(rank_of[s])
+        for i in range(t):
+            devs = dp_group(r, i)
+            x = ShardedStage(sim, at(s), nodes, unit, devs, opts, m, zeros, zeros)
+            has = x.pc > 0
+            root, units = bool(has[0]), has[1:-1]
+            b_all, b_units = x.c * float(x.pc[has].sum()), x.c * float(x.pc[1:-1][units].sum())
+            n_all, n_units = int(has.sum()), int(units.sum())
+            if loop:  # per micro-batch: gather all, the units again in backward; reduce all
+                ag = m * (n_all + (n_units if x.reshard else 0))
+                ag_b = m * (b_all + (b_units if x.reshard else 0.0))
+                red, red_b = m * n_all, m * b_all
+            else:  # the root once, the units per action with reshard (forward and backward) or once; reduce once
+                ag = int(root) + n_units * (2 * m if x.reshard else 1)
+                ag_b = x.c * float(x.pc[0]) * root + b_units * (2 * m if x.reshard else 1)
+                red, red_b = n_all, b_all
+            hosts, per = x.hosts, x.k  # a group of one device: the simulator's rings cost nothing, torch runs none
+            for q, dev in enumerate(devs):
+                shard = devs[(q // per) * per:(q // per + 1) * per]
+                dim = "dp_shard" if x.shard == "hsdp" else "dp"
+                if per > 1:
+                    out.add(dev, "all_gather", dim, shard, ag, ag_b, "fsdp_stage.ShardedStage gather")
+                    out.add(dev, "reduce_scatter", dim, shard, red, red_b, "fsdp_stage.ShardedStage reduce-scatter")
+                if x.shard == "hsdp" and hosts > 1:
+                    out.add(dev, "all_reduce", "dp_replicate", devs[q % per::per], red, red_b / per,
+                            "fsdp_stage.ShardedStage cross-host all-reduce")
+
+
+def _p2p(graph: "OpGraph", st: np.ndarray, k: int, m: int, parts: int, rank_of: tuple[int, ...],
+         groups: list[list[int]], t: int, d: int, out: _Lists) -> None:
+    """Boundary sends and receives: forward from stage s to s + 1, the gradient back (:mod:`.multistage`)."""
+    if k < 2:
+        return
+    i64 = np.int64
+    bnd = boundary_bytes(st, graph.succ_ptr.astype(i64), graph.succ_eid.astype(i64),
+                         np.array(graph.edges[:, 1], dtype=i64), np.array(graph.edge_bytes, dtype=np.float64), k)
+    for s in range(k - 1):
+        ra, rc = int(rank_of[s]), int(rank_of[s + 1])
+        if bnd[s] <= 0 or ra == rc:
+            continue
+        each = float(bnd[s]) / parts
+        for j in range(d):
+            a, b = groups[ra][j * t], groups[rc][j * t]
+            for src, dst in ((a, b), (b, a)):
+                out.add(src, "send", "pp", (src, dst), m, m * each, "stages.boundary_bytes")
+                out.add(dst, "recv", "pp", (src, dst), m, m * each, "stages.boundary_bytes")
