@@ -83,7 +83,8 @@ def tokens_per_step(row: dict[str, Any]) -> int:
 
 # ---- cluster ---------------------------------------------------------------------------------
 
-def build_cluster(spec: dict[str, Any], gpus: int, name: str) -> Cluster:
+def build_cluster(spec: dict[str, Any], gpus: int, name: str, *, net_scale: float = 1.0,
+                  intra_scale: float = 1.0) -> Cluster:
     """``gpus`` GPUs of ``spec['gpu']`` in hosts of ``gpus_per_host``: ``intra_host`` (a LINKS
     key) inside a host, one NIC of ``network_gbps`` per GPU between hosts (link named "ib*"
     for RDMA, "eth*" for TCP, which the cost model derates). Built from arrays: the pairwise
@@ -99,7 +100,7 @@ def build_cluster(spec: dict[str, Any], gpus: int, name: str) -> Cluster:
     gbps = float(spec["network_gbps"])
     net_name = ("ib" if spec.get("network_transport", "rdma") == "rdma" else "eth") + f"{gbps:g}"
     same = host[:, None] == host[None, :]
-    bw = np.where(same, intra.bandwidth, gbps * 1e9 / 8)
+    bw = np.where(same, intra.bandwidth * intra_scale, gbps * 1e9 / 8 * net_scale)
     lat = np.where(same, intra.latency, float(spec.get("network_latency_us", 5.0)) * 1e-6)
     names = []
     for i in range(gpus):
@@ -221,11 +222,42 @@ def simulate_row(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostMo
     t0 = time.perf_counter()
     r = autoplace.simulate(g, pl, cluster, cost=cost, timeline=False)
     peak = float(np.max(r.peak_memory_bytes)) if len(r.peak_memory_bytes) else float("nan")
-    return {"step_s": float(r.step_time_s), "oom": bool(r.oom), "peak_gib": peak / GiB,
-            "sim_s": time.perf_counter() - t0}
+    step = float(r.step_time_s)
+    return {"step_s": step, "oom": bool(r.oom), "peak_gib": peak / GiB, "sim_s": time.perf_counter() - t0,
+            "compute_share": float(np.max(r.compute_s)) / step if step > 0 else float("nan"),
+            "comm_s": float(r.comm_s), "allreduce_s": float(r.allreduce_s), "bubble_fraction": float(r.bubble_fraction)}
 
 
-def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: CostModel) -> dict[str, Any]:
+TERMS: list[tuple[str, dict[str, Any]]] = [
+    ("network x100", {"net_scale": 100.0}),
+    ("NVLink x100", {"intra_scale": 100.0}),
+    ("compute at peak", {"cost": "peak"}),
+    ("no recompute", {"row": {"recompute": "none"}}),
+]
+"""Switches for the term-by-term walk: each removes one cost term (alone) and the change in the
+predicted step says how much of it the term carries."""
+
+
+def terms(row: dict[str, Any], spec: dict[str, Any], g: OpGraph, cost: CostModel, base_s: float) -> dict[str, float]:
+    """Predicted step with each term of :data:`TERMS` switched off, as a fraction of the base step."""
+    out: dict[str, float] = {}
+    for name, sw in TERMS:
+        r = {**row, **sw.get("row", {})}
+        if r == row and "row" in sw:
+            continue
+        c = cost if sw.get("cost") != "peak" else CostModel(
+            optimizer=cost.optimizer, compute_efficiency={k: 1.0 for k in cost.compute_efficiency})
+        cl = build_cluster(spec, int(row["gpus"]), row["cluster"], net_scale=sw.get("net_scale", 1.0),
+                           intra_scale=sw.get("intra_scale", 1.0))
+        try:
+            out[name] = simulate_row(r, g, cl, c)["step_s"] / base_s
+        except (NotExpressible, autoplace.AutoplaceError):
+            continue
+    return out
+
+
+def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: CostModel, *,
+            walk: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"id": row["id"], "gpus": row["gpus"], "tp": row["tp"], "pp": row["pp"], "dp": row["dp"],
                            "shard": row["shard"], "recompute": row["recompute"], "schedule": row["schedule"],
                            "virtual_stages": row.get("virtual_stages", 1), "extras": row.get("extras", []),
@@ -244,6 +276,8 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
     try:
         out.update(simulate_row(row, g, cluster, cost))
         out["ratio"] = out["step_s"] / out["measured_step_s"]
+        if walk and abs(math.log(out["ratio"])) > math.log(BAND[1]):
+            out["terms"] = terms(row, spec, g, cost, out["step_s"])
         if out["oom"]:
             out["note"] = "the simulator predicts OOM for a run that trained"
     except (NotExpressible, autoplace.AutoplaceError) as e:
@@ -388,6 +422,18 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
         sched = f"{r['schedule']} ({r['virtual_stages']})" if r["pp"] > 1 else "-"
         L.append(f"| {r['id']} | {r['gpus']} | {r['tp']}x{r['pp']}x{r['dp']} | {r['shard']} | {r['recompute']} | {sched} | "
                  f"{r['measured_step_s']:.3f} | {_f(r.get('step_s'))} | {_f(r.get('ratio'))} | {mem} | {note} |")
+    walked = [r for r in rows if r.get("terms")]
+    if walked:
+        names = [n for n, _ in TERMS]
+        L += ["", "## Term by term (rows outside the band)", "",
+              "Predicted step with one term switched off, as a fraction of the row's predicted step (1.00: the term "
+              "costs nothing; 0.60: it carries 40% of the prediction); compute share: the busiest device's compute "
+              "over the step.", "",
+              "| id | ratio | compute share | bubble | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
+        for r in walked:
+            L.append(f"| {r['id']} | {r['ratio']:.3f} | {_f(r.get('compute_share'), '{:.2f}')} | "
+                     f"{_f(r.get('bubble_fraction'), '{:.2f}')} | "
+                     + " | ".join(_f(r["terms"].get(n), "{:.2f}") for n in names) + " |")
     L += ["", "## Sweeps", "", "| sweep | measured best | gap to 2nd | predicted rank of best | met |", "|---|---|---|---|---|"]
     for sw in s["sweeps"]:
         L.append(f"| {sw['id']}: {sw['what']} | {sw['measured_best']} | {sw['measured_gap_to_second']:.1%} | "
@@ -402,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", default=[], help="run only rows whose id contains one of these")
     ap.add_argument("--no-write", action="store_true", help="print, do not write benchmarks/results/fidelity_llm.*")
+    ap.add_argument("--no-terms", action="store_true", help="skip the term-by-term walk of rows outside the band")
     args = ap.parse_args(argv)
     import subprocess
     t0 = time.perf_counter()
@@ -414,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and not any(o in c["id"] for o in args.only):
                 continue
             t = time.perf_counter()
-            r = run_row(c, p["clusters"][c["cluster"]], graphs, cost)
+            r = run_row(c, p["clusters"][c["cluster"]], graphs, cost, walk=not args.no_terms)
             r["source"] = p["publication"]["key"]
             rows.append(r)
             print(f"{r['id']:48s} meas {r['measured_step_s']:8.3f}s pred {_f(r.get('step_s')):>8s} "
