@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -170,7 +170,8 @@ def _ddp_buckets(p_op: np.ndarray) -> int:
 
 
 def _sharded(graph: "OpGraph", cluster: "Cluster", st: np.ndarray, k: int, m: int, rank_of: tuple[int, ...],
-             opts: StageOptions, at, dp_group, t: int, out: _Lists) -> None:  # type: ignore[no-untyped-def]
+             opts: StageOptions, at: Callable[[int], int], dp_group: Callable[[int, int], list[int]], t: int,
+             out: _Lists) -> None:
     """FSDP / HSDP stages' gathers, reduce-scatters and cross-host all-reduces (:mod:`.sharding`)."""
     from .simulator import Simulator  # the stage items read the simulator's tables
 
