@@ -59,6 +59,9 @@ class Device:
     time_factor: float = 1.0
     """measured correction on every op and update time of this device, roofline or profiled
     alike (online calibration fits it; 1: as the cost model says)."""
+    host_nics: int = 0
+    """network cards of its host for inter-host collectives, each at the inter-host link's
+    bandwidth; 0: not stated (a collective runs at one card's rate, :meth:`Cluster.rails`)."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,7 @@ class Link:
 # ---- hardware numbers ----------------------------------------------------------------------
 # Each entry: (fp32 FLOP/s, fp16/bf16 tensor FLOP/s, memory bandwidth B/s, memory bytes).
 DEVICE_KINDS: dict[str, tuple[float, float, float, float]] = {
-    # Tesla K80 datasheet: 8.73 TFLOPS fp32 (boost), 480 GB/s, 24 GB per board of two GK210;
-    # CUDA sees each GK210 as one device, so half of each.
+    # Tesla K80 datasheet: 8.73 TFLOPS fp32 (boost), 480 GB/s, 24 GB per board of two GK210: half each.
     "K80": (4.37 * TFLOPS, 0.0, 240 * GB, 12 * GB),
     # Tesla P100 SXM2 datasheet: 10.6 TFLOPS fp32, 21.2 TFLOPS fp16, 732 GB/s, 16 GB HBM2.
     "P100": (10.6 * TFLOPS, 21.2 * TFLOPS, 732 * GB, 16 * GB),
@@ -87,8 +89,7 @@ DEVICE_KINDS: dict[str, tuple[float, float, float, float]] = {
     "V100-PCIe-16GB": (14.0 * TFLOPS, 112 * TFLOPS, 900 * GB, 16 * GB),
     # Tesla T4 datasheet: 8.1 TFLOPS fp32, 65 TFLOPS fp16 tensor, 320 GB/s, 16 GB GDDR6.
     "T4": (8.1 * TFLOPS, 65 * TFLOPS, 320 * GB, 16 * GB),
-    # A100 datasheet (SXM): 19.5 TFLOPS fp32, 312 TFLOPS bf16 tensor (dense);
-    # 40 GB: 1,555 GB/s; 80 GB: 2,039 GB/s.
+    # A100 datasheet (SXM): 19.5 TFLOPS fp32, 312 TFLOPS bf16 tensor (dense); 40 GB: 1,555 GB/s; 80 GB: 2,039.
     "A100-40GB": (19.5 * TFLOPS, 312 * TFLOPS, 1555 * GB, 40 * GB),
     "A100-80GB": (19.5 * TFLOPS, 312 * TFLOPS, 2039 * GB, 80 * GB),
     # H100 SXM5 datasheet: 67 TFLOPS fp32, 989 TFLOPS bf16 tensor (dense), 3.35 TB/s, 80 GB.
@@ -98,33 +99,31 @@ DEVICE_KINDS: dict[str, tuple[float, float, float, float]] = {
 }
 
 LINKS: dict[str, Link] = {
-    # PCIe x16, per direction: gen3 8 GT/s x16 with 128b/130b = 15.75 GB/s; gen4 31.5; gen5 63.
-    # Latency: a cudaMemcpyPeer of a small tensor costs about 10 us end to end.
+    # PCIe x16, per direction: gen3 8 GT/s x16, 128b/130b = 15.75 GB/s; gen4 31.5; gen5 63; ~10 us a copy.
     "pcie3": Link("pcie3", 15.75 * GB, 10e-6),
     "pcie4": Link("pcie4", 31.5 * GB, 10e-6),
     "pcie5": Link("pcie5", 63.0 * GB, 10e-6),
     # NVLink 2 (V100): 25 GB/s per link per direction; a DGX-1 pair has one or two links.
     "nvlink2": Link("nvlink2", 25 * GB, 5e-6),
     "nvlink2x2": Link("nvlink2x2", 50 * GB, 5e-6),
-    # NVLink 3 (A100): 12 links x 25 GB/s = 300 GB/s per direction; a 4-GPU HGX A100 board
-    # joins each pair with 4 links: 100 GB/s per direction.
+    # NVLink 3 (A100): 12 links x 25 GB/s = 300 GB/s per direction; a 4-GPU HGX board: 4 links a pair.
     "nvlink3": Link("nvlink3", 100 * GB, 5e-6),
     "nvlink3-switch": Link("nvlink3-switch", 300 * GB, 5e-6),
     # NVLink 4 (H100 SXM5) through NVSwitch: 18 links x 25 GB/s = 450 GB/s per direction.
     "nvlink4": Link("nvlink4", 450 * GB, 5e-6),
-    # Networks between hosts, per GPU's NIC: 25 Gb/s Ethernet = 3.125 GB/s (TCP, ~50 us);
-    # 100 Gb/s = 12.5 GB/s; 400 Gb/s InfiniBand NDR = 50 GB/s (RDMA, ~5 us).
+    # Networks between hosts, per NIC: 25 Gb/s Ethernet = 3.125 GB/s (TCP, ~50 us); 100 Gb/s = 12.5 GB/s;
+    # 400 Gb/s InfiniBand NDR = 50 GB/s, 200 Gb/s HDR = 25 GB/s (RDMA, ~5 us).
     "eth25": Link("eth25", 25e9 / 8, 50e-6),
     "eth100": Link("eth100", 100e9 / 8, 20e-6),
     "ib400": Link("ib400", 400e9 / 8, 5e-6),
+    "ib200": Link("ib200", 200e9 / 8, 5e-6),
     # Two placement targets on one CPU: moving a tensor is free (.to("cpu") is a no-op).
     "same-memory": Link("same-memory", 1e15, 0.0),
     # Host memory <-> GPU over PCIe gen4 (pinned memory).
     "host-pcie4": Link("host-pcie4", 25 * GB, 10e-6),
 }
 
-# DGX-1 (V100) hybrid cube-mesh, from the DGX-1 V100 whitepaper (figure 4): pairs joined by two
-# NVLinks, pairs joined by one, and the rest (no direct link) going through PCIe and the CPUs.
+# DGX-1 (V100) hybrid cube-mesh (DGX-1 V100 whitepaper, figure 4): pairs joined by two NVLinks, by one, or by PCIe.
 _DGX1_DOUBLE = {(0, 1), (0, 2), (1, 3), (2, 3), (4, 5), (4, 6), (5, 7), (6, 7)}
 _DGX1_SINGLE = {(0, 3), (1, 2), (4, 7), (5, 6), (0, 4), (1, 5), (2, 6), (3, 7)}
 
@@ -179,10 +178,11 @@ class Cluster:
             i, j = np.argwhere(~np.isfinite(lat) | (lat < 0))[0]
             raise ClusterError(f"latency from device {i} to {j} is {lat[i, j]}; it must be finite and >= 0 s")
         for i, dev in enumerate(self.devices):
-            for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "time_factor"):
+            for f in ("peak_flops", "mem_bandwidth", "memory_bytes", "time_factor", "host_nics"):
                 v = getattr(dev, f)
-                if not (np.isfinite(v) and v > 0):
-                    raise ClusterError(f"device {i} ({dev.name}) has {f}={v}; it must be a finite number > 0")
+                if not (np.isfinite(v) and (v > 0 or (f == "host_nics" and v == 0))):
+                    raise ClusterError(f"device {i} ({dev.name}) has {f}={v}; it must be a finite number > 0"
+                                       + (" (or 0: not stated)" if f == "host_nics" else ""))
         np.fill_diagonal(bw, np.inf)
         np.fill_diagonal(lat, 0.0)
         bw.setflags(write=False)
@@ -220,6 +220,18 @@ class Cluster:
     @property
     def hosts(self) -> tuple[int, ...]:
         return tuple(d.host for d in self.devices)
+
+    def rails(self, devices: Sequence[int]) -> int:
+        """Network cards per host a collective over ``devices`` spreads its inter-host traffic on:
+        ``min(g, nics)``, g its fewest devices on one of its hosts, nics :attr:`Device.host_nics`
+        (1 inside one host or where no cards are stated). NCCL aggregates the cards of NVLink
+        hosts, one ring channel per card (NVIDIA/nccl #412; #495: 2 A100 hosts with 8 x 100 Gb/s
+        reached 600 Gb/s; #812: DGX A100, 8 x 200 Gb/s HDR, 192 GB/s all-reduce bus bandwidth)."""
+        hosts = [self.devices[int(i)].host for i in devices]
+        nics = min((self.devices[int(i)].host_nics for i in devices), default=0)
+        if len(set(hosts)) < 2 or nics <= 0:
+            return 1
+        return max(1, min(min(hosts.count(h) for h in set(hosts)), nics))
 
     @property
     def memory(self) -> np.ndarray:
@@ -285,14 +297,15 @@ class Cluster:
 
     @classmethod
     def homogeneous(cls, kind: str, n: int, link: str, *, hosts: int = 1, network: str = "ib400",
-                    name: str = "") -> "Cluster":
+                    name: str = "", nics: int = 0) -> "Cluster":
         """``hosts`` machines of ``n`` devices of ``kind`` each, joined inside a host by ``link``
-        and between hosts by ``network`` (keys of DEVICE_KINDS and LINKS)."""
+        and between hosts by ``network`` (keys of DEVICE_KINDS and LINKS), each host with
+        ``nics`` network cards of that kind (0: not stated; :meth:`rails`)."""
         for value, table, what in ((kind, DEVICE_KINDS, "device kind"), (link, LINKS, "link"),
                                    (network, LINKS, "network")):
             if value not in table:
                 raise ClusterError(f"unknown {what} {value!r}; known: {', '.join(sorted(table))}")
-        devs = [_device(kind, f"cuda:{i % n}", host=i // n) for i in range(n * hosts)]
+        devs = [_device(kind, f"cuda:{i % n}", host=i // n, host_nics=int(nics)) for i in range(n * hosts)]
 
         def link_of(i: int, j: int) -> Link:
             return LINKS[link] if devs[i].host == devs[j].host else LINKS[network]
@@ -319,12 +332,10 @@ class Cluster:
         and matched to a known kind by name; unknown GPUs get estimates from their SM count.
 
         Targets that name one device (``["cpu", "cpu"]``, ``["cpu:1", "cpu"]``: torch has one
-        CPU device, whatever the index) share its memory: each gets ``1/k``
-        of it (``k`` targets), so plans that fit one target each fit the device together, and
-        they are joined by the ``same-memory`` link; the simulator runs a model-parallel step
-        over them on one queue (``Simulator.queue_of``: one process runs their ops one after
-        another), so spreading a model over them is never predicted faster than one target
-        (they are placement targets for tests and trials on one machine, not a speedup)."""
+        CPU device, whatever the index) share its memory (``1/k`` each of ``k`` targets), are
+        joined by the ``same-memory`` link, and the simulator runs a model-parallel step over
+        them on one queue (``Simulator.queue_of``), so spreading a model over them is never
+        predicted faster than one target (targets for tests on one machine, not a speedup)."""
         import torch
 
         if isinstance(devices, str):
@@ -352,8 +363,7 @@ class Cluster:
             else:
                 raise ClusterError(f"device type {td.type!r} of {nm!r} is not supported; use 'cpu' or 'cuda:N'")
 
-        # torch has one CPU device whatever the index ("cpu", "cpu:1" are the same memory and cores);
-        # "cuda" and "cuda:0" are one GPU: count the resolved names
+        # one CPU device whatever the index ("cpu", "cpu:1"); "cuda" and "cuda:0" are one GPU: count resolved names
         def physical(dv: Device) -> str:
             return "cpu" if dv.kind == "cpu" else dv.name
 
@@ -414,11 +424,12 @@ class Cluster:
 
 
 def _device_dict(d: Device) -> dict[str, Any]:
-    """A device as JSON; an uncalibrated ``time_factor`` is left out, so the fingerprints of
-    clusters (and the plans made for them) do not change with the field's arrival."""
+    """A device as JSON; an uncalibrated ``time_factor`` and unstated ``host_nics`` are left out, so
+    the fingerprints of clusters (and the plans made for them) do not change with their arrival."""
     out = asdict(d)
-    if out["time_factor"] == 1.0:
-        del out["time_factor"]
+    for key, unset in (("time_factor", 1.0), ("host_nics", 0)):
+        if out[key] == unset:
+            del out[key]
     return out
 
 
@@ -481,4 +492,9 @@ _PRESETS: dict[str, Any] = {
     "8xH200-nvlink": lambda: Cluster.homogeneous("H200", 8, "nvlink4"),
     # 64 devices: eight hosts of eight H100 (planners must scale to this).
     "8x8xH100-ib": lambda: Cluster.homogeneous("H100", 8, "nvlink4", hosts=8, network="ib400"),
+    # DGX A100 datasheet: 8 A100 80 GB on NVSwitch, 8 single-port ConnectX-6 200 Gb/s HDR cards (compute).
+    "2x8xA100-dgx": lambda: Cluster.homogeneous("A100-80GB", 8, "nvlink3-switch", hosts=2, network="ib200", nics=8),
+    "4x8xA100-dgx": lambda: Cluster.homogeneous("A100-80GB", 8, "nvlink3-switch", hosts=4, network="ib200", nics=8),
+    # DGX H100 datasheet: 8 H100 SXM5 on NVSwitch, 8 single-port ConnectX-7 400 Gb/s NDR cards (compute).
+    "2x8xH100-dgx": lambda: Cluster.homogeneous("H100", 8, "nvlink4", hosts=2, network="ib400", nics=8),
 }

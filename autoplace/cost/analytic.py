@@ -6,7 +6,12 @@ Roofline (Williams, Waterman and Patterson, CACM 2009), per op and device:
     t = max(flops / (peak_flops * e_compute[class]), bytes / (mem_bandwidth * e_memory)) + overhead
 
 with ``bytes`` the op's parameters plus the activations it reads and writes, and ``class`` the
-op's kind class (:mod:`autoplace.graph.kinds`). Backward uses the graph's backward FLOPs and
+op's kind class (:mod:`autoplace.graph.kinds`). The graph's bytes are taken as traced in fp32;
+a cost model that computes in 16 bits (``dtype_bytes=2``) charges every value an op reads or
+writes at 2 bytes (:attr:`CostModel.value_scale`): with mixed precision the op reads 16-bit
+copies of its weights and 16-bit activations (Micikevicius et al., "Mixed Precision Training",
+ICLR 2018, section 3: fp16 weights, activations and gradients in the forward and backward, an
+fp32 master copy for the update), so the update keeps fp32 traffic. Backward uses the graph's backward FLOPs and
 twice the forward bytes (it reads the saved activations and the output gradient, writes the
 input and weight gradients). A transfer costs ``latency + bytes / bandwidth`` (the cluster's).
 
@@ -85,7 +90,9 @@ class CostModel:
     optimizer: str = "adam"
     """optimizer whose state and update the simulator charges ("adam", "sgd-momentum", "sgd")."""
     dtype_bytes: int = 4
-    """bytes per value of parameters and activations (4: fp32; 2: fp16/bf16 on tensor cores)."""
+    """bytes per value an op computes with (4: fp32; 2: fp16/bf16 on tensor cores, mixed
+    precision: activations, the weights' compute copies, transfers and TP collectives in 16
+    bits; parameters, optimizer state and the update keep fp32 master bytes)."""
     overhead_scale: float = 1.0
     """multiplier on each device's per-op launch overhead."""
     calibration: Mapping[str, Any] = field(default_factory=dict)
@@ -93,6 +100,14 @@ class CostModel:
     link_efficiency: Mapping[str, float] = field(default_factory=lambda: dict(LINK_EFFICIENCY))
     """fraction of line rate reached on links whose name starts with a key (see LINK_EFFICIENCY);
     other links run at the cluster's bandwidth. ``{}`` turns the term off."""
+    reduce_dtype_bytes: int | None = None
+    """bytes per gradient value in gradient collectives (DDP's all-reduce, FSDP's reduce-scatter,
+    HSDP's cross-host all-reduce); None: the compute dtype, as autoplace's runtime reduces a bf16
+    stage (``MixedPrecisionPolicy(reduce_dtype=bf16)``) and Megatron-LM fp16 reduces. 4 for runs
+    that reduce in fp32: torchtitan (``mixed_precision_reduce`` takes only float32), Megatron-LM
+    in bf16 (``accumulate_allreduce_grads_in_fp32`` is forced on: "bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32", megatron/training/arguments.py), and
+    ``torch.autocast`` with DDP (the parameters stay fp32, so their gradients are)."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZER_STATE:
@@ -105,6 +120,28 @@ class CostModel:
         bad = {k: v for k, v in self.link_efficiency.items() if not 0 < v <= 1}
         if bad:
             raise ValueError(f"link efficiencies must be in (0, 1]; got {bad}")
+        if self.dtype_bytes not in (2, 4):
+            raise ValueError(f"dtype_bytes is {self.dtype_bytes!r}; it must be 4 (fp32) or 2 (fp16/bf16)")
+        if self.reduce_dtype_bytes not in (None, 2, 4):
+            raise ValueError(f"reduce_dtype_bytes is {self.reduce_dtype_bytes!r}; it must be None (the compute "
+                             "dtype), 4 (fp32) or 2 (fp16/bf16)")
+
+    # ---- bytes ---------------------------------------------------------------------------
+
+    @property
+    def value_scale(self) -> float:
+        """Bytes of an activation (or a weight's compute copy) per traced fp32 byte: 1 in fp32,
+        1/2 in 16 bits. What transfers, TP collectives, op memory traffic and saved activations
+        are charged; parameters, gradients and optimizer state in memory keep fp32 bytes."""
+        return self.dtype_bytes / 4.0
+
+    def grad_scale(self, compute_scale: float | None = None) -> float:
+        """Bytes of a gradient in a gradient collective per fp32 parameter byte:
+        ``reduce_dtype_bytes / 4`` when set, else ``compute_scale`` (the stage's compute bytes
+        per fp32 byte; default :attr:`value_scale`)."""
+        if self.reduce_dtype_bytes is not None:
+            return self.reduce_dtype_bytes / 4.0
+        return self.value_scale if compute_scale is None else float(compute_scale)
 
     # ---- per-op ------------------------------------------------------------------------
 
@@ -120,9 +157,10 @@ class CostModel:
         in_bytes = np.zeros(graph.num_nodes)
         if graph.num_edges:
             np.add.at(in_bytes, graph.edges[:, 1], graph.edge_bytes)
-        act = (in_bytes + graph.out_bytes) * f
-        fwd_bytes = (graph.param_bytes + act)[:, None]
-        bwd_bytes = (2.0 * graph.param_bytes + 2.0 * act)[:, None]
+        vs = self.value_scale  # 16-bit activations and weight copies (1.0 in fp32: the bytes as traced)
+        act = (in_bytes + graph.out_bytes) * f * vs
+        fwd_bytes = (graph.param_bytes * vs + act)[:, None]
+        bwd_bytes = (2.0 * graph.param_bytes * vs + 2.0 * act)[:, None]
         tensor = self.dtype_bytes <= 2
         peak = np.array([(d.peak_flops_tensor or d.peak_flops) if tensor else d.peak_flops
                          for d in cluster.devices])[None, :]
@@ -220,7 +258,8 @@ class CostModel:
         return {"compute_efficiency": dict(self.compute_efficiency), "memory_efficiency": self.memory_efficiency,
                 "use_measured": self.use_measured, "optimizer": self.optimizer, "dtype_bytes": self.dtype_bytes,
                 "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration),
-                "link_efficiency": dict(self.link_efficiency)}
+                "link_efficiency": dict(self.link_efficiency)} | (
+                    {"reduce_dtype_bytes": self.reduce_dtype_bytes} if self.reduce_dtype_bytes is not None else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":

@@ -218,7 +218,7 @@ def _samples(graphs: Sequence[OpGraph], cost: CostModel, device_kind: str | None
         in_bytes = np.zeros(g.num_nodes)
         if g.num_edges:
             np.add.at(in_bytes, g.edges[:, 1], g.edge_bytes)
-        act = in_bytes + g.out_bytes
+        act = (in_bytes + g.out_bytes) * cost.value_scale  # as CostModel.roofline_times charges them
         idle = (g.fwd_flops == 0) & (g.out_bytes == 0) & (g.param_bytes == 0)
         classes = np.array([kind_class(k) for k in g.kinds], dtype=object)
         meas = np.concatenate([g.fwd_time_s, g.bwd_time_s])
@@ -227,7 +227,8 @@ def _samples(graphs: Sequence[OpGraph], cost: CostModel, device_kind: str | None
             "graph": np.full(2 * g.num_nodes, gi),
             "cls": cls2,
             "compute": np.concatenate([g.fwd_flops, g.bwd_flops]) / peak,
-            "memory": np.concatenate([g.param_bytes + act, 2 * g.param_bytes + 2 * act]) / dev.mem_bandwidth,
+            "memory": np.concatenate([g.param_bytes * cost.value_scale + act,
+                                      2 * g.param_bytes * cost.value_scale + 2 * act]) / dev.mem_bandwidth,
             "launch": np.full(2 * g.num_nodes, dev.launch_overhead_s),
             "idle": np.concatenate([idle, idle]),
             "measured": meas,

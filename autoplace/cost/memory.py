@@ -209,9 +209,13 @@ class StepMemory:
         self.trainable = np.asarray(facts["trainable_bytes"], dtype=f64)
         self.largest = np.asarray(facts["largest_param_bytes"], dtype=f64)
         self.inputs = np.asarray(facts["input_bytes"], dtype=f64)
-        self.grad = np.asarray(facts["grad_bytes"], dtype=f64)
+        # a 16-bit cost model saves and back-propagates 16-bit activations (CostModel.value_scale; 1.0 in
+        # fp32); the loss terms stay as traced: cross-entropy's log-softmax runs in fp32 under mixed
+        # precision (torch.autocast's float32 list; torchtitan and Megatron-LM cast the logits to fp32)
+        vs = float(cost.value_scale)
+        self.grad = np.asarray(facts["grad_bytes"], dtype=f64) * vs
         self.outputs = np.asarray(facts["output_bytes"], dtype=f64)
-        self.s_bytes = np.asarray(facts["saved_bytes"], dtype=f64)
+        self.s_bytes = np.asarray(facts["saved_bytes"], dtype=f64) * vs
         self.s_ptr = np.asarray(facts["saved_ptr"], dtype=i64)
         self.s_ops = np.asarray(facts["saved_ops"], dtype=i64)
         # the gradient of op p's output lives over the backward of ops p .. (its last consumer)

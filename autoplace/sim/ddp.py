@@ -9,14 +9,29 @@ slowest bandwidth in the group + 2 (r - 1) x largest latency``, starting at max(
 bucket's end); the gradients are ready when the last bucket is reduced (and not before the
 backward ends). :func:`ddp_buckets` is the compiled form for every stage of :mod:`.pipeline`,
 :func:`ddp_sync` the same rule for one stage (:mod:`.sharding`'s DDP stages).
+
+Gradient bytes: buckets are filled with the parameters' (fp32) gradient bytes, as DDP builds them;
+what each ring moves is ``grad_scale`` x that (``CostModel.grad_scale()``: 1/2 when gradients are
+reduced in 16 bits, Megatron-LM fp16 or a ``bf16_compress_hook``; 1 as ``torch.autocast`` leaves
+fp32 gradients).
+
+Multi-rail (:func:`ring_link`): a ring across hosts whose group has g devices on each host runs
+its inter-host hops over ``Cluster.rails(group)`` = min(g, nics) network cards at once (NCCL's one
+channel per card, NVIDIA/nccl #412 and #495), so its inter-host inverse bandwidth is divided by
+that, never below the slowest link inside a host (every channel also crosses it).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 import numpy as np
 from numba import njit
 
-__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link"]
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+
+__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link", "ring_link"]
 
 DDP_BUCKET_BYTES = 25.0 * 2**20
 """DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
@@ -25,12 +40,14 @@ DDP_BUCKET_BYTES = 25.0 * 2**20
 @njit(cache=True)
 def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
                 last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
-                lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+                lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float,
+                grad_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
     Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
     parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
     op ends; buckets are all-reduced one after another in that order (one communication stream),
-    each a ring with its own latency term. Stages on one device: ready when the backward ends."""
+    each a ring with its own latency term, moving ``grad_scale`` x the bucket's bytes. Stages on
+    one device: ready when the backward ends."""
     n_st = reps.shape[0]
     t = np.zeros(n_st)
     fill = np.zeros(n_st)
@@ -49,7 +66,7 @@ def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps:
         t[s] += b_op[i]
         fill[s] += param_bytes[i]
         if fill[s] >= bucket_bytes:
-            ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+            ring = 2.0 * (r - 1) / r * fill[s] * grad_scale * inv[s] + 2.0 * (r - 1) * lt[s]
             free[s] = max(free[s], last_b_start[s] + t[s]) + ring
             ar_time[s] += ring
             fill[s] = 0.0
@@ -58,7 +75,7 @@ def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps:
         r = reps[s]
         if r > 1:
             if fill[s] > 0:  # the last bucket: ready when the backward ends
-                ring = 2.0 * (r - 1) / r * fill[s] * inv[s] + 2.0 * (r - 1) * lt[s]
+                ring = 2.0 * (r - 1) / r * fill[s] * grad_scale * inv[s] + 2.0 * (r - 1) * lt[s]
                 free[s] = max(free[s], ready[s]) + ring
                 ar_time[s] += ring
             ready[s] = max(ready[s], free[s])
@@ -66,10 +83,11 @@ def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps:
 
 
 def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: float, b_act: float, lat: float,
-             inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> tuple[float, float]:
+             inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES, *, grad_scale: float = 1.0) -> tuple[float, float]:
     """(gradients ready, all-reduce seconds) of one replicated DDP stage whose ops, in topological
     order, have backward times ``b_op`` and parameter bytes ``p_op``: the bucket rule of
-    :func:`ddp_buckets` for one stage (the sharded path's DDP stages use it)."""
+    :func:`ddp_buckets` for one stage (the sharded path's DDP stages use it), each ring moving
+    ``grad_scale`` x its bucket's bytes."""
     r = int(replicas)
     ready = last_b_start + b_act
     if r <= 1:
@@ -79,12 +97,12 @@ def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: fl
         t += float(b_op[i])
         fill += float(p_op[i])
         if fill >= bucket_bytes:
-            ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+            ring = 2.0 * (r - 1) / r * fill * grad_scale * inv_bw + 2.0 * (r - 1) * lat
             free = max(free, last_b_start + t) + ring
             ar += ring
             fill = 0.0
     if fill > 0:
-        ring = 2.0 * (r - 1) / r * fill * inv_bw + 2.0 * (r - 1) * lat
+        ring = 2.0 * (r - 1) / r * fill * grad_scale * inv_bw + 2.0 * (r - 1) * lat
         free = max(free, ready) + ring
         ar += ring
     return max(ready, free), ar
@@ -103,3 +121,24 @@ def group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat
                 lt = max(lt, lat[i, j])
                 inv = max(inv, inv_bw[i, j])
     return lt, inv
+
+
+def ring_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray, devices: Sequence[int]) -> tuple[float, float]:
+    """(largest latency, inverse bandwidth) a ring over ``devices`` runs at: the slowest link
+    inside a host, and the slowest link between hosts divided by ``cluster.rails(devices)``
+    (multi-rail, see the module docstring); the larger of the two. ``lat`` and ``inv_bw`` the
+    (D, D) matrices (the simulator's: link efficiency applied). With no cards stated (one rail)
+    this is the largest latency and inverse bandwidth over the group's pairs."""
+    devs = [int(i) for i in devices]
+    host = [cluster.devices[i].host for i in devs]
+    lt = inv_in = inv_x = 0.0
+    for a, i in enumerate(devs):
+        for b, j in enumerate(devs):
+            if i == j:
+                continue
+            lt = max(lt, float(lat[i, j]))
+            if host[a] == host[b]:
+                inv_in = max(inv_in, float(inv_bw[i, j]))
+            else:
+                inv_x = max(inv_x, float(inv_bw[i, j]))
+    return lt, max(inv_in, inv_x / cluster.rails(devs))

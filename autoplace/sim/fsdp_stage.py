@@ -11,11 +11,15 @@ slowest link (largest inverse bandwidth and latency among its device pairs):
     all-gather(B) = reduce-scatter(B) = (k - 1)/k x B / bandwidth + (k - 1) x latency
     all-reduce(B) = 2 (k - 1)/k x B / bandwidth + 2 (k - 1) x latency
 
-with k the group size. FSDP shards over all n devices (k = n). HSDP shards over the devices of
-each host (k = n_h) and replicates across the H hosts: after each reduce-scatter, the shard
-(B / n_h) is all-reduced across hosts over the slowest inter-host link. Gradients travel in
-the compute dtype (c P_u bytes: bf16 gradients in communication, as the issue asks and
-``MixedPrecisionPolicy(reduce_dtype=bf16)`` does).
+with k the group size. FSDP shards over all n devices (k = n); a ring across hosts with g of its
+devices on each host runs its inter-host hops over min(g, nics) network cards at once
+(:func:`~.ddp.ring_link`, NCCL multi-rail; one card where the cluster states none). HSDP shards
+over the devices of each host (k = n_h) and replicates across the H hosts: after each
+reduce-scatter, the shard (B / n_h) is all-reduced across hosts over the slowest inter-host link
+(one device per host: its own card). Parameters are gathered in the compute dtype (c P_u bytes);
+gradients are reduced in ``CostModel.grad_scale(c)`` P_u bytes: the compute dtype unless the cost
+model names a reduce dtype, as autoplace's runtime sets ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=bf16)``; a torchtitan run (fp32 reduction only) is ``reduce_dtype_bytes=4``.
 
 Streams and prefetch (FSDP2's implicit prefetch). One stream computes, one communication
 channel runs the all-gathers and reduce-scatters in the order they are issued (they share the
@@ -32,11 +36,12 @@ forward again plus its backward; it keeps only its inputs (the bytes entering it
 every activation it makes, and while its backward runs its activations exist again (one unit
 at a time: the largest such unit is added to the peak).
 
-Mixed precision: bf16 op times are the fp32 op times scaled by the roofline's ratio of bf16
-(tensor-core peak, half the bytes) to fp32 time, so a measured profile keeps its shape (with a
-cost model that already computes in 16 bits, ``CostModel(dtype_bytes=2)``, only the bytes
-halve); the optimizer updates fp32 master parameters (update time as in fp32, over the local
-shard).
+Mixed precision: bf16 op times are the simulator's op times scaled by the roofline's ratio of
+bf16 time (tensor-core peak, half the bytes) to the cost model's, so a measured profile keeps its
+shape (with a cost model that already computes in 16 bits, ``CostModel(dtype_bytes=2)``, the
+ratio is 1); the optimizer updates fp32 master parameters (update time as in fp32, over the local
+shard). Activations (saved, sent to the next stage) weigh ``a = min(c, value_scale)`` of their
+traced bytes: 16 bits when the stage or the cost model computes in 16 bits.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from numba import njit
 
 from ..graph.units import block_units
 from ..parallel import StageOptions, hsdp_shape
+from .ddp import ring_link
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -114,6 +120,14 @@ class ShardedStage:
         self.shard = opts.shard[s]
         self.bf16 = opts.precision[s] == "bf16"
         self.c = 0.5 if self.bf16 else 1.0
+        """bytes of a gathered parameter per fp32 byte (FSDP's param_dtype)."""
+        vs = float(sim.cost.value_scale)
+        self.act_scale = min(self.c, vs)
+        """bytes of an activation per traced byte: 16 bits when the stage or the cost model computes in 16."""
+        self.send = self.act_scale / vs
+        """bytes sent per byte of the simulator's boundary bytes (already in the cost model's dtype)."""
+        self.cr = float(sim.cost.grad_scale(self.c))
+        """bytes of a gradient in its reduce-scatter (and HSDP all-reduce) per fp32 parameter byte."""
         self.reshard = bool(opts.reshard_after_forward[s])
         own = [int(u) for u in dict.fromkeys(unit[nodes].tolist()) if u >= 0]
         rc = opts.recompute[s]
@@ -173,9 +187,7 @@ class ShardedStage:
 
     def _links(self, sim: "Simulator") -> None:
         devs, cl = self.devs, sim.cluster
-        pairs = [(i, j) for i in devs for j in devs if i != j]
-        self.lat = max((sim.lat[i, j] for i, j in pairs), default=0.0)
-        self.inv = max((sim.inv_bw[i, j] for i, j in pairs), default=0.0)
+        self.lat, self.inv = ring_link(cl, sim.lat, sim.inv_bw, devs)  # the slowest pair, multi-rail across hosts
         self.k = self.n  # shard group size
         self.hosts = 1
         self.x_lat = self.x_inv = 0.0
@@ -198,12 +210,17 @@ class ShardedStage:
         return self.shard in ("fsdp", "hsdp")
 
     def gather(self, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of each item's all-gather of its parameters (``c`` bytes per fp32 byte)."""
         return np.array([ring_allgather(self.c * x, self.k, self.inv, self.lat) if x > 0 else 0.0 for x in nbytes])
+
+    def reduce(self, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of each item's reduce-scatter of its gradients (``cr`` bytes per fp32 byte)."""
+        return np.array([ring_allgather(self.cr * x, self.k, self.inv, self.lat) if x > 0 else 0.0 for x in nbytes])
 
     def cross(self, nbytes: np.ndarray) -> np.ndarray:
         if self.shard != "hsdp":
             return np.zeros(len(nbytes))
-        return np.array([ring_allreduce(self.c * x / self.k, self.hosts, self.x_inv, self.x_lat) if x > 0 else 0.0
+        return np.array([ring_allreduce(self.cr * x / self.k, self.hosts, self.x_inv, self.x_lat) if x > 0 else 0.0
                          for x in nbytes])
 
     # ---- item lists --------------------------------------------------------------------------
@@ -226,13 +243,13 @@ class ShardedStage:
         ag = self.gather(self.pc) if (self.sharded and gather_units) else np.zeros_like(self.pc)
         ag[0] = 0.0  # the root stays gathered through its backward
         zero = np.zeros_like(self.pc)
-        rs = self.gather(self.pc) if (reduce and self.sharded) else zero
+        rs = self.reduce(self.pc) if (reduce and self.sharded) else zero
         x = self.cross(self.pc) if reduce else zero
         return ag[order], comp[order], rs[order], x[order]
 
     def reduce_all(self) -> tuple[float, float]:
         """(channel seconds, cross-host seconds) to reduce every gradient of the stage at once."""
-        return float(self.gather(self.pc).sum()), float(self.cross(self.pc).sum())
+        return float(self.reduce(self.pc).sum()), float(self.cross(self.pc).sum())
 
     # ---- memory ------------------------------------------------------------------------------
 
@@ -248,14 +265,14 @@ class ShardedStage:
 
 
 def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:
-    """(N, D) bf16 / fp32 time of every op at 1/parts of the batch (roofline, tensor-core peak,
-    half the bytes), cached on the simulator."""
+    """(N, D) bf16 time / the cost model's time of every op at 1/parts of the batch (roofline:
+    tensor-core peak and half the bytes against the cost model's; 1 when it computes in 16 bits),
+    cached on the simulator."""
     cache: dict[int, np.ndarray] = sim.__dict__.setdefault("_bf16_ratio", {})
     if parts not in cache:
         g = sim.graph
-        half = g.replace(edge_bytes=g.edge_bytes / 2, out_bytes=g.out_bytes / 2, param_bytes=g.param_bytes / 2)
         f32, b32 = sim.cost.roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
-        f16, b16 = replace(sim.cost, dtype_bytes=2).roofline_times(half, sim.cluster, batch_fraction=1.0 / parts)
+        f16, b16 = replace(sim.cost, dtype_bytes=2).roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
         with np.errstate(divide="ignore", invalid="ignore"):
             rf = np.where(f32 > 0, f16 / f32, 1.0)
             rb = np.where(b32 > 0, b16 / b32, 1.0)

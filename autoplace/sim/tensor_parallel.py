@@ -17,6 +17,10 @@ simulator keeps per TP device). The multi-stage simulator takes only the collect
 :func:`tp_stage_cost` and splits the pairs' own time: the sequence-parallel region's ``1/t``
 compute is not in its step yet (its memory is).
 
+Bytes: activations and their gradients are traced in fp32; ``value_scale`` (the cost model's
+``CostModel.value_scale``: 1/2 when it computes in 16 bits, as Megatron-LM's fp16/bf16 runs and
+a bf16 FSDP/TP stage do) scales every collective's bytes and every activation a TP device keeps.
+
 Sequence parallelism (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models", 2022, section 4.2.2, ``sequence_parallel=True``; a plan's ``Placement.sequence_parallel``,
 chosen by :mod:`autoplace.planners.heuristic.sequence_parallel`):
@@ -137,8 +141,9 @@ class Collective:
 
 
 def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
-                   *, sequence_parallel: bool = False) -> list[Collective]:
-    """The collectives one micro-batch of the ops ``ops`` runs (see the module docstring)."""
+                   *, sequence_parallel: bool = False, value_scale: float = 1.0) -> list[Collective]:
+    """The collectives one micro-batch of the ops ``ops`` runs (see the module docstring), their
+    bytes ``value_scale`` x the traced ones."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -148,9 +153,9 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
     for row, ps in _blocks_inside(mask, pairs).items():
         inner = [i for p in ps for i in p.ops]
         name = ps[0].row_path
-        out_b = float(graph.out_bytes[row]) / microbatches
+        out_b = float(graph.out_bytes[row]) / microbatches * value_scale
         into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(esrc, inner)].max(initial=0.0)) / microbatches
-                for p in ps]
+                * value_scale for p in ps]
         if sequence_parallel:  # the row: reduce-scatter of its output, all-gather of its gradient
             out += [Collective("forward", "reduce_scatter", out_b, name), Collective("backward", "all_gather", out_b, name)]
         else:  # the row's output
@@ -164,7 +169,7 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
 
 
 def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
-                           pairs: Sequence[LinearPair] | None = None) -> list[Collective]:
+                           pairs: Sequence[LinearPair] | None = None, *, value_scale: float = 1.0) -> list[Collective]:
     """The collectives the sequence-parallel rewrite runs itself (outside DTensor's), per
     micro-batch of the ops ``ops``, which :func:`tp_stage_cost` does not charge: a backward
     all-reduce of each region parameter's gradient (two for a LayerNorm: weight and bias), a
@@ -172,7 +177,8 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
     output and a stage's boundary values too) and a backward all-gather of the gradient of each
     whole value read in it (``_SeqShard``). Size reads of a region value (``x.size(1)`` for a
     reshape), which the runtime gathers for once each, are folded in the op graph into an edge to
-    the op that uses the size: one gather per such edge. A value, for reports."""
+    the op that uses the size: one gather per such edge. A value, for reports. Activation bytes are
+    ``value_scale`` x the traced ones; the norms' gradients keep fp32 (their parameters' dtype)."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -188,16 +194,18 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
             out += [Collective("backward", "all_reduce", float(graph.param_bytes[u]) / k, path)] * k
         for a in graph.predecessors(u).tolist():
             if not region[a] and a not in rows:
-                out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches, path))
+                out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches * value_scale,
+                                      path))
         users = graph.successors(u).tolist()
         exits = [v for v in users if not (mask[v] and (region[v] or v in columns))]
-        out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches, path)] * (
+        out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path)] * (
             len(exits) + (not users))
     return out
 
 
 def sp_runtime_seconds(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int],
-                       microbatches: int, pairs: Sequence[LinearPair] | None = None) -> tuple[float, float]:
+                       microbatches: int, pairs: Sequence[LinearPair] | None = None, *,
+                       value_scale: float = 1.0) -> tuple[float, float]:
     """(forward s, backward s) per micro-batch of :func:`sp_runtime_collectives` over ``devices``,
     priced as :func:`tp_stage_cost` prices its rings (the slowest link among them); what a
     schedule simulator adds to a TP stage's F and B under sequence parallelism to charge them."""
@@ -207,18 +215,19 @@ def sp_runtime_seconds(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, de
     lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
     out = {"forward": 0.0, "backward": 0.0}
-    for c in sp_runtime_collectives(graph, ops, microbatches, pairs):
+    for c in sp_runtime_collectives(graph, ops, microbatches, pairs, value_scale=value_scale):
         out[c.phase] += (_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
     return out["forward"], out["backward"]
 
 
 def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], fwd: np.ndarray,
                   bwd: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None, *,
-                  sequence_parallel: bool = False) -> tuple[float, float, float, float]:
+                  sequence_parallel: bool = False, value_scale: float = 1.0) -> tuple[float, float, float, float]:
     """(forward s, backward s, collectives s per micro-batch, parameter bytes per device) of the
     ops ``ops`` (bool mask or indices) run with tensor parallelism over ``devices``; ``fwd`` and
     ``bwd`` (N,) the ops' times at one micro-batch on one of those devices. A block (the pairs
-    sharing a row) counts only when all its ops are in ``ops``."""
+    sharing a row) counts only when all its ops are in ``ops``. ``value_scale``: bytes of an
+    activation per traced byte (the collectives' bytes)."""
     t = len(devices)
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
@@ -233,16 +242,18 @@ def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices
     lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
     comm = sum((_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
-               for c in tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel))
+               for c in tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
+                                       value_scale=value_scale))
     return f, b, comm, params
 
 
 def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequence[LinearPair] | None = None, *,
-                        sequence_parallel: bool = False) -> float:
+                        sequence_parallel: bool = False, value_scale: float = 1.0) -> float:
     """Activation bytes (the ops' outputs, whole batch) one device of a TP group of ``t`` keeps
     for the ops ``ops``: inside a block the columns' and the ops-between outputs are a 1/t share
     (the row's output is whole: all-reduced); with ``sequence_parallel`` the row's output (reduce-
-    scattered) and the outputs of the sequence-parallel region (:func:`sequence_region`) too."""
+    scattered) and the outputs of the sequence-parallel region (:func:`sequence_region`) too;
+    ``value_scale`` x the traced bytes."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -250,4 +261,4 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     scale = _scales(graph, mask, blocks, t, sequence_parallel)
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
-    return float((graph.out_bytes * scale)[mask].sum())
+    return float((graph.out_bytes * scale)[mask].sum()) * value_scale
