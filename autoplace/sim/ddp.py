@@ -41,13 +41,14 @@ DDP_BUCKET_BYTES = 25.0 * 2**20
 def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
                 last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
                 lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float,
-                grad_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                grad_scale: float = 1.0, ring_inv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
     Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
     parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
     op ends; buckets are all-reduced one after another in that order (one communication stream),
-    each a ring with its own latency term, moving ``grad_scale`` x the bucket's bytes. Stages on
-    one device: ready when the backward ends."""
+    each a ring with its own latency term, moving ``grad_scale`` x the bucket's bytes, at the
+    inverse bandwidth ``ring_inv[s]`` when given (:func:`ring_link`: multi-rail), else the slowest
+    link of the stage's group. Stages on one device: ready when the backward ends."""
     n_st = reps.shape[0]
     t = np.zeros(n_st)
     fill = np.zeros(n_st)
@@ -58,6 +59,8 @@ def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps:
     for s in range(n_st):
         if reps[s] > 1:
             lt[s], inv[s] = group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
+            if ring_inv is not None:
+                inv[s] = ring_inv[s]
     for i in range(st.shape[0] - 1, -1, -1):
         s = st[i]
         r = reps[s]
@@ -129,16 +132,12 @@ def ring_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray, devices: 
     (multi-rail, see the module docstring); the larger of the two. ``lat`` and ``inv_bw`` the
     (D, D) matrices (the simulator's: link efficiency applied). With no cards stated (one rail)
     this is the largest latency and inverse bandwidth over the group's pairs."""
-    devs = [int(i) for i in devices]
-    host = [cluster.devices[i].host for i in devs]
-    lt = inv_in = inv_x = 0.0
-    for a, i in enumerate(devs):
-        for b, j in enumerate(devs):
-            if i == j:
-                continue
-            lt = max(lt, float(lat[i, j]))
-            if host[a] == host[b]:
-                inv_in = max(inv_in, float(inv_bw[i, j]))
-            else:
-                inv_x = max(inv_x, float(inv_bw[i, j]))
-    return lt, max(inv_in, inv_x / cluster.rails(devs))
+    d = np.asarray(devices, dtype=np.int64)
+    host = np.array([cluster.devices[int(i)].host for i in d])
+    pair = d[:, None] != d[None, :]
+    same = host[:, None] == host[None, :]
+    sub = np.asarray(inv_bw)[np.ix_(d, d)]
+    lt = float(np.asarray(lat)[np.ix_(d, d)][pair].max(initial=0.0))
+    inv_in = float(sub[pair & same].max(initial=0.0))
+    inv_x = float(sub[pair & ~same].max(initial=0.0))
+    return lt, max(inv_in, inv_x / cluster.rails(d.tolist()))

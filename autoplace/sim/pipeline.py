@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from .ddp import DDP_BUCKET_BYTES, ddp_buckets, group_link
+from .ddp import DDP_BUCKET_BYTES, ddp_buckets, group_link, ring_link
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, schedule_actions
 from .stages import boundary_bytes, link_events
@@ -212,7 +212,8 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
                lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
                opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray) -> tuple[Any, ...]:
+               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray, grad_scale: float = 1.0,
+               ring_inv: np.ndarray | None = None) -> tuple[Any, ...]:
     n_st = stage_ptr.shape[0] - 1
     n_dev = lat.shape[0]
     n_groups = tied_first.shape[0]
@@ -259,7 +260,7 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                 last_b_start[s] = b_start[s, -order[s, q] - 1]
                 break
     ready, ar_time = ddp_buckets(st, b_op, param_bytes, reps, last_b_start, b_act, stage_ptr, stage_dev, lat,
-                                  inv_bw, bucket_bytes)
+                                  inv_bw, bucket_bytes, grad_scale, ring_inv)
     holder = np.zeros((n_groups, n_st), np.bool_)
     for i in range(st.shape[0]):
         g = tied_of[i]
@@ -349,9 +350,13 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         u_rep += np.repeat(uo, reps)
     order, inflight = flush_order(n_st, m_count, schedule)
     t = sim.tables
+    # DDP rings: gradients in the cost model's reduce dtype, multi-rail across hosts (autoplace.sim.ddp)
+    rails = any(d.host_nics for d in sim.cluster.devices)  # else the slowest link of each group, as ddp_buckets finds
+    ddp = (float(sim.cost.grad_scale()),
+           np.array([ring_link(sim.cluster, t.lat, t.inv_bw, g)[1] for g in groups]) if rails else None)
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid, t.edst,
                      t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first,
-                     t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op)
+                     t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- host terms (autoplace.cost.host.HostCostModel.message_overhead_s; CPU processes only) -------
@@ -365,7 +370,7 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         b_rep += np.repeat(extra[1], reps)
         out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid,
                          t.edst, t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of,
-                         t.tied_first, t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op)
+                         t.tied_first, t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
         (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
          last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- end of host terms ----------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     for s in range(n_st - 1):
         if bnd[s] > 0:
             sa, sb = stages[s], stages[s + 1]
-            shard_bytes = bnd[s] * sa.c / m_count / max(sa.n, sb.n)
+            shard_bytes = bnd[s] * sa.send / m_count / max(sa.n, sb.n)
             pairs = [(i, j) for i in sa.devs for j in sb.devs if i != j]
             back = [(j, i) for i, j in pairs]
             cf[s] = max((sim.lat[i, j] for i, j in pairs), default=0.0) + shard_bytes * max(
@@ -133,7 +133,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
                 ready[s] = end_b + sync[s]
             elif x.n > 1:  # DDP buckets, as in .pipeline
                 ready[s], sync[s] = ddp_sync(x.b_op, x.p_op, x.n, float(last_b_start[s]), float(b_act[s]), x.lat,
-                                             x.inv, DDP_BUCKET_BYTES)
+                                             x.inv, DDP_BUCKET_BYTES, grad_scale=sim.cost.grad_scale(x.act_scale))
             else:
                 ready[s] = end_b
 
@@ -167,8 +167,8 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     peak = np.zeros(sim.num_devices)
     for s, x in enumerate(stages):
         saved, remat = x.saved_activations()
-        share = x.c / (m_count * x.n)
-        recv = bnd[s - 1] * stages[s - 1].c / (m_count * x.n) if s > 0 else 0.0
+        share = x.act_scale / (m_count * x.n)
+        recv = bnd[s - 1] * stages[s - 1].send / (m_count * x.n) if s > 0 else 0.0
         if x.sharded:
             units = x.p[1:-1]
             if loop:

@@ -181,9 +181,9 @@ class Simulator:
             # read-only arrays (a one-edge column is contiguous already) would compile the kernels again
             esrc=np.array(graph.edges[:, 0], dtype=i64),
             edst=np.array(graph.edges[:, 1], dtype=i64),
-            ebytes=np.array(graph.edge_bytes, dtype=np.float64),
+            ebytes=np.array(graph.edge_bytes, dtype=np.float64) * self.cost.value_scale,  # 16-bit activations
             lat=self.lat, inv_bw=self.inv_bw,
-            out_bytes=np.array(_saved_bytes(graph), dtype=np.float64),
+            out_bytes=np.array(_saved_bytes(graph), dtype=np.float64) * self.cost.value_scale,
             param_bytes=np.array(graph.param_bytes, dtype=np.float64),
             opt_factor=float(self.cost.optimizer_state_factor),
             tied_of=tied_of, tied_first=self.tied_first, tied_bytes=self.tied_bytes,

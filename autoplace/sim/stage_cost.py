@@ -35,7 +35,7 @@ import numpy as np
 
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
-from .ddp import ddp_sync
+from .ddp import ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_stage_cost
@@ -115,7 +115,8 @@ def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microba
             if not ops.size:
                 continue
             ar[:, s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
-                                     int(microbatches), pairs, sequence_parallel=sequence_parallel)[2] / 2
+                                     int(microbatches), pairs, sequence_parallel=sequence_parallel,
+                                     value_scale=sim.cost.value_scale)[2] / 2
             if sequence_parallel:
                 # Korthikanti et al. 2022, section 4.2.2: the per-token ops between a row and the next
                 # columns run on 1/t of the sequence (the region the runtime rewrites, per stage), and the
@@ -124,18 +125,9 @@ def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microba
                 if inside:
                     work[sequence_region(sim.graph, inside, ops)] = 1.0 / t
                     ar[:, s] += sp_runtime_seconds(sim.graph, sim.cluster, ops, list(tp_groups[s]),
-                                                   int(microbatches), inside)
+                                                   int(microbatches), inside, value_scale=sim.cost.value_scale)
         f_op, b_op, w_op, u_op, p_op = f_op * work, b_op * work, w_op * work, u_op * scale, p_op * scale
     return f_op, b_op, w_op, u_op, p_op, ar
-
-
-def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """(largest latency, largest inverse bandwidth) over the device pairs (a pair on one device: free)."""
-    lt = inv = 0.0
-    for i, j in pairs:
-        if i != j:
-            lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]))
-    return lt, inv
 
 
 def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
@@ -144,7 +136,8 @@ def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]],
     """(K,) seconds each virtual stage's last backward waits for its DDP all-reduce past its own
     end, and (K,) its all-reduce seconds: :func:`~.ddp.ddp_sync` over the stage's ops
     (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
-    rank's replicas, over the slowest link inside each TP shard's replica group. ``after``: the
+    rank's replicas, over the slowest link inside each TP shard's replica group (multi-rail across
+    hosts, :func:`~.ddp.ring_link`), gradients in ``CostModel.grad_scale()`` bytes. ``after``: the
     buckets are all-reduced after the backward (split schedules), not during it (DDP)."""
     k = rank_of.shape[0]
     tail, ar = np.zeros(k), np.zeros(k)
@@ -155,12 +148,13 @@ def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]],
         if d <= 1:
             continue
         ops = np.nonzero(st == s)[0]
-        lt, inv = _slowest(tables.lat, tables.inv_bw, [(grp[i], grp[j]) for i in range(len(grp))
-                                                       for j in range(len(grp)) if i % tp == j % tp])
+        links = [ring_link(sim.cluster, tables.lat, tables.inv_bw, grp[i::tp]) for i in range(tp)]  # multi-rail
+        lt, inv = max(x[0] for x in links), max(x[1] for x in links)
+        gs = sim.cost.grad_scale()
         if after:  # every bucket ready when the backward ends
-            ready, ar[s] = ddp_sync(np.zeros(ops.size), p_op[ops], d, float(last_s[s]), 0.0, lt, inv)
+            ready, ar[s] = ddp_sync(np.zeros(ops.size), p_op[ops], d, float(last_s[s]), 0.0, lt, inv, grad_scale=gs)
         else:
-            ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv)
+            ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv, grad_scale=gs)
         tail[s] = max(ready - float(last_s[s]), 0.0)
     return tail, ar
 
@@ -250,18 +244,19 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
             gathered[s] = 2.0 * x.c * x.p_all
         else:
             if x.n > 1:  # DDP buckets (during the last backward; after it with a split backward)
+                gs = sim.cost.grad_scale(x.act_scale)
                 if split:
-                    ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv)
+                    ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv, grad_scale=gs)
                 else:
-                    ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv)
+                    ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv, grad_scale=gs)
                 tail[s] = max(ready - last, 0.0)
             params[s] = x.p_all
         saved, extra = x.saved_activations()
-        share = x.c / (m * x.n)
-        recv = bnd[s - 1] * stages[s - 1].c / (m * x.n) if s > 0 else 0.0
+        share = x.act_scale / (m * x.n)  # activations in 16 bits where the stage or the cost model computes in 16
+        recv = bnd[s - 1] * stages[s - 1].send / (m * x.n) if s > 0 else 0.0  # bnd: in the cost model's dtype
         act[s] = saved * share + recv
         remat[s] = extra * share
-        send[s] = x.c
+        send[s] = x.send
     return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send)
 
 
@@ -292,7 +287,8 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
         out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
-                                              sequence_parallel=sequence_parallel) for s in range(k)])
+                                              sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
+                          for s in range(k)])
     recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
     act = (out_b + recv) / parts
     tail, ar = np.zeros(k), np.zeros(k)
