@@ -3,6 +3,7 @@
     autoplace demo [--model inception_v3] [--cluster 4xV100-pcie]   plan a zoo model on a simulated cluster
     autoplace plan MODULE:FACTORY --devices cuda:0 cuda:1 --out plan.json   (--mode auto by default, as wrap)
     autoplace plan zoo:gpt2:xl --cluster 8xV100-nvlink --out plan.json
+    autoplace plan zoo:llama:8b --cluster 2x8xH100-ib --mode pipeline --against torchtitan   the gain, term by term
     autoplace show plan.json
     autoplace show --as torchtitan plan.json                          torchtitan 0.3.0 overrides
     autoplace show --as accelerate plan.json                          accelerate launch config / device_map
@@ -200,8 +201,27 @@ def _plan(args: argparse.Namespace) -> int:
                                    seed=args.seed, memory_reserve=args.memory_reserve)
     _with_facts(placement, graph, cluster, model).to_json(args.out)
     _say(placement_report(graph, placement, cluster))
+    if args.against:
+        _say("\n" + _claims(graph, cluster, placement, args.against))
     _say(f"\nwrote {args.out}")
     return 0
+
+
+def _claims(graph: Any, cluster: Any, placement: Any, family: str) -> str:
+    """--against: the plan's simulated gain over the fastest recipe of ``family``, term by term."""
+    from autoplace.claims import claim_against
+
+    if placement.mode != "pipeline":
+        return (f"--against {family}: the plan is model parallel (one process); the recipes are pipeline / data / "
+                "tensor parallel plans, so there is no claim to decompose (plan with --mode pipeline)")
+    with Step(f"simulating {family}'s recipes and switching each difference back"):
+        claim, lines = claim_against(graph, cluster, placement, family)
+    out = [f"{family} recipes on this cluster (simulated):"] + [f"  {x}" for x in lines]
+    if claim is None:
+        out.append(f"no {family} recipe is simulated and fits: no claim to decompose")
+    else:
+        out += ["", claim.table(), "(every figure is the simulator's, not a measurement)"]
+    return "\n".join(out)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -315,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "buffers, fragmentation): bytes (or 2GiB, 512MiB), a fraction such as 0.1, or 0 for none; "
                         "default: autoplace.planners.reserve's (about 0.7 GiB + 5%% per GPU, none on a CPU)")
     p.add_argument("--out", default="plan.json", help="the plan file to write (JSON)")
+    p.add_argument("--against", choices=["torchtitan", "megatron", "ddp"], default=None,
+                   help="also print the plan's simulated gain over the fastest recipe of this family "
+                        "(autoplace.recipes), each difference switched back alone (autoplace.claims)")
     p.set_defaults(fn=_plan)
 
     s = sub.add_parser("show", formatter_class=_Defaults, help="print a saved plan")

@@ -229,3 +229,17 @@ def test_a_memory_reserve_that_is_no_size_is_refused(tmp_path: Path, capsys: pyt
     with pytest.raises(SystemExit):
         main(["plan", "zoo:resnet18:small", "--memory-reserve", "lots", "--out", str(tmp_path / "p.json")])
     assert "is not a memory size" in capsys.readouterr().err
+
+
+def test_plan_against_a_recipe_prints_the_gain_term_by_term(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`autoplace plan --against torchtitan`: every torchtitan recipe with its simulated time or
+    why it is left out, then the claim decomposed (one row per difference)."""
+    assert main(["plan", "zoo:llama:small:batch_size=8", "--cluster", "4xA100-nvlink", "--planner", "pipedream-dp",
+                 "--mode", "pipeline", "--against", "torchtitan", "--out", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "torchtitan recipes on this cluster (simulated):" in out
+    assert "torchtitan 1D: FSDP 4, full AC:" in out and "tp=4 does not divide" in out  # 2 key/value heads
+    assert "gain over torchtitan 1D" in out and "interaction remainder" in out
+    with pytest.raises(SystemExit):
+        main(["plan", "zoo:llama:small", "--against", "deepspeed"])
+    assert "invalid choice: 'deepspeed'" in capsys.readouterr().err
