@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bn_plans_child as bn  # noqa: E402
 import pipeline_workers as pw  # noqa: E402
 import tp_models as tm  # noqa: E402
-from compose_child import plan_for  # noqa: E402
 
 import autoplace  # noqa: E402
 from autoplace.graph.trace import trace_module  # noqa: E402
@@ -130,6 +129,19 @@ class Counted(CommDebugMode):
                                 "origin": _origin(),
                                 "backward": torch._C._current_graph_task_id() != -1})
         return out
+
+
+def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Placement:
+    """compose_child.py's plan by hand (``pp`` ranks of ``dp x tp`` devices, contiguous stages),
+    with ``reshard_after_forward`` too when the case sets it."""
+    pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
+    per, k, n = world // pp, pp * v, graph.num_nodes
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward") if f in case}
+    return autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
+                                        [i * k // n for i in range(n)],
+                                        [list(range(r * per, (r + 1) * per)) for r in range(pp)],
+                                        microbatches=case.get("microbatches", 2), schedule=case["schedule"],
+                                        virtual_stages=v, tp=tp, **opts)
 
 
 def _gpt(case: dict, world: int) -> tuple[Any, ...]:

@@ -9,8 +9,8 @@ Nothing is dropped silently: a collective the runtime runs is either compared, o
 runtime bookkeeping (:data:`RUNTIME_ONLY`, one float each, no training data), or as training
 communication the simulator does not price (:data:`UNPRICED`: a finding, asserted present so that
 pricing it shows up here), or as a count on which the simulator's model and the runtime disagree
-(:data:`DISAGREE`, asserted different). Point-to-point sends and receives are not compared
-(:data:`P2P`); the table printed with ``-s`` shows them.
+(:data:`DISAGREE`, asserted different on some rank). Point-to-point sends and receives are
+compared by bytes (:data:`P2P`). The table printed with ``-s`` shows every row.
 """
 
 from __future__ import annotations
@@ -32,10 +32,20 @@ FOUR = [
     {"id": "i1f1b_recompute_dp2", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "interleaved-1f1b",
      "recompute": True},
     {"id": "zbv_fsdp2", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "zbv", "shard": "fsdp"},
-    {"id": "pp2_tp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "shard": "fsdp", "microbatches": 4},
     {"id": "bn_fsdp", "model": "bn", "shard": "fsdp"},
     {"id": "bn_hsdp", "model": "bn", "shard": "hsdp"},
 ]
+MORE = [  # PP2 x TP2 (its FSDP option has one replica to shard over); FSDP stages of pipelines that
+    # reshard after forward (off by default in a pipeline) or not
+    {"id": "pp2_tp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "shard": "fsdp", "microbatches": 4},
+    {"id": "pp2_fsdp2_gpipe", "model": "gpt-qkv", "pp": 2, "schedule": "gpipe", "shard": "fsdp", "microbatches": 4},
+    {"id": "pp2_fsdp2_1f1b_reshard", "model": "gpt-qkv", "pp": 2, "schedule": "1f1b", "shard": "fsdp",
+     "reshard_after_forward": True, "microbatches": 4},
+    {"id": "i1f1b_fsdp2_reshard", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "interleaved-1f1b", "shard": "fsdp",
+     "reshard_after_forward": True, "microbatches": 4},
+]
+ZBV_RESHARD = [{"id": "zbv_fsdp2_reshard", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "zbv", "shard": "fsdp",
+                "reshard_after_forward": True}]
 EIGHT = [
     {"id": "pp2_tp2_dp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2},
     {"id": "pp2_tp2_dp2_i1f1b", "model": "gpt-qkv", "pp": 2, "v": 2, "tp": 2, "schedule": "interleaved-1f1b",
@@ -57,17 +67,36 @@ UNPRICED = {
 """caller (autoplace's, else torch's) -> training communication the runtime runs and the simulator
 misses: findings, asserted present in the cases that run them."""
 
-DISAGREE = {
-    "fsdp2_tp2": ({"all_gather", "reduce_scatter"},
-                  "sharding.sharded_step takes one sharded stage for FSDP's own loop (every micro-batch gathers "
-                  "and reduce-scatters every unit); with tp > 1 the runtime runs the stage in torch's PipelineStage, "
-                  "where units stay gathered after the first backward and each is reduce-scattered once a step"),
+_FSDP_ACTIONS = ("the simulator's FSDP stage in a pipeline (stage_cost.action_seconds) gathers its units in every "
+                 "forward and every backward action with reshard_after_forward; torch's PipelineStage keeps them "
+                 "gathered after the first backward (M + 1 gathers per unit in GPipe and 1F1B, not 2M), and the "
+                 "multi-stage schedules' UNSHARD/RESHARD actions give other counts again")
+_SIZE_READ = ("a stage boundary cut inside attention: the next stage reads only the size of the first norm's "
+              "output (x.size(0), an op-graph edge of 0 bytes), and the runtime sends the whole tensor (and its "
+              "gradient back): one micro-batch share of it more per micro-batch than the simulator charges")
+_TP_COPY = ("the simulator charges one boundary transfer per replica (from its first TP device, "
+            "multistage's links); the runtime sends the replicated boundary value from every TP rank")
+DISAGREE: dict[str, dict[str, str]] = {
+    "fsdp2_tp2": dict.fromkeys(("all_gather", "reduce_scatter"), (
+        "the simulator refuses TP with FSDP; sharding.sharded_step's rule takes one sharded stage for FSDP's own "
+        "loop (every micro-batch gathers and reduce-scatters every unit), but with tp > 1 the runtime runs the "
+        "stage in torch's PipelineStage: units stay gathered after the first backward, each is reduce-scattered "
+        "once a step")),
+    "i1f1b_recompute_dp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
+    "zbv_fsdp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
+    "pp2_tp2": dict.fromkeys(("send", "recv"), _TP_COPY),
+    "pp2_tp2_dp2": dict.fromkeys(("send", "recv"), _TP_COPY),
+    "pp2_tp2_dp2_i1f1b": dict.fromkeys(("send", "recv"), _TP_COPY + "; and " + _SIZE_READ),
+    "pp2_fsdp2_1f1b_reshard": dict.fromkeys(("all_gather",), _FSDP_ACTIONS),
+    "i1f1b_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS, "send": _SIZE_READ, "recv": _SIZE_READ},
+    "zbv_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS, "send": _SIZE_READ, "recv": _SIZE_READ},
 }
-"""case -> (kinds, why): counts on which the simulator's model and the runtime differ (findings)."""
+"""case -> kind -> why the simulator's model and the runtime differ on it (findings); asserted to
+differ on some rank, so a fix on either side shows up here."""
 
-P2P = ("send and recv are not compared: CommDebugMode does not count them (c10d.send/recv_ are not in its "
-       "collective set; this harness records them), the runtime sends one message per boundary tensor and the "
-       "simulator one per boundary and micro-batch, from one device of each replica")
+P2P = ("send and recv are compared by bytes (from, to), not by count: CommDebugMode does not count them "
+       "(c10d.send/recv_ are not in its collective set; this harness records them), and the runtime sends one "
+       "message per boundary tensor where the simulator has one per boundary and micro-batch")
 
 
 def _load(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]]:
@@ -75,65 +104,71 @@ def _load(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]
     return {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
 
 
-def _caller(e: dict) -> tuple[str, str]:
-    return e["origin"][0], e["origin"][1]
-
-
 def _named(e: dict, table: dict[str, str]) -> str | None:
-    return next((k for k in table if any(c.startswith(k) for c in _caller(e))), None)
+    return next((k for k in table if any(c.startswith(k) for c in e["origin"])), None)
 
 
 def split(case: str, part: dict) -> tuple[Counter, Counter, Counter, Counter]:
-    """(compared runtime counts, the simulator's, runtime-only callers, unpriced callers) of one rank's
-    counted step, each a Counter; the ``DISAGREE`` kinds of ``case`` taken out of both compared ones."""
-    events = part["steps"][-1]["events"]
-    sim = [StepCollective(**e) for e in part["sim"]]
+    """(runtime, simulator, runtime-only callers, unpriced callers) of one rank's counted step:
+    collectives counted by (kind, group), sends and receives summed in bytes by (kind, (from, to))."""
     runtime: Counter = Counter()
     only: Counter = Counter()
     unpriced: Counter = Counter()
-    for e in events:
-        if e["kind"] in ("send", "recv"):
-            continue
+    for e in part["steps"][-1]["events"]:
         if (k := _named(e, RUNTIME_ONLY)) is not None:
             assert e["bytes"] <= 8, (case, e)  # one float: bookkeeping, not training data
             only[k] += 1
         elif (k := _named(e, UNPRICED)) is not None:
             unpriced[k] += 1
         else:
-            runtime[(e["kind"], tuple(e["ranks"]))] += 1
-    model = Counter({k: v for k, v in collective_counts(sim).items() if k[0] not in ("send", "recv")})
+            runtime[(e["kind"], tuple(e["ranks"]))] += e["bytes"] if e["kind"] in ("send", "recv") else 1
+    model: Counter = Counter()
+    for e in (StepCollective(**x) for x in part["sim"]):
+        model[(e.kind, e.group)] += round(e.nbytes) if e.kind in ("send", "recv") else e.count
     return runtime, model, only, unpriced
 
 
 def _check(got: dict[str, list[dict]]) -> None:
     for case, parts in got.items():
         print(table(case, parts))
+        differ: set[str] = set()
         for rank, part in enumerate(parts):
             step = part["steps"][-1]
             # the harness sees every collective CommDebugMode counts
             assert sum(step["comm_counts"].values()) == sum(e["kind"] not in ("send", "recv") for e in step["events"])
             runtime, model, _, unpriced = split(case, part)
-            kinds, why = DISAGREE.get(case, (set(), ""))
-            for key in sorted({k for k in runtime | model if k[0] in kinds}):
-                assert runtime.pop(key, 0) != model.pop(key, 0), (case, rank, key, "agree now: drop from DISAGREE", why)
+            for key in set(runtime) | set(model):
+                if key[0] in DISAGREE.get(case, {}):
+                    differ |= {key[0]} if runtime.pop(key, 0) != model.pop(key, 0) else set()
             assert runtime == model, (case, rank, dict(runtime), dict(model))
             if case.startswith("bn_"):
                 assert unpriced["rewrite/batchnorm.py"] > 0, (case, rank)
             if case == "i1f1b_recompute_dp2":  # DDP-wrapped stages with buffers
                 assert unpriced["pipelining/stage.py:forward_maybe_with_nosync"] > 0, (case, rank)
+        assert differ == set(DISAGREE.get(case, {})), (case, "agree now: drop from DISAGREE",
+                                                        set(DISAGREE.get(case, {})) - differ)
 
 
 def table(case: str, parts: list[dict]) -> str:
-    """Per rank and (kind, group): runtime count, simulator count, and why they may differ."""
+    """Per rank and (kind, group): runtime and simulator counts (sends and receives: count/bytes)."""
     lines = [f"{case}: rank kind group runtime simulator note"]
     for rank, part in enumerate(parts):
         events = part["steps"][-1]["events"]
-        rt = Counter((e["kind"], tuple(e["ranks"])) for e in events if not _named(e, RUNTIME_ONLY) and not _named(e, UNPRICED))
-        sm = collective_counts(StepCollective(**e) for e in part["sim"])
+        rt: Counter = Counter()
+        rb: Counter = Counter()
+        for e in events:
+            if not _named(e, RUNTIME_ONLY) and not _named(e, UNPRICED):
+                rt[(e["kind"], tuple(e["ranks"]))] += 1
+                rb[(e["kind"], tuple(e["ranks"]))] += e["bytes"]
+        sims = [StepCollective(**x) for x in part["sim"]]
+        sm = collective_counts(sims)
+        sb = {(e.kind, e.group): round(e.nbytes) for e in sims}
         for key in sorted(set(rt) | set(sm)):
-            note = "p2p, not compared" if key[0] in ("send", "recv") else (
-                "DISAGREE" if key[0] in DISAGREE.get(case, (set(),))[0] else "")
-            lines.append(f"  {rank} {key[0]} {key[1]} {rt.get(key, 0)} {sm.get(key, 0)} {note}")
+            p2p = key[0] in ("send", "recv")
+            note = "DISAGREE" if key[0] in DISAGREE.get(case, {}) else ""
+            r_, s_ = (f"{rt.get(key, 0)}/{rb.get(key, 0)}B", f"{sm.get(key, 0)}/{sb.get(key, 0)}B") if p2p else (
+                rt.get(key, 0), sm.get(key, 0))
+            lines.append(f"  {rank} {key[0]} {key[1]} {r_} {s_} {note}")
         for name, table_ in (("runtime only", RUNTIME_ONLY), ("unpriced", UNPRICED)):
             c = Counter((e["kind"], tuple(e["ranks"]), _named(e, table_)) for e in events if _named(e, table_))
             for (kind, grp, who), n in sorted(c.items()):
@@ -143,6 +178,21 @@ def table(case: str, parts: list[dict]) -> str:
 
 def test_collectives_of_composed_plans_on_4_processes_equal_the_simulators(tmp_path: Path) -> None:
     _check(_load(tmp_path, 4, FOUR))
+
+
+@pytest.mark.slow
+def test_collectives_of_more_plans_on_4_processes(tmp_path: Path) -> None:
+    _check(_load(tmp_path, 4, MORE))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "runtime bug: ZBV with FSDP stages that reshard after forward never reduce-scatters the gradients of "
+    "rank 0's second stage (the last: ln_f, head and its root), 3 reduce-scatters where the simulator has 6; "
+    "those parameters get no gradient and the step is not the unsplit model's (parameters 0.023 off after 5 "
+    "steps, compose_child.py with reshard_after_forward=True)"))
+def test_zbv_fsdp_stages_that_reshard_after_forward_reduce_every_gradient(tmp_path: Path) -> None:
+    _check(_load(tmp_path, 4, ZBV_RESHARD))
 
 
 @pytest.mark.slow
