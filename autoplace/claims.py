@@ -108,7 +108,7 @@ class Claim:
                             markdown=markdown) if rows else "(the plans do not differ)"
         tail = (f"product of the terms {self.gain / self.remainder:.3f}x; interaction remainder "
                 f"{self.remainder:.3f}x (gain / product)")
-        return "\n".join([head, body, tail])
+        return ("\n\n" if markdown else "\n").join([head, body, tail])
 
 
 # ---- the plan as dimension values -------------------------------------------------------------
