@@ -136,7 +136,8 @@ def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Plac
     with ``reshard_after_forward`` too when the case sets it."""
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per, k, n = world // pp, pp * v, graph.num_nodes
-    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward") if f in case}
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel")
+            if f in case}
     return autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
                                         [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],

@@ -35,9 +35,11 @@ FOUR = [
     {"id": "bn_fsdp", "model": "bn", "shard": "fsdp"},
     {"id": "bn_hsdp", "model": "bn", "shard": "hsdp"},
 ]
-MORE = [  # PP2 x TP2 (its FSDP option has one replica to shard over); FSDP stages of pipelines that
-    # reshard after forward (off by default in a pipeline) or not
+MORE = [  # PP2 x TP2 (its FSDP option has one replica to shard over); sequence parallelism; FSDP stages
+    # of pipelines that reshard after forward (off by default in a pipeline) or not
     {"id": "pp2_tp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "shard": "fsdp", "microbatches": 4},
+    {"id": "tp2_sp_ddp2", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe", "sequence_parallel": True},
+    {"id": "pp2_tp2_sp", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "sequence_parallel": True},
     {"id": "pp2_fsdp2_gpipe", "model": "gpt-qkv", "pp": 2, "schedule": "gpipe", "shard": "fsdp", "microbatches": 4},
     {"id": "pp2_fsdp2_1f1b_reshard", "model": "gpt-qkv", "pp": 2, "schedule": "1f1b", "shard": "fsdp",
      "reshard_after_forward": True, "microbatches": 4},
@@ -61,10 +63,11 @@ RUNTIME_ONLY = {
 UNPRICED = {
     "rewrite/batchnorm.py": "whole-batch BatchNorm statistics (batch_norm='sync'): per BatchNorm layer two "
                             "all-reduces in forward and two in backward; the simulator does not price them",
-    "pipelining/stage.py:forward_maybe_with_nosync": "DDP broadcasts the stage module's buffers before every "
-                                                     "forward (broadcast_buffers=True); the simulator does not price it",
+    "broadcast pipelining/stage.py:forward_maybe_with_nosync": (
+        "DDP broadcasts the stage module's buffers before every forward (broadcast_buffers=True); the simulator "
+        "does not price it"),
 }
-"""caller (autoplace's, else torch's) -> training communication the runtime runs and the simulator
+"""[kind ]caller (autoplace's or torch's) -> training communication the runtime runs and the simulator
 misses: findings, asserted present in the cases that run them."""
 
 _FSDP_ACTIONS = ("the simulator's FSDP stage in a pipeline (stage_cost.action_seconds) gathers its units in every "
@@ -76,7 +79,19 @@ _SIZE_READ = ("a stage boundary cut inside attention: the next stage reads only 
               "gradient back): one micro-batch share of it more per micro-batch than the simulator charges")
 _TP_COPY = ("the simulator charges one boundary transfer per replica (from its first TP device, "
             "multistage's links); the runtime sends the replicated boundary value from every TP rank")
+_SP_SIZES = ("sequence parallelism: the runtime gathers a region value once per size read (Attention.forward "
+             "reads x.size(0) and x.size(1) of the norm's output), the op graph has one edge for both and "
+             "tensor_parallel.sp_runtime_collectives counts one gather")
+_SP_STAGES = ("sequence parallelism in a pipeline: the runtime rewrites each stage alone, so the first block of "
+              "stage 1 takes a whole input (its q, k, v all-reduce their input gradients: per micro-batch 3 more "
+              "all-reduces, 3 fewer all-gathers and reduce-scatters), but tensor_parallel.tp_collectives finds the "
+              "first block among all the graph's pairs (multistage passes them all); and a stage ending at a row "
+              "sends that row's reduce-scattered output gathered whole, which sp_runtime_collectives does not count "
+              "(1 more all-gather per micro-batch on stage 0)")
 DISAGREE: dict[str, dict[str, str]] = {
+    "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
+    "pp2_tp2_sp": {**dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
+                   **dict.fromkeys(("send", "recv"), _TP_COPY)},
     "fsdp2_tp2": dict.fromkeys(("all_gather", "reduce_scatter"), (
         "the simulator refuses TP with FSDP; sharding.sharded_step's rule takes one sharded stage for FSDP's own "
         "loop (every micro-batch gathers and reduce-scatters every unit), but with tp > 1 the runtime runs the "
@@ -105,7 +120,12 @@ def _load(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]
 
 
 def _named(e: dict, table: dict[str, str]) -> str | None:
-    return next((k for k in table if any(c.startswith(k) for c in e["origin"])), None)
+    """The key of ``table`` naming event ``e``: ``"[kind ]caller prefix"``, matched on either caller."""
+    for key in table:
+        kind, _, caller = key.rpartition(" ")
+        if (not kind or kind == e["kind"]) and any(c.startswith(caller) for c in e["origin"]):
+            return key
+    return None
 
 
 def split(case: str, part: dict) -> tuple[Counter, Counter, Counter, Counter]:
@@ -144,7 +164,7 @@ def _check(got: dict[str, list[dict]]) -> None:
             if case.startswith("bn_"):
                 assert unpriced["rewrite/batchnorm.py"] > 0, (case, rank)
             if case == "i1f1b_recompute_dp2":  # DDP-wrapped stages with buffers
-                assert unpriced["pipelining/stage.py:forward_maybe_with_nosync"] > 0, (case, rank)
+                assert unpriced["broadcast pipelining/stage.py:forward_maybe_with_nosync"] > 0, (case, rank)
         assert differ == set(DISAGREE.get(case, {})), (case, "agree now: drop from DISAGREE",
                                                         set(DISAGREE.get(case, {})) - differ)
 
