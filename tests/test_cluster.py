@@ -91,3 +91,19 @@ def test_clear_errors() -> None:
     dev = Device("cuda:0", "X", peak_flops=-1.0, mem_bandwidth=1e9, memory_bytes=1e9)
     with pytest.raises(ClusterError, match="peak_flops=-1.0"):
         Cluster.from_links([dev, dev], lambda i, j: LINKS["pcie3"])
+
+
+def test_dgx_presets_state_a_card_per_gpu_and_rails_follow_the_group() -> None:
+    a100, h100 = Cluster.preset("2x8xA100-dgx"), Cluster.preset("2x8xH100-dgx")
+    assert {d.host_nics for d in a100.devices} == {8} and a100.bandwidth(0, 8) == 200e9 / 8
+    assert h100.bandwidth(0, 8) == 400e9 / 8 and Cluster.preset("4x8xA100-dgx").num_devices == 32
+    assert a100.rails(range(16)) == 8  # 8 devices on each host: 8 cards
+    assert a100.rails([0, 1, 8, 9]) == 2  # 2 per host: 2 cards
+    assert a100.rails([0, 8]) == 1 and a100.rails(range(8)) == 1  # one per host; inside one host
+    # a cluster that states no cards keeps one rail, and its fingerprint (host_nics is left out when 0)
+    old = Cluster.preset("2x8xH100-ib")
+    assert old.rails(range(16)) == 1 and "host_nics" not in old.to_dict()["devices"][0]
+    assert Cluster.from_dict(a100.to_dict()) == a100 and a100.fingerprint != Cluster.homogeneous(
+        "A100-80GB", 8, "nvlink3-switch", hosts=2, network="ib200").fingerprint
+    with pytest.raises(ClusterError, match="host_nics=-1"):
+        Cluster.homogeneous("A100-80GB", 8, "nvlink3-switch", hosts=2, network="ib200", nics=-1)
