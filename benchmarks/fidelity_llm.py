@@ -25,6 +25,7 @@ import platform
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import autoplace  # noqa: E402
 from autoplace import Cluster, CostModel, Device, OpGraph, Placement  # noqa: E402
@@ -40,12 +42,7 @@ from autoplace.cluster import DEVICE_KINDS, LINKS  # noqa: E402
 DATA = ROOT / "benchmarks" / "data" / "published" / "llm"
 RESULTS = ROOT / "benchmarks" / "results"
 GiB = 2 ** 30
-TARGET_MEAN_ABS_LOG = 0.15
-TARGET_WITHIN = 0.80
-BAND = (0.80, 1.25)
-TARGET_MEMORY = 0.10
-FIT = "none"
-"""No constant is fitted to these rows: every row is reported."""
+from fidelity_llm_report import BAND, _f, markdown, summarize, tokens_per_step  # noqa: E402,F401
 
 
 class NotExpressible(Exception):
@@ -75,10 +72,6 @@ def measured_step_s(row: dict[str, Any]) -> float:
     if m["metric"] == "tokens_per_s_per_gpu":
         return c["tokens_per_step"] / (m["value"] * c["gpus"])
     raise ValueError(f"row {row['id']}: unknown measured metric {m['metric']!r}")
-
-
-def tokens_per_step(row: dict[str, Any]) -> int:
-    return int(row["global_batch"]) * int(row["seq_len"])
 
 
 # ---- cluster ---------------------------------------------------------------------------------
@@ -193,12 +186,15 @@ def plan_values(row: dict[str, Any], g: OpGraph, cluster: Cluster) -> Placement:
 
 
 RELAXATIONS: list[tuple[str, dict[str, Any]]] = [
-    ("DDP -> FSDP without reshard (ZeRO-2: same gradient traffic as an all-reduce)", {"shard": "fsdp-grad-op"}),
+    ("16-bit as CostModel(dtype_bytes=2), plan precision fp32 (no bf16 option with DDP or TP)",
+     {"precision": "fp32", "cost_dtype_bytes": 2}),
+    ("DDP -> FSDP without reshard (ZeRO-2: the gradient traffic of an all-reduce)", {"shard": "fsdp-grad-op"}),
     ("no sequence parallelism", {"sequence_parallel": False}),
     ("no recompute", {"recompute": "none"}),
     ("interleaved -> 1F1B", {"schedule": "1f1b", "virtual_stages": 1}),
 ]
-"""Changes tried in turn (cumulatively) to find the nearest expressible plan of a refused row."""
+"""Changes that find the nearest expressible plan of a refused row: the smallest set (then the
+first in this order) that the plan space and the simulator take."""
 
 
 # ---- simulate --------------------------------------------------------------------------------
@@ -225,6 +221,10 @@ def simulate_row(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostMo
     step = float(r.step_time_s)
     return {"step_s": step, "oom": bool(r.oom), "peak_gib": peak / GiB, "sim_s": time.perf_counter() - t0,
             "compute_share": float(np.max(r.compute_s)) / step if step > 0 else float("nan"),
+            # the busiest device's compute over the traced model FLOPs per GPU at the tensor peak:
+            # about 1 / efficiency (x 4/3 with full recompute); far above, some work is not divided
+            "compute_vs_floor": float(np.max(r.compute_s)) / (float(g.fwd_flops.sum() + g.bwd_flops.sum())
+                                                              / (cluster.num_devices * cluster.devices[0].peak_flops_tensor)),
             "comm_s": float(r.comm_s), "allreduce_s": float(r.allreduce_s), "bubble_fraction": float(r.bubble_fraction)}
 
 
@@ -245,8 +245,7 @@ def terms(row: dict[str, Any], spec: dict[str, Any], g: OpGraph, cost: CostModel
         r = {**row, **sw.get("row", {})}
         if r == row and "row" in sw:
             continue
-        c = cost if sw.get("cost") != "peak" else CostModel(
-            optimizer=cost.optimizer, compute_efficiency={k: 1.0 for k in cost.compute_efficiency})
+        c = cost if sw.get("cost") != "peak" else replace(cost, compute_efficiency={k: 1.0 for k in cost.compute_efficiency})
         cl = build_cluster(spec, int(row["gpus"]), row["cluster"], net_scale=sw.get("net_scale", 1.0),
                            intra_scale=sw.get("intra_scale", 1.0))
         try:
@@ -283,165 +282,46 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
     except (NotExpressible, autoplace.AutoplaceError) as e:
         out["not_expressible"] = str(e).splitlines()[0] if isinstance(e, NotExpressible) else str(e)
         out.update(nearest(row, g, cluster, cost))
+        near_row, near_cost = out.pop("_plan", (None, None))
+        if walk and near_row is not None and abs(math.log(out["nearest_ratio"])) > math.log(BAND[1]):
+            out["nearest_terms"] = terms(near_row, spec, g, near_cost, out["nearest_step_s"])
     except Exception as e:  # the simulator failing on a valid plan is reported as such
         out["not_expressible"] = f"simulator error: {type(e).__name__}: {e}"
     return out
 
 
 def nearest(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostModel) -> dict[str, Any]:
-    """The first plan, relaxing the row step by step, that the simulator takes (diagnostic)."""
-    changed: list[str] = []
-    r = dict(row)
-    steps = []
+    """The refused row with the fewest :data:`RELAXATIONS` (after its own ``nearest`` change, or
+    without its ``extras``) that the simulator takes: a diagnostic, never counted."""
+    from itertools import combinations
+
+    base, first = dict(row), []
     if row.get("nearest"):
-        steps.append((row["nearest"].get("why", "nearest"), {k: v for k, v in row["nearest"].items() if k != "why"}))
-    if row.get("extras") and not row.get("nearest"):
-        steps.append(("without " + ", ".join(row["extras"]), {"extras": []}))
-    steps += [(w, ch) for w, ch in RELAXATIONS if any(r.get(k) != v for k, v in ch.items())]
-    for why, ch in steps:
-        if ch.get("shard") == "fsdp-grad-op" and r.get("shard") != "ddp":
-            continue
-        r.update(ch)
-        changed.append(why)
-        try:
-            res = simulate_row(r, g, cluster, cost)
-        except (NotExpressible, autoplace.AutoplaceError) as e:
-            last = str(e).splitlines()[0]
-            continue
-        return {"nearest_changes": changed, "nearest_step_s": res["step_s"], "nearest_peak_gib": res["peak_gib"],
-                "nearest_oom": res["oom"], "nearest_ratio": res["step_s"] / measured_step_s(row)}
-    return {"nearest_changes": changed, "nearest_error": locals().get("last", "no relaxation left")}
-
-
-# ---- summary ---------------------------------------------------------------------------------
-
-def per_gpu_rate(row: dict[str, Any], step_s: float, tokens: int) -> float:
-    return tokens / (step_s * int(row["gpus"]))
-
-
-def summarize(rows: list[dict[str, Any]], pubs: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [r for r in rows if "ratio" in r]
-    logs = [abs(math.log(r["ratio"])) for r in ok]
-    within = [r for r in ok if BAND[0] <= r["ratio"] <= BAND[1]]
-    by_id = {r["id"]: r for r in rows}
-    confs = {c["id"]: c for p in pubs for c in p["configurations"]}
-    sweeps = []
-    for p in pubs:
-        for s in p.get("sweeps", []):
-            members = [by_id[i] for i in s["rows"] if i in by_id]
-            meas = {m["id"]: per_gpu_rate(confs[m["id"]], m["measured_step_s"], tokens_per_step(confs[m["id"]]))
-                    for m in members}
-            best = max(meas, key=meas.__getitem__)
-            ranked = sorted(meas.values(), reverse=True)
-            gap = ranked[0] / ranked[1] - 1 if len(ranked) > 1 else float("nan")
-            entry: dict[str, Any] = {"id": s["id"], "what": s["what"], "rows": s["rows"], "measured_best": best,
-                                     "measured_gap_to_second": gap}
-            if any("ratio" not in m for m in members):
-                entry["met"] = False
-                entry["why"] = "not expressible: " + ", ".join(m["id"] for m in members if "ratio" not in m)
-            else:
-                pred = {m["id"]: per_gpu_rate(confs[m["id"]], m["step_s"], tokens_per_step(confs[m["id"]]))
-                        for m in members}
-                order = sorted(pred, key=pred.__getitem__, reverse=True)
-                entry.update(predicted_order=order, predicted_rank_of_best=order.index(best) + 1, met=order[0] == best)
-            sweeps.append(entry)
-    mem = [r for r in rows if "measured_memory_gib" in r]
-    mem_ok = [r for r in mem if "peak_gib" in r and abs(r["peak_gib"] / r["measured_memory_gib"] - 1) <= TARGET_MEMORY]
-    sources = {}
-    for p in pubs:
-        ids = [c["id"] for c in p["configurations"]]
-        rr = [by_id[i] for i in ids if i in by_id and "ratio" in by_id[i]]
-        sources[p["publication"]["key"]] = {
-            "rows": len(ids), "expressible": len(rr),
-            "mean_abs_log": float(np.mean([abs(math.log(r["ratio"])) for r in rr])) if rr else None,
-            "within": sum(BAND[0] <= r["ratio"] <= BAND[1] for r in rr)}
-    n = len(rows)
-    out = {
-        "rows": n, "expressible": len(ok), "not_expressible": n - len(ok),
-        "gpus_min": min(r["gpus"] for r in rows) if rows else 0, "gpus_max": max(r["gpus"] for r in rows) if rows else 0,
-        "mean_abs_log_expressible": float(np.mean(logs)) if logs else None,
-        "geo_mean_ratio_expressible": float(np.exp(np.mean([math.log(r["ratio"]) for r in ok]))) if ok else None,
-        "within_band": len(within), "share_within_all_rows": len(within) / n if n else 0.0,
-        "sweeps": sweeps, "sweeps_met": sum(s["met"] for s in sweeps),
-        "memory_rows": len(mem), "memory_within_10pct": len(mem_ok), "sources": sources, "fit": FIT,
-    }
-    out["met"] = {
-        "mean_abs_log": bool(logs) and out["not_expressible"] == 0 and out["mean_abs_log_expressible"] <= TARGET_MEAN_ABS_LOG,
-        "share_within": out["share_within_all_rows"] >= TARGET_WITHIN,
-        "sweeps": bool(sweeps) and out["sweeps_met"] == len(sweeps),
-        "memory": len(mem_ok) == len(mem) and bool(mem),
-    }
-    return out
-
-
-# ---- report ----------------------------------------------------------------------------------
-
-def _f(x: Any, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else fmt.format(x)
-
-
-def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    yes = {True: "met", False: "NOT met"}
-    L = ["# Published large-scale LLM training, simulated as published", "",
-         f"Produced by `{meta['command']}` at autoplace commit {meta['commit']} ({meta['when']}, "
-         f"{meta['wall_s']:.0f} s). Measured: the publications' own throughput tables (files in "
-         "`benchmarks/data/published/llm/`, each number's table and line recorded there); predicted: "
-         "`autoplace.simulate` on the published plan, the cost model's defaults, nothing fitted "
-         "(fit part: none; reported: all rows). A prediction is the simulator's alone, checked against those tables.", "",
-         "## Summary", "",
-         f"- rows: {s['rows']} from {len(pubs)} publications ({', '.join(s['sources'])}), "
-         f"{s['gpus_min']} to {s['gpus_max']} GPUs; expressible: {s['expressible']}, not expressible: {s['not_expressible']} "
-         "(counted as not met)",
-         f"- mean |log(predicted/measured)| over the expressible rows: {_f(s['mean_abs_log_expressible'])} "
-         f"(target <= {TARGET_MEAN_ABS_LOG} on every row: {yes[s['met']['mean_abs_log']]}); geometric mean ratio "
-         f"{_f(s['geo_mean_ratio_expressible'])}",
-         f"- within {BAND[0]:.2f}-{BAND[1]:.2f}: {s['within_band']} of {s['rows']} rows = {s['share_within_all_rows']:.0%} "
-         f"(target >= {TARGET_WITHIN:.0%}: {yes[s['met']['share_within']]})",
-         f"- sweeps whose measured best is ranked first: {s['sweeps_met']} of {len(s['sweeps'])} "
-         f"({yes[s['met']['sweeps']]})",
-         f"- per-GPU memory within 10%: {s['memory_within_10pct']} of {s['memory_rows']} published figures "
-         f"({yes[s['met']['memory']]})", "",
-         "| source | rows | expressible | mean abs log | within band |", "|---|---|---|---|---|"]
-    for k, v in s["sources"].items():
-        L.append(f"| {k} | {v['rows']} | {v['expressible']} | {_f(v['mean_abs_log'])} | {v['within']} |")
-    L += ["", "## Rows", "",
-          "| id | GPUs | tp x pp x dp | shard | recompute | schedule (v) | measured step s | predicted s | ratio | "
-          "memory GiB meas / pred | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        mem = f"{_f(r.get('measured_memory_gib'), '{:.1f}')} / {_f(r.get('peak_gib'), '{:.1f}')}" \
-            if "measured_memory_gib" in r else "-"
-        if "ratio" in r:
-            note = r.get("note", "")
-        else:
-            note = "not expressible: " + " ".join(r["not_expressible"].split()).replace("|", "/")[:300]
-            if "nearest_ratio" in r:
-                note += f"; nearest ({'; '.join(r['nearest_changes'])}): ratio {r['nearest_ratio']:.3f}" + \
-                        (" OOM" if r.get("nearest_oom") else "")
-            elif "nearest_error" in r:
-                note += f"; no nearest plan ({r['nearest_error'][:150].replace('|', '/')})"
-        sched = f"{r['schedule']} ({r['virtual_stages']})" if r["pp"] > 1 else "-"
-        L.append(f"| {r['id']} | {r['gpus']} | {r['tp']}x{r['pp']}x{r['dp']} | {r['shard']} | {r['recompute']} | {sched} | "
-                 f"{r['measured_step_s']:.3f} | {_f(r.get('step_s'))} | {_f(r.get('ratio'))} | {mem} | {note} |")
-    walked = [r for r in rows if r.get("terms")]
-    if walked:
-        names = [n for n, _ in TERMS]
-        L += ["", "## Term by term (rows outside the band)", "",
-              "Predicted step with one term switched off, as a fraction of the row's predicted step (1.00: the term "
-              "costs nothing; 0.60: it carries 40% of the prediction); compute share: the busiest device's compute "
-              "over the step.", "",
-              "| id | ratio | compute share | bubble | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
-        for r in walked:
-            L.append(f"| {r['id']} | {r['ratio']:.3f} | {_f(r.get('compute_share'), '{:.2f}')} | "
-                     f"{_f(r.get('bubble_fraction'), '{:.2f}')} | "
-                     + " | ".join(_f(r["terms"].get(n), "{:.2f}") for n in names) + " |")
-    L += ["", "## Sweeps", "", "| sweep | measured best | gap to 2nd | predicted rank of best | met |", "|---|---|---|---|---|"]
-    for sw in s["sweeps"]:
-        L.append(f"| {sw['id']}: {sw['what']} | {sw['measured_best']} | {sw['measured_gap_to_second']:.1%} | "
-                 f"{sw.get('predicted_rank_of_best', '-')} | {'yes' if sw['met'] else 'no' + (' (' + sw['why'] + ')' if 'why' in sw else '')} |")
-    L += ["", "Ratio = predicted / measured step time (above 1: the simulator is slower than the run). Measured step time: "
-          "Megatron rows F / (GPUs x TFLOP/s per GPU) with the paper's FLOP count (with recompute); torchtitan and "
-          "MosaicML rows tokens per step / tokens per second. Sweep rank: by predicted per-GPU tokens/s.", ""]
-    return "\n".join(L)
+        base.update({k: v for k, v in row["nearest"].items() if k != "why"})
+        first = [row["nearest"].get("why", "nearest")]
+    elif row.get("extras"):
+        base["extras"], first = [], ["without " + ", ".join(row["extras"])]
+    usable = [(w, ch) for w, ch in RELAXATIONS if any(base.get(k) != v for k, v in ch.items() if k != "cost_dtype_bytes")
+              and not (ch.get("shard") == "fsdp-grad-op" and base.get("shard") != "ddp")]
+    last = "no relaxation left"
+    for k in range(0, 4):
+        for combo in combinations(usable, k):
+            r, c = dict(base), cost
+            for _, ch in combo:
+                r.update({key: v for key, v in ch.items() if key != "cost_dtype_bytes"})
+                if "cost_dtype_bytes" in ch:
+                    c = replace(cost, dtype_bytes=int(ch["cost_dtype_bytes"]))
+            try:
+                res = simulate_row(r, g, cluster, c)
+            except (NotExpressible, autoplace.AutoplaceError) as e:
+                last = " ".join(str(e).split())
+                continue
+            return {"nearest_changes": first + [w for w, _ in combo], "nearest_step_s": res["step_s"],
+                    "nearest_peak_gib": res["peak_gib"], "nearest_oom": res["oom"],
+                    "nearest_ratio": res["step_s"] / measured_step_s(row), "_plan": (r, c),
+                    "nearest_compute_share": res["compute_share"], "nearest_bubble_fraction": res["bubble_fraction"],
+                    "nearest_compute_vs_floor": res["compute_vs_floor"]}
+    return {"nearest_changes": first, "nearest_error": last}
 
 
 def main(argv: list[str] | None = None) -> int:
