@@ -12,9 +12,11 @@ Layout: :mod:`.simulator` (the Simulator, and ``pipeline_step``, which validates
 and dispatches it), :mod:`.tables` (its per-graph tables, the value every kernel reads),
 :mod:`.model_parallel`, :mod:`.pipeline` (GPipe / 1F1B with default stage options),
 :mod:`.ddp` (DDP buckets inside replicated stages), :mod:`.stages` (what the pipeline paths
-share: stage groups, boundary bytes, link events), :mod:`.sharding` with :mod:`.fsdp_stage`
-(FSDP / HSDP, recompute, bf16), :mod:`.multistage` (virtual stages, split backward, tensor
-parallelism) over :mod:`.schedules` (orders) and :mod:`.order_sim` (running them),
+share: stage groups, boundary bytes, link events), :mod:`.stage_cost` (every stage's cost after
+TP, recompute, precision and sharding, read by the two paths below), :mod:`.sharding` with
+:mod:`.fsdp_stage` (GPipe / 1F1B with FSDP / HSDP, recompute, bf16), :mod:`.multistage` (virtual
+stages, split backward, tensor parallelism, stage options) over :mod:`.schedules` (orders) and
+:mod:`.order_sim` (running them),
 :mod:`.tensor_parallel` (TP cost), :mod:`.bounds`, :mod:`.result` (SimResult, Evaluation,
 Event), :mod:`.plot`, :mod:`.warmup`. The plan rules the simulator checks are
 :mod:`autoplace.pipeline_rules` and :mod:`autoplace.tp_rules`, below it and below

@@ -22,8 +22,8 @@ column/row pairs inside a stage run at ``1/tp`` of their time and parameters, pl
 all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not used then (the
 plain sum, with sharded parameters and each device's share of the blocks' activations,
 :func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one device or one TP
-group and the stages keep the default data-parallel options: the plan's validation says so for
-anything else. gpipe and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
+group, with the default stage options (stage options under TP are refused, with the fix). gpipe
+and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
 per-token ops of each stage's SP region (:func:`~.tensor_parallel.sequence_region`, what the
 runtime rewrites) run at ``1/tp`` of their time too (their parameters stay whole), and the
 rewrite's own collectives (:func:`~.tensor_parallel.sp_runtime_seconds`) are added to F and B.
@@ -48,6 +48,14 @@ the network when the replicas span hosts), and the rank waits for them before it
 
 Memory per device: its rank's whole (or TP-sharded) stages' parameters, gradients and optimizer
 state plus one replica's activations.
+
+Stage options (FSDP/HSDP, recompute, bf16; ``tp = 1``): one setting per rank for all its stages,
+each stage priced by :mod:`.stage_cost` (the per-stage cost every pipeline path reads: action
+times with gathers and recomputed forwards, the reduction after the stage's last backward as the
+``tail`` the rank waits for, bf16 boundary bytes); memory per device: the rank's stages' fixed
+terms (shards, gathered parameters and gradients) + the peak of the activation walk + the largest
+recomputed unit's activations. Where the per-stage numbers come from is :mod:`.stage_cost`; this
+module runs the order and adds the transfers, tied parameters, update and result.
 """
 
 from __future__ import annotations

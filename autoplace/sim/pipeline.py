@@ -72,7 +72,8 @@ Where: this module runs the schedule (:func:`flush_step`, compiled kernels); the
 :func:`autoplace.sim.schedules.schedule_actions`, the boundary bytes
 :func:`autoplace.sim.stages.boundary_bytes`, the DDP buckets :mod:`autoplace.sim.ddp`; plans
 with other stage options go to :mod:`.sharding`, other schedules and ``tp > 1`` to
-:mod:`.multistage` (:func:`autoplace.sim.simulator.pipeline_step` validates and dispatches).
+:mod:`.multistage` (both read :mod:`.stage_cost`; this kernel keeps its own sums for the default
+options, for speed) (:func:`autoplace.sim.simulator.pipeline_step` validates and dispatches).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ action times, gradient synchronisation and memory, from its FSDP units
 stage's root holding the rest).
 
 One stage's items, collectives, op times and memory terms (the notation, the ring formulas,
-the two-stream prefetch model, recompute and mixed precision) are :mod:`.fsdp_stage`.
+the two-stream prefetch model, recompute and mixed precision) are :mod:`.fsdp_stage`. A stage's
+action times and fixed memory in a pipeline are :mod:`.stage_cost`'s (the same the multi-stage
+schedules read).
 
 The two regimes the runtime runs (:mod:`autoplace.rewrite.fsdp`):
 

@@ -103,10 +103,12 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``). GPipe and 1F1B with the default stage options are
-    :mod:`.pipeline`'s; ``options`` (the stages' shard, recompute and precision,
-    :mod:`autoplace.parallel`) that are not the default are simulated by :mod:`.sharding`;
-    schedules past gpipe and 1f1b (``virtual_stages`` per rank, split backward) and tensor
-    parallelism (``tp``, with ``sequence_parallel``: :mod:`.tensor_parallel`) by :mod:`.multistage`."""
+    :mod:`.pipeline`'s (its compiled kernel, kept for speed and for figures unchanged since);
+    with ``options`` (the stages' shard, recompute and precision, :mod:`autoplace.parallel`) that
+    are not the default, :mod:`.sharding`'s; schedules past gpipe and 1f1b (``virtual_stages`` per
+    rank, split backward, with or without options) and tensor parallelism (``tp``, with
+    ``sequence_parallel``: :mod:`.tensor_parallel`) run on :mod:`.multistage`'s order executor.
+    Every per-stage cost under options is :mod:`.stage_cost`'s."""
     if sequence_parallel and int(tp) < 2:
         raise PlacementError([f"sequence_parallel is True with tp={tp}; sequence parallelism shards the sequence "
                               "over a tensor-parallel group, so it needs tp >= 2: pass the group's tp or "

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from autoplace.capability import runtime_problems
-from autoplace.parallel import StageOptions
+from autoplace.parallel import NO_BF16_KINDS, StageOptions
 from autoplace.placement import Placement, PlacementError
 from autoplace.planners import budget as _budget
 from autoplace.pipeline_rules import SPECS, schedule_problems
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
     from autoplace.sim.simulator import Simulator
 
-__all__ = ["ScheduleChoice", "best_schedule", "balanced_cut"]
+__all__ = ["ScheduleChoice", "best_schedule", "balanced_cut", "precision_for"]
 
 # The shapes offered, read from the schedule table: the looped multi-stage schedules at each
 # virtual-stage count asked, those with a split backward also at one stage per rank, and the V
@@ -88,6 +88,14 @@ class ScheduleChoice:
     notes: tuple[str, ...] = field(default=())
     offered: tuple[Placement, ...] = field(default=(), repr=False)
     """every variant simulated (the candidates that are valid plans), in the order tried."""
+
+
+def precision_for(cluster: "Cluster", cost: "CostModel") -> str:
+    """"bf16" when the cost model trains in 16 bits (``dtype_bytes=2``) and every device has
+    bf16 tensor cores, else "fp32" (the rule of the fsdp baselines and of every stage option the
+    searches set; :mod:`.stage_options` re-exports it)."""
+    ok = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in cluster.devices)
+    return "bf16" if ok and cost.dtype_bytes <= 2 else "fp32"
 
 
 def balanced_cut(work: np.ndarray, parts: int) -> np.ndarray:
@@ -164,8 +172,6 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
         raise PlacementError([f"best_schedule takes a pipeline plan; this one is mode {plan.mode!r}"])
     sim = sim if sim is not None else Simulator(graph, cluster, cost)
-    from .stage_options import precision_for
-
     precision = precision_for(cluster, sim.cost)
     notes: list[str] = []
     tried: list[tuple[str, int, float | None]] = []
@@ -369,7 +375,7 @@ def _stage_option_sets(plan: Placement, rank_devices: int, over: bool, precision
     """Stage options to try on a multi-stage shape whose ranks have ``rank_devices`` replicas
     (``over``: the shape with the default options is over memory): the plan's own options as one
     setting for every rank (the runtime runs one shard kind and one precision); FSDP over a rank's
-    replicas (in ``precision``, :func:`~.stage_options.precision_for`); recompute of every unit
+    replicas (in ``precision``, :func:`precision_for`); recompute of every unit
     where memory is short (with FSDP too when there are replicas)."""
     out: list[dict[str, Any]] = []
     if plan.shard or plan.recompute or plan.precision:

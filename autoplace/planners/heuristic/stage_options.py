@@ -45,12 +45,13 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, stage_units
-from autoplace.parallel import NO_BF16_KINDS, StageOptions, default_reshard, hsdp_shape
+from autoplace.parallel import StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES, stage_ranks
 from autoplace.placement import Placement
 from autoplace.capability import runtime_problems
 from .. import budget as _budget
 from ..judge import Choice, Judge
+from .schedules import precision_for
 from .sequence_parallel import sp_choice
 
 if TYPE_CHECKING:
@@ -63,13 +64,6 @@ __all__ = ["precision_for", "Variant", "option_variants", "polish_stage_options"
 
 MAX_EVALS = 48
 """Simulations the pass may spend on one plan's stages (every micro-batch count together)."""
-
-
-def precision_for(cluster: Cluster, cost: "CostModel") -> str:
-    """"bf16" when the cost model trains in 16 bits (``dtype_bytes=2``) and every device has
-    bf16 tensor cores, else "fp32" (the rule of the fsdp baselines)."""
-    ok = all(d.peak_flops_tensor > 0 and d.kind not in NO_BF16_KINDS for d in cluster.devices)
-    return "bf16" if ok and cost.dtype_bytes <= 2 else "fp32"
 
 
 @dataclass
