@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import subprocess
     t0 = time.perf_counter()
+    dirty = [ln[3:] for ln in subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "autoplace"],
+                                             capture_output=True, text=True).stdout.splitlines()]
     pubs = load()
     cost = CostModel(optimizer="adamw")
     graphs = Graphs()
@@ -358,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                             text=True).stdout.strip()
     meta = {"command": ".venv/bin/python benchmarks/fidelity_llm.py" + (" --only " + " ".join(args.only) if args.only else ""),
             "commit": commit, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "uncommitted_autoplace_files": dirty,
             "wall_s": time.perf_counter() - t0, "python": platform.python_version(), "torch": __import__("torch").__version__}
     md = markdown(rows, s, pubs, meta)
     print(md.split("## Rows")[0])

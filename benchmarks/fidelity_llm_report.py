@@ -91,7 +91,8 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
     yes = {True: "met", False: "NOT met"}
     L = ["# Published large-scale LLM training, simulated as published", "",
          f"Produced by `{meta['command']}` at autoplace commit {meta['commit']} ({meta['when']}, "
-         f"{meta['wall_s']:.0f} s). Measured: the publications' own throughput tables (files in "
+         f"{meta['wall_s']:.0f} s" + (f"; working tree with uncommitted edits to {', '.join(meta['uncommitted_autoplace_files'])}"
+                                  if meta.get("uncommitted_autoplace_files") else "") + "). Measured: the publications' own throughput tables (files in "
          "`benchmarks/data/published/llm/`, each number's table and line recorded there); predicted: "
          "`autoplace.simulate` on the published plan, the cost model's defaults, nothing fitted "
          "(fit part: none; reported: all rows). A prediction is the simulator's alone, checked against those tables.", "",
@@ -115,8 +116,11 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
           "| id | GPUs | tp x pp x dp | shard | recompute | schedule (v) | measured step s | predicted s | ratio | "
           "memory GiB meas / pred | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        mem = f"{_f(r.get('measured_memory_gib'), '{:.1f}')} / {_f(r.get('peak_gib'), '{:.1f}')}" \
-            if "measured_memory_gib" in r else "-"
+        mem = "-"
+        if "measured_memory_gib" in r:
+            pred = _f(r.get("peak_gib"), "{:.1f}") if "peak_gib" in r else \
+                f"(nearest {_f(r.get('nearest_peak_gib'), '{:.1f}')})"
+            mem = f"{r['measured_memory_gib']:.1f} / {pred}"
         if "ratio" in r:
             note = r.get("note", "")
         else:
