@@ -29,7 +29,8 @@ their bytes (whole tensors), read from the facts the simulator prices:
 
 What is not listed because the simulator does not price it: tied parameters' moves (the
 simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
-BatchNorm's whole-batch statistics, DDP's buffer broadcasts. Duplicated from the simulator
+BatchNorm's whole-batch statistics, the runtime's bookkeeping (a step's liveness gate, the loss
+averaged over replicas) and what runs once (DDP's bucket rebuild in its second step). Duplicated from the simulator
 (not exposed there): the 1/tp parameter share of a pair inside one stage (:mod:`.multistage`'s
 ``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
 :func:`~.sharding.sharded_step`, the replica sender of :mod:`.multistage`'s boundary links.

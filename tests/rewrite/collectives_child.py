@@ -1,9 +1,10 @@
-"""Launched by test_collectives.py as `torchrun --nproc-per-node P collectives_child.py OUT CASES_JSON`.
+"""Launched by test_collectives_torchrun.py as `torchrun --nproc-per-node P collectives_child.py OUT CASES_JSON`.
 
 A user's script for a composed plan (the plans of compose_child.py and, for the BatchNorm CNN of
-bn_plans_child.py, one FSDP or HSDP stage over every rank), run through ``autoplace.wrap``: one
-warm-up step (lazy initialisation, shape inference), then one training step (the runner's step and
-the optimizer's) counted under :class:`Counted`, a ``CommDebugMode`` that also keeps, per
+bn_plans_child.py, one FSDP or HSDP stage over every rank), run through ``autoplace.wrap``: two
+warm-up steps (lazy initialisation, shape inference; DDP rebuilds its buckets in the forward after
+its first synchronised backward, broadcasting their indices, which in a pipeline is the second
+step), then one training step (the runner's step and the optimizer's) counted under :class:`Counted`, a ``CommDebugMode`` that also keeps, per
 collective, its kind, the ranks of its process group, the bytes of its whole tensor and the
 function of autoplace or torch that issued it, and counts point-to-point sends and receives
 (which CommDebugMode does not). Saves the events, CommDebugMode's own counts and the plan to
@@ -178,7 +179,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     sim = [dataclasses.asdict(e) for e in step_collectives(graph, cluster, plan)[rank]]
     opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
     steps: list[dict[str, Any]] = []
-    for k in range(case.get("steps", 2)):
+    for k in range(case.get("steps", 3)):
         x, y = batch(k)
         mode = Counted()
         with mode:
@@ -189,7 +190,9 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                       "comm_counts": {str(a).split(".")[-1]: b for a, b in mode.get_comm_counts().items()}})
     torch.save({"plan": plan.to_dict(), "steps": steps, "sim": sim, "kind": type(runner).__name__,
                 "stages": list(getattr(runner, "stage_indices", [getattr(runner, "stage_index", 0)])),
-                "units": list(getattr(runner, "units", ()))},
+                "units": list(getattr(runner, "units", ())),
+                "buffers": {n: (tuple(b.shape), str(b.dtype)) for mod in getattr(runner, "stage_modules", [])
+                            for n, b in mod.named_buffers()}},
                out / f"{case['id']}-rank{rank}.pt")
 
 

@@ -1,5 +1,5 @@
 """The collectives the simulator models for one step of a plan (autoplace.sim.collectives), against
-counts worked out by hand from the rules it documents; tests/rewrite/test_collectives.py compares
+counts worked out by hand from the rules it documents; tests/rewrite/test_collectives_torchrun.py compares
 them with what torch runs."""
 
 from __future__ import annotations
