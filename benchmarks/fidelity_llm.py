@@ -236,6 +236,9 @@ TERMS: list[tuple[str, dict[str, Any]]] = [
 ]
 """Switches for the term-by-term walk: each removes one cost term (alone) and the change in the
 predicted step says how much of it the term carries."""
+WALK_MAX_GPUS = 512
+"""Rows on more GPUs are not walked: each switch builds and fingerprints another cluster of
+D x D links, minutes per row at 1,536-3,072 GPUs on this 2-core machine."""
 
 
 def terms(row: dict[str, Any], spec: dict[str, Any], g: OpGraph, cost: CostModel, base_s: float) -> dict[str, float]:
@@ -275,7 +278,7 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
     try:
         out.update(simulate_row(row, g, cluster, cost))
         out["ratio"] = out["step_s"] / out["measured_step_s"]
-        if walk and abs(math.log(out["ratio"])) > math.log(BAND[1]):
+        if walk and int(row["gpus"]) <= WALK_MAX_GPUS and abs(math.log(out["ratio"])) > math.log(BAND[1]):
             out["terms"] = terms(row, spec, g, cost, out["step_s"])
         if out["oom"]:
             out["note"] = "the simulator predicts OOM for a run that trained"
@@ -283,7 +286,8 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
         out["not_expressible"] = str(e).splitlines()[0] if isinstance(e, NotExpressible) else str(e)
         out.update(nearest(row, g, cluster, cost))
         near_row, near_cost = out.pop("_plan", (None, None))
-        if walk and near_row is not None and abs(math.log(out["nearest_ratio"])) > math.log(BAND[1]):
+        if walk and int(row["gpus"]) <= WALK_MAX_GPUS and near_row is not None \
+                and abs(math.log(out["nearest_ratio"])) > math.log(BAND[1]):
             out["nearest_terms"] = terms(near_row, spec, g, near_cost, out["nearest_step_s"])
     except Exception as e:  # the simulator failing on a valid plan is reported as such
         out["not_expressible"] = f"simulator error: {type(e).__name__}: {e}"

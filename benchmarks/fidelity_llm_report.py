@@ -141,7 +141,8 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
               "of their nearest plan's; 1.00: the term "
               "costs nothing; 0.60: it carries 40% of the prediction); compute share: the busiest device's compute "
               "over the step; compute / FLOP floor: that compute over the traced model FLOPs per GPU at the tensor-core "
-              "peak (about 1/efficiency, x4/3 with full recompute; far above: work not divided as the plan says).", "",
+              "peak (about 1/efficiency, x4/3 with full recompute; far above: work not divided as the plan says). "
+              "Rows on more than 512 GPUs are not walked (each switch builds another cluster: minutes per row here).", "",
               "| id | ratio | compute share | compute / FLOP floor | bubble | " + " | ".join(names) + " |",
               "|---|---|---|---|---|" + "---|" * len(names)]
         for r in walked:
