@@ -26,7 +26,7 @@ def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Plac
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per = world // pp
     k, n = pp * v, graph.num_nodes
-    opts = {f: case[f] for f in ("shard", "recompute", "precision") if f in case}
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward") if f in case}
     return autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
                                         [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
