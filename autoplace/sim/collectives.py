@@ -105,7 +105,8 @@ class _Lists:
                 for d, rows in enumerate(self.rows)}
 
 
-def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement") -> Mapping[int, tuple[StepCollective, ...]]:
+def step_collectives(graph: "OpGraph", cluster: "Cluster",
+                     placement: "Placement") -> Mapping[int, tuple[StepCollective, ...]]:
     """Every device's collectives in one training step of ``placement`` (see the module
     docstring); a model-parallel placement runs none (its transfers are not collectives)."""
     out = _Lists(cluster.num_devices)
@@ -156,7 +157,8 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
             buckets = _ddp_buckets(p_op[ops])
             for i in range(t):
                 for dev in dp_group(r, i):
-                    out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, float(p_op[ops].sum()), "ddp.ddp_sync buckets")
+                    out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, float(p_op[ops].sum()),
+                            "ddp.ddp_sync buckets")
     if any(opts.sharded(at(s)) for s in range(k)):
         _sharded(graph, cluster, st, k, m, rank_of, opts, at, dp_group, t, out)
     _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out)

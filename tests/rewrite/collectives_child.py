@@ -1,14 +1,16 @@
-"""Launched by test_collectives_torchrun.py as `torchrun --nproc-per-node P collectives_child.py OUT CASES_JSON`.
+"""Launched by test_collectives_torchrun.py as `torchrun --nproc-per-node P collectives_child.py OUT CASES`.
 
-A user's script for a composed plan (the plans of compose_child.py and, for the BatchNorm CNN of
-bn_plans_child.py, one FSDP or HSDP stage over every rank), run through ``autoplace.wrap``: two
-warm-up steps (lazy initialisation, shape inference; DDP rebuilds its buckets in the forward after
-its first synchronised backward, broadcasting their indices, which in a pipeline is the second
-step), then one training step (the runner's step and the optimizer's) counted under :class:`Counted`, a ``CommDebugMode`` that also keeps, per
-collective, its kind, the ranks of its process group, the bytes of its whole tensor and the
-function of autoplace or torch that issued it, and counts point-to-point sends and receives
-(which CommDebugMode does not). Saves the events, CommDebugMode's own counts and the plan to
-OUT/<id>-rank<r>.pt."""
+A user's script for a composed plan (the plans of compose_child.py, with reshard_after_forward
+and sequence_parallel too, and for the BatchNorm CNN of bn_plans_child.py one FSDP or HSDP stage
+over every rank), run through ``autoplace.wrap``: two warm-up steps (lazy initialisation, shape
+inference; DDP rebuilds its buckets in the forward after its first synchronised backward,
+broadcasting their indices, which in a pipeline is the second step), then one training step (the
+runner's step and the optimizer's) counted under :class:`Counted`, a ``CommDebugMode`` that also
+keeps, per collective, its kind, the ranks of its process group, the bytes of its whole tensor
+and the functions of autoplace and torch that issued it, and records point-to-point sends and
+receives (which CommDebugMode does not count). Saves the events of every step, CommDebugMode's
+own counts, the simulator's list (:func:`autoplace.sim.collectives.step_collectives`) for this
+rank and the plan to OUT/<id>-rank<r>.pt."""
 
 from __future__ import annotations
 
