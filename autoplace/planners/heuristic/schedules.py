@@ -36,10 +36,14 @@ shares). The simulator says which is faster.
 Not offered (the runtime could not run them, or would change the model's arithmetic): any
 multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
 runner keeps whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
-a stage without ops. Each skipped family is named in the result's notes. A plan with per-stage
-shard/recompute/precision options keeps them only in its gpipe/1f1b twin: the re-cut shapes run
-the default options (what the multi-stage runner runs), and the simulator says whether they
-fit.
+a stage without ops. Each skipped family is named in the result's notes.
+
+Stage options on the shapes (``tp = 1``; the simulator prices them, :mod:`autoplace.sim.stage_cost`):
+after every plain variant (so that under a time budget they never displace one), each shape is
+tried again with the plan's own options as one setting for every rank (one shard kind and one
+precision, as the runtime runs them; recompute of every unit where the plan recomputes any),
+with FSDP over a rank's replicas, and, where the shape is over memory, with recompute (and FSDP
+with recompute); each only when :func:`autoplace.capability.runtime_problems` accepts it.
 
 Tensor parallelism: with ``tp_degrees``, the devices are also regrouped into TP groups of
 ``t`` consecutive devices inside one host (``P / t`` ranks), the ops re-cut into ``P / t x v``
@@ -178,6 +182,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     best: tuple[float, Placement] | None = None
     refused: list[str] = []
     offered: list[Placement] = []
+    later: list[tuple[np.ndarray, list[list[int]], str, int, int, str, bool]] = []
 
     def consider(p: Placement, label: str = "") -> bool | None:
         """Simulate ``p`` as a candidate; whether it is over memory (None: not simulated)."""
@@ -256,11 +261,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                     tried.append((name, v, None))
                     continue
                 over = consider(p, name)
-                if tp == 1 and over is not None:  # the same shape with stage options (the simulator prices them)
-                    for opts in _stage_option_sets(plan, len(groups[0]), over, precision):
-                        q = make(np.asarray(st), groups, schedule, v, m, 1, options=opts)
-                        if q is not None:
-                            consider(q, f"{name} {_describe(opts)}")
+                if tp == 1 and over is not None:  # the same shape with stage options, tried after every plain one
+                    later.append((np.asarray(st), groups, schedule, v, m, name, over))
 
     consider(plan)
     if plan.virtual_stages == 1 and plan.schedule in ("1f1b", "gpipe"):
@@ -313,6 +315,13 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                     continue
                 sweep(devs, None, _microbatch_options(plan, graph, len(groups)), t, label)
             _tp_replicated_sweeps(plan, graph, devs, sweep, tp_degrees, hosts)
+    # the multi-stage shapes with stage options (the simulator prices them, sim/stage_cost.py): after
+    # every plain variant, so that under a time budget they never displace one
+    for st_k, groups_k, schedule_k, v_k, m_k, name_k, over_k in later:
+        for opts in _stage_option_sets(plan, len(groups_k[0]), over_k, precision):
+            q = make(st_k, groups_k, schedule_k, v_k, m_k, 1, options=opts)
+            if q is not None:
+                consider(q, f"{name_k} {_describe(opts)}")
     if refused:
         notes.append("faster but refused (accept): " + "; ".join(refused[:3]))
     chosen = best[1] if best is not None else plan
