@@ -26,6 +26,7 @@ from ..placement import Placement
 from ..progress import Status
 from . import budget as _budget
 from .reserve import MemoryReserve, ReserveSpec, reserved_cluster, resolve_reserve
+from .search_pass import SEARCH, search_candidate
 from ..capability import runtime_problems
 from .registry import KINDS, MODES, Planner, as_cluster, call_planner, check_configs, config_for, get_planner, planners
 
@@ -35,9 +36,8 @@ if TYPE_CHECKING:
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
 
-__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "TIE_BAND", "TIE_MEMORY", "plan_budget", "wrap_budget"]
-
-
+__all__ = ["plan", "DEFAULT_BUDGET_S", "MIN_LEARNED_S", "OFF_IN_BEST", "TIE_BAND", "TIE_MEMORY", "plan_budget",
+           "wrap_budget"]
 
 DEFAULT_BUDGET_S = 6.0
 """Seconds ``plan(planner="best")`` may take when ``budget_s`` is None: a ceiling, not a
@@ -51,6 +51,10 @@ QUICK_RESERVE_S = 1.0
 learned planner after it are left (they usually finish early; a fine-tuning budget is split
 in equal shares instead)."""
 
+OFF_IN_BEST: tuple[str, ...] = ("eagle", "mars", "reinforce")
+"""Planners ``plan(planner="best")`` leaves out unless ``config`` names them (their rows say so): learned
+planners that did not beat the same search without their network at equal time on the held-out split
+(benchmarks/learned_place.py); the search pass (:mod:`.search_pass`) runs that search. Each runs by name."""
 
 TIE_BAND = 0.01
 """``plan(planner="best")``: plans whose simulated step is within this share of the fastest's are
@@ -61,7 +65,6 @@ TIE_MEMORY = 0.05
 """... when the lower peak is at least this share of the device's memory (usable, after the reserve)
 below the fastest plan's: a few MiB saved on a device with room to spare is no reason to leave
 the fastest (often the simpler) plan."""
-
 
 WRAP_TARGET_S = 9.0
 """``wrap(budget_s=None)``: tracing and planning together in about this many seconds."""
@@ -87,13 +90,13 @@ def plan_budget(budget_s: float | None) -> Iterator[float]:
 
 def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mode: str = "model",
          budget_s: float | None = None, seed: int = 0, cost: "CostModel | None" = None,
-         kinds: tuple[str, ...] = KINDS,
-         accept: Callable[[Placement], str] | None = None,
+         kinds: tuple[str, ...] = KINDS, accept: Callable[[Placement], str] | None = None,
          config: object | Mapping[str, object] | None = None, memory_reserve: ReserveSpec = None) -> Placement:
     """A placement of ``graph`` on ``cluster``.
 
     ``planner``: a registered name (``autoplace.planners()``) or ``"best"``: every planner of
-    ``mode`` runs (heuristics first, then the learned planners on what time is left) and the
+    ``mode`` but :data:`OFF_IN_BEST` runs (heuristics, the search pass, then the learned planners
+    on what time is left) and the
     fastest simulated placement that fits in memory wins, except that among the plans within
     :data:`TIE_BAND` (1%) of the fastest's step time the one with the lowest peak memory wins
     when it saves at least :data:`TIE_MEMORY` (5%) of a device's memory
@@ -147,7 +150,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
 
     ``config``: a learned planner's settings, e.g. ``plan(g, c, planner="eagle",
     config=EagleConfig(groups=16))``; with ``planner="best"`` a mapping of planner names to
-    configs (``{"eagle": EagleConfig(...), "mars": MarsConfig(...)}``). A config of another
+    configs (``{"eagle": EagleConfig(...), "mars": MarsConfig(...)}``; naming a planner of
+    :data:`OFF_IN_BEST` brings it back into the run). A config of another
     class than the planner's ``config_type`` is a TypeError naming the class it expects.
 
     ``memory_reserve``: memory every device keeps free (:mod:`autoplace.planners.reserve`: the
@@ -208,6 +212,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
         limit = min(limit, outer.left_s() + (time.perf_counter() - start))
     # Heuristics of every mode first (each mode then has an answer), then the learned planners.
     jobs = [(m, n) for k in KINDS if k in kinds for m in modes for n in planners(m) if get_planner(n).kind == k]
+    off = set(OFF_IN_BEST) - (set(config) if isinstance(config, Mapping) else set())  # rows say why
     if not jobs:
         raise ValueError(f"no registered planner of kind {kinds} makes {mode!r} placements")
     check_configs(config, list(dict.fromkeys(n for _, n in jobs)))
@@ -217,7 +222,7 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     best: tuple[float, Placement, dict[str, Any]] | None = None
     pool: list[tuple[float, Placement, dict[str, Any]]] = []  # every usable plan, for the tie rule
     one_device = cluster.num_devices == 1
-    learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device)
+    learned_left = sum(1 for m, n in jobs if get_planner(n).kind == "learned" and not one_device and n not in off)
     seeds: dict[str, dict[str, Placement | bool | None]] = {m: {} for m in modes}
     fitting: list[tuple[float, str, Placement, bool]] = []  # pipeline plans that fit: usable, or refused by the runtime only
     done: set[tuple[object, ...]] = set()  # the plans the schedule pass has seen
@@ -231,6 +236,13 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                 # the schedule pass on the heuristics' plans, before the learned planners take the time left
                 status.part(k, "schedules")
                 best = _schedule_pass(graph, cluster, sim, fitting, rows, accept, overall, limit, done, best, pool)
+                if "model" in modes and not one_device:  # the search the left-out learned planners' plans came from
+                    status.part(k, "search")
+                    left = overall.left_s() - (QUICK_RESERVE_S * learned_left if budget_s is None else MIN_LEARNED_S)
+                    got = search_candidate(graph, cluster, cost, seed=seed, left=left, rows=rows, accept=accept,
+                                           judge=lambda out, t: _judge(sim, SEARCH, out, t))
+                    pool += [got] if got is not None else []
+                    best = got if got is not None and (best is None or got[0] < best[0]) else best
             status.part(k, name)
             left = overall.left_s()
             share: float | None = None
@@ -238,6 +250,9 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
             if one_device and (p.kind == "learned" or (m == "model" and name != "single")):
                 skip = "skipped: one device, one placement (single's)" if m == "model" else \
                     "skipped: one device (the heuristics' one-stage plans cover it)"
+            elif name in off:
+                skip = (f"skipped: not run by plan('best') by default (OFF_IN_BEST: it did not beat the same search "
+                        f"without its network); planner={name!r} or config={{{name!r}: ...}} runs it")
             elif p.kind == "learned":
                 learned_left -= 1
                 # equal shares among as many as the time left can give MIN_LEARNED_S (the first ones)

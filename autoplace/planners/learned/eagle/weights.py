@@ -47,7 +47,8 @@ def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "C
                 ) -> "EaglePolicy":
     """The network saved at ``path``, rebuilt for ``graph`` on ``cluster`` (the graph it was
     trained on, on a cluster of as many devices)."""
-    from .planner import EagleConfig, build_policy
+    from autoplace.planners.learned.features import node_features
+    from .network import EaglePolicy
 
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
@@ -58,7 +59,8 @@ def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "C
         raise ValueError(f"{path} holds an EAGLE network for {cfg['num_nodes']} ops on {cfg['num_devices']} devices; "
                          f"this graph has {graph.num_nodes} ops and the cluster {cluster.num_devices} devices: "
                          "an EAGLE network places only the graph it was trained on (plan it again)")
-    policy = build_policy(graph, cluster, cost, EagleConfig(groups=cfg["groups"], hidden=cfg["hidden"]), seed=0)
+    policy = EaglePolicy(graph, node_features(graph, cluster, cost=cost), cluster.num_devices, groups=cfg["groups"],
+                         hidden=cfg["hidden"])  # as planner.build_policy builds it; the parameters are then the file's
     mine = dict(policy.named_parameters())
     theirs: dict[str, torch.Tensor] = blob["parameters"]
     wrong = sorted(set(mine) ^ set(theirs)) + [k for k in mine if k in theirs and mine[k].shape != theirs[k].shape]
