@@ -27,6 +27,7 @@ differences it rests on. Every figure is simulated.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -94,6 +95,12 @@ def recipe_row(graph: Any, r: Recipe, c: Cluster, cost: CostModel) -> dict[str, 
         row.update(_sim_row(graph, r.placement, c, cost))
     except PlacementError as e:
         row["not_simulated"] = "; ".join(e.problems)
+        if r.placement is not None and r.placement.tp > 1:  # what the simulator prices of it: TP alone
+            bare = dataclasses.replace(r.placement, shard=(), recompute=(), precision=(), reshard_after_forward=())
+            try:
+                row["without_stage_options"] = _sim_row(graph, bare, c, cost)
+            except PlacementError as e2:
+                row["without_stage_options"] = dict(error="; ".join(e2.problems))
     return row
 
 
@@ -188,6 +195,12 @@ def markdown(results: list[dict[str, Any]], command: str, started: str, commit: 
         for row in r["recipes"]:
             note = row["problem"]
             out.append(f"| {row['name']} | {_cell(row)} | {row.get('plan') or ''} | {note} |")
+            bare = row.get("without_stage_options")
+            if bare:
+                out.append(f"| &nbsp;&nbsp;(the same without FSDP, recompute, bf16: not the recipe) | "
+                           + (_cell(bare) if "step_time_s" in bare else "not simulated: " + bare["error"])
+                           + " | ddp, fp32 | what the simulator prices of the TP shape alone; not a recipe, "
+                           "not counted in the gain |")
         for mode, b in r["best"].items():
             cell = _cell(b) if "step_time_s" in b else "no fit: " + b.get("error", "")
             gain = f"gain {b['gain']:.3f}x over {r['fastest_recipe']}" if "gain" in b else ""
