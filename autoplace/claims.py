@@ -9,7 +9,9 @@ back to the recipe's value (a one-at-a-time ablation). With ``t_c`` the chosen p
 
 so ``log gain = sum_i log term_i + log remainder``: a term above 1 is how much of the gain that
 one difference carries on its own; the remainder is what the differences carry only together
-(interactions), plus the terms that could not be simulated alone. A switch the plan rules refuse
+(interactions), plus the terms that could not be simulated alone. Beside each term, the walk
+that switches the differences back one after another in the table's order (this one and all
+above it), which ends at the recipe: its steps split the gain exactly, but depend on the order. A switch the plan rules refuse
 (interleaved 1F1B with one stage per rank, sequence parallelism without TP, bf16 with DDP) is
 listed with the rule's message and no time; it then falls into the remainder.
 
@@ -65,6 +67,9 @@ class Term:
     """the switched plan is over memory (its time is still reported)."""
     note: str = ""
     """why the switch is not a valid plan, or what moved with it."""
+    cumulative_s: float | None = None
+    """the chosen plan with this and every earlier term's dimension switched back (the walk in
+    the table's order ends at the recipe; None where that step is not a valid plan)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,8 @@ class Claim:
         return dict(recipe=self.recipe, chosen_step_s=self.chosen_step_s, recipe_step_s=self.recipe_step_s,
                     recipe_oom=self.recipe_oom, chosen_oom=self.chosen_oom, gain=self.gain, remainder=self.remainder,
                     terms=[dict(dimension=t.dimension, chosen=t.chosen, recipe=t.recipe, step_time_s=t.step_time_s,
-                                ratio=t.ratio, oom=t.oom, note=t.note) for t in self.terms])
+                                ratio=t.ratio, oom=t.oom, note=t.note, cumulative_s=t.cumulative_s)
+                               for t in self.terms])
 
     def table(self, *, markdown: bool = False) -> str:
         """The decomposition as a table, gain and remainder under it."""
@@ -100,11 +106,13 @@ class Claim:
 
         rows = [(t.dimension, t.chosen, t.recipe,
                  "-" if t.step_time_s is None else f"{t.step_time_s * 1e3:.1f} ms" + (" OOM" if t.oom else ""),
-                 "-" if t.ratio is None else f"{t.ratio:.3f}x", t.note) for t in self.terms]
+                 "-" if t.ratio is None else f"{t.ratio:.3f}x",
+                 "-" if t.cumulative_s is None else f"{t.cumulative_s * 1e3:.1f} ms", t.note) for t in self.terms]
         head = (f"gain over {self.recipe}: {self.gain:.3f}x (simulated: {self.recipe_step_s * 1e3:.1f} ms"
                 + (" OOM" if self.recipe_oom else "") + f" -> {self.chosen_step_s * 1e3:.1f} ms"
                 + (" OOM" if self.chosen_oom else "") + ")")
-        body = format_table(["dimension", "chosen", "recipe", "chosen with it switched back", "term", "note"], rows,
+        body = format_table(["dimension", "chosen", "recipe", "chosen with it switched back", "term",
+                             "with it and those above", "note"], rows,
                             markdown=markdown) if rows else "(the plans do not differ)"
         tail = (f"product of the terms {self.gain / self.remainder:.3f}x; interaction remainder "
                 f"{self.remainder:.3f}x (gain / product)")
@@ -240,6 +248,19 @@ def _switched(dim: str, c: dict[str, Any], r: dict[str, Any], graph: "OpGraph") 
     return s, note
 
 
+def _priced(sim: Any, graph: "OpGraph", cluster: "Cluster", s: dict[str, Any]) -> tuple[float | None, bool, str]:
+    """(step seconds, over memory, "") of the plan of dimension values ``s``; (None, False, why)
+    when the rules refuse it or the simulator does not price it."""
+    p, why = _build(graph, cluster, s)
+    if p is None:
+        return None, False, f"not a valid plan: {why}"
+    try:
+        res = sim.run(p, timeline=False)
+    except PlacementError as e:  # a plan the rules take and the simulator does not price yet
+        return None, False, "not simulated: " + "; ".join(e.problems)
+    return float(res.step_time_s), bool(res.oom), ""
+
+
 def decompose(graph: "OpGraph", cluster: "Cluster", chosen: Placement, recipe: Placement, *,
               cost: "CostModel | None" = None, recipe_name: str = "") -> Claim:
     """The chosen plan's simulated gain over ``recipe``, term by term (module docstring). Both
@@ -255,23 +276,15 @@ def decompose(graph: "OpGraph", cluster: "Cluster", chosen: Placement, recipe: P
     t_c = float(rc.step_time_s)
     c, r = _spec(chosen, graph), _spec(recipe, graph)
     terms = []
+    walk = dict(c)  # the cumulative walk: every term so far switched back
     for dim in differences(chosen, recipe, graph):
         words = (_words(dim, c[dim], graph), _words(dim, r[dim], graph))
+        w, _ = _switched(dim, walk, r, graph)
+        walk = w if w is not None else walk
+        t_walk = _priced(sim, graph, cluster, walk)[0] if w is not None else None
         s, note = _switched(dim, c, r, graph)
-        if s is None:
-            terms.append(Term(dim, *words, None, None, note=note))
-            continue
-        switched, why = _build(graph, cluster, s)
-        if switched is None:
-            terms.append(Term(dim, *words, None, None, note=f"not a valid plan: {why}"))
-            continue
-        try:
-            res = sim.run(switched, timeline=False)
-        except PlacementError as e:  # a plan the rules take and the simulator does not price yet
-            terms.append(Term(dim, *words, None, None, note="not simulated: " + "; ".join(e.problems)))
-            continue
-        t = float(res.step_time_s)
-        terms.append(Term(dim, *words, t, t / t_c, bool(res.oom), note))
+        t, oom, why = _priced(sim, graph, cluster, s) if s is not None else (None, False, note)
+        terms.append(Term(dim, *words, t, None if t is None else t / t_c, oom, why or note, t_walk))
     return Claim(recipe_name or recipe.meta.get("recipe", "") or recipe.summary(), t_c, float(rr.step_time_s),
                  bool(rr.oom), bool(rc.oom), tuple(terms))
 

@@ -73,6 +73,11 @@ def test_each_term_is_the_chosen_plan_with_one_dimension_switched_back(graph: An
         assert term.step_time_s == pytest.approx(t, rel=1e-12), term
         assert term.ratio == pytest.approx(t / t_c, rel=1e-12)
     assert len({round(t.ratio, 9) for t in claim.terms}) > 1  # the terms are not one number repeated
+    # the cumulative walk: the first step is the first term alone, the last is the recipe itself
+    assert claim.terms[0].cumulative_s == pytest.approx(claim.terms[0].step_time_s, rel=1e-12)
+    walk2 = _pp(graph, cluster, st, ranks, microbatches=2, schedule="gpipe", **base)
+    assert claim.terms[1].cumulative_s == pytest.approx(_time(graph, walk2, cluster), rel=1e-12)
+    assert claim.terms[-1].cumulative_s == pytest.approx(claim.recipe_step_s, rel=1e-12)
     _check_product(claim)
     text = claim.table()
     assert "gain over hand recipe" in text and "interaction remainder" in text
@@ -95,6 +100,7 @@ def test_a_different_pipeline_shape_is_switched_back_with_its_cuts(graph: Any, c
     assert ranks_term.step_time_s == pytest.approx(_time(graph, one, cluster), rel=1e-12)
     cuts = claim.terms[1]
     assert cuts.step_time_s is None and "2 stages against 1" in cuts.note
+    assert claim.terms[-1].cumulative_s == pytest.approx(claim.recipe_step_s, rel=1e-12)  # the walk ends at it
     _check_product(claim)
 
 
