@@ -224,7 +224,8 @@ def main() -> None:
     args = ap.parse_args()
     import subprocess
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() \
+        or os.environ.get("SOURCE_COMMIT", "")  # a snapshot of a commit (git archive) has no .git
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     command = "python benchmarks/llama_recipes.py" + (" --quick" if args.quick else "")
     stem = "llama_recipes_quick" if args.quick else "llama_recipes"
