@@ -189,6 +189,7 @@ RELAXATIONS: list[tuple[str, dict[str, Any]]] = [
     ("16-bit as CostModel(dtype_bytes=2), plan precision fp32 (no bf16 option with DDP or TP)",
      {"precision": "fp32", "cost_dtype_bytes": 2}),
     ("DDP -> FSDP without reshard (ZeRO-2: the gradient traffic of an all-reduce)", {"shard": "fsdp-grad-op"}),
+    ("FSDP -> DDP", {"shard": "ddp"}),
     ("no sequence parallelism", {"sequence_parallel": False}),
     ("no recompute", {"recompute": "none"}),
     ("interleaved -> 1F1B", {"schedule": "1f1b", "virtual_stages": 1}),
@@ -306,9 +307,10 @@ def nearest(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostModel) 
     elif row.get("extras"):
         base["extras"], first = [], ["without " + ", ".join(row["extras"])]
     usable = [(w, ch) for w, ch in RELAXATIONS if any(base.get(k) != v for k, v in ch.items() if k != "cost_dtype_bytes")
-              and not (ch.get("shard") == "fsdp-grad-op" and base.get("shard") != "ddp")]
+              and not (ch.get("shard") == "fsdp-grad-op" and base.get("shard") != "ddp")
+              and not (ch.get("shard") == "ddp" and base.get("shard") == "ddp")]
     last = "no relaxation left"
-    for k in range(0, 4):
+    for k in range(0, len(usable) + 1):
         for combo in combinations(usable, k):
             r, c = dict(base), cost
             for _, ch in combo:
