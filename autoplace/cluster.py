@@ -60,8 +60,7 @@ class Device:
     """measured correction on every op and update time of this device, roofline or profiled
     alike (online calibration fits it; 1: as the cost model says)."""
     host_nics: int = 0
-    """network cards of its host for inter-host collectives, each at the inter-host link's
-    bandwidth; 0: not stated (a collective runs at one card's rate, :meth:`Cluster.rails`)."""
+    """network cards of its host, each at the inter-host link's rate (0: not stated; :meth:`Cluster.rails`)."""
 
 
 @dataclass(frozen=True)
