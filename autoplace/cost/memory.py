@@ -20,7 +20,8 @@ run repeats), with ``zero_grad(set_to_none=True)`` (torch's default) between ste
     storage is freed after the backward of the earliest op (topological order) on the device
     that saved it, so during the backward of op ``i`` the saved bytes still alive are those
     attributed to ops ``<= i``. A received tensor counts on the receiving device only when
-    an op there saves it.
+    an op there saves it. Traced in fp32; a 16-bit cost model keeps them (and the activation
+    gradients) at ``CostModel.value_scale`` = 1/2 of that.
 ``gradients``
     of trainable parameters, allocated when the backward reaches their op (so the backward of
     op ``i`` holds the gradients of ops ``>= i``) and all held through the update.
