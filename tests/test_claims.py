@@ -133,6 +133,12 @@ def test_recipes_are_the_published_shapes(graph: Any, cluster: Cluster) -> None:
     assert [(r.placement.tp, r.placement.num_stages, r.placement.schedule) for r in mg if r.placement] == \
         [(2, 1, "1f1b"), (2, 2, "interleaved-1f1b")]
     assert all(not r.placement.sequence_parallel for r in mg if r.placement)
+    # Megatron's rank order: TP fastest (a host), then DP, then PP; micro-batch 1 per replica
+    dp2, pp2 = (r.placement for r in mg)
+    assert dp2 is not None and pp2 is not None
+    assert dp2.stage_devices == ((0, 1, 2, 3),) and dp2.microbatches == 8 // 2
+    assert pp2.stage_devices == ((0, 1), (2, 3)) and pp2.microbatches == 8 and pp2.virtual_stages == 2
+    assert [cluster.devices[d].host for d in pp2.stage_devices[1]] == [1, 1]
     with pytest.raises(RecipeError, match="known: torchtitan, megatron, ddp"):
         recipes(graph, cluster, "deepspeed")
 
