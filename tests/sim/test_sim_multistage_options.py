@@ -186,3 +186,22 @@ def test_a_sharded_stage_waits_for_its_reduction_and_a_ddp_one_overlaps_it() -> 
                       options=StageOptions.resolve(2, recompute=True))
     assert np.all(ddp.sync > 0) and np.all(ddp.tail < ddp.sync)
     assert np.all(fsdp.w > 0) and np.all(fsdp.w < fsdp.b)
+
+
+def test_hsdp_ranks_shard_inside_a_host_and_all_reduce_across() -> None:
+    # ranks of 4 devices, 2 on each of 2 hosts: HSDP shards over the 2 of a host (shards of P/2, more
+    # than FSDP's P/4) and all-reduces each shard across the hosts after the reduce-scatter
+    devs = [Device(f"cuda:{i % 4}", "toy", 1e12, 1e12, 16 * 2**30, launch_overhead_s=0.0, host=i // 4)
+            for i in range(8)]
+    c = Cluster.from_links(devs, lambda i, j: Link("in" if i // 4 == j // 4 else "net",
+                                                   1e11 if i // 4 == j // 4 else 1e9, 0.0), name="2x4xtoy")
+    g = _blocks(8)
+    ranks = [[0, 1, 4, 5], [2, 3, 6, 7]]
+    fsdp, hsdp = (_run(g, c, "zbv", 2, ranks, shard=s) for s in ("fsdp", "hsdp"))
+    params = 4 * 1e8 + 1e6  # rank 0's blocks and the root (ZBV: first and last stage)
+    assert hsdp.peak_memory_bytes[0] - fsdp.peak_memory_bytes[0] == pytest.approx(params * 4 * (1 / 2 - 1 / 4))
+    # FSDP's ring over 4 crosses the network (1e9 B/s); HSDP's crosses it only with each shard's
+    # all-reduce: 2 x 1/2 x (P/2) / 1e9 per stage against FSDP's 3/4 x P / 1e9
+    assert hsdp.allreduce_s < fsdp.allreduce_s
+    ddp = _run(g, c, "zbv", 2, ranks)
+    assert fsdp.peak_memory_bytes[0] < hsdp.peak_memory_bytes[0] <= ddp.peak_memory_bytes[0]
