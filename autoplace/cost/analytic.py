@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["CostModel", "DEFAULT_COMPUTE_EFFICIENCY", "LINK_EFFICIENCY", "OPTIMIZER_STATE"]
+__all__ = ["CostModel", "DEFAULT_COMPUTE_EFFICIENCY", "LINK_EFFICIENCY", "MAMF_BF16", "OPTIMIZER_STATE"]
 
 # Fraction of fp32 peak that eager PyTorch reaches per class of op on a GPU at training batch
 # sizes (cuDNN convolutions and cuBLAS GEMMs near half of peak; the rest is memory bound, so
@@ -66,6 +66,13 @@ DEFAULT_COMPUTE_EFFICIENCY: dict[str, float] = {
 # issue #83 (Azure, 25 Gb/s TCP: NCCL all-reduce bus bandwidth "maxed out at 1.7GBps", 54% of
 # the 3.125 GB/s line rate). RDMA links (InfiniBand, RoCE), NVLink and PCIe keep their rate.
 LINK_EFFICIENCY: dict[str, float] = {"eth": 0.55}
+
+# Maximum achievable matmul FLOPS in bf16 (dense) over the tensor-core peak, per device kind:
+# the best of a grid of shapes measured with mamf-finder.py, stas00/ml-engineering,
+# compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table" (A100 SXM:
+# 271.2 of 312 TFLOPS; H100 SXM: 794.5 of 989). Measured there, not fitted here; used only with
+# CostModel(tensor_matmul_ceiling=True).
+MAMF_BF16: dict[str, float] = {"A100-40GB": 271.2 / 312, "A100-80GB": 271.2 / 312, "H100": 794.5 / 989}
 
 # Optimizer state per parameter byte (Adam keeps two moments; SGD with momentum one).
 OPTIMIZER_STATE: dict[str, float] = {"adam": 2.0, "adamw": 2.0, "sgd-momentum": 1.0, "sgd": 0.0}
@@ -108,6 +115,11 @@ class CostModel:
     in bf16 (``accumulate_allreduce_grads_in_fp32`` is forced on: "bfloat16 requires gradient
     accumulation and all-reduce to be done in fp32", megatron/training/arguments.py), and
     ``torch.autocast`` with DDP (the parameters stay fp32, so their gradients are)."""
+    tensor_matmul_ceiling: bool = False
+    """on tensor cores (16 bits), "matmul"-class ops reach the device kind's measured maximum
+    achievable matmul FLOPS (:data:`MAMF_BF16`) instead of ``compute_efficiency["matmul"]`` (an
+    fp32 eager value); the roofline's memory term still bounds small GEMMs. Off by default: not
+    yet judged on measured runs; fp32 times never change."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZER_STATE:
@@ -166,6 +178,10 @@ class CostModel:
                          for d in cluster.devices])[None, :]
         bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
         ovh = np.array([d.launch_overhead_s for d in cluster.devices])[None, :] * self.overhead_scale
+        if tensor and self.tensor_matmul_ceiling:  # (N, D): the measured bf16 matmul ceiling where known
+            mamf = np.array([MAMF_BF16.get(d.kind, np.nan) for d in cluster.devices])[None, :]
+            is_mm = np.array([kind_class(k) == "matmul" for k in graph.kinds], dtype=bool)[:, None]
+            eff = np.where(is_mm & ~np.isnan(mamf), mamf, eff)
         fwd = np.maximum(graph.fwd_flops[:, None] * f / (peak * eff), fwd_bytes / bw) + ovh
         bwd = np.maximum(graph.bwd_flops[:, None] * f / (peak * eff), bwd_bytes / bw) + ovh
         # Ops that move nothing and compute nothing, and graph inputs (a profile's Input nodes:
@@ -259,7 +275,8 @@ class CostModel:
                 "use_measured": self.use_measured, "optimizer": self.optimizer, "dtype_bytes": self.dtype_bytes,
                 "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration),
                 "link_efficiency": dict(self.link_efficiency)} | (
-                    {"reduce_dtype_bytes": self.reduce_dtype_bytes} if self.reduce_dtype_bytes is not None else {})
+                    {"reduce_dtype_bytes": self.reduce_dtype_bytes} if self.reduce_dtype_bytes is not None else {}) | (
+                    {"tensor_matmul_ceiling": True} if self.tensor_matmul_ceiling else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":
