@@ -155,9 +155,13 @@ def _own_section(data: dict[str, Any], s: dict[str, Any]) -> list[str]:
 
 
 def _best_section(data: dict[str, Any]) -> list[str]:
-    res = sorted((r for r in data["results"] if r["job"][0] == "best"), key=lambda r: r["job"][1])
-    if not res:
-        return []
+    """One section per set of left-out planners the ``best`` part was run with (the latest first)."""
+    sets = list(dict.fromkeys(r["job"][2] for r in reversed(data["results"]) if r["job"][0] == "best"))
+    return [line for key in sets for line in _best_table(data, key)]
+
+
+def _best_table(data: dict[str, Any], key: str) -> list[str]:
+    res = sorted((r for r in data["results"] if r["job"][0] == "best" and r["job"][2] == key), key=lambda r: r["job"][1])
     cases = data.get("best_cases", [])
     off = ", ".join(res[-1]["out"]["off"])
     lines = [f"## The effect on `plan(\"best\")` (6 s default budget): before (every planner, no search pass) and after ({off} left out, the search pass run)",

@@ -51,7 +51,7 @@ QUICK_RESERVE_S = 1.0
 learned planner after it are left (they usually finish early; a fine-tuning budget is split
 in equal shares instead)."""
 
-OFF_IN_BEST: tuple[str, ...] = ("eagle", "mars", "reinforce")
+OFF_IN_BEST: tuple[str, ...] = ("eagle", "reinforce")
 """Planners ``plan(planner="best")`` leaves out unless ``config`` names them (their rows say so): learned
 planners that did not beat the same search without their network at equal time on the held-out split
 (benchmarks/learned_place.py); the search pass (:mod:`.search_pass`) runs that search. Each runs by name."""
