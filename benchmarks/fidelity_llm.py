@@ -79,16 +79,18 @@ def measured_step_s(row: dict[str, Any]) -> float:
 def build_cluster(spec: dict[str, Any], gpus: int, name: str, *, net_scale: float = 1.0,
                   intra_scale: float = 1.0) -> Cluster:
     """``gpus`` GPUs of ``spec['gpu']`` in hosts of ``gpus_per_host``: ``intra_host`` (a LINKS
-    key) inside a host, one NIC of ``network_gbps`` per GPU between hosts (link named "ib*"
-    for RDMA, "eth*" for TCP, which the cost model derates). Built from arrays: the pairwise
+    key) inside a host, a NIC of ``network_gbps`` between hosts (link named "ib*" for RDMA,
+    "eth*" for TCP, which the cost model derates), ``nics_per_host`` of them per host
+    (``Device.host_nics``: the simulator's multi-rail rings). Built from arrays: the pairwise
     Python loop of ``Cluster.from_links`` is 9 million calls at 3,072 GPUs."""
     fp32, tensor, bw_mem, mem = DEVICE_KINDS[spec["gpu"]]
     if "memory_gb" in spec:
         mem = float(spec["memory_gb"]) * 1e9
     per = int(spec["gpus_per_host"])
     host = np.arange(gpus) // per
+    nics = {"host_nics": int(spec.get("nics_per_host", 0))} if "host_nics" in Device.__dataclass_fields__ else {}
     devs = tuple(Device(name=f"cuda:{i % per}", kind=spec["gpu"], peak_flops=fp32, mem_bandwidth=bw_mem,
-                        memory_bytes=mem, peak_flops_tensor=tensor, host=int(host[i])) for i in range(gpus))
+                        memory_bytes=mem, peak_flops_tensor=tensor, host=int(host[i]), **nics) for i in range(gpus))
     intra = LINKS[spec["intra_host"]]
     gbps = float(spec["network_gbps"])
     net_name = ("ib" if spec.get("network_transport", "rdma") == "rdma" else "eth") + f"{gbps:g}"

@@ -115,6 +115,8 @@ def test_one_small_row_is_placed_as_published_and_simulates(F: Any) -> None:
     g = graphs.get(row["model"], row["global_batch"])
     cluster = F.build_cluster(SPEC, 8, "c")
     assert cluster.bandwidth(0, 3) > cluster.bandwidth(0, 4)  # NVSwitch inside a host, a NIC between hosts
+    if "host_nics" in F.Device.__dataclass_fields__:  # the simulator's multi-rail rings read it
+        assert {d.host_nics for d in cluster.devices} == {SPEC["nics_per_host"]}
     pl = F.plan_values(row, g, cluster)
     # Megatron's rank order: stage k holds GPUs k*dp*tp .. (k+1)*dp*tp - 1; layers split evenly
     assert pl.stage_devices == ((0, 1, 2, 3), (4, 5, 6, 7))
