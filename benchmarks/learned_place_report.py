@@ -64,12 +64,15 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     data["summary"] = s
     out.write_text(json.dumps(data, separators=(",", ":")))
     cmds = ", ".join(f"`{c}`" for c in meta["commands"])
-    loads = [x for r in data["results"] for x in r["out"].get("load", [])]
+    parts: dict[str, list[float]] = {}
+    for r in data["results"]:
+        parts.setdefault(r["job"][0], []).extend(r["out"].get("load", []))
+    loads = "; ".join(f"{p} {min(v):.1f}-{max(v):.1f}" for p, v in parts.items() if v)
     lines = [
         "# Learned planners against the seeds-only polish on the held-out split (issue 29, point 3)",
         "",
         f"Commands: {cmds}. {meta.get('cpus')} CPU cores shared with other work (1-minute load average "
-        f"during the jobs: {min(loads):.1f} to {max(loads):.1f}; per job in the JSON), one job at a time, one thread. "
+        f"during the jobs, per part: {loads}; per job in the JSON), one job at a time, one thread. "
         "Step times are simulated (no measured run backs them). Control: the heuristic seeds, then the "
         f"`{meta.get('search', 'critical')}` local search from the best two of them (no network). Rule: geometric "
         f"mean of planner / control <= {goal} and not worse in more cases than better (within 0.01% is a tie); "
