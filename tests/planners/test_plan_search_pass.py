@@ -3,8 +3,6 @@ of the learned planners it leaves out (OFF_IN_BEST)."""
 
 from __future__ import annotations
 
-import time
-
 import autoplace
 from autoplace.cluster import Cluster
 from autoplace.planners.search_pass import search_pass
@@ -31,12 +29,13 @@ def test_the_pass_is_never_slower_than_its_start_and_keeps_its_bound() -> None:
     graph, cluster = branchy(120, seed=5), Cluster.preset("4xV100-pcie")
     heuristic = min(autoplace.simulate(graph, autoplace.plan(graph, cluster, planner=n), cluster).step_time_s
                     for n in ("m-etf", "m-sct"))
-    t0 = time.perf_counter()
     got = search_pass(graph, cluster, None, seconds=0.3)
-    wall = time.perf_counter() - t0
     assert got is not None
     assert simulator_for(graph, cluster).evaluate(got.device_of_node).step_time_s <= heuristic * (1 + 1e-12)
-    assert wall < 0.3 + 3.0  # the seeds (heuristics) run here, outside plan(): their time plus the bound
+    # the search itself keeps the bound, overshooting by at most one op's moves (the seeds, run here
+    # outside plan(), and a first call's imports are not the search's: timed apart so load cannot fail it)
+    assert got.meta["search"]["budget_s"] <= 0.3
+    assert got.meta["search"]["wall_s"] < 0.3 + 0.5
 
 
 def test_no_search_without_the_learned_slot_or_on_one_device() -> None:
