@@ -9,9 +9,9 @@ on the meta device at sequence length 8192 and a global batch of one sequence pe
 ``llama3_8b.toml`` (local batch 1, seq 8192, FSDP over every GPU) and ``llama3_70b.toml`` (local
 batch 8 per data-parallel rank with TP 8, seq 8192) both give that global batch. Clusters: 8, 16,
 32 and 64 H100 SXM in hosts of 8 (NVLink 4 inside, a 400 Gb/s InfiniBand NIC per GPU between:
-``Cluster.homogeneous`` as the ``2x8xH100-ib`` and ``8x8xH100-ib`` presets build them) and 64
-A100-80GB (NVLink 3 switch inside, 200 Gb/s HDR InfiniBand per GPU between hosts, as the DGX
-A100 of the Megatron-LM paper). The 70B is not run on 8 GPUs: its fp32 master weights, gradients
+``Cluster.homogeneous(..., nics=8)`` as the ``2x8xH100-dgx`` preset builds it, so collectives
+across hosts use the host's 8 NICs, :meth:`Cluster.rails`) and 64 A100-80GB (NVLink 3 switch
+inside, 8 x 200 Gb/s HDR InfiniBand per host, as the DGX A100 of the Megatron-LM paper). The 70B is not run on 8 GPUs: its fp32 master weights, gradients
 and Adam state alone (16 bytes a parameter, 1.1 TB) exceed 8 x 80 GB.
 
 Per case: every recipe of :mod:`autoplace.recipes` (torchtitan's 1D/2D/3D, Megatron's TP x PP x
@@ -60,7 +60,7 @@ IB200 = Link("ib200", 200e9 / 8, LINKS["ib400"].latency)
 def a100_cluster(hosts: int) -> Cluster:
     """``hosts`` DGX A100 80GB: NVLink 3 switch inside a host, HDR 200 Gb/s per GPU between hosts."""
     fp32, tensor, bw, mem = DEVICE_KINDS["A100-80GB"]
-    devs = [Device(f"cuda:{i % 8}", "A100-80GB", fp32, bw, mem, peak_flops_tensor=tensor, host=i // 8)
+    devs = [Device(f"cuda:{i % 8}", "A100-80GB", fp32, bw, mem, peak_flops_tensor=tensor, host=i // 8, host_nics=8)
             for i in range(8 * hosts)]
     return Cluster.from_links(devs, lambda i, j: LINKS["nvlink3-switch"] if devs[i].host == devs[j].host else IB200,
                               name=f"{hosts}x8xA100-80GB-ib200")
@@ -70,8 +70,7 @@ def cluster(name: str) -> Cluster:
     if name.endswith("A100-80GB-ib200"):
         return a100_cluster(int(name.split("x")[0]))
     hosts = int(name.split("x")[0]) if name.count("x") == 2 else 1
-    return Cluster.homogeneous("H100", 8, "nvlink4", hosts=hosts, network="ib400",
-                               name=name)
+    return Cluster.homogeneous("H100", 8, "nvlink4", hosts=hosts, network="ib400", nics=8, name=name)
 
 
 # (model preset, cluster name)
@@ -164,8 +163,8 @@ def markdown(results: list[dict[str, Any]], command: str, started: str, commit: 
            "simulator and planners change under other work, so a rerun can differ). Models traced on the meta device "
            f"at sequence length {SEQ}, global batch = one sequence per GPU (torchtitan's llama3_8b.toml: local batch 1; "
            "llama3_70b.toml: local batch 8 per DP rank with TP 8). Clusters: H100 SXM in hosts of 8 (NVLink 4 inside, "
-           "one 400 Gb/s InfiniBand NIC per GPU between hosts) and 8 DGX A100 80GB (NVLink 3 switch, 200 Gb/s HDR "
-           "per GPU); the 70B is not run on 8 GPUs (its fp32 master weights, gradients and Adam state alone, 1.1 TB, "
+           "one 400 Gb/s InfiniBand NIC per GPU between hosts, 8 per host: `host_nics=8`) and 8 DGX A100 80GB (NVLink 3 "
+           "switch, 200 Gb/s HDR per GPU, 8 per host); the 70B is not run on 8 GPUs (its fp32 master weights, gradients and Adam state alone, 1.1 TB, "
            "exceed 8 x 80 GB). Recipes (`autoplace/recipes.py`): torchtitan 1D "
            "FSDP (full AC; AC every 2nd block, since its op-level selective AC cannot be expressed), 2D FSDP x TP 8 "
            "with sequence parallelism, 3D PP x FSDP x TP with 1F1B and interleaved 1F1B (v=2); Megatron-LM SC'21: "
