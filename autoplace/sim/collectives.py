@@ -54,6 +54,7 @@ from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, t
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
+    from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
     from ..placement import Placement
 
@@ -105,10 +106,17 @@ class _Lists:
                 for d, rows in enumerate(self.rows)}
 
 
-def step_collectives(graph: "OpGraph", cluster: "Cluster",
-                     placement: "Placement") -> Mapping[int, tuple[StepCollective, ...]]:
+def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement", *,
+                     cost: "CostModel | None" = None) -> Mapping[int, tuple[StepCollective, ...]]:
     """Every device's collectives in one training step of ``placement`` (see the module
-    docstring); a model-parallel placement runs none (its transfers are not collectives)."""
+    docstring); a model-parallel placement runs none (its transfers are not collectives). Bytes
+    as ``cost`` (default ``CostModel()``: fp32) prices them: activations, their gradients and
+    sends at :attr:`~autoplace.cost.analytic.CostModel.value_scale`, DDP gradients at its
+    ``grad_scale()``, FSDP gathers at the stage's precision and reductions in its reduce dtype."""
+    from ..cost.analytic import CostModel
+
+    cost = cost if cost is not None else CostModel()
+    vs, gs = float(cost.value_scale), float(cost.grad_scale())
     out = _Lists(cluster.num_devices)
     if placement.mode != "pipeline":
         return out.done()
@@ -144,11 +152,11 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster",
         if not ops.size:
             continue
         if t > 1:
-            per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp)
+            per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp, value_scale=vs)
             if sp:
                 inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
                 if inside:
-                    per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside)
+                    per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside, value_scale=vs)
             for j in range(d):
                 for dev in tp_group(r, j):
                     for c in per_mb:
@@ -157,11 +165,13 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster",
             buckets = _ddp_buckets(p_op[ops])
             for i in range(t):
                 for dev in dp_group(r, i):
-                    out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, float(p_op[ops].sum()),
+                    out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, gs * float(p_op[ops].sum()),
                             "ddp.ddp_sync buckets")
     if any(opts.sharded(at(s)) for s in range(k)):
-        _sharded(graph, cluster, st, k, m, rank_of, opts, at, dp_group, t, out)
-    _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out)
+        _sharded(graph, cluster, cost, st, k, m, rank_of, opts, at, dp_group, t, out)
+    # a value crosses in 16 bits where its stage or the cost model computes in 16 (ShardedStage.act_scale)
+    sends = [min(0.5 if opts.precision[at(s)] == "bf16" else 1.0, vs) for s in range(k)]
+    _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out, sends)
     return out.done()
 
 
@@ -172,13 +182,14 @@ def _ddp_buckets(p_op: np.ndarray) -> int:
     return int(round(seconds))
 
 
-def _sharded(graph: "OpGraph", cluster: "Cluster", st: np.ndarray, k: int, m: int, rank_of: tuple[int, ...],
+def _sharded(graph: "OpGraph", cluster: "Cluster", cost: "CostModel", st: np.ndarray, k: int, m: int,
+             rank_of: tuple[int, ...],
              opts: StageOptions, at: Callable[[int], int], dp_group: Callable[[int, int], list[int]], t: int,
              out: _Lists) -> None:
     """FSDP / HSDP stages' gathers, reduce-scatters and cross-host all-reduces (:mod:`.sharding`)."""
     from .simulator import Simulator  # the stage items read the simulator's tables
 
-    sim = Simulator(graph, cluster)
+    sim = Simulator(graph, cluster, cost)
     unit = stage_units(block_units(graph), st)
     zeros = np.zeros((graph.num_nodes, cluster.num_devices))
     loop = k == 1  # sharded_step: one sharded stage runs FSDP's own loop
@@ -193,15 +204,16 @@ def _sharded(graph: "OpGraph", cluster: "Cluster", st: np.ndarray, k: int, m: in
             has = x.pc > 0
             root, units = bool(has[0]), has[1:-1]
             b_all, b_units = x.c * float(x.pc[has].sum()), x.c * float(x.pc[1:-1][units].sum())
+            r_all = x.cr * float(x.pc[has].sum())  # gradients reduce in the reduce dtype
             n_all, n_units = int(has.sum()), int(units.sum())
             if loop:  # per micro-batch: gather all, the units again in backward; reduce all
                 ag = m * (n_all + (n_units if x.reshard else 0))
                 ag_b = m * (b_all + (b_units if x.reshard else 0.0))
-                red, red_b = m * n_all, m * b_all
+                red, red_b = m * n_all, m * r_all
             else:  # the root once, the units per action with reshard (forward and backward) or once; reduce once
                 ag = int(root) + n_units * (2 * m if x.reshard else 1)
                 ag_b = x.c * float(x.pc[0]) * root + b_units * (2 * m if x.reshard else 1)
-                red, red_b = n_all, b_all
+                red, red_b = n_all, r_all
             hosts, per = x.hosts, x.k  # a group of one device: the simulator's rings cost nothing, torch runs none
             for q, dev in enumerate(devs):
                 shard = devs[(q // per) * per:(q // per + 1) * per]
@@ -215,7 +227,7 @@ def _sharded(graph: "OpGraph", cluster: "Cluster", st: np.ndarray, k: int, m: in
 
 
 def _p2p(graph: "OpGraph", st: np.ndarray, k: int, m: int, parts: int, rank_of: tuple[int, ...],
-         groups: list[list[int]], t: int, d: int, out: _Lists) -> None:
+         groups: list[list[int]], t: int, d: int, out: _Lists, scale: list[float]) -> None:
     """Boundary sends and receives: forward from stage s to s + 1, the gradient back (:mod:`.multistage`)."""
     if k < 2:
         return
@@ -226,7 +238,7 @@ def _p2p(graph: "OpGraph", st: np.ndarray, k: int, m: int, parts: int, rank_of: 
         ra, rc = int(rank_of[s]), int(rank_of[s + 1])
         if bnd[s] <= 0 or ra == rc:
             continue
-        each = float(bnd[s]) / parts
+        each = scale[s] * float(bnd[s]) / parts
         for j in range(d):
             a, b = groups[ra][j * t], groups[rc][j * t]
             for src, dst in ((a, b), (b, a)):

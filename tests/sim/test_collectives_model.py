@@ -128,3 +128,32 @@ def test_a_model_parallel_plan_runs_no_collectives() -> None:
     g, c = _blocks([1e8, 1e8]), cluster(2)
     p = Placement.from_assignment(g, c, [0] * 3 + [1] * 3)
     assert step_collectives(g, c, p) == {0: (), 1: ()}
+
+
+def _bytes(lists: dict[int, tuple[StepCollective, ...]], dev: int, kind: str) -> float:
+    return sum(e.nbytes for e in lists[dev] if e.kind == kind)
+
+
+def test_bytes_follow_the_cost_models_dtype() -> None:
+    # 16 bits: activations sent and gradients reduced in 16 bits (DDP, FSDP), FSDP's reduction in fp32
+    # with reduce_dtype_bytes=4, a bf16 stage gathers 16-bit parameters; counts unchanged
+    from autoplace.cost.analytic import CostModel
+
+    g, c = _blocks([1e8, 2e8, 1e8, 1e8], root=4e8), cluster(4)
+    cut = [0] * 5 + [1] * (g.num_nodes - 5)
+    ddp = Placement.pipeline(g, c, cut, [[0, 1], [2, 3]], microbatches=2)
+    fp32, half = step_collectives(g, c, ddp), step_collectives(g, c, ddp, cost=CostModel(dtype_bytes=2))
+    for kind in ("all_reduce", "send", "recv"):
+        assert _bytes(fp32, 0, kind) > 0 and _bytes(half, 0, kind) == 0.5 * _bytes(fp32, 0, kind), kind
+    assert collective_counts(fp32[0]) == collective_counts(half[0])
+    c = Cluster.preset("8xA100-nvlink")  # bf16 needs tensor cores
+    fsdp = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]], microbatches=2, shard="fsdp",
+                              precision="bf16")
+    base = step_collectives(g, c, Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]],
+                                                     microbatches=2, shard="fsdp"))
+    bf16 = step_collectives(g, c, fsdp)
+    fp32_reduce = step_collectives(g, c, fsdp, cost=CostModel(dtype_bytes=2, reduce_dtype_bytes=4))
+    assert _bytes(bf16, 0, "all_gather") == 0.5 * _bytes(base, 0, "all_gather")
+    assert _bytes(bf16, 0, "reduce_scatter") == 0.5 * _bytes(base, 0, "reduce_scatter")
+    assert _bytes(fp32_reduce, 0, "reduce_scatter") == _bytes(base, 0, "reduce_scatter")
+    assert _bytes(fp32_reduce, 0, "all_gather") == _bytes(bf16, 0, "all_gather")
