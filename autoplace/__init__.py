@@ -14,11 +14,15 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .cluster import Cluster, Device, Link
-from .cost.analytic import CostModel
-from .errors import AutoplaceError
-from .graph.ir import OpGraph
-from .placement import Placement, PlacementError
+from . import kernel_cache as _kernel_cache
+
+_kernel_cache.refresh()  # before any kernel loads: numba's cache misses a changed callee's file
+
+from .cluster import Cluster, Device, Link  # noqa: E402
+from .cost.analytic import CostModel  # noqa: E402
+from .errors import AutoplaceError  # noqa: E402
+from .graph.ir import OpGraph  # noqa: E402
+from .placement import Placement, PlacementError  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,57 @@
+"""Keep numba's on-disk kernel cache in step with the kernels' sources.
+
+numba keys a cached kernel by its own file's path and time stamp only. A kernel that calls a
+kernel of another file (the pipeline's ``_pipe_core`` calls :func:`autoplace.sim.ddp.ddp_buckets`)
+keeps the old callee's machine code after only the callee's file changed: in a working tree
+updated in place (a pull, an edit) the simulator then silently runs old code. So once per
+process, on import, this hashes the source of every autoplace module that defines a numba kernel
+and, when the hash differs from the one stamped beside the cache, deletes autoplace's cached
+kernels (``*.nbi``/``*.nbc`` in its ``__pycache__`` folders) so each compiles once again
+(:mod:`autoplace.planners.warmup` does that ahead). A fresh install has no stale cache; numba's
+per-user or ``$NUMBA_CACHE_DIR`` caches, used when the package folder is not writable, are not
+touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+__all__ = ["kernel_sources_hash", "refresh"]
+
+STAMP = "autoplace-kernels.stamp"
+"""the file in ``autoplace/__pycache__`` holding the hash the cached kernels were built from."""
+
+
+def _kernel_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
+                  and "njit" in p.read_text(encoding="utf-8", errors="replace"))
+
+
+def kernel_sources_hash(root: Path) -> str:
+    """A hash of the paths and contents of the modules under ``root`` that define numba kernels."""
+    h = hashlib.sha256()
+    for p in _kernel_files(root):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def refresh(root: Path | None = None) -> bool:
+    """Delete the cached kernels under ``root`` (default: this package) when the kernel sources
+    changed since they were stamped; True when it deleted. Quiet and harmless where the folder
+    is read-only (numba then caches elsewhere)."""
+    root = Path(__file__).resolve().parent if root is None else root
+    stamp = root / "__pycache__" / STAMP
+    try:
+        now = kernel_sources_hash(root)
+        if stamp.exists() and stamp.read_text().strip() == now:
+            return False
+        stale = [p for p in root.rglob("__pycache__/*") if p.suffix in (".nbi", ".nbc")]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(now + "\n")
+        return bool(stale)
+    except OSError:
+        return False
