@@ -7,7 +7,9 @@ for all of them on two busy cores) and writes it to the cache, where every later
 it in well under a second. The cache lives in the ``__pycache__`` folder beside each source
 file when that is writable (a clone, a virtual environment), else in numba's per-user cache
 folder, or in ``$NUMBA_CACHE_DIR`` when set. It is keyed by the source file's path and time
-stamp, so editing a file (or moving the installation) compiles that file's kernels again.
+stamp, so editing a file (or moving the installation) compiles that file's kernels again, and
+:mod:`autoplace.kernel_cache` drops every cached kernel when any kernel source changed (numba
+would keep a caller's old copy of a changed callee).
 
 This plans two small traced models on a four-GPU preset in every mode with every planner and
 simulates the plans with timelines, which calls each kernel once with the types planning
