@@ -15,6 +15,7 @@ touched.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 __all__ = ["kernel_sources_hash", "refresh"]
@@ -23,9 +24,13 @@ STAMP = "autoplace-kernels.stamp"
 """the file in ``autoplace/__pycache__`` holding the hash the cached kernels were built from."""
 
 
+_KERNEL = re.compile(r"^\s*@(?:numba\.)?n?jit\b", re.MULTILINE)
+"""a line decorating a numba kernel (``@njit(...)``, ``@numba.jit``)."""
+
+
 def _kernel_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts
-                  and "njit" in p.read_text(encoding="utf-8", errors="replace"))
+                  and _KERNEL.search(p.read_text(encoding="utf-8", errors="replace")))
 
 
 def kernel_sources_hash(root: Path) -> str:

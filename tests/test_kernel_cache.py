@@ -12,7 +12,7 @@ def _tree(root: Path) -> list[Path]:
     (root / "sim" / "__pycache__").mkdir(parents=True)
     (root / "sim" / "ddp.py").write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return x\n")
     (root / "sim" / "pipeline.py").write_text("from numba import njit\nfrom .ddp import f\n")
-    (root / "plain.py").write_text("x = 1\n")
+    (root / "plain.py").write_text('"""Kernels are ``@njit(cache=True)``."""\nx = 1\n')  # names it, has none
     cached = [root / "sim" / "__pycache__" / n for n in ("pipeline._core-85.py311.nbi", "pipeline._core-85.py311.0.nbc")]
     for p in cached:
         p.write_bytes(b"old machine code")
@@ -27,7 +27,7 @@ def test_a_changed_callee_drops_the_cache_and_nothing_else_does(tmp_path: Path) 
     for p in cached:
         p.write_bytes(b"new machine code")
     assert not refresh(tmp_path) and all(p.exists() for p in cached)  # unchanged sources: kept
-    (tmp_path / "plain.py").write_text("x = 2\n")  # no kernel there
+    (tmp_path / "plain.py").write_text('"""Kernels are ``@njit(cache=True)``."""\nx = 2\n')  # no kernel there
     assert not refresh(tmp_path) and all(p.exists() for p in cached)
     (tmp_path / "sim" / "ddp.py").write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return 2 * x\n")
     assert refresh(tmp_path)  # only the callee's file changed: the caller's cache goes too
