@@ -37,7 +37,7 @@ def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = No
     the processes torchrun started, which must be the plan's devices (None: not checked)."""
     if plan.mode != "pipeline" or plan.stage_devices is None:
         return []
-    replicas = [len(s) for s in plan.stage_devices]
+    replicas = [len(s) // max(int(plan.tp), 1) for s in plan.stage_devices]  # a stage's TP group is one replica
     out: list[str] = []
     if len(set(replicas)) != 1:
         out.append(f"stages are replicated {replicas} times; the runtime needs the same count per stage")

@@ -178,9 +178,13 @@ def options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recompute: Any) -> Any:
-    """A flat list of unit paths for a pipeline becomes one list per stage (each unit in the stage
-    that holds it; a path that is no unit stays in every stage, where validation names it)."""
+def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recompute: Any,
+                    rank_of: Sequence[int] | None = None) -> Any:
+    """A flat list of unit paths for a pipeline becomes one list per stage entry (each unit in
+    the entry of the stage that holds it; a path that is no unit stays in every entry, where
+    validation names it). With virtual stages the options have one entry per rank:
+    ``rank_of[s]`` is virtual stage ``s``'s rank, and a rank's entry lists the units of all its
+    stages."""
     if num_stages <= 1 or not isinstance(recompute, (list, tuple)) or not recompute \
             or not all(isinstance(x, str) for x in recompute):
         return recompute
@@ -189,8 +193,19 @@ def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recom
     if st.shape != (graph.num_nodes,):
         return recompute
     unit = stage_units(units, st)
-    where = {units.names[int(u)]: int(s) for u, s in zip(unit.tolist(), st.tolist()) if u >= 0}
+    entry = (lambda s: int(rank_of[s]) if 0 <= s < len(rank_of) else s) if rank_of is not None else int
+    where = {units.names[int(u)]: entry(int(s)) for u, s in zip(unit.tolist(), st.tolist()) if u >= 0}
     return [tuple(x for x in recompute if where.get(x, s) == s) for s in range(num_stages)]
+
+
+def entry_of_stages(p: "Placement") -> np.ndarray | None:
+    """The option entry (rank) of every virtual stage of ``p``, or None without virtual stages
+    (options are then per stage)."""
+    from .pipeline_rules import SPECS, stage_ranks
+
+    if p.virtual_stages <= 1 or p.schedule not in SPECS or not p.num_stages:
+        return None
+    return np.array(stage_ranks(p.schedule, p.num_stages, p.virtual_stages), dtype=np.int64)
 
 
 def _hosts_of(cluster: "Cluster", devs: Sequence[int]) -> list[int]:
@@ -254,8 +269,10 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
         if units is None:
             units = block_units(graph)
             st_units = stage_units(units, stages)
-        own = sorted({units.names[u] for u, st in zip(st_units.tolist(), stages.tolist())
-                      if u >= 0 and st == s}, key=units.names.index)
+            ranks = entry_of_stages(p)
+            entry = stages if ranks is None else ranks[np.clip(stages, 0, len(ranks) - 1)]
+        own = sorted({units.names[u] for u, e in zip(st_units.tolist(), entry.tolist())
+                      if u >= 0 and e == s}, key=units.names.index)
         bad = [x for x in v if x not in own]
         if bad:
             shown = ", ".join(own[:6]) + (", ..." if len(own) > 6 else "")

@@ -193,7 +193,9 @@ class Placement:
         if int(virtual_stages) > 1 and len(sd) and schedule in ALL_SCHEDULES:
             first = first[list(stage_ranks(schedule, len(sd), int(virtual_stages)))]
         dev = first[np.clip(st, 0, max(len(first) - 1, 0))] if len(sd) else np.full(st.shape, -1)
-        recompute = split_recompute(graph, st, len(sd), recompute)  # unit paths per stage
+        ranks = stage_ranks(schedule, len(sd), int(virtual_stages)) \
+            if int(virtual_stages) > 1 and len(sd) and schedule in ALL_SCHEDULES else None
+        recompute = split_recompute(graph, st, len(sd), recompute, ranks)  # unit paths per stage (rank)
         p = cls("pipeline", dev, stage_of_node=st, stage_devices=sd, microbatches=microbatches,
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=_with_batch(graph, meta), shard=shard, recompute=recompute, precision=precision,
