@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .graph.units import block_units, stage_units
-from .parallel import StageOptions
+from .parallel import StageOptions, entry_of_stages
 from .placement import Placement, PlacementError
-from .pipeline_rules import ALL_SCHEDULES, stage_ranks
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -123,9 +122,8 @@ class Claim:
 
 def _rank_of_stage(p: Placement) -> np.ndarray:
     """(K,) the rank of every stage."""
-    if p.virtual_stages > 1 and p.schedule in ALL_SCHEDULES:
-        return np.asarray(stage_ranks(p.schedule, p.num_stages, p.virtual_stages))
-    return np.arange(p.num_stages)
+    ranks = entry_of_stages(p)
+    return np.arange(p.num_stages) if ranks is None else ranks
 
 
 def _recomputed(p: Placement, graph: "OpGraph") -> frozenset[str]:
@@ -212,7 +210,7 @@ def _build(graph: "OpGraph", cluster: "Cluster", s: dict[str, Any]) -> tuple[Pla
     n_units = block_units(graph).num_units
     if not rc:
         recompute: Any = False
-    elif len(rc) >= n_units or s["virtual_stages"] > 1:  # per-stage unit lists name a rank's first stage only
+    elif len(rc) >= n_units:
         recompute = True
     else:
         recompute = sorted(rc)

@@ -29,8 +29,8 @@ graph's; micro-batches of one sample per replica, as both publish them (torchtit
   a step, the closest to Megatron's distributed optimizer); with one replica nothing is sharded.
 - :func:`ddp_recipe`: PyTorch DDP over every device, fp32 (DDP has no bf16 here), no recompute.
 
-Recompute with several stages per rank is ``True`` (every unit of every stage: the per-stage
-unit lists name a rank's first stage only), which also recomputes the embedding and the head.
+Recompute is the list of transformer blocks, with several stages per rank too (a rank's list
+holds the blocks of all its stages), so the embedding and the head are not recomputed.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def torchtitan_recipes(graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel
             out.append(_recipe(f"torchtitan 3D: PP {pp} x FSDP {dp} x TP {tp} (SP), {schedule}"
                                + (f" v={v}" if v > 1 else "") + ", full AC", "torchtitan", TORCHTITAN, graph, cluster,
                                block_stages(graph, pp * v), pp, microbatches=m, schedule=schedule, virtual_stages=v,
-                               shard="fsdp", recompute=blocks if v == 1 else True, precision=prec, tp=tp,
+                               shard="fsdp", recompute=blocks, precision=prec, tp=tp,
                                sequence_parallel=True))
     return out
 
@@ -165,7 +165,7 @@ def megatron_recipes(graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel |
         out.append(_recipe(f"Megatron: TP {tp} x PP {pp} x DP {dp}, {schedule}" + (f" v={v}" if v > 1 else "")
                            + ", mb 1, full recompute", "megatron", MEGATRON, graph, cluster, st, pp,
                            microbatches=m, schedule=schedule, virtual_stages=v, shard=_shard(prec),
-                           recompute=blocks if v == 1 else True, precision=prec, tp=tp, **extra))
+                           recompute=blocks, precision=prec, tp=tp, **extra))
     return out
 
 
