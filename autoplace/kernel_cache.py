@@ -42,21 +42,35 @@ def kernel_sources_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+def _stat_key(root: Path) -> str:
+    """A cheap key of every module's path, size and time stamp: when it is the stamped one, no
+    source changed and nothing is read."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        if "__pycache__" not in p.parts:
+            st = p.stat()
+            h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
 def refresh(root: Path | None = None) -> bool:
     """Delete the cached kernels under ``root`` (default: this package) when the kernel sources
     changed since they were stamped; True when it deleted. Quiet and harmless where the folder
-    is read-only (numba then caches elsewhere)."""
+    is read-only (numba then caches elsewhere). The stamp holds the kernel sources' hash and the
+    modules' :func:`_stat_key`, so an unchanged tree costs one ``stat`` per module."""
     root = Path(__file__).resolve().parent if root is None else root
     stamp = root / "__pycache__" / STAMP
     try:
-        now = kernel_sources_hash(root)
-        if stamp.exists() and stamp.read_text().strip() == now:
+        old = stamp.read_text().split() if stamp.exists() else []
+        key = _stat_key(root)
+        if old[1:2] == [key]:
             return False
-        stale = [p for p in root.rglob("__pycache__/*") if p.suffix in (".nbi", ".nbc")]
+        now = kernel_sources_hash(root)
+        stale = [] if old[:1] == [now] else [p for p in root.rglob("__pycache__/*") if p.suffix in (".nbi", ".nbc")]
         for p in stale:
             p.unlink(missing_ok=True)
         stamp.parent.mkdir(exist_ok=True)
-        stamp.write_text(now + "\n")
+        stamp.write_text(f"{now}\n{key}\n")
         return bool(stale)
     except OSError:
         return False
