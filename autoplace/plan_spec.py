@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .parallel import PRECISIONS, SHARDS, Recompute, StageOptions, hsdp_shape
+from .parallel import Recompute, StageOptions, hsdp_shape
 from .pipeline_rules import ALL_SCHEDULES
 
 if TYPE_CHECKING:
@@ -216,7 +216,8 @@ def compose(graph: "OpGraph", cluster: "Cluster", stage_of_node: Sequence[int] |
             planner: str = "", meta: dict[str, Any] | None = None, validate: bool = True) -> "Placement":
     """The pipeline Placement of ``spec`` over the partition ``stage_of_node`` (``spec.pipeline.
     stages`` stages; with virtual stages, placed on ranks as the schedule says). Each rank's
-    devices must be its mesh: ``data.replicate x data.shard x tensor.degree`` devices."""
+    devices must be its mesh: ``data.replicate x data.shard x tensor.degree`` devices; the
+    Placement's own rules check the rest (shard kinds, precisions, the schedule)."""
     from .placement import Placement, PlacementError
 
     problems = []
@@ -230,13 +231,9 @@ def compose(graph: "OpGraph", cluster: "Cluster", stage_of_node: Sequence[int] |
         if len(s.devices) != need:
             problems.append(f"rank {r} has {len(s.devices)} devices; its mesh is replicate {s.data.replicate} x "
                             f"shard {s.data.shard} x tp {spec.tensor.degree} = {need}: list that many devices")
-        if s.data.kind not in SHARDS:
-            problems.append(f"rank {r} has data.kind={s.data.kind!r}; it must be one of {SHARDS}")
-        elif s.data.kind == "ddp" and s.data.shard != 1 or s.data.kind == "fsdp" and s.data.replicate != 1:
+        if s.data.kind == "ddp" and s.data.shard != 1 or s.data.kind == "fsdp" and s.data.replicate != 1:
             problems.append(f"rank {r} is {s.data.kind} with replicate {s.data.replicate} x shard {s.data.shard}; "
                             "ddp has shard 1, fsdp replicate 1 (both > 1 is hsdp)")
-        if s.precision not in PRECISIONS:
-            problems.append(f"rank {r} has precision={s.precision!r}; it must be one of {PRECISIONS}")
     if problems:
         raise PlacementError(problems)
     return Placement.pipeline(
