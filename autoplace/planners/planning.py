@@ -400,8 +400,6 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
     picked: list[tuple[float, str, Placement]] = []
     room = {False: SCHEDULE_PASS_PLANS, True: 1 if SCHEDULE_PASS_PLANS else 0}  # usable, refused
     for step, name, p, refused in sorted(fitting, key=lambda x: x[0]):
-        if p.shard or p.recompute or p.precision or p.reshard_after_forward:
-            continue  # per-stage options: best_schedule could only swap gpipe and 1f1b
         key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in p.to_dict().items()
                            if k not in ("planner", "meta", "schedule")))
         if key not in done and room[refused] > 0:

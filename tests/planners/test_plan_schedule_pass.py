@@ -76,3 +76,17 @@ def test_no_time_left_skips_the_pass_with_the_reason(monkeypatch: pytest.MonkeyP
 def test_a_named_baseline_stays_what_it_is() -> None:
     p = autoplace.plan(_deep(), "8xV100-nvlink", planner="pipedream-dp", mode="pipeline")
     assert p.schedule in ("1f1b", "gpipe") and p.virtual_stages == 1 and "schedule_candidates" not in p.meta
+
+
+def test_a_plan_with_stage_options_gets_its_schedule_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 24 x 3 GB of weights on 16 A100s: pipedream-dp's plan shards its stages (FSDP); the pass must
+    # try the multi-stage schedules on it with those options (the simulator prices them, sim/stage_cost.py)
+    g = _deep(24, 3e9)
+    got = _plan(g, "2x8xA100-dgx", monkeypatch, 3)
+    rows = _rows(got)
+    assert rows["pipedream-dp"]["step_time_s"] is not None
+    src = Placement.from_dict(got.to_dict())
+    assert "pipedream-dp+sched" in rows, sorted(rows)
+    row = rows["pipedream-dp+sched"]
+    assert row["schedules_tried"] > 10 and row["step_time_s"] < rows["pipedream-dp"]["step_time_s"]
+    assert src.shard and not runtime_problems(src, g, world=16)
