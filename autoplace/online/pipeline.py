@@ -28,7 +28,13 @@ so every rank reaches each decision together): rank 0 owns the search (the cut p
 screening in the calibrated simulator, PPO, calibration); the step time of a step is the
 maximum over ranks of the rank's wall time from ``step()`` to the end of ``optimizer.step()``
 (an ``all_reduce(MAX)`` once per measurement, not per step); rank 0 broadcasts each decision.
-Stages stay one per rank; devices, micro-batches and schedule stay the plan's: only the cuts move.
+By default stages stay one per rank and devices, micro-batches and schedule stay the plan's: only
+the cuts move. With ``candidates`` (a list of plans, :func:`autoplace.online.kinds.kind_candidates`)
+the tuner chooses among those instead (:class:`autoplace.online.kinds.KindPolicy`): plan kinds too,
+data parallelism (one stage replicated on every rank) as well as pipelines of any schedule and
+micro-batch count. A switch into a replicated plan first copies every tensor to every rank (the
+same point-to-point moves, before the new runner is built, because DDP's constructor broadcasts
+rank 0's copy of every parameter, which for another stage's parameters would be stale).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..cluster import Cluster
 from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
+from .kinds import KindPolicy, kind_label
 from .search import TuningSearch, candidate_key
 from ..planners.learned.env import candidate_of
 from .state import stays_on_cpu
@@ -68,7 +75,8 @@ class OnlinePipeline(PipelineRunner):
                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], example_inputs: tuple[torch.Tensor, ...],
                  optimizer: torch.optim.Optimizer, config: OnlineConfig | None = None,
                  cost: CostModel | None = None, device: str | torch.device | None = None,
-                 timeouts: Any = None, predicted_step_s: float | None = None, batch_norm: str = "sync") -> None:
+                 timeouts: Any = None, predicted_step_s: float | None = None, batch_norm: str = "sync",
+                 candidates: Sequence[Placement] | None = None) -> None:
         if not dist.is_initialized():
             raise OnlineError("OnlinePipeline runs under torch.distributed: launch with torchrun "
                               "(autoplace.wrap(..., mode='pipeline') initialises the process group)")
@@ -87,9 +95,10 @@ class OnlinePipeline(PipelineRunner):
             raise OnlineError(f"the optimizer lacks {len(missing)} of the model's parameters ({', '.join(missing[:3])}"
                               f"{', ...' if len(missing) > 3 else ''}); a re-split moves parameters between ranks, so "
                               "every rank's optimizer must hold all of them: build it on model.parameters()")
-        self.device = torch.device(device) if device is not None else (
-            torch.device(cluster.devices[plan.stage_devices[self.rank][0]].name) if plan.stage_devices else
-            torch.device("cpu"))
+        if device is None and plan.stage_devices:
+            stage, replica = divmod(self.rank, self.world // plan.num_stages)
+            device = cluster.devices[plan.stage_devices[stage][replica]].name
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         self._tensors = dict([*model.named_parameters(), *model.named_buffers()])
         self.plan = plan
@@ -109,12 +118,20 @@ class OnlinePipeline(PipelineRunner):
         self._since_switch = 0
         self._between = 0
         self.steps = 0
+        for c in candidates or ():
+            self._check_plan(c)
         if config is not None and self.rank == 0:
-            st = np.asarray(plan.stage_of_node)
-            policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
-                               rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
+            policy: Any
+            if candidates:
+                policy = KindPolicy([candidate_of(c) for c in candidates])
+                name, note = "kinds", f"one categorical over {len(candidates)} plans (kinds, cuts, micro-batches)"
+            else:
+                st = np.asarray(plan.stage_of_node)
+                policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
+                                   rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
+                name, note = "cut", "cut positions in topological order"
             self.search = TuningSearch(self.graph, cluster, self.cost, candidate_of(plan), policy=policy,
-                                       policy_name="cut", policy_note="cut positions in topological order",
+                                       policy_name=name, policy_note=note,
                                        config=config, to_placement=self._placement, summarize=self._summary)
 
     # ---- plans and candidates --------------------------------------------------------------
@@ -122,9 +139,15 @@ class OnlinePipeline(PipelineRunner):
     def _check_plan(self, plan: Placement) -> None:
         if plan.mode != "pipeline" or plan.stage_devices is None or plan.stage_of_node is None:
             raise OnlineError("OnlinePipeline needs a pipeline plan")
-        if plan.num_stages != self.world or any(len(s) != 1 for s in plan.stage_devices):
-            raise OnlineError(f"online pipeline tuning runs one stage per rank without replicas; the plan has "
-                              f"{[len(s) for s in plan.stage_devices]} device(s) per stage on {self.world} ranks")
+        reps = {len(s) for s in plan.stage_devices}
+        if len(reps) != 1 or plan.num_stages * min(reps) != self.world:
+            raise OnlineError(f"online pipeline tuning runs stages x replicas = {self.world} ranks, every stage "
+                              f"replicated alike; the plan has {[len(s) for s in plan.stage_devices]} device(s) per "
+                              "stage: pass one stage per rank, or one stage replicated on every rank")
+        if plan.shard or plan.recompute or plan.precision or plan.tp != 1 or plan.virtual_stages != 1:
+            raise OnlineError(f"online pipeline tuning switches plans without sharding, recompute, precision, "
+                              f"tensor parallelism or virtual stages; this plan has them ({plan.describe()}): pass "
+                              "a plain pipeline or data-parallel plan")
         problems = plan.problems(self.graph, self.cluster)
         if problems:
             from ..placement import PlacementError
@@ -136,8 +159,7 @@ class OnlinePipeline(PipelineRunner):
         return Placement.pipeline(self.graph, self.cluster, st, sd, microbatches=m, schedule=sched, planner="online")
 
     def _summary(self, cand: Any) -> str:
-        st = np.asarray(cand[0])
-        return "/".join(str(int(x)) for x in np.bincount(st, minlength=len(cand[1]))) + " ops"
+        return kind_label(cand)
 
     # ---- building and moving -----------------------------------------------------------------
 
@@ -161,7 +183,8 @@ class OnlinePipeline(PipelineRunner):
         stage_of_fx = {n.name: int(plan.stage_of_node[self.traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
         return build_pipeline_runner(gm, stage_of_fx, example_inputs=self.example_inputs,
                                      microbatches=plan.microbatches, loss_fn=self.loss_fn, schedule=plan.schedule,
-                                     device=self.device, num_stages=plan.num_stages, **self._options)
+                                     device=self.device, num_stages=plan.num_stages,
+                                     replicas=self.world // plan.num_stages, **self._options)
 
     def _gather_holders(self) -> dict[str, list[int]]:
         mod = self.runner.stage_module
@@ -241,6 +264,11 @@ class OnlinePipeline(PipelineRunner):
         """Re-split to ``plan`` between two steps (a collective: every rank, the same plan)."""
         self._check_plan(plan)
         old_runner, old = self.runner, self._holders
+        prev = old
+        if plan.num_stages < self.world:  # replicas: every rank gets every tensor before DDP broadcasts
+            everyone = {n: list(range(self.world)) for n in old}
+            self._move(old, everyone)
+            old = self._holders = everyone
         ok = torch.ones(1)
         error = ""
         try:
@@ -250,7 +278,7 @@ class OnlinePipeline(PipelineRunner):
             error = f"{type(e).__name__}: {str(e)[:200]}"
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if ok.item() < 1:
-            self.runner = old_runner
+            self.runner, self._holders = old_runner, prev  # the old stages' copies stay the live ones
             raise OnlineError(f"re-splitting failed on some rank{f' (here: {error})' if error else ''}; "
                               "the previous split stays")
         self.runner = runner

@@ -1,0 +1,141 @@
+"""Online tuning over plan kinds: the candidate set and the policy that samples from it.
+
+The runtime runs three kinds of plan on ``W`` processes without sharding: data parallelism
+(one stage replicated on every rank, DDP), and a pipeline of ``W`` stages scheduled by GPipe
+or 1F1B with some number of micro-batches. :func:`kind_candidates` builds a small set of them
+from a planner's pick, the way a user would explore by hand:
+
+- DDP over every rank (one micro-batch, and ``microbatches`` if asked for);
+- every cut of :func:`cut_shares` (the planner's pipeline cut, its neighbours at
+  ``cut_offsets`` of the profiled work, and fixed work shares such as an even and a skewed
+  split), each with every schedule in ``schedules`` and micro-batch count in ``microbatches``.
+
+A cut is placed by the profiled work (measured forward + backward seconds; FLOPs where an op
+was not measured): the first stage ends at the op where the running share of the work reaches
+the cut's share. Duplicates are dropped, so a set stays small (17 plans for 4 cuts x 4
+schedule/micro-batch pairs + DDP).
+
+:class:`KindPolicy` is one categorical over that set (logits start equal): PPO
+(:mod:`autoplace.online.search`) moves probability towards the plans whose live or calibrated
+simulated step is fast; the learning-free control ranks the same set by the calibrated
+simulator alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..placement import Placement
+from ..planners.learned.env import candidate_key, candidate_of
+from ..planners.learned.ppo import PolicySample
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+
+__all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share"]
+
+
+def _work(graph: "OpGraph") -> np.ndarray:
+    t = np.nan_to_num(np.asarray(graph.fwd_time_s, dtype=np.float64)) + np.nan_to_num(
+        np.asarray(graph.bwd_time_s, dtype=np.float64))
+    if t.sum() <= 0:
+        t = np.asarray(graph.fwd_flops, dtype=np.float64) + np.asarray(graph.bwd_flops, dtype=np.float64)
+    return t if t.sum() > 0 else np.ones(graph.num_nodes)
+
+
+def split_at_share(graph: "OpGraph", share: float) -> np.ndarray:
+    """Stage (0 or 1) of every op: 0 up to the op where the running share of the work reaches
+    ``share``; both stages keep at least one op."""
+    w = _work(graph)
+    cut = int(np.searchsorted(np.cumsum(w) / w.sum(), share))
+    cut = min(max(cut, 0), graph.num_nodes - 2)
+    return (np.arange(graph.num_nodes) > cut).astype(np.int64)
+
+
+def pipeline_cut_share(graph: "OpGraph", stage_of_node: Sequence[int]) -> float:
+    """The share of the work in the first stage of a 2-stage assignment."""
+    w = _work(graph)
+    return float(w[np.asarray(stage_of_node) == 0].sum() / w.sum())
+
+
+def cut_shares(centre: float, *, offsets: Sequence[float] = (-0.1, 0.0, 0.1),
+               fixed: Sequence[float] = (0.5, 0.3)) -> list[float]:
+    """Work shares of the first stage to try: ``centre`` plus ``offsets``, then ``fixed``, all in (0, 1)."""
+    out = [min(max(centre + o, 0.02), 0.98) for o in offsets] + list(fixed)
+    return [s for i, s in enumerate(out) if s not in out[:i]]
+
+
+def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float = 0.5,
+                    cut_offsets: Sequence[float] = (-0.1, 0.0, 0.1), fixed_shares: Sequence[float] = (0.5, 0.3),
+                    schedules: Sequence[str] = ("gpipe", "1f1b"), microbatches: Sequence[int] = (2, 4),
+                    ddp_microbatches: Sequence[int] = (1,), planner: str = "online-kinds") -> list[Placement]:
+    """DDP and 2-stage pipelines over ``cluster``'s first two devices (see the module doc); the
+    DDP plans first, then the pipelines by cut, schedule and micro-batches; no duplicates."""
+    if cluster.num_devices != 2:
+        raise ValueError(f"kind_candidates builds plans for 2 processes; the cluster has {cluster.num_devices} "
+                         "devices: pass a 2-device cluster")
+    n = graph.num_nodes
+    out: list[Placement] = []
+    seen: set[bytes] = set()
+
+    def add(p: Placement) -> None:
+        key = candidate_key(candidate_of(p))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+
+    for m in ddp_microbatches:
+        add(Placement.pipeline(graph, cluster, np.zeros(n, dtype=np.int64), [[0, 1]], microbatches=int(m),
+                               schedule="1f1b", planner=planner))
+    for share in cut_shares(centre_share, offsets=cut_offsets, fixed=fixed_shares):
+        st = split_at_share(graph, share)
+        for sched in schedules:
+            for m in microbatches:
+                add(Placement.pipeline(graph, cluster, st, [0, 1], microbatches=int(m), schedule=sched,
+                                       planner=planner))
+    return out
+
+
+def kind_label(cand: Any) -> str:
+    """A short name of a candidate ``(stage_of_node, stage_devices, microbatches, schedule)``:
+    ``ddp`` (``ddp M2``), or ``1f1b M4 20/25`` (schedule, micro-batches, ops per stage)."""
+    st, sd, m, sched = cand
+    if len(sd) == 1:
+        return "ddp" if int(m) == 1 else f"ddp M{int(m)}"
+    sizes = "/".join(str(int(x)) for x in np.bincount(np.asarray(st), minlength=len(sd)))
+    return f"{sched} M{int(m)} {sizes}"
+
+
+class KindPolicy(nn.Module):
+    """One categorical over a fixed list of candidates (pipeline tuples; see
+    :func:`autoplace.planners.learned.env.candidate_of`). Actions: an ``(n, 1)`` long tensor of
+    indices; :meth:`decode` gives the candidates. Logits start equal."""
+
+    def __init__(self, candidates: Sequence[Any]) -> None:
+        super().__init__()
+        if len(candidates) < 2:
+            raise ValueError(f"KindPolicy needs at least 2 candidates; got {len(candidates)}")
+        self.candidates = list(candidates)
+        self.logits = nn.Parameter(torch.zeros(len(self.candidates)))
+
+    def sample(self, n: int, generator: torch.Generator, *, greedy: bool = False) -> PolicySample:
+        probs = torch.softmax(self.logits, dim=-1)
+        if greedy:
+            idx = probs.argmax().expand(n).clone()
+        else:
+            idx = torch.multinomial(probs, n, replacement=True, generator=generator)
+        actions = idx.view(n, 1)
+        lp, ent = self.score(actions)
+        return PolicySample(actions, lp, ent)
+
+    def score(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = torch.distributions.Categorical(logits=self.logits)
+        return d.log_prob(actions[:, 0]), d.entropy().expand(actions.shape[0])
+
+    def decode(self, actions: torch.Tensor) -> list[Any]:
+        return [self.candidates[int(i)] for i in actions[:, 0].cpu().tolist()]

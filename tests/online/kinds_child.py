@@ -1,0 +1,112 @@
+"""torchrun child of test_online_kinds.py: a 2-rank OnlinePipeline that switches plan kind (DDP <->
+GPipe/1F1B pipelines, micro-batches, cuts) mid-training, beside the unsplit model trained on the
+same full batches in-process (the untuned run). Writes OUT/rank<r>.json (or rank<r>.err).
+
+    torchrun --nproc-per-node 2 --standalone tests/online/kinds_child.py OUT CASE_JSON
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+BATCH = 8
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
+                         nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + i)
+    return torch.randn(BATCH, 12, generator=g), torch.randn(BATCH, 3, generator=g)
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((out - y) ** 2).mean()
+
+
+def main(out: Path, case: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    import autoplace
+    from autoplace.online import OnlineConfig
+    from autoplace.online.kinds import kind_candidates, kind_label
+    from autoplace.online.pipeline import OnlinePipeline
+    from autoplace.planners.learned.env import candidate_of
+    from autoplace.rewrite.liveness import Timeouts
+    from autoplace.rewrite.runtime import init_distributed
+
+    rank, _, _ = init_distributed(timeout_s=60)
+    result: dict[str, Any] = {"rank": rank}
+    model = _model()
+    ref = copy.deepcopy(model)
+    x0, _ = _batch(0)
+    traced_graph = autoplace.trace(model, (x0,))
+    cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
+    cands = kind_candidates(traced_graph, cluster, cut_offsets=(0.0,), fixed_shares=(0.3,), schedules=("gpipe", "1f1b"),
+                            microbatches=(2, 4), ddp_microbatches=(1, 2))
+    by_label = {kind_label(candidate_of(c)): c for c in cands}
+    result["labels"] = list(by_label)
+    start = [c for c in cands if c.num_stages == 2 and c.schedule == "1f1b" and c.microbatches == 2][0]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    from autoplace.graph.trace import trace_module
+
+    traced = trace_module(model, (x0,))
+    cfg = None
+    pool = None
+    if case["tune"]:
+        pool = [c for c in cands if c is not start][: case.get("pool", 3)] + [start]
+        cfg = OnlineConfig(trials=len(pool) - 1, steps_per_trial=2, warmup_steps=1, every_n_steps=1, min_gain=0.0,
+                           screen_samples=8, screen_top_k=1, search=case["search"], seed=0)
+    pipe = OnlinePipeline(model, traced, cluster, start, loss_fn=_loss, example_inputs=(x0,), optimizer=opt,
+                          config=cfg, timeouts=Timeouts(floor_s=45), candidates=pool)
+    switches = {int(k): v for k, v in case.get("switches", {}).items()}
+    kinds, losses, ref_losses = [], [], []
+    for i in range(case["steps"]):
+        if i in switches:
+            pipe.apply_plan(by_label[switches[i]] if switches[i] in by_label else
+                            [c for lab, c in by_label.items() if lab.startswith(switches[i])][0])
+        kinds.append(kind_label(candidate_of(pipe.plan)))
+        x, y = _batch(i)
+        loss = pipe.step(x, target=y)
+        opt.step()
+        opt.zero_grad()
+        ref_loss = _loss(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(None if loss is None else float(loss))
+        ref_losses.append(float(ref_loss.detach()))
+    ref_params = dict(ref.named_parameters())
+    held = {n for n, p in model.named_parameters() if rank in pipe._holders.get(n, [])}
+    errs, state_errs = {}, {}
+    for n, p in model.named_parameters():
+        if n in held:
+            errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
+            mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
+            state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
+    result.update(kinds=kinds, losses=losses, ref_losses=ref_losses, held=sorted(held), errors=errs,
+                  state_errors=state_errs, resplits=pipe.resplits, phase=pipe.phase,
+                  report=pipe.tuning_report(), floor_s=pipe.runner.timeouts.floor_s)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    where = Path(sys.argv[1])
+    try:
+        main(where, json.loads(sys.argv[2]))
+    except Exception:
+        import os
+
+        (where / f"rank{os.environ.get('RANK', '?')}.err").write_text(traceback.format_exc())
+        raise

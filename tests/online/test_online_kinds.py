@@ -1,0 +1,114 @@
+"""Online tuning over plan kinds: switching between DDP and GPipe/1F1B pipelines (cuts,
+micro-batches) mid-training loses no step and changes no parameter, under torchrun (gloo, 2
+ranks, runner timeouts of 45 s, the launch bounded by 300 s).
+
+The reference is the unsplit model trained in-process on the same full batches (what an untuned
+run computes: every plan here equals it up to the order of float sums, so 1e-5 is allowed, as in
+test_resplit.py). Both ranks' losses (the batch loss on the last stage; DDP replicas all-reduce
+it) and every parameter and Adam state tensor each rank holds at the end are compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import autoplace
+from autoplace.online.kinds import KindPolicy, kind_candidates, kind_label, split_at_share
+from autoplace.planners.learned.env import candidate_key, candidate_of
+
+CHILD = Path(__file__).with_name("kinds_child.py")
+
+
+def _launch(tmp_path: Path, case: dict[str, Any]) -> list[dict[str, Any]]:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone", str(CHILD), str(tmp_path), json.dumps(case)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = {f.name: f.read_text()[-1500:] for f in tmp_path.glob("*.err")}
+    assert proc.returncode == 0 and not errors, (errors, proc.stderr[-3000:])
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _equal_to_untuned(res: list[dict[str, Any]]) -> None:
+    assert res[0]["kinds"] == res[1]["kinds"]
+    for r in res:
+        assert len(r["losses"]) == len(r["ref_losses"])  # no step lost
+        for i, (a, b) in enumerate(zip(r["losses"], r["ref_losses"])):
+            if a is not None:
+                assert abs(a - b) <= 1e-5, (r["rank"], i, r["kinds"][i], a, b)
+        assert r["errors"], "this rank holds no parameter"
+        for n, e in r["errors"].items():
+            assert e <= 1e-5, (r["rank"], n, e)
+        for n, st in r["state_errors"].items():
+            assert set(st) == {"step", "exp_avg", "exp_avg_sq"} and st["step"] == 0.0, (n, st)
+            assert st["exp_avg"] <= 1e-5 and st["exp_avg_sq"] <= 1e-5, (n, st)
+        assert r["floor_s"] == 45
+
+
+def test_kind_switches_lose_no_step_and_change_no_parameter(tmp_path: Path) -> None:
+    res = _launch(tmp_path, {"tune": False, "steps": 12, "switches": {"3": "ddp", "6": "gpipe M4", "9": "ddp M2"}})
+    assert res[0]["kinds"][:3] == ["1f1b M2 3/5"] * 3 and res[0]["kinds"][3] == "ddp"
+    assert res[0]["kinds"][6].startswith("gpipe M4") and res[0]["kinds"][9] == "ddp M2"
+    # under DDP both ranks hold every parameter; after the switch back each holds its stage's
+    assert res[0]["resplits"] == 3
+    _equal_to_untuned(res)
+    # every step of a DDP plan returns the batch loss on both ranks
+    assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10, 11))
+
+
+@pytest.mark.parametrize("search", ["ppo", "topk"])
+def test_tuning_over_kinds_trains_as_the_untuned_run(tmp_path: Path, search: str) -> None:
+    res = _launch(tmp_path, {"tune": True, "search": search, "steps": 16, "pool": 3})
+    kinds = set(res[0]["kinds"])
+    assert any(k.startswith("ddp") for k in kinds) and any(not k.startswith("ddp") for k in kinds), kinds
+    assert res[0]["phase"] == "done" and "policy: kinds" in res[0]["report"]
+    _equal_to_untuned(res)
+
+
+def _graph() -> tuple[autoplace.OpGraph, autoplace.Cluster]:
+    wl = autoplace.zoo.build("gpt2", small=True, n_layer=2, n_embd=32, n_head=2, seq_len=16, n_positions=16,
+                             batch_size=8)
+    return autoplace.trace(wl.model, wl.example_inputs), autoplace.Cluster.from_devices(["cpu", "cpu"])
+
+
+def test_kind_candidates_cover_ddp_and_pipelines_around_the_cut() -> None:
+    graph, cluster = _graph()
+    cands = kind_candidates(graph, cluster, centre_share=0.6)
+    labels = [kind_label(candidate_of(c)) for c in cands]
+    assert labels[0] == "ddp" and cands[0].stage_devices == ((0, 1),)
+    assert len({candidate_key(candidate_of(c)) for c in cands}) == len(cands)
+    pipes = [c for c in cands if c.num_stages == 2]
+    assert {(c.schedule, c.microbatches) for c in pipes} == {("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)}
+    cuts = {int((np.asarray(c.stage_of_node) == 0).sum()) for c in pipes}
+    want = {int((split_at_share(graph, s) == 0).sum()) for s in (0.5, 0.6, 0.7, 0.3)}
+    assert cuts == want and len(cands) == 1 + 4 * len(want)
+    for c in cands:
+        c.validate(graph, cluster)
+
+
+def test_kind_policy_samples_the_candidates_and_ppo_moves_towards_the_rewarded_one() -> None:
+    graph, cluster = _graph()
+    cands = [candidate_of(c) for c in kind_candidates(graph, cluster)]
+    pol = KindPolicy(cands)
+    gen = torch.Generator().manual_seed(0)
+    s = pol.sample(64, gen)
+    got = {candidate_key(c) for c in pol.decode(s.actions)}
+    assert got <= {candidate_key(c) for c in cands} and len(got) > 1
+    from autoplace.planners.learned.ppo import PPOConfig, PPOUpdate
+
+    rule = PPOUpdate(PPOConfig(lr=0.05, samples_per_update=16, num_minibatches=2, update_epochs=4, ent_coef=0.0),
+                     optimizer=torch.optim.Adam(pol.parameters(), lr=0.05))
+    baseline = None
+    for _ in range(10):
+        s = rule.sample(pol, 16, gen)
+        rewards = [1.0 if int(a) == 3 else 0.0 for a in s.actions[:, 0]]
+        baseline, _ = rule.update(pol, s, rewards, baseline, gen)
+    assert int(torch.argmax(pol.logits)) == 3
