@@ -110,16 +110,23 @@ class OnlinePipeline(PipelineRunner):
         self.resplits = 0
         self.timer = StepTimer([self.device])
         self._hook = optimizer.register_step_post_hook(lambda *_: self._step_end())
-        self.config = config
-        self.search: TuningSearch | None = None
-        self.phase = "done" if config is None else "start"
-        self._times: list[float] = []
-        self._between_times: list[float] = []
-        self._since_switch = 0
-        self._between = 0
         self.steps = 0
+        self.config: OnlineConfig | None = None
+        self.search: TuningSearch | None = None
+        self.phase = "done"
+        self.tune(config, candidates)
+
+    def tune(self, config: OnlineConfig | None, candidates: Sequence[Placement] | None = None) -> None:
+        """Start tuning from the current plan with ``config`` (None: stop tuning), between two steps,
+        on every rank alike; ``candidates``: the plans to choose among (None: the cuts of the
+        current plan). A finished tuning can be started again (after a change of the machine's load)."""
         for c in candidates or ():
             self._check_plan(c)
+        self.config, self.search = config, None
+        self.phase = "done" if config is None else "start"
+        self._times, self._between_times = [], []
+        self._since_switch = self._between = 0
+        plan = self.plan
         if config is not None and self.rank == 0:
             policy: Any
             if candidates:
@@ -130,7 +137,7 @@ class OnlinePipeline(PipelineRunner):
                 policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
                                    rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
                 name, note = "cut", "cut positions in topological order"
-            self.search = TuningSearch(self.graph, cluster, self.cost, candidate_of(plan), policy=policy,
+            self.search = TuningSearch(self.graph, self.cluster, self.cost, candidate_of(plan), policy=policy,
                                        policy_name=name, policy_note=note,
                                        config=config, to_placement=self._placement, summarize=self._summary)
 

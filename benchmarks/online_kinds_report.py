@@ -1,0 +1,124 @@
+"""Tables of benchmarks/online_kinds.py (benchmarks/results/online_kinds.{json,md})."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autoplace.report import format_table
+
+
+def rms_log(pred: list[float], meas: list[float]) -> float:
+    return float(math.sqrt(np.mean([(math.log(p) - math.log(q)) ** 2 for p, q in zip(pred, meas)])))
+
+
+def rows_of(m: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (start, tuner) of a model."""
+    meas, labels, best = m["measured_s"], m["labels"], m["best"]
+    ab = {int(k): v for k, v in m["ab_s"].items()}
+    out = []
+    for r in m["runs"]:
+        trials = r.get("trials_done", args["trials"])
+        live = trials * (1 + args["trial_steps"])
+        extra = sum((1 + args["trial_steps"]) * max(t["measured_s"] - ab[best], 0.0)
+                    for t in r.get("trials", [])[1:] if t["measured_s"] is not None)
+        out.append({"model": m["model"], "start": r["start"], "start_plan": labels[r["start_index"]],
+                    "search": r["search"], "kept": labels[r["kept"]], "best": labels[best],
+                    "kept_is_best": r["kept"] == best, "kept_over_best": ab[r["kept"]] / ab[best],
+                    "kept_over_best_bruteforce": meas[r["kept"]] / meas[best],
+                    "live_trial_steps": live, "share_of_1000": live / 1000.0,
+                    "extra_time_share_of_1000": extra / (1000.0 * ab[best]),
+                    "rms_before": rms_log(m["predicted_s"], meas),
+                    "rms_after": rms_log(r["calibrated_s"], meas) if "calibrated_s" in r else math.nan,
+                    "tuning_steps": r["tuning_steps"]})
+    return out
+
+
+def model_line(m: dict[str, Any]) -> str:
+    rows = rows_of(m, m.get("_args", {"trials": 6, "trial_steps": 3})) if "_args" in m else []
+    best = m["labels"][m["best"]]
+    kept = ", ".join(f"{r['start']}/{r['search']}: {m['labels'][r['kept']]}" for r in m["runs"])
+    return (f"  {m['model']}: measured best {best} {m['measured_s'][m['best']] * 1e3:.1f} ms; kept {kept}; "
+            f"A/B {json.dumps({m['labels'][int(k)]: round(v * 1e3, 1) for k, v in m['ab_s'].items()})}; "
+            f"load {['%.1f' % x for x in m['loadavg']]}; {m['wall_s']:.0f} s" + (f" ({len(rows)} rows)" if rows else ""))
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for search in ("ppo", "topk"):
+        rs = [r for r in rows if r["search"] == search]
+        if not rs:
+            continue
+        within = sum(r["kept_over_best"] <= 1.03 for r in rs)
+        out[search] = {"configurations": len(rs), "within_3pct": within, "share_within": within / len(rs),
+                       "geomean_kept_over_best": float(np.exp(np.mean([math.log(r["kept_over_best"]) for r in rs]))),
+                       "worst": max(r["kept_over_best"] for r in rs),
+                       "max_live_share": max(r["share_of_1000"] for r in rs),
+                       "max_extra_time_share": max(r["extra_time_share_of_1000"] for r in rs),
+                       "rms_after_median": float(np.nanmedian([r["rms_after"] for r in rs]))}
+    pairs = {}
+    for r in rows:
+        pairs.setdefault((r["model"], r["start"]), {})[r["search"]] = r["kept_over_best"]
+    ratios = [v["ppo"] / v["topk"] for v in pairs.values() if "ppo" in v and "topk" in v]
+    if ratios:
+        out["learned_over_control"] = {"geomean": float(np.exp(np.mean(np.log(ratios)))),
+                                       "better": sum(x < 0.995 for x in ratios), "worse": sum(x > 1.005 for x in ratios),
+                                       "tied": sum(0.995 <= x <= 1.005 for x in ratios), "pairs": len(ratios)}
+    return out
+
+
+def write(res: dict[str, Any], out: Path) -> None:
+    args = res["args"]
+    rows = [r for m in res["models"] for r in rows_of(m, args)]
+    res["rows"], res["summary"] = rows, summary(rows)
+    (out / "online_kinds.json").write_text(json.dumps(res, indent=1, default=float))
+    s = res["summary"]
+    head = ["model", "start", "start plan", "tuner", "kept", "measured best", "kept/best (A/B)", "within 3%",
+            "kept/best (all-candidates pass)", "live steps (share of 1,000)", "rms log err before", "after"]
+    body = [[r["model"], r["start"], r["start_plan"], r["search"], r["kept"], r["best"], f"{r['kept_over_best']:.3f}",
+             "yes" if r["kept_over_best"] <= 1.03 else "NO", f"{r['kept_over_best_bruteforce']:.3f}",
+             f"{r['live_trial_steps']} ({r['share_of_1000']:.1%})", f"{r['rms_before']:.3f}", f"{r['rms_after']:.3f}"]
+            for r in rows]
+    mrows = [[m["model"], str(m["ops"]), m["pick"], m["start_note"], str(len(m["candidates"])),
+              f"{m['labels'][m['best']]} ({m['measured_s'][m['best']] * 1e3:.1f} ms)",
+              " / ".join(f"{x:.1f}" for x in m["loadavg"]), f"{m['wall_s']:.0f}"] for m in res["models"]]
+    lines = ["# Online tuning over plan kinds, measured on this machine (2 processes)", "",
+             f"Command: `{res['command']}` ({res.get('seconds', 0):.0f} s). {res['machine']['cpus']} CPUs, shared with "
+             f"other jobs of other sessions: load average {res['loadavg_start'][0]:.1f} at the start, "
+             f"{res['loadavg_end'][0]:.1f} at the end; per model in the table below (start, after the all-candidates "
+             "pass, after tuning, after the A/B rounds).", ""]
+    for search, name in (("topk", "control (top-k of the calibrated simulator)"), ("ppo", "learned (PPO over the candidates)")):
+        if search in s:
+            x = s[search]
+            lines.append(f"- **{name}**: kept within 3% of the measured best in {x['within_3pct']} of "
+                         f"{x['configurations']} configurations ({x['share_within']:.0%}; goal 90%); geometric mean "
+                         f"kept/best {x['geomean_kept_over_best']:.3f}, worst {x['worst']:.3f}; live trials at most "
+                         f"{x['max_live_share']:.1%} of a 1,000-step run in steps (goal 5%), their time beyond the "
+                         f"best's at most {x['max_extra_time_share']:.1%}; calibrated simulator's rms log error over "
+                         f"all candidates after tuning, median {x['rms_after_median']:.3f}.")
+    if "learned_over_control" in s:
+        x = s["learned_over_control"]
+        lines.append(f"- **learned / control** (kept/best of PPO over that of the control, same start, same trials): "
+                     f"geometric mean {x['geomean']:.3f} over {x['pairs']} configurations; learned better in "
+                     f"{x['better']}, worse in {x['worse']}, tied (within 0.5%) in {x['tied']}.")
+    lines += ["", "kept/best (A/B): the kept plan's and the measured best's 0.25-quantile step time over alternating "
+              "rounds (one block of steps each per round, order rotated) over the 3 fastest plans of the "
+              "all-candidates pass (every candidate measured) and every kept plan; the measured best is the "
+              "fastest of those rounds. kept/best (all-candidates pass): the same ratio from that pass alone. "
+              "rms log error: the simulator over every candidate against the all-candidates pass, before "
+              "(uncalibrated, the profile and host probe as taken before training) and after each tuning run's "
+              "calibration. Step counts: live-trial steps are trials x (1 warm-up + measured steps); the start's "
+              "own measurement is not a trial.", "",
+              format_table(head, body, markdown=True), "", "## Models", "",
+              format_table(["model", "ops", "plan('best') pick", "start", "candidates", "measured best",
+                            "load avg (4 points)", "seconds"], mrows, markdown=True), ""]
+    for m in res["models"]:
+        cand = [[str(i), lab, f"{p * 1e3:.1f}", f"{q * 1e3:.1f}"] for i, (lab, p, q) in
+                enumerate(zip(m["labels"], m["predicted_s"], m["measured_s"]))]
+        lines += [f"### {m['model']}: every candidate (ms)", "",
+                  format_table(["#", "plan", "simulated (before)", "measured"], cand, markdown=True), ""]
+    (out / "online_kinds.md").write_text("\n".join(lines))
