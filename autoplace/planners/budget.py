@@ -11,6 +11,11 @@ cut between two variants. Outside ``plan()`` there is no deadline and nothing ch
         ...
         if expired(): break        # True once the innermost deadline has passed
 
+A planner's own ``budget_s`` argument (what it is given when called alone, or its share inside
+``plan()``) is read through one :class:`Clock` made when the planner starts: ``clock.left_s()``
+for what remains (``None``: no budget), ``clock.spent()`` to stop, ``clock.elapsed_s()`` for
+its report. No planner computes ``budget_s - (perf_counter() - t0)`` by hand.
+
 A deadline is *hard* when ``plan()`` already holds a placement that fits (a heuristic gave
 one): only then may :func:`check` cut a heuristic short, so a too-small budget never leaves
 ``plan()`` with nothing to return.
@@ -28,12 +33,12 @@ import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import AutoplaceError
 
-__all__ = ["Deadline", "OutOfTime", "within", "current", "expired", "left_s", "check", "compile_s",
+__all__ = ["Clock", "Deadline", "OutOfTime", "within", "current", "expired", "left_s", "check", "compile_s",
            "compiling"]
 
 
@@ -115,6 +120,26 @@ class Deadline:
             self.hit = True
             return True
         return False
+
+
+@dataclass
+class Clock:
+    """A planner's own ``budget_s``, counted from when the clock was made (``None``: no budget)."""
+
+    budget_s: float | None
+    t0: float = field(default_factory=time.perf_counter)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left_s(self, floor: float = 0.0) -> float | None:
+        """Seconds of the budget left, at least ``floor`` (a sub-search handed this always gets a
+        positive budget); ``None`` when there is no budget."""
+        return None if self.budget_s is None else max(self.budget_s - self.elapsed_s(), floor)
+
+    def spent(self) -> bool:
+        """Whether the whole budget is used (never, without one)."""
+        return self.budget_s is not None and self.elapsed_s() >= self.budget_s
 
 
 _CURRENT: ContextVar[Deadline | None] = ContextVar("autoplace_deadline", default=None)

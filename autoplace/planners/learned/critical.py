@@ -247,15 +247,15 @@ def critical_refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s
     off it that a chain descent cannot see (an op that frees a device only once moved
     together with others). One result: the start's and the final step times, both searches'
     moves, passes and calls."""
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     a = critical_descent(env, device_of_node, budget_s=budget_s, seed=seed, max_evaluations=max_evaluations)
-    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+    left = clock.left_s()
     calls = None if max_evaluations is None else max_evaluations - a.evaluations
-    if (left is not None and left <= 0) or (calls is not None and calls <= 0) or _budget.expired():
+    if clock.spent() or (calls is not None and calls <= 0) or _budget.expired():
         return a
     b = refine(env, a.device_of_node, budget_s=left, seed=seed, max_evaluations=calls)
     return RefineResult(b.device_of_node, b.step_time_s, a.start_step_time_s, a.moves + b.moves, a.passes + b.passes,
-                        a.evaluations + b.evaluations, time.perf_counter() - t0)
+                        a.evaluations + b.evaluations, clock.elapsed_s())
 
 
 LOCAL_SEARCHES = ("refine", "critical")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import budget as _budget
 from .critical import LOCAL_SEARCHES, local_search
 from .ils import kick_and_refine
 from .mars.decoder import MASK
@@ -130,7 +130,7 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
     until ``budget_s`` seconds or ``max_samples`` simulator calls of ``env`` (at least one)."""
     if budget_s is None and max_samples is None:
         raise ValueError("expert_iteration needs a limit: budget_s or max_samples (both are None)")
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     start_samples = env.num_samples
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -140,19 +140,16 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
     def calls_left() -> int | None:
         return None if max_samples is None else max_samples - (env.num_samples - start_samples)
 
-    def left_s() -> float | None:
-        return None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 0.01)
-
     def spent() -> bool:
         c = calls_left()
-        return (budget_s is not None and time.perf_counter() - t0 >= budget_s) or (c is not None and c <= 0)
+        return clock.spent() or (c is not None and c <= 0)
 
     policy.eval()
     with torch.no_grad():
         first = policy.decode(policy.sample(1, gen, greedy=True).actions)[0]
     _, ev = env.evaluate(first)
     policy_best = math.inf if ev.oom else float(ev.step_time_s)
-    polished = local_search(config.search)(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left())
+    polished = local_search(config.search)(env, first, seed=seed, budget_s=clock.left_s(0.01), max_evaluations=calls_left())
     first_polish = polished.step_time_s
     assert isinstance(env.best_candidate, np.ndarray)
     incumbent = np.array(env.best_candidate, dtype=np.int64)
@@ -174,7 +171,7 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
                 differ = np.flatnonzero(cands[k] != incumbent)
                 if differ.size:
                     r = refine(env, cands[k], seed=int(rng.integers(1 << 30)), ops=neighbourhood(env.graph, differ),
-                               max_passes=2, budget_s=left_s(), max_evaluations=calls_left())
+                               max_passes=2, budget_s=clock.left_s(0.01), max_evaluations=calls_left())
                     if r.step_time_s < inc_t * (1 - 1e-12):
                         incumbent, inc_t = r.device_of_node, r.step_time_s
         # ---- the search's kicks, some guided by the policy ------------------------------------
@@ -183,7 +180,7 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
             if spent():
                 break
             chooser = guide if guide is not None and rng.random() < config.policy_kicks else None
-            trial, t = kick_and_refine(env, incumbent, rng, budget_s=left_s(), max_evaluations=calls_left(),
+            trial, t = kick_and_refine(env, incumbent, rng, budget_s=clock.left_s(0.01), max_evaluations=calls_left(),
                                        device=chooser, local=config.search, best_step_time_s=inc_t)
             if t < inc_t * (1 - 1e-12):
                 incumbent, inc_t = trial, t
@@ -199,10 +196,10 @@ def expert_iteration(policy: "MarsPolicy", env: "PlacementEnv", config: ExpertCo
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
             opt.step()
         policy.eval()
-        history.append((env.num_samples, time.perf_counter() - t0, float(env.best_step_time_s)))
+        history.append((env.num_samples, clock.elapsed_s(), float(env.best_step_time_s)))
     assert isinstance(env.best_candidate, np.ndarray)
     return ExpertResult(np.array(env.best_candidate, dtype=np.int64), float(env.best_step_time_s), first_polish,
-                        policy_best, rounds, env.num_samples, tuple(history), time.perf_counter() - t0)
+                        policy_best, rounds, env.num_samples, tuple(history), clock.elapsed_s())
 
 
 def _guide(policy: "MarsPolicy", incumbent: np.ndarray) -> Callable[[np.ndarray], int]:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .. import budget as _budget
 from .critical import LOCAL_SEARCHES, critical_descent, local_search
 from .env import Candidate, PlacementEnv, SeedPlacement
 from .refine import neighbourhood, refine
@@ -118,11 +119,11 @@ def kick_and_refine(env: PlacementEnv, best: np.ndarray, rng: np.random.Generato
         target = int(rng.integers(d)) if device is None else int(device(run))
     trial = best.copy()
     trial[run] = target
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     r = refine(env, trial, seed=int(rng.integers(1 << 30)), ops=neighbourhood(graph, run), max_passes=3,
                budget_s=budget_s, max_evaluations=max_evaluations)
     if local == "critical" and best_step_time_s is not None and r.step_time_s < best_step_time_s * (1 + CRITICAL_WITHIN):
-        left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 0.01)
+        left = clock.left_s(0.01)
         calls = None if max_evaluations is None else max_evaluations - r.evaluations
         if calls is None or calls > 0:
             r = critical_descent(env, r.device_of_node, seed=int(rng.integers(1 << 30)), budget_s=left,
@@ -151,16 +152,13 @@ def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: flo
             raise ValueError(f"{name} is {v}; it must be > 0 (or None for no limit of that kind)")
     if local not in LOCAL_SEARCHES:
         raise ValueError(f"local is {local!r}; it must be one of {LOCAL_SEARCHES}")
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     rng = np.random.default_rng(seed)
-    env = TimedEnv(graph, cluster, cost, seeds=seeds, clock_start=t0)
+    env = TimedEnv(graph, cluster, cost, seeds=seeds, clock_start=clock.t0)
     first = env.best_candidate if start is None else np.asarray(start, dtype=np.int64)
     if not isinstance(first, np.ndarray):
         raise ValueError(f"no heuristic placement of {graph.name or 'the graph'} fits on "
                          f"{cluster.name or 'the cluster'}, so there is nothing to start from; pass start=")
-
-    def left_s() -> float | None:
-        return None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 0.01)
 
     def calls_left() -> int | None:
         out = []
@@ -172,17 +170,17 @@ def iterated_local_search(graph: "OpGraph", cluster: "Cluster", *, budget_s: flo
 
     def spent() -> bool:
         c = calls_left()
-        return (budget_s is not None and time.perf_counter() - t0 >= budget_s) or (c is not None and c <= 0)
+        return clock.spent() or (c is not None and c <= 0)
 
-    best = local_search(local)(env, first, seed=seed, budget_s=left_s(), max_evaluations=calls_left()).device_of_node
+    best = local_search(local)(env, first, seed=seed, budget_s=clock.left_s(0.01), max_evaluations=calls_left()).device_of_node
     best_t = env.sim.evaluate(best).step_time_s
     kicks = 0
     while not spent():
-        trial, trial_t = kick_and_refine(env, best, rng, budget_s=left_s(), max_evaluations=calls_left(), local=local,
+        trial, trial_t = kick_and_refine(env, best, rng, budget_s=clock.left_s(0.01), max_evaluations=calls_left(), local=local,
                                          best_step_time_s=best_t, propose=propose)
         kicks += 1
         if trial_t < best_t * (1 - 1e-12):
             best, best_t = trial, trial_t
     assert isinstance(env.best_candidate, np.ndarray)
     return ILSResult(np.array(env.best_candidate, dtype=np.int64), float(env.best_step_time_s), env.best_source,
-                     env.num_samples, env.num_simulations, kicks, time.perf_counter() - t0, tuple(env.history))
+                     env.num_samples, env.num_simulations, kicks, clock.elapsed_s(), tuple(env.history))

@@ -174,7 +174,8 @@ def run(policy: Any, env: "PlacementEnv", rule: UpdateRule, *, budget_s: float |
     gen = torch.Generator().manual_seed(rule.seed)
     rule.start(policy)
     n = rule.batch_size()
-    start = time.perf_counter()
+    clock = _budget.Clock(budget_s)
+    start = clock.t0
     samples0 = env.num_samples
     baseline: float | None = None
     history: list[HistoryPoint] = []
@@ -187,7 +188,7 @@ def run(policy: Any, env: "PlacementEnv", rule: UpdateRule, *, budget_s: float |
     def done() -> bool:
         if max_samples is not None and env.num_samples - samples0 >= max_samples:
             return True
-        return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
+        return clock.spent() or _budget.expired()
 
     try:
         while not done():

@@ -108,7 +108,7 @@ def spent(start: float, budget_s: float | None, evaluations: int, max_evaluation
     (:mod:`autoplace.planners.budget`) are spent."""
     if max_evaluations is not None and evaluations >= max_evaluations:
         return True
-    return (budget_s is not None and time.perf_counter() - start >= budget_s) or _budget.expired()
+    return _budget.Clock(budget_s, start).spent() or _budget.expired()
 
 
 def refine(env: "PlacementEnv", device_of_node: np.ndarray, *, budget_s: float | None = None, seed: int = 0,

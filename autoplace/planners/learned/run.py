@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from autoplace.placement import Placement
+from .. import budget as _budget
 from .env import PlacementEnv, heuristic_seeds
 
 if TYPE_CHECKING:
@@ -139,9 +140,7 @@ class LearnedRun:
 
     def remaining_s(self) -> float | None:
         """Seconds of the budget left (None when there is no budget)."""
-        if self.budget_s is None:
-            return None
-        return max(self.budget_s - (time.perf_counter() - self.started), 0.0)
+        return _budget.Clock(self.budget_s, self.started).left_s()
 
     def finish(self, name: str, result: "TrainResult | None", extra: dict[str, Any] | None = None) -> Placement:
         env = self.env

@@ -73,6 +73,7 @@ from torch import Tensor, nn
 from autoplace.planners.registry import register
 from .encoders import SAGEEncoder
 from .decoder import DEVICE_FEATURES, MASK, STATE_FEATURES, StateTracker, device_features
+from ... import budget as _budget
 from .polish import final_step, polish_budget_s, polish_zero_shot
 from .tuned import tuned_dir, tuned_path
 from ..critical import LOCAL_SEARCHES, local_search
@@ -400,7 +401,6 @@ class MarsPlanner:
         ``samples``, ``step_s`` (seconds of the seeds, the policy, the polish), for fine-tuning
         ``updates``, ``history`` and ``refine``; with ``polish_s_per_kop``: ``polish`` and
         ``final_step`` (``"policy"``, ``"refine"`` or ``"seed"``)."""
-        import time
         from autoplace.cost.analytic import CostModel
 
         cfg = config if config is not None else self.config
@@ -409,7 +409,7 @@ class MarsPlanner:
         progress = progress if progress is not None else cfg.progress
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for zero-shot placement")
-        t0 = time.perf_counter()
+        clock = _budget.Clock(budget_s)
         cost = cost if cost is not None else CostModel()
         source = str(weights) if weights is not None else "shipped"
         try:
@@ -421,10 +421,10 @@ class MarsPlanner:
                           "(run python -m autoplace.planners.learned.pretrain)", RuntimeWarning, stacklevel=2)
             torch.manual_seed(seed)
             net, source = new_net(), "none (untrained)"
-        t_seed = time.perf_counter()
+        t_seed = clock.elapsed_s()
         # seeded with the heuristics as every learned planner's (no fit among them: the lower bound scales rewards)
         env = LearnedRun.start(graph, cluster, cost, None, None).env
-        t_policy = time.perf_counter()
+        t_policy = clock.elapsed_s()
         policy = MarsPolicy(net, graph, cluster, cost)
         gen = torch.Generator().manual_seed(seed)
         policy.eval()
@@ -440,14 +440,14 @@ class MarsPlanner:
             _, evs = env.evaluate_many(policy.decode(s.actions))
             fits = [e.step_time_s for e in evs if not e.oom]
             meta["best_sample_step_time_s"] = float(min(fits)) if fits else math.inf
-            meta["policy_s"] = time.perf_counter() - t_policy
+            meta["policy_s"] = clock.elapsed_s() - t_policy
             if cfg.polish_s_per_kop is not None:
                 meta["polish"] = polish_zero_shot(
                     env, policy.decode(greedy.actions) + policy.decode(s.actions), greedy_ev + evs, seed=seed,
-                    budget_s=polish_budget_s(graph.num_nodes, cfg.polish_s_per_kop, time.perf_counter() - t0),
+                    budget_s=polish_budget_s(graph.num_nodes, cfg.polish_s_per_kop, clock.elapsed_s()),
                     starts=cfg.polish_starts, seeds=env.seeds, seed_starts=cfg.polish_seed_starts, search=cfg.search)
         elif cfg.expert:
-            left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+            left = clock.left_s(1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
             meta.update(best_sample_step_time_s=ex.policy_step_time_s, updates=ex.rounds, history=list(ex.history),
                         tuned_weights=str(keep_tuned(net)), expert={"first_polish_s": ex.first_polish_s})
@@ -455,7 +455,7 @@ class MarsPlanner:
         else:
             ppo_config = ppo if ppo is not None else dataclasses.replace(cfg.ppo, seed=seed)
             share = min(max(cfg.refine_share, 0.0), 1.0)
-            left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+            left = clock.left_s(1e-3)
             result = train(policy, env, ppo_config, budget_s=None if left is None else left * (1 - share),
                            max_samples=max_samples, progress=progress)
             meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
@@ -463,7 +463,7 @@ class MarsPlanner:
             train_s = result.wall_s
             policy_best = min(greedy_fit, result.best_sampled_step_time_s)
             if share > 0 and isinstance(env.best_candidate, np.ndarray):
-                left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 1e-3)
+                left = clock.left_s(1e-3)
                 r = local_search(cfg.search)(env, env.best_candidate, budget_s=left, seed=seed,
                                              max_evaluations=max_samples)
                 meta["refine"] = {"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
@@ -476,7 +476,7 @@ class MarsPlanner:
         meta["step_s"] = {"seeds": t_policy - t_seed, "policy": meta.get("policy_s"),
                           "polish": meta["polish"]["wall_s"] if "polish" in meta else None}
         meta["seed_s"] = t_policy - t_seed
-        meta["total_s"] = time.perf_counter() - t0
+        meta["total_s"] = clock.elapsed_s()
         details: dict[str, Any] = {k: meta[k] for k in ("weights", "greedy_step_time_s", "greedy_oom", "best_sample_step_time_s",
                                         "refine", "polish", "final_step", "expert", "total_s") if k in meta}
         meta[REPORT_KEY] = LearnedReport.of_env(

@@ -32,11 +32,11 @@ polish: the shipped network alone 1.025.)
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ... import budget as _budget
 from ..critical import local_search
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evalu
     polish = local_search(search)
     if seed_starts < 0:
         raise ValueError(f"seed_starts (MarsConfig.polish_seed_starts) is {seed_starts}; it must be >= 0")
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     order = sorted((i for i, e in enumerate(evaluations) if not e.oom), key=lambda i: evaluations[i].step_time_s)
     chosen: list[int] = []
     seen: set[bytes] = set()
@@ -92,14 +92,14 @@ def polish_zero_shot(env: "PlacementEnv", proposals: Sequence[np.ndarray], evalu
             pool.append(c)
     best, runs = start_s, []
     for k, start in enumerate(pool):
-        left = budget_s - (time.perf_counter() - t0)
-        if left <= 0:
+        left = clock.left_s()
+        if clock.spent() or left is None:
             break
         r = polish(env, start, budget_s=left / (len(pool) - k) if seed_starts else left, seed=seed + k)
         best = min(best, r.step_time_s)
         runs.append({"start_step_time_s": r.start_step_time_s, "step_time_s": r.step_time_s, "moves": r.moves,
                      "passes": r.passes, "evaluations": r.evaluations, "wall_s": r.wall_s})
-    return {"budget_s": budget_s, "search": search, "wall_s": time.perf_counter() - t0, "start_step_time_s": start_s,
+    return {"budget_s": budget_s, "search": search, "wall_s": clock.elapsed_s(), "start_step_time_s": start_s,
             "step_time_s": best, "runs": runs}
 
 

@@ -33,6 +33,7 @@ import torch
 
 from autoplace.errors import NoFitError
 from autoplace.placement import PlacementError
+from ... import budget as _budget
 from ...candidate import pipeline_plan
 from ..adam import Adam
 from ..env import PlacementEnv, heuristic_seeds
@@ -107,7 +108,7 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
     if max_calls is None and budget_s is None:
         raise ValueError("expert_iteration needs max_calls or budget_s (or both): it would never stop")
     cfg = config if config is not None else ExpertConfig()
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     if env is None:
         env = PlacementEnv(graph, cluster, cost, "pipeline",
                            seeds=heuristic_seeds(graph, cluster, cost, "pipeline", names=SEARCH_SEEDS))
@@ -124,12 +125,9 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
     def left_calls() -> int | None:
         return None if max_calls is None else max_calls - (env.num_samples - calls0)
 
-    def time_left() -> float | None:
-        return None if budget_s is None else budget_s - (time.perf_counter() - t0)
-
     def done() -> bool:
-        lc, tl = left_calls(), time_left()
-        return (lc is not None and lc <= 0) or (tl is not None and tl <= 0)
+        lc = left_calls()
+        return (lc is not None and lc <= 0) or clock.spent()
 
     def propose(greedy_first: bool) -> tuple[PipelinePlan | None, float]:
         n = cfg.samples if left_calls() is None else max(1, min(cfg.samples, int(left_calls() or 1)))
@@ -143,7 +141,7 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
         return _fastest(env, plans)
 
     def polish(plan: PipelinePlan, k: int, limit: int, kicks: bool) -> float:
-        lc, tl = left_calls(), time_left()
+        lc, tl = left_calls(), clock.left_s()
         calls = limit if lc is None else max(min(limit, lc), 0)
         if calls <= 0:
             return math.inf
@@ -176,7 +174,7 @@ def expert_iteration(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | No
             polish(pipeline_plan(env.best_candidate), 1_000_003 + rounds, cfg.search_calls, True)
     out.plan = pipeline_plan(env.best_candidate) if env.best_candidate is not None else None
     out.step_time_s, out.calls, out.wall_s, out.rounds = env.best_step_time_s, env.num_samples - calls0, \
-        time.perf_counter() - t0, rounds
+        clock.elapsed_s(), rounds
     out.improvements = [(k - calls0, float(v)) for k, v in env.improvements if k >= calls0]
     return out
 

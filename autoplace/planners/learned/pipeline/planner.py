@@ -51,7 +51,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
@@ -62,6 +61,7 @@ from autoplace.placement import Placement
 from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
+from ... import budget as _budget
 from ...candidate import pipeline_plan
 from .weights import WEIGHTS_PATH, load_weights, weights_hidden
 
@@ -197,7 +197,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
     cfg = config if config is not None else PipelineRLConfig()
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s is {budget_s}; it must be > 0 seconds, or None for the quick mode")
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     cost = cost if cost is not None else CostModel()
     seeds = heuristic_seeds(graph, cluster, cost, "pipeline", names=cfg.seeds)
     fitting = [s.step_time_s for s in seeds if not s.oom]
@@ -209,7 +209,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
                              extra_microbatches=[pipeline_plan(s.candidate).microbatches for s in seeds])
     reference = min(fitting) if fitting else (min(s.step_time_s for s in seeds) if seeds else float(space.work.sum()))
     env = PlacementEnv(graph, cluster, cost, "pipeline", seeds=seeds, reference_s=reference)
-    seed_time = time.perf_counter() - t0
+    seed_time = clock.elapsed_s()
 
     hidden = cfg.hidden if cfg.weights is None else weights_hidden(cfg.weights)
     policy = PipelinePolicy(space, _op_features(graph, cluster, cost), device_features(space, cluster),
@@ -253,7 +253,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
                            callback=entropy_floor)
     else:
         reserve = min(cfg.schedule_reserve * budget_s, 3.0) if cfg.schedules else 0.0
-        left = budget_s - reserve - (time.perf_counter() - t0)
+        left = (clock.left_s() or 0.0) - reserve
         if left > 0.5:
             result = train(policy, env, ppo_cfg, budget_s=left, progress=progress, callback=entropy_floor)
     policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
@@ -264,7 +264,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             "imitation_steps": imitated, "imitation_prob": imitation_p,
             "ppo_updates": result.updates if result is not None else 0,
             "temperature_max": max(temps, default=1.0),
-            "seed_time_s": seed_time, "plan_time_s": time.perf_counter() - t0,
+            "seed_time_s": seed_time, "plan_time_s": clock.elapsed_s(),
             "history": [tuple(h) for h in result.history] if result is not None else []}
     details = {k: meta[k] for k in ("prior_best_step_time_s", "imitated", "imitation_steps", "imitation_prob",
                                     "temperature_max", "plan_time_s")}

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from autoplace.cluster import DEVICE_KINDS, LINKS, Cluster, Device, Link
+from ... import budget as _budget
 from ..adam import Adam
 from ..corpus import HELD_OUT, CorpusGraph, held_out_clusters, held_out_graphs, training_clusters, training_graphs
 from .policy import PipelinePolicy
@@ -142,12 +142,12 @@ def pretraining_pairs(cfg: PretrainConfig, *, pipedream: str | Path | None = Non
 def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_ops: int = 1500,
              progress: bool = True) -> tuple[PipelinePolicy, dict[str, object]]:
     """Fit the shared network (see the module doc); returns the master policy and the record."""
-    t0 = time.perf_counter()
+    clock = _budget.Clock(cfg.budget_s)
     torch.manual_seed(cfg.seed)
     master: PipelinePolicy | None = None
     policies, targets, keys = [], [], []
     for k, (entry, cluster) in enumerate(pretraining_pairs(cfg, pipedream=pipedream)):
-        if time.perf_counter() - t0 > cfg.budget_s / 2:
+        if clock.elapsed_s() > cfg.budget_s / 2:
             break  # keep half the budget for the fitting
         graph = entry.load()
         if graph.num_nodes > max_ops:
@@ -164,7 +164,7 @@ def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_op
         targets.append(pol.actions_of(res.plan))
         keys.append(f"{entry.key} @ {cluster.name}")
         if progress:
-            print(f"[{time.perf_counter() - t0:6.1f}s] {keys[-1]}: {graph.num_nodes} ops, search "
+            print(f"[{clock.elapsed_s():6.1f}s] {keys[-1]}: {graph.num_nodes} ops, search "
                   f"{_describe(res.plan)}", flush=True)
     if master is None:
         raise RuntimeError("pipeline pretraining found no pair with a plan that fits; check the corpus")
@@ -174,7 +174,7 @@ def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_op
     losses: list[float] = []
     order = np.random.default_rng(cfg.seed)
     for epoch in range(cfg.epochs):
-        if time.perf_counter() - t0 > cfg.budget_s:
+        if clock.spent():
             break
         perm = order.permutation(len(policies))
         for lo in range(0, len(perm), 8):  # minibatches of 8 pairs
@@ -182,10 +182,10 @@ def pretrain(cfg: PretrainConfig, *, pipedream: str | Path | None = None, max_op
             losses.append(imitate([policies[i] for i in idx], [targets[i] for i in idx], params, opt))
         if progress:
             recent = float(np.mean(losses[-(len(perm) // 8 + 1):]))
-            print(f"[{time.perf_counter() - t0:6.1f}s] epoch {epoch + 1}: loss {recent:.4f}", flush=True)
+            print(f"[{clock.elapsed_s():6.1f}s] epoch {epoch + 1}: loss {recent:.4f}", flush=True)
     record: dict[str, object] = {"config": asdict(cfg), "pairs": keys, "loss_first": losses[0] if losses else None,
                                  "loss_last": losses[-1] if losses else None, "steps": len(losses),
-                                 "wall_s": time.perf_counter() - t0}
+                                 "wall_s": clock.elapsed_s()}
     return master, record
 
 

@@ -36,7 +36,6 @@ of the seed alone.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +43,7 @@ import numpy as np
 
 from autoplace.errors import NoFitError
 from autoplace.placement import PlacementError
+from ... import budget as _budget
 from ...candidate import PipelinePlan, candidate_key, pipeline_plan
 from ..env import PlacementEnv, heuristic_seeds
 
@@ -227,7 +227,7 @@ def local_search(env: PlacementEnv, start: PipelinePlan, *, seed: int = 0, max_c
     if max_calls is None and budget_s is None:
         raise ValueError("local_search needs max_calls or budget_s (or both): it would never stop")
     cfg = config if config is not None else SearchConfig()
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     rng = np.random.default_rng(seed)
     moves = PlanMoves(env.graph, env.cluster.num_devices, env.sim.fwd.mean(axis=1) + env.sim.bwd.mean(axis=1))
     calls0 = env.num_samples
@@ -240,7 +240,7 @@ def local_search(env: PlacementEnv, start: PipelinePlan, *, seed: int = 0, max_c
     def more() -> bool:
         if max_calls is not None and env.num_samples - calls0 >= max_calls:
             return False
-        return budget_s is None or time.perf_counter() - t0 < budget_s
+        return not clock.spent()
 
     tries = 0
     while more():
@@ -270,7 +270,7 @@ def local_search(env: PlacementEnv, start: PipelinePlan, *, seed: int = 0, max_c
         else:
             fails += 1
     out.plan = best if math.isfinite(best_t) else None
-    out.step_time_s, out.calls, out.wall_s = best_t, env.num_samples - calls0, time.perf_counter() - t0
+    out.step_time_s, out.calls, out.wall_s = best_t, env.num_samples - calls0, clock.elapsed_s()
     return out
 
 
@@ -279,15 +279,15 @@ def pipeline_search(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | Non
                     config: SearchConfig | None = None, env: PlacementEnv | None = None) -> SearchResult:
     """The control: iterated local search from the best of :data:`SEARCH_SEEDS` in a fresh
     pipeline :class:`PlacementEnv` (or ``env``), until ``max_calls`` or ``budget_s``."""
-    t0 = time.perf_counter()
+    clock = _budget.Clock(budget_s)
     if env is None:
         seeds = heuristic_seeds(graph, cluster, cost, "pipeline", names=SEARCH_SEEDS)
         env = PlacementEnv(graph, cluster, cost, "pipeline", seeds=seeds)
     if env.best_candidate is None:
         raise NoFitError(f"no seed plan of {graph.name or 'the graph'} fits on {cluster.name or 'the cluster'}; "
                          "the pipeline search starts from one (use more devices or devices with more memory)")
-    left = None if budget_s is None else max(budget_s - (time.perf_counter() - t0), 0.0)
+    left = clock.left_s()
     res = local_search(env, pipeline_plan(env.best_candidate), seed=seed, max_calls=max_calls, budget_s=left,
                        config=config)
-    res.wall_s = time.perf_counter() - t0
+    res.wall_s = clock.elapsed_s()
     return res
