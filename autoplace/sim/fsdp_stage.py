@@ -58,6 +58,7 @@ from .ddp import ring_link
 
 if TYPE_CHECKING:
     from .simulator import Simulator
+    from .tensor_parallel import TPShare
 
 __all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times"]
 
@@ -113,10 +114,12 @@ class ShardedStage:
     """One stage's numbers: items (root head, units, root tail), their times, bytes and links."""
 
     def __init__(self, sim: "Simulator", s: int, nodes: np.ndarray, unit: np.ndarray, devs: list[int],
-                 opts: StageOptions, n_mb: int, tf: np.ndarray, tb: np.ndarray) -> None:
+                 opts: StageOptions, n_mb: int, tf: np.ndarray, tb: np.ndarray, *, tp: "TPShare | None" = None) -> None:
         g = sim.graph
         self.devs = devs
-        self.n = len(devs)
+        self.t = tp.t if tp is not None else 1
+        """TP degree: ``devs`` are ``n`` replicas of a TP group of ``t`` consecutive devices."""
+        self.n = len(devs) // self.t
         self.shard = opts.shard[s]
         self.bf16 = opts.precision[s] == "bf16"
         self.c = 0.5 if self.bf16 else 1.0
@@ -144,27 +147,38 @@ class ShardedStage:
                         dtype=np.int64)
         n_items = k_units + 2
         cols = np.asarray(devs)
-        f = np.zeros((n_items, self.n))
-        b = np.zeros((n_items, self.n))
-        u = np.zeros(self.n)
-        np.add.at(f, item, tf[np.ix_(nodes, cols)])
-        np.add.at(b, item, tb[np.ix_(nodes, cols)])
-        u += sim.upd[np.ix_(nodes, cols)].sum(axis=0)
+        f = np.zeros((n_items, len(devs)))
+        b = np.zeros((n_items, len(devs)))
+        u = np.zeros(len(devs))
+        if tp is None:
+            np.add.at(f, item, tf[np.ix_(nodes, cols)])
+            np.add.at(b, item, tb[np.ix_(nodes, cols)])
+            u += sim.upd[np.ix_(nodes, cols)].sum(axis=0)
+            self.b_op = tb[nodes, devs[0]]  # per-op backward on the first replica (DDP buckets)
+            p_bytes = g.param_bytes[nodes]
+            out_b = g.out_bytes[nodes]
+        else:  # a TP device's share of each op, its collectives inside the op's forward and backward
+            work = tp.work[nodes, None]
+            np.add.at(f, item, tf[np.ix_(nodes, cols)] * work + tp.fwd[nodes, None])
+            np.add.at(b, item, tb[np.ix_(nodes, cols)] * work + tp.bwd[nodes, None])
+            u += (sim.upd[np.ix_(nodes, cols)] * tp.params[nodes, None]).sum(axis=0)
+            self.b_op = tb[nodes, devs[0]] * tp.work[nodes]
+            p_bytes = g.param_bytes[nodes] * tp.params[nodes]
+            out_b = g.out_bytes[nodes] * tp.act[nodes]
         self.f = f.max(axis=1)  # collectives synchronise the replicas unit by unit
         self.b = b.max(axis=1)
         self.update = float(u.max(initial=0.0))
-        self.b_op = tb[nodes, devs[0]]  # per-op backward on the first replica (DDP buckets)
-        self.p_op = g.param_bytes[nodes]
+        self.p_op = p_bytes
         p = np.zeros(n_items)
-        np.add.at(p, item, g.param_bytes[nodes])
-        self.p = p  # fp32 parameter bytes per item
+        np.add.at(p, item, p_bytes)
+        self.p = p  # fp32 parameter bytes per item (per device of a TP group)
         self.p_root = float(p[0] + p[-1])
         self.p_all = float(p.sum())
         pc = p.copy()  # bytes each item's collectives move: the root is one group, at the head
         pc[0], pc[-1] = self.p_root, 0.0
         self.pc = pc
         act = np.zeros(n_items)
-        np.add.at(act, item, g.out_bytes[nodes])
+        np.add.at(act, item, out_b)
         self.act = act
         # bytes entering each unit from outside it (what a checkpointed unit keeps)
         inputs = np.zeros(n_items)
@@ -179,29 +193,36 @@ class ShardedStage:
             it = int(item_of[t])
             if 1 <= it <= k_units and item_of[a] != it:
                 key = (a, it)
-                seen[key] = max(seen.get(key, 0.0), float(g.edge_bytes[e]))
+                kept = float(g.edge_bytes[e]) * (float(tp.act[a]) if tp is not None else 1.0)  # a TP device's share
+                seen[key] = max(seen.get(key, 0.0), kept)
         for (a, it), x in seen.items():
             inputs[it] += x
         self.inputs = inputs
         self._links(sim)
 
     def _links(self, sim: "Simulator") -> None:
-        devs, cl = self.devs, sim.cluster
-        self.lat, self.inv = ring_link(cl, sim.lat, sim.inv_bw, devs)  # the slowest pair, multi-rail across hosts
+        """The data-parallel rings: over each TP index's replicas (``devs[i::t]``, all at once on
+        their own links: the slowest of them), as torch's ("dp", "tp") mesh runs them."""
+        cl, t = sim.cluster, self.t
+        groups = [self.devs[i::t] for i in range(t)]
+        links = [ring_link(cl, sim.lat, sim.inv_bw, grp) for grp in groups]  # the slowest pair, multi-rail across hosts
+        self.lat, self.inv = max(x[0] for x in links), max(x[1] for x in links)
         self.k = self.n  # shard group size
         self.hosts = 1
         self.x_lat = self.x_inv = 0.0
         if self.shard == "hsdp":
-            shape = hsdp_shape(cl, devs)
-            assert shape is not None  # validated
+            shape = hsdp_shape(cl, groups[0])
+            assert shape is not None  # validated (option_problems; a TP group is inside one host)
             self.hosts, self.k = shape
-            host = [cl.devices[i].host for i in devs]
-            inner = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if i != j and host[a] == host[b_]]
-            outer = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if host[a] != host[b_]]
-            self.lat = max((sim.lat[i, j] for i, j in inner), default=0.0)
-            self.inv = max((sim.inv_bw[i, j] for i, j in inner), default=0.0)
-            self.x_lat = max((sim.lat[i, j] for i, j in outer), default=0.0)
-            self.x_inv = max((sim.inv_bw[i, j] for i, j in outer), default=0.0)
+            self.lat = self.inv = self.x_lat = self.x_inv = 0.0
+            for devs in groups:
+                host = [cl.devices[i].host for i in devs]
+                inner = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if i != j and host[a] == host[b_]]
+                outer = [(i, j) for a, i in enumerate(devs) for b_, j in enumerate(devs) if host[a] != host[b_]]
+                self.lat = max(self.lat, max((sim.lat[i, j] for i, j in inner), default=0.0))
+                self.inv = max(self.inv, max((sim.inv_bw[i, j] for i, j in inner), default=0.0))
+                self.x_lat = max(self.x_lat, max((sim.lat[i, j] for i, j in outer), default=0.0))
+                self.x_inv = max(self.x_inv, max((sim.inv_bw[i, j] for i, j in outer), default=0.0))
 
     # ---- collectives ------------------------------------------------------------------------
 

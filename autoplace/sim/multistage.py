@@ -21,9 +21,10 @@ Tensor parallelism (``tp > 1``): each rank is a TP group of ``tp`` devices of on
 column/row pairs inside a stage run at ``1/tp`` of their time and parameters, plus their
 all-reduces (:mod:`.tensor_parallel`); a traced graph's memory facts are not used then (the
 plain sum, with sharded parameters and each device's share of the blocks' activations,
-:func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one device or one TP
-group, with the default stage options (stage options under TP are refused, with the fix). gpipe
-and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
+:func:`~.tensor_parallel.tp_activation_bytes`). Each rank is one TP group, or ``d`` replicas of
+it; with stage options (FSDP/HSDP over each TP index's replicas, recompute, bf16) each stage is
+priced item by item after its TP share (:func:`~.tensor_parallel.tp_share`, in
+:mod:`.stage_cost`). gpipe and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
 per-token ops of each stage's SP region (:func:`~.tensor_parallel.sequence_region`, what the
 runtime rewrites) run at ``1/tp`` of their time too (their parameters stay whole), and the
 rewrite's own collectives (:func:`~.tensor_parallel.sp_runtime_seconds`) are added to F and B.
@@ -49,7 +50,7 @@ the network when the replicas span hosts), and the rank waits for them before it
 Memory per device: its rank's whole (or TP-sharded) stages' parameters, gradients and optimizer
 state plus one replica's activations.
 
-Stage options (FSDP/HSDP, recompute, bf16; ``tp = 1``): one setting per rank for all its stages,
+Stage options (FSDP/HSDP, recompute, bf16; with or without TP): one setting per rank for all its stages,
 each stage priced by :mod:`.stage_cost` (the per-stage cost every pipeline path reads: action
 times with gathers and recomputed forwards, the reduction after the stage's last backward as the
 ``tail`` the rank waits for, bf16 boundary bytes); memory per device: the rank's stages' fixed
@@ -128,9 +129,6 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     tables = sim.tables
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
                                  edge_ends=(tables.esrc, tables.edst), virtual_stages=v, tp=tp)
-    if options is not None and not options.is_default and int(tp) > 1:
-        problems.append(f"tensor parallelism (tp={tp}) is simulated with the default stage options (ddp, no "
-                        f"recompute, fp32); this plan sets {options.describe()}: drop them or use tp=1")
     if problems:
         raise PlacementError(problems)
     m = int(microbatches)

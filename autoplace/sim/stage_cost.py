@@ -14,7 +14,7 @@ recomputed unit's backward).
   their all-reduces (and with sequence parallelism its region and the rewrite's collectives,
   :mod:`.tensor_parallel`); DDP all-reduces in buckets during the last backward (or after it
   with a split backward), :mod:`.ddp`.
-- Other options (``tp = 1``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
+- Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
   stage's FSDP units, Zhao et al. VLDB 2023) on its rank's devices, as torch.distributed.pipelining
   runs an FSDP stage module (:func:`action_seconds`): every forward and backward action gathers
   its units with ``reshard_after_forward`` (without it the step's first forward gathers, spread
@@ -25,6 +25,14 @@ recomputed unit's backward).
   split backward the recomputed forward and the gathers are in I; W is the weight-gradient share
   of the stage's op backward times (:func:`~.order_sim.weight_fraction`). DDP stages keep the
   bucket rule with the option-scaled op times.
+- Options under TP (torchtitan's order: TP, then recompute, then FSDP over the data-parallel
+  mesh dimension): every op of an item at its TP share (:func:`~.tensor_parallel.tp_share`: a
+  pair's ops and with SP its region at 1/tp, a pair's parameters at 1/tp) and each TP collective
+  inside the forward or backward of the op it belongs to, in the stage's activation bytes (bf16:
+  2 bytes), so a recomputed unit runs its forward all-reduces again; the FSDP shard of a device is
+  ``1 / (tp d)`` of a pair's parameters (``1/d`` of the rest), gathered and reduced over the ``d``
+  replicas of its TP index (all TP indices at once, the slowest ring); activations are a TP
+  device's share (:func:`~.tensor_parallel.tp_activation_bytes`'s rule, per item).
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from ..parallel import StageOptions
 from .ddp import ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
-from .tensor_parallel import linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_stage_cost
+from .tensor_parallel import (linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_share,
+                              tp_stage_cost)
 
 if TYPE_CHECKING:
     from .schedules import Action
@@ -211,24 +220,35 @@ def options_of_stages(options: StageOptions, rank_of: np.ndarray) -> StageOption
 
 
 def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Sequence[int]], opts: StageOptions,
-                   microbatches: int) -> list[ShardedStage]:
+                   microbatches: int, *, tp: int = 1, sequence_parallel: bool = False) -> list[ShardedStage]:
     """Every stage's :class:`~.fsdp_stage.ShardedStage` (``opts``: one entry per stage of ``st``)
-    on its devices, at ``1 / (M n)`` of the batch per action (n: the stage's devices)."""
+    on its devices, at ``1 / (M n)`` of the batch per action (n: the stage's replicas, its devices
+    over ``tp``); with ``tp > 1`` each stage's :func:`~.tensor_parallel.tp_share` over its first
+    TP group, its collectives in the stage's activation bytes (16-bit in a bf16 stage)."""
     unit = stage_units(block_units(sim.graph), st)
+    pairs = linear_pairs(sim.graph) if tp > 1 else []
+    vs = float(sim.cost.value_scale)
     out = []
     for s, devs in enumerate(devs_of_stage):
         nodes = np.nonzero(st == s)[0]
-        tf, tb = stage_op_times(sim, microbatches * len(devs), opts.precision[s] == "bf16")
-        out.append(ShardedStage(sim, s, nodes, unit, list(devs), opts, microbatches, tf, tb))
+        bf16 = opts.precision[s] == "bf16"
+        parts = microbatches * (len(devs) // tp)
+        tf, tb = stage_op_times(sim, parts, bf16)
+        share = None
+        if tp > 1:
+            share = tp_share(sim.graph, sim.cluster, nodes, list(devs[:tp]), parts, pairs,
+                             sequence_parallel=sequence_parallel, value_scale=min(0.5 if bf16 else 1.0, vs))
+        out.append(ShardedStage(sim, s, nodes, unit, list(devs), opts, microbatches, tf, tb, tp=share))
     return out
 
 
 def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
                   order: tuple[tuple["Action", ...], ...], m: int, split: bool, options: StageOptions,
-                  bnd: np.ndarray) -> StageCosts:
+                  bnd: np.ndarray, tp: int, sequence_parallel: bool) -> StageCosts:
     k = rank_of.shape[0]
     opts = options_of_stages(options, rank_of)
-    stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m)
+    stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m, tp=tp,
+                            sequence_parallel=sequence_parallel)
     f, b, w, u, tail, sync, act, params, gathered, remat, send = (np.zeros(k) for _ in range(11))
     weight_last = last_backward_is_weight(order, k, m) if split else np.zeros(k, dtype=bool)
     for s, x in enumerate(stages):
@@ -267,10 +287,11 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     """Every virtual stage's costs (see the module docstring) for a schedule's ``order`` over
     ranks ``groups`` (each ``d x tp`` devices), stage k on rank ``rank_of[k]``; ``bnd``: the
     full-batch bytes crossing each boundary (:func:`~.stages.boundary_bytes`); ``options``: the
-    plan's per-rank stage options (``tp`` must be 1 when they are not the default)."""
+    plan's per-rank stage options."""
     m = int(microbatches)
     if options is not None and not options.is_default:
-        return _with_options(sim, st, groups, rank_of, order, m, split, options, bnd)
+        return _with_options(sim, st, groups, rank_of, order, m, split, options, bnd, max(int(tp), 1),
+                             sequence_parallel)
     k = rank_of.shape[0]
     t_deg = max(int(tp), 1)
     d = max(len(groups[0]) // t_deg, 1)  # replicas per rank (the rules make it the same on every rank)

@@ -52,7 +52,7 @@ degree divides each pair's hidden width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -62,8 +62,8 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["LinearPair", "Collective", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
-           "tp_activation_bytes", "sequence_region", "sp_runtime_collectives",
+__all__ = ["LinearPair", "Collective", "TPShare", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
+           "tp_share", "tp_activation_bytes", "sequence_region", "sp_runtime_collectives",
            "sp_runtime_seconds", "ELEMENTWISE", "PER_TOKEN"]
 
 _REGION_KINDS = PER_TOKEN | {"mean", "sum"}
@@ -138,6 +138,8 @@ class Collective:
     kind: str
     nbytes: float
     block: str
+    op: int = -1
+    """the op it follows or precedes (a row's output, a column's input gradient, a region op), -1: unknown."""
 
 
 def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
@@ -157,14 +159,15 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
         into = [float(graph.edge_bytes[(edst == p.column) & ~np.isin(esrc, inner)].max(initial=0.0)) / microbatches
                 * value_scale for p in ps]
         if sequence_parallel:  # the row: reduce-scatter of its output, all-gather of its gradient
-            out += [Collective("forward", "reduce_scatter", out_b, name), Collective("backward", "all_gather", out_b, name)]
+            out += [Collective("forward", "reduce_scatter", out_b, name, row),
+                    Collective("backward", "all_gather", out_b, name, row)]
         else:  # the row's output
-            out.append(Collective("forward", "all_reduce", out_b, name))
+            out.append(Collective("forward", "all_reduce", out_b, name, row))
         if sequence_parallel and min(p.column for p in ps) > first_row:  # a sharded input: each column gathers it
-            out += [Collective(ph, k, x, name) for x in into for ph, k in (("forward", "all_gather"),
-                                                                            ("backward", "reduce_scatter"))]
+            out += [Collective(ph, k, x, name, p.column) for p, x in zip(ps, into)
+                    for ph, k in (("forward", "all_gather"), ("backward", "reduce_scatter"))]
         else:  # each column's input gradient (the first block's input is whole under SP too)
-            out += [Collective("backward", "all_reduce", x, name) for x in into]
+            out += [Collective("backward", "all_reduce", x, name, p.column) for p, x in zip(ps, into)]
     return out
 
 
@@ -191,14 +194,14 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
         path = graph.module_paths[u] if graph.module_paths else ""
         if graph.param_bytes[u] > 0:
             k = 2 if graph.kinds[u] == "LayerNorm" else 1
-            out += [Collective("backward", "all_reduce", float(graph.param_bytes[u]) / k, path)] * k
+            out += [Collective("backward", "all_reduce", float(graph.param_bytes[u]) / k, path, u)] * k
         for a in graph.predecessors(u).tolist():
             if not region[a] and a not in rows:
                 out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches * value_scale,
-                                      path))
+                                      path, u))
         users = graph.successors(u).tolist()
         exits = [v for v in users if not (mask[v] and (region[v] or v in columns))]
-        out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path)] * (
+        out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path, u)] * (
             len(exits) + (not users))
     return out
 
@@ -262,3 +265,56 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
     return float((graph.out_bytes * scale)[mask].sum()) * value_scale
+
+
+class TPShare(NamedTuple):
+    """What tensor parallelism over one TP group does to each op of a stage, per op (N,): the
+    per-op form of :func:`tp_stage_cost` and :func:`tp_activation_bytes`, for a stage priced
+    item by item (:class:`~.fsdp_stage.ShardedStage`: FSDP units, recompute, bf16)."""
+
+    t: int
+    """the TP degree."""
+    work: np.ndarray
+    """time per device over the op's whole time: 1/t for a pair's ops (and the SP region), else 1."""
+    params: np.ndarray
+    """parameter bytes per device over the op's: 1/t for a pair's ops, else 1."""
+    act: np.ndarray
+    """bytes of the op's output one TP device keeps over the traced ones (a row's output whole without SP)."""
+    fwd: np.ndarray
+    """seconds of the TP collectives one micro-batch runs in the op's forward (a row's all-reduce)."""
+    bwd: np.ndarray
+    """seconds of those in the op's backward (a column's input-gradient all-reduce)."""
+
+
+def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], microbatches: int,
+             pairs: Sequence[LinearPair] | None = None, *, sequence_parallel: bool = False,
+             value_scale: float = 1.0) -> TPShare:
+    """:class:`TPShare` of the ops ``ops`` (one stage) over ``devices`` (one TP group) at
+    ``1/microbatches`` of the batch: the scales of :func:`tp_stage_cost` (pairs wholly in ``ops``)
+    and its collectives (with ``sequence_parallel`` also :func:`sp_runtime_collectives`), each on
+    the op it belongs to, priced as there; ``value_scale``: bytes of an activation per traced byte."""
+    t = len(devices)
+    mask = np.zeros(graph.num_nodes, dtype=bool)
+    mask[np.asarray(ops)] = True
+    pairs = linear_pairs(graph) if pairs is None else pairs
+    blocks = _blocks_inside(mask, pairs)
+    inside = [p for ps in blocks.values() for p in ps]
+    params = np.ones(graph.num_nodes)
+    for p in inside:
+        params[list(p.ops)] = 1.0 / max(t, 1)
+    work = _scales(graph, mask, blocks, t, sequence_parallel)
+    act = work.copy()
+    if not sequence_parallel:
+        act[list(blocks)] = 1.0
+    fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
+    if t > 1 and inside:
+        lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
+        inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
+        cs = tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
+                            value_scale=value_scale)
+        if sequence_parallel:
+            cs += sp_runtime_collectives(graph, np.nonzero(mask)[0], microbatches, inside, value_scale=value_scale)
+        for c in cs:
+            (fwd if c.phase == "forward" else bwd)[c.op] += (_ring if c.kind == "all_reduce" else _half_ring)(
+                c.nbytes, t, inv, lat)
+    return TPShare(t, work, params, act, fwd, bwd)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import autoplace
-from autoplace import Cluster, Device, Link, OpGraph, Placement, PlacementError
+from autoplace import Cluster, Device, Link, OpGraph, Placement
 from autoplace.parallel import StageOptions
 from autoplace.sim import Simulator
 from autoplace.sim.fsdp_stage import ring_allgather
@@ -145,12 +145,15 @@ def test_one_cost_for_both_executors_gives_1f1b_the_same_memory() -> None:
         assert a.evaluation.peak_memory_bytes.tolist() == pytest.approx(b.evaluation.peak_memory_bytes.tolist())
 
 
-def test_tensor_parallel_with_stage_options_is_refused_with_the_fix() -> None:
+def test_tensor_parallel_with_stage_options_is_priced() -> None:
+    # stage options under TP were refused; now priced (tests/sim/test_tp_options.py checks the terms):
+    # recompute makes every rank's backward longer and its activations fewer
     g, c = _blocks(4), cluster(4, bandwidth=1e10)
     sim = Simulator(g, c)
-    with pytest.raises(PlacementError, match="tp=1"):
-        multistage_step(sim, _cut(g, 2), [[0, 1], [2, 3]], 2, "1f1b", result=False, tp=2,
-                        options=StageOptions.resolve(2, recompute=True))
+    plain = multistage_step(sim, _cut(g, 2), [[0, 1], [2, 3]], 2, "1f1b", result=False, tp=2).evaluation
+    rc = multistage_step(sim, _cut(g, 2), [[0, 1], [2, 3]], 2, "1f1b", result=False, tp=2,
+                         options=StageOptions.resolve(2, recompute=True)).evaluation
+    assert rc.step_time_s > plain.step_time_s and rc.peak_memory_bytes.max() < plain.peak_memory_bytes.max()
 
 
 def test_default_options_keep_the_default_path() -> None:

@@ -1,0 +1,193 @@
+"""Stage options under tensor parallelism (autoplace.sim.stage_cost with tp > 1): FSDP/HSDP over
+each TP index's replicas, recompute and bf16 priced from first principles on a traced Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import Cluster, Device, Link, Placement
+from autoplace.cluster import DEVICE_KINDS
+from autoplace.graph.units import block_units, stage_units
+from autoplace.parallel import StageOptions
+from autoplace.pipeline_rules import stage_ranks
+from autoplace.sim import Simulator
+from autoplace.sim.schedules import actions
+from autoplace.sim.stage_cost import sharded_stages, stage_costs
+from autoplace.sim.stages import boundary_bytes, stage_groups
+from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes
+
+
+def _llama() -> autoplace.OpGraph:
+    wl = autoplace.zoo.build("llama", small=True, seed=0, vocab_size=64, seq_len=16, n_heads=4, n_kv_heads=4, dim=64,
+                             batch_size=16, n_layers=4)
+    return autoplace.trace(wl.model, wl.example_inputs)
+
+
+G = _llama()
+
+
+def _cluster(hosts: int = 1, per: int = 4, bandwidth: float = 1e9, network: float = 1e9) -> Cluster:
+    """A100s, ``per`` on each of ``hosts`` hosts, every link of one bandwidth inside and one between, no latency."""
+    fp32, tensor, bw, mem = DEVICE_KINDS["A100-80GB"]
+    devs = [Device(f"cuda:{i % per}", "A100-80GB", fp32, bw, mem, peak_flops_tensor=tensor, host=i // per)
+            for i in range(hosts * per)]
+    return Cluster.from_links(devs, lambda i, j: Link("in", bandwidth, 0.0) if devs[i].host == devs[j].host
+                              else Link("net", network, 0.0))
+
+
+def _costs(c: Cluster, devs: list[int], tp: int, m: int = 2, **kw: object):  # type: ignore[no-untyped-def]
+    """One stage on ``devs`` (replicas of a TP group of ``tp``): its StageCosts under 1F1B."""
+    sim = Simulator(G, c)
+    st = np.zeros(G.num_nodes, dtype=np.int64)
+    groups = stage_groups([devs])
+    rank_of = np.array(stage_ranks("1f1b", 1, 1), dtype=np.int64)
+    t = sim.tables
+    bnd = boundary_bytes(st, t.succ_ptr, t.succ_eid, t.edst, t.ebytes, 1)
+    opts = StageOptions.resolve(1, **kw) if kw else None
+    return stage_costs(sim, st, groups, rank_of, actions("1f1b", 1, 1, m), m, tp, False, bnd, options=opts)
+
+
+def _pair_split() -> tuple[float, float]:
+    """(fp32 parameter bytes of the ops TP splits, of the rest)."""
+    ops = sorted({i for p in linear_pairs(G) for i in p.ops})
+    pairs = float(G.param_bytes[ops].sum())
+    return pairs, float(G.param_bytes.sum()) - pairs
+
+
+def test_fsdp_x_tp_keeps_one_tp_times_dp_share_of_the_split_parameters() -> None:
+    # FSDP 2 x TP 2 on 4 devices: a device keeps 1/(tp dp) of the pairs' parameters and 1/dp of the
+    # rest (norms, embedding, head: whole on each TP rank), with gradients and Adam state as shards;
+    # gathered for the step in the compute dtype (nothing reshards inside a pipelined step)
+    pairs, rest = _pair_split()
+    c = _cluster()
+    for prec, cbytes in (("fp32", 1.0), ("bf16", 0.5)):
+        x = _costs(c, [0, 1, 2, 3], 2, shard="fsdp", precision=prec)
+        assert x.params[0] == pytest.approx(pairs / 4 + rest / 2, rel=1e-12)
+        assert x.gathered[0] == pytest.approx(2 * cbytes * (pairs / 2 + rest), rel=1e-12)
+    # and the default TP path (DDP) keeps the 1/tp share whole
+    assert _costs(c, [0, 1, 2, 3], 2).params[0] == pytest.approx(pairs / 2 + rest, rel=1e-12)
+    # HSDP 2 hosts x (2 replicas x TP 2): shards over the 2 replicas inside a host only
+    x = _costs(_cluster(hosts=2), list(range(8)), 2, shard="hsdp")
+    assert x.params[0] == pytest.approx(pairs / 4 + rest / 2, rel=1e-12)
+
+
+def test_fsdp_reduce_scatter_runs_over_each_tp_index_replicas_in_the_reduce_dtype() -> None:
+    # REDUCE_GRAD after the last backward: every item's reduce-scatter of its TP share over the d = 2
+    # replicas of one TP index, ring (d-1)/d x bytes / bandwidth (latency 0), gradients in the stage's
+    # compute dtype; the TP group's own link does not carry it: a faster TP link changes nothing
+    pairs, rest = _pair_split()
+    for bw_in in (0.25e9, 4e9):
+        c = _cluster(hosts=2, per=2, bandwidth=bw_in, network=1e9)  # replicas on two hosts, TP inside one
+        sim = Simulator(G, c)
+        for prec, cr in (("fp32", 1.0), ("bf16", 0.5)):
+            x = _costs(c, [0, 1, 2, 3], 2, shard="fsdp", precision=prec)
+            want = 0.5 * cr * (pairs / 2 + rest) * float(sim.inv_bw[0, 2])
+            assert x.sync[0] == pytest.approx(want, rel=1e-9)
+
+
+def _f_b(c: Cluster, tp: int = 2, **kw: object) -> tuple[float, float]:
+    x = _costs(c, [0, 1], tp, **kw)
+    return float(x.f[0]), float(x.b[0])
+
+
+def test_a_bf16_tp_all_reduce_moves_half_the_bytes_of_an_fp32_one() -> None:
+    # one TP pair, FSDP over one replica (no gathers): what a slower TP link adds to the forward is
+    # the rows' all-reduces, 2 (t-1)/t x out_bytes / (M) / bandwidth each, at 2 bytes a value in bf16
+    rows = sorted({p.row for p in linear_pairs(G)})
+    m = 2
+    ar32 = sum(float(G.out_bytes[r]) / m for r in rows)  # t = 2: 2 (t-1)/t = 1
+    slow, fast = _cluster(bandwidth=1e9), _cluster(bandwidth=2e9)
+    d32 = _f_b(slow, shard="fsdp")[0] - _f_b(fast, shard="fsdp")[0]
+    d16 = _f_b(slow, shard="fsdp", precision="bf16")[0] - _f_b(fast, shard="fsdp", precision="bf16")[0]
+    assert d32 == pytest.approx(ar32 / 1e9 - ar32 / 2e9, rel=1e-9)
+    assert d16 == pytest.approx(d32 / 2, rel=1e-9)
+
+
+def test_recompute_runs_the_units_forward_again_their_all_reduces_included() -> None:
+    # backward with every unit recomputed = backward without + the units' forwards (their op
+    # times at the TP share and their forward all-reduces): what a slower TP link adds to the
+    # backward grows by what it adds to the units' forward
+    c, slow = _cluster(bandwidth=2e9), _cluster(bandwidth=1e9)
+    sim = Simulator(G, c)
+    st = np.zeros(G.num_nodes, dtype=np.int64)
+    opts = StageOptions.resolve(1, shard="fsdp")
+    (x,) = sharded_stages(sim, st, [[0, 1]], opts, 2, tp=2)
+    units_f = float(x.f[1:-1].sum())
+    assert units_f > 0 and len(x.units) >= 4  # the blocks (and the embedding, norm and head)
+    f0, b0 = _f_b(c, shard="fsdp")
+    f1, b1 = _f_b(c, shard="fsdp", recompute=True)
+    assert f1 == pytest.approx(f0, rel=1e-12) and b1 - b0 == pytest.approx(units_f, rel=1e-9)
+    (xs,) = sharded_stages(Simulator(G, slow), st, [[0, 1]], opts, 2, tp=2)
+    more_f = float(xs.f[1:-1].sum()) - units_f  # the units' forward all-reduces on the slower link
+    assert more_f > 0
+    grow_rc = _f_b(slow, shard="fsdp", recompute=True)[1] - b1
+    grow = _f_b(slow, shard="fsdp")[1] - b0
+    assert grow_rc - grow == pytest.approx(more_f, rel=1e-9)
+
+
+def test_activation_memory_is_the_tp_share_and_a_recomputed_block_keeps_its_input() -> None:
+    # without recompute one micro-batch holds a TP device's share of the stage's outputs (the
+    # default TP path's rule, tp_activation_bytes); recomputing every block keeps only the bytes
+    # entering each block and rebuilds one block's share at a time during its backward
+    c = _cluster()
+    m, ops = 2, np.arange(G.num_nodes)
+    x = _costs(c, [0, 1], 2, m=m, shard="fsdp")
+    assert x.act[0] == pytest.approx(tp_activation_bytes(G, ops, 2) / m, rel=1e-12)
+    rc = _costs(c, [0, 1], 2, m=m, shard="fsdp", recompute=True)
+    unit = stage_units(block_units(G), np.zeros(G.num_nodes, dtype=np.int64))
+    per_block = [tp_activation_bytes(G, np.nonzero(unit == u)[0], 2) for u in sorted(set(unit.tolist()) - {-1})]
+    assert rc.remat[0] == pytest.approx(max(per_block) / m, rel=1e-12)
+    assert rc.act[0] < x.act[0] - 0.5 * sum(per_block) / m
+
+
+def test_options_over_one_replica_cost_what_the_default_tp_path_costs() -> None:
+    # FSDP over a single replica moves nothing, so a one-stage TP plan costs the same step either
+    # way: the same op shares, the same collectives (each on its phase instead of halves), the same update
+    c = _cluster()
+    one = np.zeros(G.num_nodes, dtype=int)
+    for sp in (False, True):
+        plain = Placement.pipeline(G, c, one, [[0, 1]], microbatches=2, tp=2, sequence_parallel=sp)
+        fsdp = Placement.pipeline(G, c, one, [[0, 1]], microbatches=2, tp=2, sequence_parallel=sp, shard="fsdp")
+        a, b = autoplace.simulate(G, plain, c), autoplace.simulate(G, fsdp, c)
+        assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
+
+
+def test_composed_tp_plans_simulate_where_they_used_to_be_refused() -> None:
+    # FSDP 2 x TP 2 with recompute and bf16 (torchtitan's 2-D recipe) and PP 2 x TP 2 x FSDP 2 with
+    # interleaved 1F1B: priced, and the runtime's rules accept them too
+    from autoplace.capability import runtime_problems
+
+    c = _cluster(hosts=2)
+    one = np.zeros(G.num_nodes, dtype=int)
+    two_d = Placement.pipeline(G, c, one, [list(range(8))], microbatches=1, tp=2, sequence_parallel=True,
+                               shard="fsdp", recompute=True, precision="bf16")
+    r = autoplace.simulate(G, two_d, c)
+    assert r.step_time_s > 0 and not r.oom and runtime_problems(two_d, G) == []
+    from autoplace.planners.heuristic.fsdp import block_stages
+
+    st = block_stages(G, 4)
+    three_d = Placement.pipeline(G, c, st, [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=2, schedule="interleaved-1f1b",
+                                 virtual_stages=2, tp=2, shard="fsdp", recompute=True, precision="bf16")
+    assert autoplace.simulate(G, three_d, c).step_time_s > 0 and runtime_problems(three_d, G) == []
+
+
+def test_under_sequence_parallelism_a_recomputed_block_keeps_its_sequence_shard() -> None:
+    # the residual entering a block is sequence-sharded under SP: a checkpointed block keeps 1/tp of it
+    from autoplace.sim.tensor_parallel import sequence_region
+
+    sim = Simulator(G, _cluster())
+    st = np.zeros(G.num_nodes, dtype=np.int64)
+    opts = StageOptions.resolve(1, shard="fsdp", recompute=True)
+    (whole,) = sharded_stages(sim, st, [[0, 1]], opts, 2, tp=2)
+    (sp,) = sharded_stages(sim, st, [[0, 1]], opts, 2, tp=2, sequence_parallel=True)
+    region = sequence_region(G)
+    unit = stage_units(block_units(G), st)
+    sharded_in: dict[tuple[int, int], float] = {}
+    for (a, b), nbytes in zip(G.edges.tolist(), G.edge_bytes.tolist()):
+        if unit[b] >= 0 and unit[a] != unit[b] and region[a]:
+            sharded_in[(a, int(unit[b]))] = max(sharded_in.get((a, int(unit[b])), 0.0), nbytes)
+    assert sharded_in  # the blocks after the first read the residual stream
+    saved = float(whole.inputs.sum() - sp.inputs.sum())
+    assert saved == pytest.approx(0.5 * sum(sharded_in.values()), rel=1e-12)
