@@ -20,6 +20,12 @@ on the device kind they were measured on; on another kind they are scaled by the
 two kinds' fp32 peaks. ``batch_fraction`` < 1 (a pipeline micro-batch) scales the per-sample
 work and keeps the per-op overhead and the parameter traffic: small micro-batches pay for it.
 
+In 16 bits on a GPU kind with a measured tensor-core table (A100, H100, H200), GEMMs and fused
+attention take a shape-dependent efficiency instead (``shape_efficiency``, on by default;
+:mod:`autoplace.cost.efficiency` names its sources): the measured maximum matmul FLOP/s of the
+generation times tile and wave quantization at the op's ``M x N`` (``M`` at the micro-batch),
+and FlashAttention-2's measured rate at the op's sequence length. fp32 times never change.
+
 :func:`autoplace.cost.calibrate.calibrate` fits ``e_compute`` per class to measured times.
 """
 
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..graph.kinds import CLASSES, kind_class
+from .efficiency import tensor_core_efficiencies
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -119,7 +126,15 @@ class CostModel:
     """on tensor cores (16 bits), "matmul"-class ops reach the device kind's measured maximum
     achievable matmul FLOPS (:data:`MAMF_BF16`) instead of ``compute_efficiency["matmul"]`` (an
     fp32 eager value); the roofline's memory term still bounds small GEMMs. Off by default: not
-    yet judged on measured runs; fp32 times never change."""
+    yet judged on measured runs; fp32 times never change. Superseded by ``shape_efficiency``
+    on the kinds that table lists."""
+    shape_efficiency: bool = True
+    """in 16 bits on a GPU kind of :data:`~autoplace.cost.efficiency.TENSOR_CORE_KINDS`, GEMMs
+    and attention take the efficiency of their shape (:mod:`autoplace.cost.efficiency`) instead
+    of ``compute_efficiency``; False: the class constants everywhere. fp32 times never change."""
+    causal_attention: bool = True
+    """attention ops run a causal kernel (half the traced FLOPs, which ignore the mask); used
+    only with ``shape_efficiency``. The zoo's GPT-2 and Llama are causal, BERT is not."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZER_STATE:
@@ -178,12 +193,16 @@ class CostModel:
                          for d in cluster.devices])[None, :]
         bw = np.array([d.mem_bandwidth for d in cluster.devices])[None, :] * self.memory_efficiency
         ovh = np.array([d.launch_overhead_s for d in cluster.devices])[None, :] * self.overhead_scale
-        if tensor and self.tensor_matmul_ceiling:  # (N, D): the measured bf16 matmul ceiling where known
+        eff_f = eff_b = eff
+        if tensor and self.shape_efficiency:  # (N, D) per op and device, forward and backward apart
+            eff_f, eff_b = tensor_core_efficiencies(graph, cluster.devices, eff[:, 0], batch_fraction=f,
+                                                    causal=self.causal_attention)
+        elif tensor and self.tensor_matmul_ceiling:  # (N, D): the measured bf16 matmul ceiling where known
             mamf = np.array([MAMF_BF16.get(d.kind, np.nan) for d in cluster.devices])[None, :]
             is_mm = np.array([kind_class(k) == "matmul" for k in graph.kinds], dtype=bool)[:, None]
-            eff = np.where(is_mm & ~np.isnan(mamf), mamf, eff)
-        fwd = np.maximum(graph.fwd_flops[:, None] * f / (peak * eff), fwd_bytes / bw) + ovh
-        bwd = np.maximum(graph.bwd_flops[:, None] * f / (peak * eff), bwd_bytes / bw) + ovh
+            eff_f = eff_b = np.where(is_mm & ~np.isnan(mamf), mamf, eff)
+        fwd = np.maximum(graph.fwd_flops[:, None] * f / (peak * eff_f), fwd_bytes / bw) + ovh
+        bwd = np.maximum(graph.bwd_flops[:, None] * f / (peak * eff_b), bwd_bytes / bw) + ovh
         # Ops that move nothing and compute nothing, and graph inputs (a profile's Input nodes:
         # data loading, not device work), cost nothing.
         is_input = np.array([kind_class(k) == "input" for k in graph.kinds], dtype=bool)
@@ -276,7 +295,9 @@ class CostModel:
                 "overhead_scale": self.overhead_scale, "calibration": dict(self.calibration),
                 "link_efficiency": dict(self.link_efficiency)} | (
                     {"reduce_dtype_bytes": self.reduce_dtype_bytes} if self.reduce_dtype_bytes is not None else {}) | (
-                    {"tensor_matmul_ceiling": True} if self.tensor_matmul_ceiling else {})
+                    {"tensor_matmul_ceiling": True} if self.tensor_matmul_ceiling else {}) | (
+                    {"shape_efficiency": False} if not self.shape_efficiency else {}) | (
+                    {"causal_attention": False} if not self.causal_attention else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":

@@ -114,13 +114,15 @@ def test_tensor_matmul_ceiling_uses_the_measured_bf16_matmul_fraction_on_tensor_
     # default; with the ceiling, MAMF 271.2 of 312 (stas00/ml-engineering); fp32 and unknown kinds unchanged
     g = OpGraph.build(["a", "b"], ["Linear", "add"], [(0, 1)], edge_bytes=[1e6], out_bytes=[1e6, 1e6],
                       param_bytes=[1e6, 0.0], fwd_flops=[1e13, 1e13], bwd_flops=[2e13, 2e13], batch_size=8)
+    # (the class constants: shape_efficiency=False; tests/cost/test_efficiency.py covers the shape model)
     c = Cluster.preset("8xA100-nvlink").subset([0])
-    ceil = CostModel(dtype_bytes=2, tensor_matmul_ceiling=True)
-    assert HALF.roofline_times(g, c)[0][0, 0] == pytest.approx(1e13 / (312e12 * 0.6) + 10e-6)
+    half = CostModel(dtype_bytes=2, shape_efficiency=False)
+    ceil = CostModel(dtype_bytes=2, tensor_matmul_ceiling=True, shape_efficiency=False)
+    assert half.roofline_times(g, c)[0][0, 0] == pytest.approx(1e13 / (312e12 * 0.6) + 10e-6)
     assert ceil.roofline_times(g, c)[0][0, 0] == pytest.approx(1e13 / 271.2e12 + 10e-6)
-    assert ceil.roofline_times(g, c)[0][1, 0] == HALF.roofline_times(g, c)[0][1, 0]  # not a matmul
+    assert ceil.roofline_times(g, c)[0][1, 0] == half.roofline_times(g, c)[0][1, 0]  # not a matmul
     fp32 = CostModel(tensor_matmul_ceiling=True).roofline_times(g, c)[0]
     assert np.array_equal(fp32, CostModel().roofline_times(g, c)[0])
     v100 = Cluster.preset("8xV100-nvlink").subset([0])
-    assert np.array_equal(ceil.roofline_times(g, v100)[0], HALF.roofline_times(g, v100)[0])
+    assert np.array_equal(ceil.roofline_times(g, v100)[0], half.roofline_times(g, v100)[0])
     assert CostModel.from_dict(ceil.to_dict()) == ceil
