@@ -15,6 +15,11 @@ above it), which ends at the recipe: its steps split the gain exactly, but depen
 (interleaved 1F1B with one stage per rank, sequence parallelism without TP, bf16 with DDP) is
 listed with the rule's message and no time; it then falls into the remainder.
 
+Each term also says whether published measurements check it (:mod:`autoplace.evidence`: the
+simulator predicts published runs right on both sides of that difference); a gain over
+:data:`~autoplace.evidence.CLAIM_LIMIT` that an unchecked term carries is printed as the
+simulator's estimate, "NOT A CLAIM", never as a claim.
+
 How a switch is made: the scalar dimensions (schedule, micro-batches, TP degree, sequence
 parallelism) take the recipe's value; the per-stage options (shard kind, recompute, precision,
 reshard after forward) the recipe's value on every stage (recompute as the set of units the
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .evidence import CLAIM_LIMIT, Check, check
 from .graph.units import block_units, stage_units
 from .parallel import StageOptions, entry_of_stages
 from .placement import Placement, PlacementError
@@ -69,6 +75,13 @@ class Term:
     cumulative_s: float | None = None
     """the chosen plan with this and every earlier term's dimension switched back (the walk in
     the table's order ends at the recipe; None where that step is not a valid plan)."""
+    check: Check | None = None
+    """whether published measurements back this difference (:mod:`autoplace.evidence`)."""
+
+    @property
+    def carries_gain(self) -> bool:
+        """The term is part of the gain: its switch slows the plan, or could not be priced."""
+        return self.ratio is None or self.ratio > 1.0 + 1e-3
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,17 @@ class Claim:
         return self.recipe_step_s / self.chosen_step_s
 
     @property
+    def unchecked(self) -> tuple[Term, ...]:
+        """The terms that carry part of the gain with no published measurement behind them."""
+        return tuple(t for t in self.terms if t.carries_gain and not (t.check is not None and t.check.checked))
+
+    @property
+    def is_claim(self) -> bool:
+        """Whether the gain may be stated as a claim: at most :data:`~autoplace.evidence.CLAIM_LIMIT`,
+        or carried by checked terms only."""
+        return self.gain <= CLAIM_LIMIT or not self.unchecked
+
+    @property
     def remainder(self) -> float:
         """gain / product of the terms that were simulated: what the differences carry together."""
         prod = math.prod(t.ratio for t in self.terms if t.ratio is not None)
@@ -96,8 +120,10 @@ class Claim:
         return dict(recipe=self.recipe, chosen_step_s=self.chosen_step_s, recipe_step_s=self.recipe_step_s,
                     recipe_oom=self.recipe_oom, chosen_oom=self.chosen_oom, gain=self.gain, remainder=self.remainder,
                     terms=[dict(dimension=t.dimension, chosen=t.chosen, recipe=t.recipe, step_time_s=t.step_time_s,
-                                ratio=t.ratio, oom=t.oom, note=t.note, cumulative_s=t.cumulative_s)
-                               for t in self.terms])
+                                ratio=t.ratio, oom=t.oom, note=t.note, cumulative_s=t.cumulative_s,
+                                published_check=None if t.check is None else t.check.words())
+                               for t in self.terms], is_claim=self.is_claim,
+                    unchecked=[t.dimension for t in self.unchecked])
 
     def table(self, *, markdown: bool = False) -> str:
         """The decomposition as a table, gain and remainder under it."""
@@ -106,16 +132,22 @@ class Claim:
         rows = [(t.dimension, t.chosen, t.recipe,
                  "-" if t.step_time_s is None else f"{t.step_time_s * 1e3:.1f} ms" + (" OOM" if t.oom else ""),
                  "-" if t.ratio is None else f"{t.ratio:.3f}x",
-                 "-" if t.cumulative_s is None else f"{t.cumulative_s * 1e3:.1f} ms", t.note) for t in self.terms]
+                 "-" if t.cumulative_s is None else f"{t.cumulative_s * 1e3:.1f} ms",
+                 "-" if t.check is None else t.check.words(), t.note) for t in self.terms]
         head = (f"gain over {self.recipe}: {self.gain:.3f}x (simulated: {self.recipe_step_s * 1e3:.1f} ms"
                 + (" OOM" if self.recipe_oom else "") + f" -> {self.chosen_step_s * 1e3:.1f} ms"
                 + (" OOM" if self.chosen_oom else "") + ")")
         body = format_table(["dimension", "chosen", "recipe", "chosen with it switched back", "term",
-                             "with it and those above", "note"], rows,
+                             "with it and those above", "published check", "note"], rows,
                             markdown=markdown) if rows else "(the plans do not differ)"
         tail = (f"product of the terms {self.gain / self.remainder:.3f}x; interaction remainder "
                 f"{self.remainder:.3f}x (gain / product)")
-        return ("\n\n" if markdown else "\n").join([head, body, tail])
+        parts = [head, body, tail]
+        if not self.is_claim:
+            parts.append(f"NOT A CLAIM: the simulated gain {self.gain:.3f}x is over {CLAIM_LIMIT}x and rests in part on "
+                         f"{', '.join(t.dimension for t in self.unchecked)}, which no published measurement checks "
+                         "(autoplace.evidence): the simulator's estimate only; measure before relying on it")
+        return ("\n\n" if markdown else "\n").join(parts)
 
 
 # ---- the plan as dimension values -------------------------------------------------------------
@@ -282,7 +314,8 @@ def decompose(graph: "OpGraph", cluster: "Cluster", chosen: Placement, recipe: P
         t_walk = _priced(sim, graph, cluster, walk)[0] if w is not None else None
         s, note = _switched(dim, c, r, graph)
         t, oom, why = _priced(sim, graph, cluster, s) if s is not None else (None, False, note)
-        terms.append(Term(dim, *words, t, None if t is None else t / t_c, oom, why or note, t_walk))
+        pub = check(dim, *(words if dim == "recompute" else (c[dim], r[dim])))
+        terms.append(Term(dim, *words, t, None if t is None else t / t_c, oom, why or note, t_walk, pub))
     return Claim(recipe_name or recipe.meta.get("recipe", "") or recipe.summary(), t_c, float(rr.step_time_s),
                  bool(rr.oom), bool(rc.oom), tuple(terms))
 
