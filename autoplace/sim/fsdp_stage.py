@@ -41,7 +41,14 @@ bf16 time (tensor-core peak, half the bytes) to the cost model's, so a measured 
 shape (with a cost model that already computes in 16 bits, ``CostModel(dtype_bytes=2)``, the
 ratio is 1); the optimizer updates fp32 master parameters (update time as in fp32, over the local
 shard). Activations (saved, sent to the next stage) weigh ``a = min(c, value_scale)`` of their
-traced bytes: 16 bits when the stage or the cost model computes in 16 bits.
+traced bytes: 16 bits when the stage or the cost model computes in 16 bits. A bf16 stage that is
+not sharded (DDP) casts its parameters on every forward call, and each in-flight micro-batch
+keeps those ``c P`` bytes of copies for its backward (:meth:`ShardedStage.param_copies`).
+
+Tensor parallelism (``tp=``, a :class:`~.tensor_parallel.TPShare`): the stage's devices are ``n``
+replicas of a TP group of ``t``; each op's time, parameters and output bytes are a TP device's
+share, its TP collectives are part of its forward and backward (so a recomputed unit runs its
+forward ones again), and the data-parallel rings run over the ``n`` replicas of each TP index.
 """
 
 from __future__ import annotations
@@ -283,6 +290,30 @@ class ShardedStage:
         saved = float(np.where(rc, self.inputs, act).sum())
         remat = float(act[rc].max(initial=0.0))
         return saved, remat
+
+    def param_copies(self) -> tuple[float, np.ndarray]:
+        """A bf16 stage that is not sharded casts its fp32 parameters to bf16 on every forward
+        call (:mod:`autoplace.rewrite.mixed_precision`, as FSDP2's policy without the sharding),
+        and autograd saves the copies its matmuls read for their backward: (bytes one in-flight
+        micro-batch keeps, ``c P`` of the items not recomputed; per item, the ``c P_u`` a
+        recomputed unit casts again in its backward). Zero in fp32 and for a sharded stage (its
+        gathered bf16 parameters serve every micro-batch: :func:`~.stage_cost.sharded_fixed_bytes`)."""
+        if not self.bf16 or self.sharded:
+            return 0.0, np.zeros(len(self.p))
+        rc = np.zeros(len(self.p), dtype=bool)
+        rc[1:-1] = self.recomputed
+        copies = self.c * self.p
+        return float(copies[~rc].sum()), np.where(rc, copies, 0.0)
+
+    def remat_bytes(self, share: float) -> float:
+        """Bytes that exist while one recomputed unit's backward runs (the largest such unit): its
+        activations at ``share`` of their traced bytes, and a bf16 DDP stage's parameter copies."""
+        _, again = self.param_copies()
+        if not again.any():
+            return self.saved_activations()[1] * share
+        rc = np.zeros(len(self.p), dtype=bool)
+        rc[1:-1] = self.recomputed
+        return float((self.act * share + again)[rc].max(initial=0.0))
 
 
 def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:

@@ -182,8 +182,9 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
             else:
                 mem = sharded_fixed_bytes(x, opt)
                 mem += inflight[s] * (saved * share + recv) + remat * share
-        else:
-            mem = x.p_all * (2.0 + opt) + inflight[s] * (saved * share + recv) + remat * share
+        else:  # a bf16 DDP stage's parameter copies are saved per in-flight micro-batch (ShardedStage.param_copies)
+            copies, _ = x.param_copies()
+            mem = x.p_all * (2.0 + opt) + inflight[s] * (saved * share + recv + copies) + x.remat_bytes(share)
         for gi in holder:
             if s in holder[gi]:
                 mem += 2.0 * sim.tied_bytes[gi]

@@ -271,11 +271,12 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
                     ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv, grad_scale=gs)
                 tail[s] = max(ready - last, 0.0)
             params[s] = x.p_all
-        saved, extra = x.saved_activations()
+        saved, _ = x.saved_activations()
         share = x.act_scale / (m * x.n)  # activations in 16 bits where the stage or the cost model computes in 16
         recv = bnd[s - 1] * stages[s - 1].send / (m * x.n) if s > 0 else 0.0  # bnd: in the cost model's dtype
-        act[s] = saved * share + recv
-        remat[s] = extra * share
+        copies, _ = x.param_copies()
+        act[s] = saved * share + recv + copies
+        remat[s] = x.remat_bytes(share)
         send[s] = x.send
     return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send)
 

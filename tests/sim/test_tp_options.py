@@ -191,3 +191,28 @@ def test_under_sequence_parallelism_a_recomputed_block_keeps_its_sequence_shard(
     assert sharded_in  # the blocks after the first read the residual stream
     saved = float(whole.inputs.sum() - sp.inputs.sum())
     assert saved == pytest.approx(0.5 * sum(sharded_in.values()), rel=1e-12)
+
+
+def test_a_bf16_ddp_stage_keeps_bf16_parameter_copies_and_reduces_in_two_bytes() -> None:
+    # bf16 without sharding (autoplace.rewrite.mixed_precision): every forward casts the fp32
+    # parameters to bf16 and autograd saves the copies for the backward, c P = P / 2 bytes per
+    # in-flight micro-batch (a recomputed unit's copies only during its backward); DDP's buckets
+    # carry 2-byte gradients: the all-reduce takes half the fp32 one's time (no latency)
+    pairs, rest = _pair_split()
+    c = _cluster()
+    for tp, devs in ((1, [0, 1]), (2, [0, 1, 2, 3])):
+        p_dev = pairs / tp + rest
+        ddp16 = _costs(c, devs, tp, shard="ddp", precision="bf16")
+        fsdp16 = _costs(c, devs, tp, shard="fsdp", precision="bf16")
+        assert ddp16.act[0] - fsdp16.act[0] == pytest.approx(0.5 * p_dev, rel=1e-9)
+        assert ddp16.params[0] == pytest.approx(p_dev, rel=1e-12)  # fp32 master, gradients and Adam state whole
+        ddp32 = _costs(c, devs, tp, recompute=True)  # fp32 DDP (recompute only to leave the default path)
+        ddp16rc = _costs(c, devs, tp, shard="ddp", precision="bf16", recompute=True)
+        assert ddp16rc.sync[0] == pytest.approx(ddp32.sync[0] / 2, rel=1e-12) and ddp32.sync[0] > 0
+        sim = Simulator(G, c)
+        (x,) = sharded_stages(sim, np.zeros(G.num_nodes, dtype=np.int64), [devs],
+                              StageOptions.resolve(1, shard="ddp", precision="bf16", recompute=True), 2, tp=tp)
+        root = float(x.p[0] + x.p[-1])
+        fsdp16rc = _costs(c, devs, tp, shard="fsdp", precision="bf16", recompute=True)
+        assert ddp16rc.act[0] - fsdp16rc.act[0] == pytest.approx(0.5 * root, rel=1e-9)
+        assert ddp16rc.remat[0] > fsdp16rc.remat[0]
