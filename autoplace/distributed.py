@@ -127,7 +127,8 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     from .rewrite.runtime import build_pipeline_runner, init_distributed
 
     if not dist.is_initialized() and "RANK" not in os.environ and plan is not None and (plan.shard or plan.precision):
-        raise PipelineWrapError(f"this plan ({plan.describe()}) shards parameters over {len(plan.devices_used())} "
+        what = "shards parameters" if set(plan.shard) & {"fsdp", "hsdp"} else "runs its stages"
+        raise PipelineWrapError(f"this plan ({plan.describe()}) {what} over {len(plan.devices_used())} "
                                 "processes, one per device: launch the script with torchrun, e.g. `torchrun "
                                 f"--nproc-per-node {len(plan.devices_used())} train.py`")
     if not dist.is_initialized() and "RANK" not in os.environ:

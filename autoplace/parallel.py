@@ -11,7 +11,8 @@ Per stage (a whole-model data-parallel plan is one stage on every device):
   ``False``, ``True`` (every unit) or the module paths of the units to checkpoint;
 - ``precision``: ``"fp32"`` or ``"bf16"`` (bf16 compute on tensor cores, fp32 master
   parameters and optimizer state, bf16 gradients in communication: FSDP2's
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``);
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``, and the same for DDP stages,
+  :mod:`autoplace.rewrite.mixed_precision`); it needs devices with bf16 tensor cores;
 - ``reshard_after_forward``: free a unit's gathered parameters after its forward (gather them
   again for its backward). Default as torchtitan: True for a one-stage plan, False in a
   pipeline (every micro-batch would gather again).
@@ -292,9 +293,6 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
                            f"(devices {list(devs)}); the shards do not divide: hsdp needs the same number of devices "
                            "on every host, listed host by host")
         if prec == "bf16":
-            if shard == "ddp":
-                out.append(f"stage {s} has precision='bf16' with shard='ddp'; mixed precision runs through "
-                           "fully_shard's MixedPrecisionPolicy: use shard='fsdp' (or 'hsdp')")
             for x in devs:
                 dv = cluster.devices[x] if 0 <= x < cluster.num_devices else None
                 if dv is not None and (not dv.peak_flops_tensor > 0 or dv.kind in NO_BF16_KINDS):

@@ -74,9 +74,9 @@ def test_bad_options_name_the_value_the_rule_and_the_fix(g) -> None:  # type: ig
     with pytest.raises(PlacementError) as e:
         _dp(g, c, list(range(8)), recompute=["h.9"])
     assert "'h.9'" in str(e.value) and "h.0, h.1" in str(e.value)
-    with pytest.raises(PlacementError) as e:
+    with pytest.raises(PlacementError) as e:  # bf16 DDP: refused for the device (V100), not for DDP
         _dp(g, c, list(range(8)), precision="bf16")
-    assert "shard='ddp'" in str(e.value) and "use shard='fsdp'" in str(e.value)
+    assert "fp16 only" in str(e.value) and "shard=" not in str(e.value)
     k80 = Cluster.preset("4xK80-pcie")
     with pytest.raises(PlacementError) as e:
         _dp(g, k80, [0, 1, 2, 3], shard="fsdp", precision="bf16")
@@ -100,3 +100,23 @@ def test_hsdp_needs_equal_devices_per_host(g) -> None:  # type: ignore[no-untype
     with pytest.raises(PlacementError) as e:
         _dp(g, c, [0, 1, 2, 4], shard="hsdp")
     assert "3 devices on host 0, 1 devices on host 1" in str(e.value) and "do not divide" in str(e.value)
+
+
+def test_bf16_runs_with_ddp_stages_and_tp_on_bf16_devices(g) -> None:  # type: ignore[no-untyped-def]
+    # Megatron-style plans: bf16 DDP replicas, alone, in a pipeline, and with TP and recompute
+    # (the runtime: autoplace.rewrite.mixed_precision); the device rule still holds
+    from autoplace.capability import runtime_problems
+
+    a100 = Cluster.preset("8xA100-nvlink")
+    one = _dp(g, a100, list(range(8)), precision="bf16")
+    assert one.precision == ("bf16",) and StageOptions.of(one).shard == ("ddp",)
+    st = (np.arange(g.num_nodes) >= 13).astype(int)
+    pp = Placement.pipeline(g, a100, st, [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=2, precision="bf16",
+                            recompute=True)
+    tp = _dp(g, a100, list(range(8)), precision="bf16", recompute=True, tp=2)
+    for p in (one, pp, tp):
+        assert p.problems(g, a100) == [] and runtime_problems(p, g, 8) == [], p
+    mixed = Placement.pipeline(g, a100, st, [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=2, precision=["bf16", "fp32"])
+    assert any("one precision" in x for x in runtime_problems(mixed, g))  # what the runtime still refuses
+    with pytest.raises(PlacementError, match="fp16 only"):
+        _dp(g, Cluster.preset("8xV100-nvlink"), list(range(8)), precision="bf16", tp=2)

@@ -269,7 +269,7 @@ def build_sharded_pipeline(traced: "Traced", plan: "Placement", cluster: "Cluste
                     bf16=opts.precision[ctx.index] == "bf16",
                     reshard_after_forward=opts.reshard_after_forward[ctx.index],
                     output_dtype=torch.float32 if ctx.is_last else torch.bfloat16)
-        return ddp_stage(module, ctx) if shard == "ddp" else module
+        return ddp_stage(module, ctx, reduce_bf16=opts.precision[ctx.index] == "bf16") if shard == "ddp" else module
 
     stage_of_fx = {name: int(plan.stage_of_node[i]) for name, i in traced.op_of_fx.items()}
     rank = dist.get_rank()

@@ -66,6 +66,7 @@ from . import batchnorm, liveness
 from .errors import PipelineError, PipelineTimeoutError
 from .launch import default_device, free_port, init_distributed, resolve_timeouts
 from .links import Links
+from .mixed_precision import bf16_ddp
 from .liveness import Timeouts
 from .model_output import model_output_loss, output_tensors
 from .pipeline import Split, propagate_fake, split_with_boundaries
@@ -100,15 +101,17 @@ class StageContext:
         return self.index == self.num_stages - 1
 
 
-def ddp_stage(stage: torch.nn.Module, ctx: StageContext) -> torch.nn.Module:
+def ddp_stage(stage: torch.nn.Module, ctx: StageContext, *, reduce_bf16: bool = False) -> torch.nn.Module:
     """The default stage hook: the stage itself, in DistributedDataParallel over its replicas when
-    there are several (PipelineStage skips DDP's all-reduce on all but the last micro-batch)."""
+    there are several (PipelineStage skips DDP's all-reduce on all but the last micro-batch);
+    ``reduce_bf16``: its gradients all-reduced in bf16 (:mod:`autoplace.rewrite.mixed_precision`)."""
     if ctx.replicas == 1:
         return stage
     from torch.nn.parallel import DistributedDataParallel  # torch's parallel stack: imported when used
 
-    return DistributedDataParallel(stage, process_group=ctx.dp_group,
-                                   device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    ddp = DistributedDataParallel(stage, process_group=ctx.dp_group,
+                                  device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+    return bf16_ddp(ddp, ctx.dp_group) if reduce_bf16 else ddp
 
 
 @dataclass(frozen=True)

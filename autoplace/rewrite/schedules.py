@@ -31,7 +31,8 @@ the replicas.
 Composed plans (torchtitan's order, per stage): tensor parallelism first (``tp``), then the
 plan's stage options (:class:`StageData`: the stage's FSDP units outlined, the recomputed ones
 checkpointed, then ``fully_shard`` over the replicas for FSDP/HSDP, bf16 by its
-MixedPrecisionPolicy), then the schedule. The world is one ("pp", data dims, "tp") DeviceMesh:
+MixedPrecisionPolicy, or for DDP the casts of :mod:`autoplace.rewrite.mixed_precision` and a bf16
+reduction), then the schedule. The world is one ("pp", data dims, "tp") DeviceMesh:
 pp x dp x tp (DDP replicas of TP groups: each stage's REDUCE_GRAD action averages its local
 shards' gradients over the replicas), FSDP x TP (``fully_shard`` over the data dims of the same
 mesh, the 2-D layout FSDP2 supports), multi-stage schedules with FSDP, recompute or bf16 stages
@@ -349,6 +350,8 @@ def build_schedule_runner(
         inputs, outputs = stage_io(gm, split, values, micro, k, device, boundary)
         at = k if data is None or data.options.num_stages == k_count else int(rank_of[k])  # options per rank
         sharded = data is not None and data.options.sharded(at)
+        # a bf16 DDP stage reduces in bf16 (FSDP's reduce_dtype; :mod:`.mixed_precision`)
+        reduce_dtype = torch.bfloat16 if data is not None and data.options.precision[at] == "bf16" else None
         wrapped: torch.nn.Module = (_Stage(mod, fresh=split_bw and k < k_count - 1)
                                     if k or split_bw or sharded else mod)
         if data is not None:
@@ -359,10 +362,10 @@ def build_schedule_runner(
         elif dp > 1 and (split_bw or tp > 1):
             # the REDUCE_GRAD action averages the gradients (a TP stage's local shards) over the replicas
             stages.append(ReplicatedStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
-                                          group=pp_group, dp_group=dp_group))
+                                          group=pp_group, dp_group=dp_group, reduce_dtype=reduce_dtype))
         else:
             if dp > 1:  # DDP, armed by torch on the stage's last backward
-                wrapped = ddp_stage_module(wrapped, dp_group, torch.device(device))
+                wrapped = ddp_stage_module(wrapped, dp_group, torch.device(device), reduce_dtype=reduce_dtype)
             stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                         group=pp_group))
         modules.append(mod)

@@ -33,24 +33,35 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
 from ..sim.ddp import DDP_BUCKET_BYTES
+from .mixed_precision import bf16_ddp
 
 __all__ = ["ReplicatedStage", "ddp_stage_module", "average_grads"]
 
 
-def ddp_stage_module(module: torch.nn.Module, group: Any, device: torch.device) -> torch.nn.Module:
+def ddp_stage_module(module: torch.nn.Module, group: Any, device: torch.device, *,
+                     reduce_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """``module`` in DistributedDataParallel over ``group`` (a module without trainable parameters
-    as it is: there is nothing to all-reduce and DDP refuses it)."""
+    as it is: there is nothing to all-reduce and DDP refuses it); ``reduce_dtype=torch.bfloat16``:
+    its buckets all-reduced in bf16 (:mod:`autoplace.rewrite.mixed_precision`)."""
     if not any(p.requires_grad for p in module.parameters()):
         return module
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(module, process_group=group,
-                                   device_ids=[device] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(module, process_group=group,
+                                  device_ids=[device] if device.type == "cuda" else None)
+    if reduce_dtype is None:
+        return ddp
+    if reduce_dtype != torch.bfloat16:
+        raise ValueError(f"reduce_dtype is {reduce_dtype}; DDP stages reduce in fp32 (None) or torch.bfloat16")
+    return bf16_ddp(ddp, group)
 
 
-def average_grads(params: list[torch.nn.Parameter], group: Any, bucket_bytes: float = DDP_BUCKET_BYTES) -> None:
+def average_grads(params: list[torch.nn.Parameter], group: Any, bucket_bytes: float = DDP_BUCKET_BYTES,
+                  dtype: torch.dtype | None = None) -> None:
     """Average the gradients of ``params`` over ``group``: walking them in reverse (the order a
-    backward makes them), flattened into buckets of up to ``bucket_bytes``, one all-reduce each."""
+    backward makes them), flattened into buckets of up to ``bucket_bytes``, one all-reduce each
+    (in ``dtype`` when given: each bucket cast, divided by the replicas, summed, cast back, as
+    torch's ``bf16_compress_hook`` does for DDP)."""
     size = dist.get_world_size(group)
     # a tensor-parallel parameter's gradient is a DTensor: its replicas average their local shards
     grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in reversed(params)
@@ -62,8 +73,13 @@ def average_grads(params: list[torch.nn.Parameter], group: Any, bucket_bytes: fl
         if not bucket:
             return
         flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        flat.div_(size)
+        if dtype is not None and dtype != flat.dtype:
+            low = flat.to(dtype).div_(size)
+            dist.all_reduce(low, op=dist.ReduceOp.SUM, group=group)
+            flat.copy_(low)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            flat.div_(size)
         at = 0
         for g in bucket:
             g.copy_(flat[at: at + g.numel()].view_as(g))
@@ -83,11 +99,13 @@ class ReplicatedStage(PipelineStage):
     """A ``PipelineStage`` one of several data-parallel replicas run: its ``REDUCE_GRAD`` action
     (after the stage's last backward) averages the stage's gradients over ``dp_group`` first."""
 
-    def __init__(self, *args: Any, dp_group: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, dp_group: Any, reduce_dtype: torch.dtype | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.dp_group = dp_group
+        self.reduce_dtype = reduce_dtype
+        """the dtype the gradients are averaged in (None: their own)."""
 
     def perform_reduce_grad(self, grad_scale_factor: int) -> None:  # noqa: D102
         params = list({id(p): p for p in self.submod.parameters() if p.requires_grad}.values())
-        average_grads(params, self.dp_group)
+        average_grads(params, self.dp_group, dtype=self.reduce_dtype)
         super().perform_reduce_grad(grad_scale_factor)

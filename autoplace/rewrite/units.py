@@ -5,7 +5,8 @@ simulator charges) one submodule call: the unit's fx nodes move into a GraphModu
 unit's module path, holding the same leaf modules and parameters under the same names, so
 ``state_dict()`` keys do not change. :func:`shard_stage` checkpoints the recomputed units and
 ``fully_shard``-s the units and the stage module (the root) over a DeviceMesh of the stage's
-replicas, as torchtitan composes them: checkpoint inside, FSDP outside.
+replicas, as torchtitan composes them: checkpoint inside, FSDP outside (a bf16 DDP stage: the
+casts of :mod:`autoplace.rewrite.mixed_precision` inside the checkpoints).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..graph.units import block_units, stage_units
 from .errors import ShardedRunError
+from .mixed_precision import cast_stage
 
 if TYPE_CHECKING:
     from ..graph.trace import Traced
@@ -170,7 +172,11 @@ def _checkpointed(unit: torch.nn.Module) -> None:
 def shard_stage(stage: torch.nn.Module, units: Sequence[str], mesh: Any, *, shard: str, recompute: Any,
                 bf16: bool, reshard_after_forward: bool, output_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Checkpoint the recomputed units and ``fully_shard`` the units and the stage over ``mesh``
-    (``shard="ddp"``: only the checkpoints; the caller wraps DDP). Returns the stage module."""
+    (``shard="ddp"``: only the checkpoints and, with ``bf16``, the casts of
+    :mod:`autoplace.rewrite.mixed_precision`, inside the checkpoints; the caller wraps DDP, reducing
+    in bf16). Returns the stage module."""
+    if shard == "ddp" and bf16:
+        cast_stage(stage, units, output_dtype=output_dtype or torch.float32)
     chosen = set(units) if recompute is True else set(recompute or ())
     for path in units:
         if path in chosen:
