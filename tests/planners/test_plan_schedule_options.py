@@ -110,3 +110,22 @@ def test_plan_best_proposes_a_zero_bubble_fsdp_plan_where_it_wins(monkeypatch: p
     without = autoplace.plan(g, c, mode="pipeline", kinds=("heuristic",), budget_s=60.0)
     assert not (without.schedule in MULTI_SCHEDULES and StageOptions.of(without).sharded(0))
     assert without.meta["predicted_step_time_s"] > got.meta["predicted_step_time_s"] * 1.03
+
+
+def test_tensor_parallel_shapes_are_tried_with_stage_options() -> None:
+    """torchtitan's 2-D (TP inside a host, FSDP over the replicas of each TP group) and pp x dp x tp
+    with FSDP are in best_schedule's space now that the simulator prices options under TP; every
+    one offered is one the runtime runs."""
+    from autoplace import CostModel
+    from autoplace.planners.heuristic.fsdp import block_stages
+
+    wl = autoplace.zoo.build("llama", small=True, device="meta", batch_size=8, n_layers=4, n_kv_heads=4)
+    g = autoplace.trace(wl.model, wl.example_inputs, name="llama-test")
+    c = Cluster.homogeneous("A100-80GB", 4, "nvlink3-switch", hosts=2)
+    p = Placement.pipeline(g, c, block_stages(g, 1), [list(range(8))], microbatches=1, shard="fsdp", precision="bf16")
+    choice = best_schedule(g, c, p, cost=CostModel(dtype_bytes=2))
+    sharded_tp = [q for q in choice.offered if q.tp > 1 and StageOptions.of(q).sharded(0)]
+    assert sharded_tp, "no TP shape was tried with FSDP"
+    assert {q.num_stages // q.virtual_stages for q in sharded_tp} >= {1, 2}  # one rank (2-D) and pp x dp x tp
+    assert all(not runtime_problems(q, g) for q in sharded_tp)
+    assert all(q.precision and q.precision[0] == "bf16" for q in sharded_tp)

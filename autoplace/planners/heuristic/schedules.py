@@ -38,7 +38,8 @@ multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; t
 runner keeps whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
 a stage without ops. Each skipped family is named in the result's notes.
 
-Stage options on the shapes (``tp = 1``; the simulator prices them, :mod:`autoplace.sim.stage_cost`):
+Stage options on the shapes, TP shapes included (FSDP over a rank's replicas of its TP group:
+torchtitan's 2-D; the simulator prices them, :mod:`autoplace.sim.stage_cost`):
 after every plain variant (so that under a time budget they never displace one), each shape is
 tried again with the plan's own options as one setting for every rank (one shard kind and one
 precision, as the runtime runs them; recompute of every unit where the plan recomputes any),
@@ -182,7 +183,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     best: tuple[float, Placement] | None = None
     refused: list[str] = []
     offered: list[Placement] = []
-    later: list[tuple[np.ndarray, list[list[int]], str, int, int, str, bool]] = []
+    later: list[tuple[np.ndarray, list[list[int]], str, int, int, int, str, bool]] = []
 
     def consider(p: Placement, label: str = "") -> bool | None:
         """Simulate ``p`` as a candidate; whether it is over memory (None: not simulated)."""
@@ -261,8 +262,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
                     tried.append((name, v, None))
                     continue
                 over = consider(p, name)
-                if tp == 1 and over is not None:  # the same shape with stage options, tried after every plain one
-                    later.append((np.asarray(st), groups, schedule, v, m, name, over))
+                if over is not None:  # the same shape with stage options, tried after every plain one
+                    later.append((np.asarray(st), groups, schedule, v, m, tp, name, over))
 
     consider(plan)
     if plan.virtual_stages == 1 and plan.schedule in ("1f1b", "gpipe"):
@@ -282,7 +283,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
         reasons.append("the graph has BatchNorm (the multi-stage runner would take its statistics per micro-batch)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
         notes.append("the plan's per-stage options are tried on the multi-stage shapes as one setting for every "
-                     "rank (recompute of every unit where the plan recomputes any; not with tensor parallelism)")
+                     "rank (recompute of every unit where the plan recomputes any)")
     if plan.virtual_stages != 1 or plan.tp != 1:
         reasons.append("the plan already has virtual stages or tensor parallelism")
     if len(devs) < 2:
@@ -317,9 +318,9 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
             _tp_replicated_sweeps(plan, graph, devs, sweep, tp_degrees, hosts)
     # the multi-stage shapes with stage options (the simulator prices them, sim/stage_cost.py): after
     # every plain variant, so that under a time budget they never displace one
-    for st_k, groups_k, schedule_k, v_k, m_k, name_k, over_k in later:
-        for opts in _stage_option_sets(plan, len(groups_k[0]), over_k, precision):
-            q = make(st_k, groups_k, schedule_k, v_k, m_k, 1, options=opts)
+    for st_k, groups_k, schedule_k, v_k, m_k, tp_k, name_k, over_k in later:
+        for opts in _stage_option_sets(plan, len(groups_k[0]) // tp_k, over_k, precision):
+            q = make(st_k, groups_k, schedule_k, v_k, m_k, tp_k, options=opts)
             if q is not None:
                 consider(q, f"{name_k} {_describe(opts)}")
     if refused:
