@@ -40,9 +40,11 @@ in DDP buckets (:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the 
 the network when the replicas span hosts), and the rank waits for them before its next action
 (:mod:`.order_sim`'s ``tail``):
 
-- without a split backward the stage runs in DDP, which torch arms on the stage's last backward
+- without a split backward (and without TP) the stage runs in DDP, which torch arms on the stage's last backward
   only (``_PipelineStageBase.backward_maybe_with_nosync``): buckets are all-reduced while that
   backward runs, and DDP's reducer waits for the last one before the backward returns;
+- with TP the runtime averages the replicas' local shards in ``REDUCE_GRAD`` (its
+  ``ReplicatedStage``), as below;
 - with a split backward (ZB-H1, ZBV, DualPipeV) the weight gradients bypass DDP's hooks, so the
   runtime all-reduces them in torch's ``REDUCE_GRAD`` action right after the stage's last ``W``:
   every bucket after that backward, one after another.

@@ -13,7 +13,8 @@ recomputed unit's backward).
   slowest of the rank's ``d`` replicas; with ``tp > 1`` the column/row pairs at ``1/tp`` plus
   their all-reduces (and with sequence parallelism its region and the rewrite's collectives,
   :mod:`.tensor_parallel`); DDP all-reduces in buckets during the last backward (or after it
-  with a split backward), :mod:`.ddp`.
+  with a split backward or with TP: the runtime's ``ReplicatedStage`` averages a TP stage's
+  replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`.
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
   stage's FSDP units, Zhao et al. VLDB 2023) on its rank's devices, as torch.distributed.pipelining
   runs an FSDP stage module (:func:`action_seconds`): every forward and backward action gathers
@@ -147,7 +148,9 @@ def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]],
     (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
     rank's replicas, over the slowest link inside each TP shard's replica group (multi-rail across
     hosts, :func:`~.ddp.ring_link`), gradients in ``CostModel.grad_scale()`` bytes. ``after``: the
-    buckets are all-reduced after the backward (split schedules), not during it (DDP)."""
+    buckets are all-reduced after the backward, not during it (DDP): split schedules, and TP
+    replicas, which the runtime averages in torch's ``REDUCE_GRAD`` action
+    (:class:`autoplace.rewrite.stage_replicas.ReplicatedStage`)."""
     k = rank_of.shape[0]
     tail, ar = np.zeros(k), np.zeros(k)
     tables = sim.tables
@@ -263,9 +266,9 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
             params[s] = x.p_all / x.k
             gathered[s] = 2.0 * x.c * x.p_all
         else:
-            if x.n > 1:  # DDP buckets (during the last backward; after it with a split backward)
+            if x.n > 1:  # DDP buckets (during the last backward; after it with a split backward or TP)
                 gs = sim.cost.grad_scale(x.act_scale)
-                if split:
+                if split or x.t > 1:
                     ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv, grad_scale=gs)
                 else:
                     ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv, grad_scale=gs)
@@ -317,5 +320,6 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     if d > 1:
         weight_last = last_backward_is_weight(order, k, m)
         last_op = np.where(weight_last[st], w_op, b_op)
-        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg, after=split)
+        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg,
+                             after=split or t_deg > 1)
     return StageCosts(f, b, w if split else np.zeros(k), u, tail, ar, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k))

@@ -216,3 +216,25 @@ def test_a_bf16_ddp_stage_keeps_bf16_parameter_copies_and_reduces_in_two_bytes()
         fsdp16rc = _costs(c, devs, tp, shard="fsdp", precision="bf16", recompute=True)
         assert ddp16rc.act[0] - fsdp16rc.act[0] == pytest.approx(0.5 * root, rel=1e-9)
         assert ddp16rc.remat[0] > fsdp16rc.remat[0]
+
+
+def test_tp_replicas_average_their_gradients_after_the_last_backward_as_the_runtime_does() -> None:
+    # the runtime runs DDP replicas of a TP stage as ReplicatedStage: the REDUCE_GRAD action after the
+    # stage's last backward all-reduces every bucket, one after another, so the rank waits for all of
+    # them (tail = sync); without TP, DDP overlaps its buckets with that backward (tail < sync)
+    from autoplace.cli import zoo_graph
+
+    big = zoo_graph("llama", size="7b", n_layers=2, seq_len=64, batch_size=8)  # ~0.8 GB a layer: many buckets
+    c = Cluster.homogeneous("H100", 4, "nvlink4")
+    sim = Simulator(big, c)
+    st = np.zeros(big.num_nodes, dtype=np.int64)
+    rank_of = np.array([0], dtype=np.int64)
+    t = sim.tables
+    bnd = boundary_bytes(st, t.succ_ptr, t.succ_eid, t.edst, t.ebytes, 1)
+    for tp, opts in ((2, None), (2, StageOptions.resolve(1, recompute=True)), (1, StageOptions.resolve(1, recompute=True))):
+        x = stage_costs(sim, st, [[0, 1, 2, 3]], rank_of, actions("1f1b", 1, 1, 2), 2, tp, False, bnd, options=opts)
+        assert x.sync[0] > 0
+        if tp > 1:
+            assert x.tail[0] == pytest.approx(x.sync[0], rel=1e-12)
+        else:
+            assert x.tail[0] < 0.9 * x.sync[0]
