@@ -24,10 +24,11 @@ graph's; micro-batches of one sample per replica, as both publish them (torchtit
   accumulation), micro-batch 1, full recompute of every transformer layer, no sequence
   parallelism (it came later). One row per PP degree dividing the hosts: the paper's rule is the
   fewest stages that fit, which the simulator decides. Megatron keeps bf16 weights with fp32
-  master copies on every DP replica; a plan runs bf16 only through FSDP's mixed precision, so the
-  DP dimension is ``shard="fsdp"`` with ``reshard_after_forward=False`` (parameters gathered once
-  a step, the closest to Megatron's distributed optimizer); with one replica nothing is sharded.
-- :func:`ddp_recipe`: PyTorch DDP over every device, fp32 (DDP has no bf16 here), no recompute.
+  master copies on every DP replica (no sharding in SC'21; the distributed optimizer came
+  later): the DP dimension is ``shard="ddp"`` with ``precision="bf16"`` (fp32 masters, gradients
+  and Adam state whole on every replica; autoplace's runtime casts the parameters to bf16 per
+  call and all-reduces bf16 gradients, where Megatron-LM keeps one bf16 copy and reduces in fp32).
+- :func:`ddp_recipe`: PyTorch DDP over every device, fp32, no recompute.
 
 Recompute is the list of transformer blocks, with several stages per rank too (a rank's list
 holds the blocks of all its stages), so the embedding and the head are not recomputed.
@@ -112,10 +113,6 @@ def _recipe(name: str, family: str, source: str, graph: "OpGraph", cluster: "Clu
     return Recipe(name, family, source, p, ("runtime: " + "; ".join(rt)) if rt else "")
 
 
-def _shard(precision: str) -> str:
-    return "fsdp" if precision == "bf16" else "ddp"
-
-
 def torchtitan_recipes(graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel | None" = None) -> list[Recipe]:
     """torchtitan's 1D, 2D and 3D recipes (module docstring)."""
     from .cost.analytic import CostModel
@@ -161,11 +158,10 @@ def megatron_recipes(graph: "OpGraph", cluster: "Cluster", *, cost: "CostModel |
         m = max(b // dp, 1)
         schedule, v = ("interleaved-1f1b", 2) if pp > 1 else ("1f1b", 1)
         st = np.zeros(graph.num_nodes, dtype=np.int64) if pp == 1 else block_stages(graph, pp * v)
-        extra: dict[str, Any] = dict(reshard_after_forward=False) if prec == "bf16" else {}
         out.append(_recipe(f"Megatron: TP {tp} x PP {pp} x DP {dp}, {schedule}" + (f" v={v}" if v > 1 else "")
                            + ", mb 1, full recompute", "megatron", MEGATRON, graph, cluster, st, pp,
-                           microbatches=m, schedule=schedule, virtual_stages=v, shard=_shard(prec),
-                           recompute=blocks, precision=prec, tp=tp, **extra))
+                           microbatches=m, schedule=schedule, virtual_stages=v, shard="ddp",
+                           recompute=blocks, precision=prec, tp=tp))
     return out
 
 
