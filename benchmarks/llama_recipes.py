@@ -27,7 +27,6 @@ differences it rests on. Every figure is simulated.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -94,12 +93,6 @@ def recipe_row(graph: Any, r: Recipe, c: Cluster, cost: CostModel) -> dict[str, 
         row.update(_sim_row(graph, r.placement, c, cost))
     except PlacementError as e:
         row["not_simulated"] = "; ".join(e.problems)
-        if r.placement is not None and r.placement.tp > 1:  # what the simulator prices of it: TP alone
-            bare = dataclasses.replace(r.placement, shard=(), recompute=(), precision=(), reshard_after_forward=())
-            try:
-                row["without_stage_options"] = _sim_row(graph, bare, c, cost)
-            except PlacementError as e2:
-                row["without_stage_options"] = dict(error="; ".join(e2.problems))
     return row
 
 
@@ -143,7 +136,9 @@ def run_case(size: str, cluster_name: str) -> dict[str, Any]:
                 if mode == "auto" and plans[mode] == plans.get("pipeline"):
                     b["same_as_pipeline"] = True
                     continue
-                claim = decompose(graph, c, plans[mode], rec[k].placement, cost=cost, recipe_name=rec[k].name)
+                against = rec[k].placement
+                assert against is not None  # it was simulated
+                claim = decompose(graph, c, plans[mode], against, cost=cost, recipe_name=rec[k].name)
                 b["claim"] = claim.to_dict()
                 b["claim_table"] = claim.table(markdown=True)
     return out
@@ -169,8 +164,8 @@ def markdown(results: list[dict[str, Any]], command: str, started: str, commit: 
            "FSDP (full AC; AC every 2nd block, since its op-level selective AC cannot be expressed), 2D FSDP x TP 8 "
            "with sequence parallelism, 3D PP x FSDP x TP with 1F1B and interleaved 1F1B (v=2); Megatron-LM SC'21: "
            "TP 8 inside a host, PP across hosts (one row per PP degree: the paper takes the fewest stages that fit), "
-           "DP over the rest, interleaved 1F1B v=2, micro-batch 1, full recompute, bf16 expressed as FSDP mixed "
-           "precision without resharding (the only way a plan says bf16); DDP fp32. `best`: "
+           "DP over the rest, interleaved 1F1B v=2, micro-batch 1, full recompute, bf16 with DDP replicas; DDP fp32. "
+           "`best`: "
            "`autoplace.plan(planner='best')` with the default budget, its planning time in brackets. Gain: the "
            "fastest recipe that is simulated and fits over `best`.", ""]
     out += ["| model | cluster | fastest recipe that fits | its step | best (pipeline) | gain | best (auto) | gain | "
@@ -194,12 +189,6 @@ def markdown(results: list[dict[str, Any]], command: str, started: str, commit: 
         for row in r["recipes"]:
             note = row["problem"]
             out.append(f"| {row['name']} | {_cell(row)} | {row.get('plan') or ''} | {note} |")
-            bare = row.get("without_stage_options")
-            if bare:
-                out.append(f"| &nbsp;&nbsp;(the same without FSDP, recompute, bf16: not the recipe) | "
-                           + (_cell(bare) if "step_time_s" in bare else "not simulated: " + bare["error"])
-                           + " | ddp, fp32 | what the simulator prices of the TP shape alone; not a recipe, "
-                           "not counted in the gain |")
         for mode, b in r["best"].items():
             cell = _cell(b) if "step_time_s" in b else "no fit: " + b.get("error", "")
             gain = f"gain {b['gain']:.3f}x over {r['fastest_recipe']}" if "gain" in b else ""
