@@ -12,8 +12,17 @@ TARGET_MEAN_ABS_LOG = 0.15
 TARGET_WITHIN = 0.80
 BAND = (0.80, 1.25)
 TARGET_MEMORY = 0.10
-FIT = "none"
-"""No constant is fitted to these rows: every row is reported."""
+FIT = ("CostModel.tensor_sustained (autoplace.cost.efficiency.SUSTAINED_FRACTION) fitted on MosaicML "
+       "llm-foundry's rows on H100 (benchmarks/fidelity_llm.py --fit); held out: its A100 rows, torchtitan, Megatron-LM")
+"""What is fitted to these rows and on which part (``fidelity_llm.in_fit_part``)."""
+
+
+def _part(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if "ratio" in r]
+    logs = [abs(math.log(r["ratio"])) for r in ok]
+    return {"rows": len(rows), "expressible": len(ok), "mean_abs_log": float(np.mean(logs)) if logs else None,
+            "within": sum(BAND[0] <= r["ratio"] <= BAND[1] for r in ok),
+            "share_within": sum(BAND[0] <= r["ratio"] <= BAND[1] for r in ok) / len(rows) if rows else 0.0}
 
 
 def tokens_per_step(row: dict[str, Any]) -> int:
@@ -71,7 +80,13 @@ def summarize(rows: list[dict[str, Any]], pubs: list[dict[str, Any]]) -> dict[st
         "within_band": len(within), "share_within_all_rows": len(within) / n if n else 0.0,
         "sweeps": sweeps, "sweeps_met": sum(s["met"] for s in sweeps),
         "memory_rows": len(mem), "memory_within_10pct": len(mem_ok), "sources": sources, "fit": FIT,
+        "parts": {"fit": _part([r for r in rows if r.get("fit_part")]),
+                  "held_out": _part([r for r in rows if not r.get("fit_part")])},
     }
+    held = [r for r in rows if not r.get("fit_part")]
+    held_ids = {r["id"] for r in held}
+    out["parts"]["held_out"]["sweeps_met"] = sum(s["met"] for s in sweeps if set(s["rows"]) <= held_ids)
+    out["parts"]["held_out"]["sweeps"] = sum(1 for s in sweeps if set(s["rows"]) <= held_ids)
     out["met"] = {
         "mean_abs_log": bool(logs) and out["not_expressible"] == 0 and out["mean_abs_log_expressible"] <= TARGET_MEAN_ABS_LOG,
         "share_within": out["share_within_all_rows"] >= TARGET_WITHIN,
@@ -94,8 +109,8 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
          f"{meta['wall_s']:.0f} s" + (f"; working tree with uncommitted edits to {', '.join(meta['uncommitted_autoplace_files'])}"
                                   if meta.get("uncommitted_autoplace_files") else "") + "). Measured: the publications' own throughput tables (files in "
          "`benchmarks/data/published/llm/`, each number's table and line recorded there); predicted: "
-         "`autoplace.simulate` on the published plan, the cost model's defaults, nothing fitted "
-         "(fit part: none; reported: all rows). A prediction is the simulator's alone, checked against those tables.", "",
+         "`autoplace.simulate` on the published plan, the cost model's defaults. "
+         f"Fit part: {s['fit']}. A prediction is the simulator's alone, checked against those tables.", "",
          "## Summary", "",
          f"- rows: {s['rows']} from {len(pubs)} publications ({', '.join(s['sources'])}), "
          f"{s['gpus_min']} to {s['gpus_max']} GPUs; expressible: {s['expressible']}, not expressible: {s['not_expressible']} "
@@ -109,7 +124,17 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
          f"({yes[s['met']['sweeps']]})",
          f"- per-GPU memory within 10%: {s['memory_within_10pct']} of {s['memory_rows']} published figures "
          f"({yes[s['met']['memory']]})", "",
-         "| source | rows | expressible | mean abs log | within band |", "|---|---|---|---|---|"]
+         "",
+         "| part | rows | expressible | mean abs log | within band (of all its rows) |", "|---|---|---|---|---|"]
+    for name, key in (("fit (MosaicML H100)", "fit"), ("held out (the rest)", "held_out")):
+        v = s.get("parts", {}).get(key)
+        if v:
+            L.append(f"| {name} | {v['rows']} | {v['expressible']} | {_f(v['mean_abs_log'])} | "
+                     f"{v['within']} ({v['share_within']:.0%}) |")
+    if s.get("parts", {}).get("held_out", {}).get("sweeps") is not None:
+        ho = s["parts"]["held_out"]
+        L.append(f"\nHeld-out sweeps whose measured best is ranked first: {ho['sweeps_met']} of {ho['sweeps']}.")
+    L += ["", "| source | rows | expressible | mean abs log | within band |", "|---|---|---|---|---|"]
     for k, v in s["sources"].items():
         L.append(f"| {k} | {v['rows']} | {v['expressible']} | {_f(v['mean_abs_log'])} | {v['within']} |")
     L += ["", "## Rows", "",

@@ -24,7 +24,9 @@ In 16 bits on a GPU kind with a measured tensor-core table (A100, H100, H200), G
 attention take a shape-dependent efficiency instead (``shape_efficiency``, on by default;
 :mod:`autoplace.cost.efficiency` names its sources): the measured maximum matmul FLOP/s of the
 generation times tile and wave quantization at the op's ``M x N`` (``M`` at the micro-batch),
-and FlashAttention-2's measured rate at the op's sequence length. fp32 times never change.
+and FlashAttention-2's measured rate at the op's sequence length, both times one fraction
+reached in training (``tensor_sustained``, fitted on a named part of published runs). fp32 times
+never change.
 
 :func:`autoplace.cost.calibrate.calibrate` fits ``e_compute`` per class to measured times.
 """
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..graph.kinds import CLASSES, kind_class
-from .efficiency import tensor_core_efficiencies
+from .efficiency import SUSTAINED_FRACTION, tensor_core_efficiencies
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -132,6 +134,9 @@ class CostModel:
     """in 16 bits on a GPU kind of :data:`~autoplace.cost.efficiency.TENSOR_CORE_KINDS`, GEMMs
     and attention take the efficiency of their shape (:mod:`autoplace.cost.efficiency`) instead
     of ``compute_efficiency``; False: the class constants everywhere. fp32 times never change."""
+    tensor_sustained: float = SUSTAINED_FRACTION
+    """with ``shape_efficiency``: achieved in training over the microbenchmark efficiency
+    (:data:`~autoplace.cost.efficiency.SUSTAINED_FRACTION`, fitted on a named part of published runs)."""
     causal_attention: bool = True
     """attention ops run a causal kernel (half the traced FLOPs, which ignore the mask); used
     only with ``shape_efficiency``. The zoo's GPT-2 and Llama are causal, BERT is not."""
@@ -142,6 +147,9 @@ class CostModel:
         bad = {k: v for k, v in self.compute_efficiency.items() if not 0 < v <= 1}
         if bad:
             raise ValueError(f"compute efficiencies must be in (0, 1]; got {bad}")
+        if not 0 < self.tensor_sustained <= 1:
+            raise ValueError(f"tensor_sustained is {self.tensor_sustained}; it must be in (0, 1] (a fraction of the "
+                             "microbenchmark efficiency)")
         if not 0 < self.memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency is {self.memory_efficiency}; it must be in (0, 1]")
         bad = {k: v for k, v in self.link_efficiency.items() if not 0 < v <= 1}
@@ -196,7 +204,7 @@ class CostModel:
         eff_f = eff_b = eff
         if tensor and self.shape_efficiency:  # (N, D) per op and device, forward and backward apart
             eff_f, eff_b = tensor_core_efficiencies(graph, cluster.devices, eff[:, 0], batch_fraction=f,
-                                                    causal=self.causal_attention)
+                                                    causal=self.causal_attention, sustained=self.tensor_sustained)
         elif tensor and self.tensor_matmul_ceiling:  # (N, D): the measured bf16 matmul ceiling where known
             mamf = np.array([MAMF_BF16.get(d.kind, np.nan) for d in cluster.devices])[None, :]
             is_mm = np.array([kind_class(k) == "matmul" for k in graph.kinds], dtype=bool)[:, None]
@@ -297,7 +305,8 @@ class CostModel:
                     {"reduce_dtype_bytes": self.reduce_dtype_bytes} if self.reduce_dtype_bytes is not None else {}) | (
                     {"tensor_matmul_ceiling": True} if self.tensor_matmul_ceiling else {}) | (
                     {"shape_efficiency": False} if not self.shape_efficiency else {}) | (
-                    {"causal_attention": False} if not self.causal_attention else {})
+                    {"causal_attention": False} if not self.causal_attention else {}) | (
+                    {"tensor_sustained": self.tensor_sustained} if self.tensor_sustained != SUSTAINED_FRACTION else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":

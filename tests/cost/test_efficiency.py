@@ -54,8 +54,8 @@ def test_a_larger_micro_batch_is_rewarded_where_the_small_one_leaves_sms_idle() 
     # M = 512 tokens x N = 1024: at most 16 tiles on 132 SMs; 16x the tokens fill the waves
     g = _linear(8192, 1024, 4096)
     dev = Cluster.preset("2x8xH100-dgx").devices[:1]
-    small = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1 / 16)
-    large = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1.0)
+    small = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1 / 16, sustained=1.0)
+    large = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1.0, sustained=1.0)
     assert large[0][1, 0] > 2 * small[0][1, 0]  # forward: M x N = 512 x 1024 leaves most SMs idle
     assert large[0][1, 0] == pytest.approx(H100.mamf, rel=0.05)
     assert small[0][0, 0] == large[0][0, 0] == 0.6  # not a GEMM: the class constant
@@ -92,6 +92,24 @@ def test_fp32_and_kinds_without_tensor_core_tables_are_unchanged() -> None:
                           CostModel(dtype_bytes=2, shape_efficiency=False).roofline_times(g, v100)[1])
     a100 = Cluster.preset("8xA100-nvlink").subset([0])
     shaped = CostModel(dtype_bytes=2).roofline_times(g, a100)[0][1, 0]
-    assert shaped == pytest.approx(2 * 4096 * 5120 * 5120 / (312e12 * A100.mamf) + 10e-6, rel=0.02)
+    sustained = CostModel().tensor_sustained
+    assert shaped == pytest.approx(2 * 4096 * 5120 * 5120 / (312e12 * A100.mamf * sustained) + 10e-6, rel=0.02)
     assert CostModel.from_dict(CostModel(shape_efficiency=False, causal_attention=False).to_dict()) == \
         CostModel(shape_efficiency=False, causal_attention=False)
+
+
+def test_the_sustained_fraction_scales_gemm_and_attention_efficiency_only() -> None:
+    from autoplace.graph.kinds import kind_class
+    from autoplace.zoo import build
+    w = build("gpt2", n_layer=1, n_embd=256, n_head=2, vocab_size=512, n_positions=512, seq_len=512, batch_size=8)
+    g = autoplace.trace(w.model, w.example_inputs)
+    dev = Cluster.preset("2x8xH100-dgx").devices[:1]
+    base = CostModel().efficiency_vector(g)
+    hi = tensor_core_efficiencies(g, dev, base, sustained=1.0)
+    lo = tensor_core_efficiencies(g, dev, base, sustained=0.5)
+    shaped = np.isin([kind_class(k) for k in g.kinds], ["matmul", "attention"])
+    assert shaped.any() and (~shaped).any()
+    for h, l in zip(hi, lo):
+        assert np.allclose(l[shaped, 0], 0.5 * h[shaped, 0]) and np.array_equal(l[~shaped, 0], h[~shaped, 0])
+    with pytest.raises(ValueError, match="tensor_sustained"):
+        CostModel(tensor_sustained=1.5)
