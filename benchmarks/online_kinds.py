@@ -99,6 +99,8 @@ def _plain_two_stage(p: Placement) -> str:
         return "not a 2-stage pipeline of one rank per stage"
     if p.shard or p.recompute or p.precision or p.tp != 1 or p.virtual_stages != 1:
         return "has per-stage options"
+    if p.schedule not in ("gpipe", "1f1b"):
+        return f"schedule {p.schedule} (the switch runs gpipe and 1f1b)"
     return ""
 
 
@@ -131,7 +133,7 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     else:
         base = Placement.pipeline(graph, cl, pick.stage_of_node, [0, 1], microbatches=pick.microbatches,
                                   schedule=pick.schedule if pick.schedule in ("gpipe", "1f1b") else "1f1b")
-        note = f"the pick ({pick.describe()}) without its options"
+        note = f"the pick ({pick.describe()}) without its options, schedule 1f1b if another"
     if candidate_key(candidate_of(base)) not in keys:
         cands.append(base)
         keys.append(candidate_key(candidate_of(base)))
@@ -235,7 +237,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
             pipe.apply_plan(cands[start_idx])
             cfg = OnlineConfig(trials=args["trials"], steps_per_trial=args["trial_steps"], warmup_steps=1,
                                every_n_steps=args["between"], step_quantile=QUANTILE, search=search,
-                               seed=args["seed"])
+                               seed=args["seed"], confirm=args.get("confirm", 0))
             pipe.tune(cfg, cands)
             steps = 0
             while pipe.phase != "done" and steps < 500:
@@ -300,19 +302,26 @@ def main() -> None:
     ap.add_argument("--starts", choices=("best", "all"), default="all",
                     help="all: also fidelity_cpu's 5 multi-process plans as starts of its 4 models")
     ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--confirm", type=int, default=2, help="OnlineConfig.confirm: re-measurements of the "
+                    "best's closest rival after the trials (live trials too)")
     ap.add_argument("--between", type=int, default=4,
                     help="OnlineConfig.every_n_steps: training steps on the best plan between two trials (its "
                          "estimate kept current under the machine's load; not trials)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
+    ap.add_argument("--append", action="store_true", help="keep the models already in <out>/online_kinds.json "
+                    "and measure the others")
     a = ap.parse_args()
     if a.render:
         report.write(json.loads((a.out / "online_kinds.json").read_text()), a.out)
         return
     torch.set_num_threads(1)
-    args = {"quick": a.quick, "trials": a.trials, "trial_steps": 2 if a.quick else 3, "between": a.between, "passes": 1 if a.quick else 2,
+    args = {"quick": a.quick, "trials": a.trials, "trial_steps": 2 if a.quick else 3, "between": a.between, "confirm": a.confirm, "passes": 1 if a.quick else 2,
             "brute_steps": 2 if a.quick else 3, "ab_rounds": 2 if a.quick else 4, "ab_steps": 2 if a.quick else 4,
             "seed": 0, "starts": a.starts, "top": 3}
+    done: list[dict[str, Any]] = []
+    if a.append and (a.out / "online_kinds.json").exists():  # models measured by an earlier run stay
+        done = json.loads((a.out / "online_kinds.json").read_text())["models"]
     names = a.models or (["gpt2", "alexnet"] if a.quick else ["gpt2", "resnet18", *OUTSIDE, "gnmt4-unrolled",
                                                                 "inception_v3"])
     probe = json.loads((ROOT / "benchmarks" / "results" / "fidelity_cpu.json").read_text())["models"][0]["probe"]
@@ -320,10 +329,14 @@ def main() -> None:
                            + (f" --starts {a.starts}" if a.starts != "all" else "")
                            + (f" --models {' '.join(a.models)}" if a.models else "")
                            + (f" --trials {a.trials}" if a.trials != 6 else "")
-                           + (f" --between {a.between}" if a.between != 4 else ""),
+                           + (f" --between {a.between}" if a.between != 4 else "")
+                           + (f" --confirm {a.confirm}" if a.confirm != 2 else ""),
                            "args": args, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                      "torch": torch.__version__},
-                           "loadavg_start": os.getloadavg(), "models": []}
+                           "loadavg_start": os.getloadavg(), "models": done}
+    names = [n for n in names if n not in {m["model"] for m in done}]
+    if done:
+        res["command"] += " (then --append for the models after those, same settings)"
     t0 = time.perf_counter()
     for name in names:
         config = FIDELITY.get(name) or OUTSIDE[name]

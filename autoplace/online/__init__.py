@@ -7,7 +7,9 @@ step times it really measures.
 - :mod:`.policy`: the policies it samples from (EAGLE centred on the plan; pipeline cuts);
 - :mod:`.calibrate`: per-device and link factors fitted to measured step times;
 - :mod:`.state`: parameters, gradients and optimizer state following a re-placement;
-- :mod:`.pipeline`: the same for pipeline stages under torchrun (re-splits move state between ranks).
+- :mod:`.pipeline`: the same for pipeline stages under torchrun (re-splits move state between ranks);
+- :mod:`.kinds`: tuning over plan kinds under torchrun (DDP, GPipe, 1F1B, micro-batches, cuts): the
+  candidate set and the categorical policy PPO trains over it.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
 from .kinds import KindPolicy, kind_label
+from ..pipeline_rules import SCHEDULES as RUNS
 from .search import TuningSearch, candidate_key
 from ..planners.learned.env import candidate_of
 from .state import stays_on_cpu
@@ -124,7 +125,8 @@ class OnlinePipeline(PipelineRunner):
             self._check_plan(c)
         self.config, self.search = config, None
         self.phase = "done" if config is None else "start"
-        self._times, self._between_times = [], []
+        self._times: list[float] = []
+        self._between_times: list[float] = []
         self._since_switch = self._between = 0
         plan = self.plan
         if config is not None and self.rank == 0:
@@ -155,6 +157,9 @@ class OnlinePipeline(PipelineRunner):
             raise OnlineError(f"online pipeline tuning switches plans without sharding, recompute, precision, "
                               f"tensor parallelism or virtual stages; this plan has them ({plan.describe()}): pass "
                               "a plain pipeline or data-parallel plan")
+        if plan.num_stages > 1 and plan.schedule not in RUNS:
+            raise OnlineError(f"online pipeline tuning switches between the schedules {RUNS}; this plan's is "
+                              f"{plan.schedule!r}: pass one of those")
         problems = plan.problems(self.graph, self.cluster)
         if problems:
             from ..placement import PlacementError
@@ -360,11 +365,11 @@ class OnlinePipeline(PipelineRunner):
                 for t in steps:
                     s.observe_best(t)
             nxt = None
-            if s.trials_done < self.config.trials and (event == "between" or self.config.every_n_steps == 0):
+            if s.trials_done < s.budget and (event == "between" or self.config.every_n_steps == 0):
                 nxt = s.next_candidate()
             if nxt is not None:
                 box[0] = ("trial", self._placement(nxt).to_dict())
-            elif s.trials_done >= self.config.trials or s.exhausted or event == "between":
+            elif s.trials_done >= s.budget or s.exhausted or event == "between":
                 box[0] = ("done", self._placement(s.best).to_dict())
             else:
                 box[0] = ("between", self._placement(s.best).to_dict())

@@ -14,6 +14,10 @@ gets ``-failure_penalty``. Every measurement refits the calibration
 machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
 before the first round.
 
+After the ``trials``, ``OnlineConfig.confirm`` more trials each measure again the fastest measured
+placement other than the best (the best itself is measured between trials): the best keeps its
+place only if it stays ahead under the load of the moment.
+
 With ``OnlineConfig.search == "topk"`` (the learning-free control) nothing is learned: one pool
 of ``4 * screen_samples`` policy samples is drawn at the first round, and every trial measures the
 pool's unmeasured candidate that the calibrated simulator ranks fastest at that moment.
@@ -260,11 +264,25 @@ class TuningSearch:
                 return
         self.exhausted = True
 
+    @property
+    def budget(self) -> int:
+        """Live trials in all: ``trials`` and the ``confirm`` re-measurements."""
+        return self.config.trials + self.config.confirm
+
+    def _rival(self) -> Any | None:
+        """The fastest measured placement other than the best (its latest measurement), or None."""
+        latest = {r.key: r for r in self.records if r.measured_s is not None and r.key not in self.failed}
+        rivals = sorted((self.measured[k], i, r.candidate) for i, (k, r) in enumerate(latest.items())
+                        if k != self.best_key)
+        return rivals[0][2] if rivals else None
+
     def next_candidate(self) -> Any | None:
         """The next placement to try live, or None when the budget is spent (or nothing new
         can be sampled)."""
-        if self.trials_done >= self.config.trials or self.exhausted:
+        if self.trials_done >= self.budget or self.exhausted:
             return None
+        if self.trials_done >= self.config.trials:
+            return self._rival()
         if not self._queue:
             self._new_round()
         return self._queue.pop(0) if self._queue else None
@@ -285,7 +303,7 @@ class TuningSearch:
         head = ["trial", "placement", "moved ops", "sim ms", "calibrated ms (then)", "calibrated ms (now)",
                 "measured ms", "best ms", "note"]
         best = self.to_placement(self.best)
-        lines = [f"online fine-tuning: {self.trials_done}/{self.config.trials} trials; policy: {self.policy_name} "
+        lines = [f"online fine-tuning: {self.trials_done}/{self.budget} trials; policy: {self.policy_name} "
                  f"({self.policy_note})", format_table(head, rows), "",
                  self.calibration.describe() if self.calibration.samples else "calibration: no measurement yet",
                  f"best: {self.summarize(self.best)} at {self.best_s * 1e3:.3f} ms"

@@ -130,6 +130,11 @@ class OnlineConfig:
     """the reward (negated) of a candidate that failed, does not fit or is not valid."""
     min_gain: float = 0.02
     """a candidate replaces the best only when measured faster by at least this fraction (noise guard)."""
+    confirm: int = 0
+    """after the ``trials``, this many more trials each measure again the fastest measured placement
+    other than the best (with ``every_n_steps`` steps of the best between them, measured too): a
+    best that won one noisy trial must keep its lead against its closest rival under the load of
+    the moment, or the rival takes its place. Each counts as a live trial."""
     calibrate: bool = True
     """refit the simulator's per-device and link factors after every measurement."""
     calibration_ridge: float = 0.1
@@ -145,7 +150,8 @@ class OnlineConfig:
     "ppo" stays the default until benchmarks/online_control.py has measured which is better."""
 
     def __post_init__(self) -> None:
-        checks = [("trials", self.trials >= 1, ">= 1"), ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
+        checks = [("trials", self.trials >= 1, ">= 1"), ("confirm", self.confirm >= 0, ">= 0"),
+                  ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
                   ("warmup_steps", self.warmup_steps >= 0, ">= 0"), ("every_n_steps", self.every_n_steps >= 0, ">= 0"),
                   ("step_quantile", 0 <= self.step_quantile <= 1, "in [0, 1]"),
                   ("screen_samples", self.screen_samples >= 2, ">= 2"),
@@ -296,7 +302,7 @@ class OnlineTuner:
                 self._next_trial()
 
     def _after_trial(self) -> None:
-        if self.search.trials_done >= self.config.trials:
+        if self.search.trials_done >= self.search.budget:
             self._finish()
         elif self.config.every_n_steps == 0:
             self._next_trial()
@@ -353,7 +359,7 @@ class OnlineTuner:
         self.replacements += 1
         self._since_switch = 0
         snap.restore()
-        if self.search.trials_done >= self.config.trials:
+        if self.search.trials_done >= self.search.budget:
             self._finish()
         else:
             self.phase, self._between, self._times = "between", 0, []

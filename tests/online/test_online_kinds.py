@@ -112,3 +112,36 @@ def test_kind_policy_samples_the_candidates_and_ppo_moves_towards_the_rewarded_o
         rewards = [1.0 if int(a) == 3 else 0.0 for a in s.actions[:, 0]]
         baseline, _ = rule.update(pol, s, rewards, baseline, gen)
     assert int(torch.argmax(pol.logits)) == 3
+
+
+def test_confirm_gives_the_beaten_best_a_second_measurement_under_the_current_load() -> None:
+    from autoplace.cost.analytic import CostModel
+    from autoplace.online import OnlineConfig
+    from autoplace.online.search import TuningSearch
+
+    graph, cluster = _graph()
+    cands = [candidate_of(c) for c in kind_candidates(graph, cluster)]
+
+    def search(confirm: int) -> TuningSearch:
+        cfg = OnlineConfig(trials=2, confirm=confirm, search="topk", calibrate=False)
+        return TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
+                            policy_note="", config=cfg,
+                            to_placement=lambda c: autoplace.Placement.pipeline(graph, cluster, *c),
+                            summarize=lambda c: kind_label(c))
+
+    for confirm in (0, 1):
+        s = search(confirm)
+        s.record(cands[0], [10e-3])  # the start
+        a = s.next_candidate()
+        s.record(a, [9e-3])  # a noisy win: a becomes the best
+        assert s.best_key == candidate_key(a)
+        s.record(s.next_candidate(), [12e-3])
+        for t in (10.6e-3, 10.4e-3, 10.5e-3):  # steps of the best between trials: a is slower after all
+            s.observe_best(t)
+        rival = s.next_candidate()
+        if confirm == 0:
+            assert rival is None and s.best_key == candidate_key(a)
+            continue
+        assert rival is not None and candidate_key(rival) == candidate_key(cands[0])  # the fastest other
+        s.record(rival, [9.8e-3])
+        assert s.best_key == candidate_key(cands[0]) and s.trials_done == 3 and s.next_candidate() is None
