@@ -48,7 +48,8 @@ def plan_for(case: dict, graph: autoplace.OpGraph, c: autoplace.Cluster) -> auto
     return autoplace.Placement.pipeline(graph, c, [int(i >= cut) for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case.get("schedule", "1f1b"),
-                                        tp=tp, precision="bf16", recompute=case.get("recompute", False))
+                                        tp=tp, precision="bf16", recompute=case.get("recompute", False),
+                                        shard=case.get("shard", "ddp"))
 
 
 def bf16_reference(model: torch.nn.Module, x0: torch.Tensor, mesh: Any) -> torch.nn.Module:

@@ -1,6 +1,6 @@
 """bf16 mixed precision on DDP stages (:mod:`autoplace.rewrite.mixed_precision`), the Megatron-style
-plans: 2 DDP replicas, a 2-stage pipeline of 2 DDP replicas each, TP2 x DDP2, each with bf16 (and
-recompute, whose checkpoints must cast again), under a real `torchrun` launch (gloo, CPU) through
+plans: 2 DDP replicas, a 2-stage pipeline of 2 DDP replicas each, TP2 x DDP2 (and TP2 x FSDP2),
+each with bf16 (and recompute, whose checkpoints must cast again), under a real `torchrun` launch (gloo, CPU) through
 ``autoplace.wrap(mode="pipeline", plan=...)``.
 
 The reference is the unsplit model in the same mixed precision on torch's own engine: FSDP2's
@@ -16,6 +16,9 @@ the DDP stages claim; torch's DDP ``mixed_precision`` cannot run on CPU). What e
   more for the bf16 all-reduce, where the reference rounds the whole batch's once); 2e-3 is
   about half a bf16 step (2^-8) at the parameters' scale, checked to be at most 2, the bound
   the bf16 FSDP tests use;
+- the same training as autoplace's FSDP bf16 stages: TP2 x DDP2 and TP2 x FSDP2 with bf16 give the
+  same losses (to 1e-6; with 2 micro-batches per replica, FSDP2's bf16 accumulation and the DDP
+  stage's fp32 accumulation round the same sum once);
 - the mechanism: a Linear inside each stage computes in bf16, the optimizer's parameters are
   fp32, and every gradient after a step is a bf16 value (the all-reduce ran in bf16; an fp32
   reduction of two replicas' or micro-batches' gradients leaves values between bf16 steps).
@@ -36,6 +39,9 @@ DDP2 = [{"id": "ddp2", "model": "llama", "pp": 1}]
 FOUR = [
     {"id": "pp2_ddp2_ac", "model": "llama", "pp": 2, "recompute": True},
     {"id": "tp2_ddp2_ac", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe", "recompute": True},
+    # the same plan on FSDP2's MixedPrecisionPolicy: the DDP run must train as it does
+    {"id": "tp2_fsdp2_ac", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe", "recompute": True,
+     "shard": "fsdp"},
 ]
 
 
@@ -72,6 +78,8 @@ def test_bf16_ddp_on_2_processes_trains_as_the_unsplit_model_in_bf16(tmp_path: P
 def test_bf16_pipeline_and_tp_with_ddp_replicas_on_4_processes(tmp_path: Path) -> None:
     pw.launch_cases(CHILD, tmp_path, 4, FOUR, timeout=600)
     _check(tmp_path, 4, FOUR)
+    ddp, fsdp = (torch.load(tmp_path / f"{c}-rank3.pt") for c in ("tp2_ddp2_ac", "tp2_fsdp2_ac"))
+    assert max(abs(a - b) for a, b in zip(ddp["losses"], fsdp["losses"])) <= 1e-6, (ddp["losses"], fsdp["losses"])
 
 
 # ---- in one process -----------------------------------------------------------------------------
