@@ -192,7 +192,7 @@ def _sharded(graph: "OpGraph", cluster: "Cluster", cost: "CostModel", st: np.nda
     sim = Simulator(graph, cluster, cost)
     unit = stage_units(block_units(graph), st)
     zeros = np.zeros((graph.num_nodes, cluster.num_devices))
-    loop = k == 1  # sharded_step: one sharded stage runs FSDP's own loop
+    loop = k == 1 and t == 1  # sharded_step: one sharded stage runs FSDP's own loop (with TP: a one-stage pipeline)
     for s in range(k):
         if not opts.sharded(at(s)):
             continue

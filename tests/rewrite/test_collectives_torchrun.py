@@ -90,11 +90,7 @@ DISAGREE: dict[str, dict[str, str]] = {
     "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
     "pp2_tp2_sp": {**dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
                    **dict.fromkeys(("send", "recv"), _TP_COPY)},
-    "fsdp2_tp2": dict.fromkeys(("all_gather", "reduce_scatter"), (
-        "the simulator refuses TP with FSDP; sharding.sharded_step's rule takes one sharded stage for FSDP's own "
-        "loop (every micro-batch gathers and reduce-scatters every unit), but with tp > 1 the runtime runs the "
-        "stage in torch's PipelineStage: units stay gathered after the first backward, each is reduce-scattered "
-        "once a step")),
+    "fsdp2_tp2": {"all_gather": _FSDP_ACTIONS},  # one stage under TP runs as a pipeline stage (reshard default: on)
     "i1f1b_recompute_dp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
     "zbv_fsdp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
     "pp2_tp2": dict.fromkeys(("send", "recv"), _TP_COPY),
