@@ -8,7 +8,8 @@ runs the FSDP stages (:func:`autoplace.rewrite.units.shard_stage`), without the 
    and inputs. The cast is a differentiable ``.to`` of the fp32 ``Parameter``, swapped in for
    the call only: the optimizer holds fp32 master parameters, and gradients arrive in fp32 in
    their ``.grad``. A recomputed unit's checkpoint wraps the cast, so recompute casts again.
-   Buffers keep their dtype (FSDP2 has no buffer dtype either).
+   Buffers keep their dtype (FSDP2 has no buffer dtype either). BatchNorm runs in fp32 (its
+   input cast up, its output back), as FSDP1's ``MixedPrecision`` leaves it by default.
 2. Outputs: the stage's floating outputs leave in bf16 (what the next stage receives), the last
    stage's in fp32 (FSDP's ``output_dtype``), so the loss sees fp32 logits.
 3. Reduction in bf16: DDP's buckets go through a comm hook that does what torch's
@@ -44,12 +45,23 @@ PARAM_DTYPE = torch.bfloat16
 Slot = tuple[torch.nn.Module, str]
 
 
+def _full_precision(mod: torch.nn.Module) -> bool:
+    """A module that runs in fp32 inside a bf16 stage: BatchNorm (torch's kernels on CPU refuse bf16
+    weights beside its fp32 running statistics), as FSDP1's ``MixedPrecision`` leaves it by default
+    (``_module_classes_to_ignore=(_BatchNorm,)``)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from .batchnorm import BatchStatsNorm
+
+    return isinstance(mod, (_BatchNorm, BatchStatsNorm))
+
+
 def _slots(root: torch.nn.Module, skip: Sequence[str] = ()) -> list[Slot]:
     """(module, parameter name) of every floating parameter under ``root``, but for the modules
-    at or under the paths ``skip`` (units that cast their own)."""
+    at or under the paths ``skip`` (units that cast their own) and those that run in fp32."""
     out: list[Slot] = []
     for path, mod in root.named_modules(remove_duplicate=False):
-        if any(path == s or path.startswith(s + ".") for s in skip):
+        if any(path == s or path.startswith(s + ".") for s in skip) or _full_precision(mod):
             continue
         out.extend((mod, name) for name, p in mod._parameters.items() if p is not None and p.is_floating_point())
     return out
@@ -88,12 +100,24 @@ def _install(module: torch.nn.Module, slots: Sequence[Slot], dtype: torch.dtype,
     module.forward = forward  # type: ignore[method-assign]
 
 
+def _in_fp32(module: torch.nn.Module) -> None:
+    inner = module.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return inner(x.float()).to(x.dtype)
+
+    module.forward = forward  # type: ignore[method-assign]
+
+
 def cast_stage(stage: torch.nn.Module, units: Sequence[str], *, output_dtype: torch.dtype,
                dtype: torch.dtype = PARAM_DTYPE) -> torch.nn.Module:
     """Run ``stage`` in ``dtype`` as the module docstring says (steps 1 and 2), in place: each unit
     of ``units`` (module paths in ``stage``) casts its own parameters and inputs, the stage the rest
     and returns its floating outputs in ``output_dtype``. Call it before checkpointing the units,
     so that recompute casts again. Returns ``stage``."""
+    for mod in stage.modules():
+        if _full_precision(mod):  # fp32 inside: its input cast up, its output back to the input's dtype
+            _in_fp32(mod)
     for path in units:
         unit = stage.get_submodule(path)
         _install(unit, _slots(unit), dtype, None)

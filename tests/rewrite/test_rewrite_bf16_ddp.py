@@ -127,3 +127,29 @@ def test_a_bf16_ddp_stage_computes_in_bf16_on_fp32_parameters_and_recomputes_in_
         assert b.grad.dtype == torch.float32 and torch.equal(a.grad, b.grad), n  # recompute changes nothing
     fp32_out = _llama_stage()[0](x)
     assert (fp32_out - outs[0]).abs().max() > 1e-3  # it did compute in bf16
+
+
+def test_batch_norm_runs_in_fp32_inside_a_bf16_ddp_stage() -> None:
+    # torch's CPU BatchNorm refuses bf16 weights beside fp32 running statistics; it runs in fp32
+    # (FSDP1's default for BatchNorm) between bf16 convolutions
+    import autoplace.zoo as zoo
+    from autoplace.graph.trace import trace_module
+    from autoplace.rewrite.pipeline import split_with_boundaries
+    from autoplace.rewrite.units import outline_units, shard_stage, unit_of_fx
+
+    wl = zoo.build("resnet18", small=True)
+    traced = trace_module(wl.model, wl.example_inputs)
+    stage = split_with_boundaries(traced.gm, {n: 0 for n in traced.op_of_fx}).stages[0]
+    units = outline_units(stage, unit_of_fx(traced), like={n.name: (n.op, n.target) for n in traced.gm.graph.nodes})
+    shard_stage(stage, units, None, shard="ddp", recompute=False, bf16=True, reshard_after_forward=False,
+                output_dtype=torch.float32)
+    dtypes: dict[str, set[torch.dtype]] = {"conv": set(), "bn": set()}
+    for m in stage.modules():
+        kind = "conv" if isinstance(m, torch.nn.Conv2d) else "bn" if isinstance(m, torch.nn.BatchNorm2d) else None
+        if kind:
+            m.register_forward_hook(lambda _m, _i, o, k=kind: dtypes[k].add(o.dtype))
+    out = stage(*wl.example_inputs)
+    wl.loss_fn(out, wl.target).backward()
+    # BN ran in fp32 (torch refuses its bf16 weights beside fp32 statistics); its output returns in bf16
+    assert dtypes == {"conv": {torch.bfloat16}, "bn": {torch.bfloat16}}
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in stage.parameters())
