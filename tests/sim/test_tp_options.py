@@ -238,3 +238,15 @@ def test_tp_replicas_average_their_gradients_after_the_last_backward_as_the_runt
             assert x.tail[0] == pytest.approx(x.sync[0], rel=1e-12)
         else:
             assert x.tail[0] < 0.9 * x.sync[0]
+
+
+def test_hsdp_x_tp_reduces_inside_the_host_then_all_reduces_the_shard_across_hosts() -> None:
+    # 2 hosts x (2 replicas x TP 2): each TP index reduce-scatters over its 2 replicas in the host,
+    # (k-1)/k x P_tp, then all-reduces its 1/k shard over the 2 hosts, 2 (h-1)/h x P_tp / k (no latency)
+    pairs, rest = _pair_split()
+    p_tp = pairs / 2 + rest
+    c = _cluster(hosts=2, bandwidth=4e9, network=1e9)
+    sim = Simulator(G, c)
+    x = _costs(c, list(range(8)), 2, shard="hsdp")
+    want = 0.5 * p_tp * float(sim.inv_bw[0, 2]) + 2 * 0.5 * (p_tp / 2) * float(sim.inv_bw[0, 4])
+    assert x.sync[0] == pytest.approx(want, rel=1e-9)
