@@ -11,9 +11,9 @@ met; its "nearest" expressible plan (what changed is listed) is simulated as a d
 
 Targets (issue 28): mean |log(predicted / measured)| <= 0.15, >= 80% of rows within 0.80-1.25,
 the measured best of every sweep ranked first, per-GPU memory within 10% where published.
-One constant is fitted, on a part named before its errors were looked at (:func:`in_fit_part`:
-MosaicML llm-foundry's rows on H100): the cost model's ``tensor_sustained``
-(:data:`autoplace.cost.efficiency.SUSTAINED_FRACTION`), by ``--fit`` (mean |log| over a grid);
+Two constants are fitted, on a part named before their errors were looked at (:func:`in_fit_part`:
+MosaicML llm-foundry's rows on H100): the cost model's ``tensor_sustained`` and
+``tensor_size_half`` (:mod:`autoplace.cost.efficiency`), by ``--fit`` (mean |log| over a grid);
 the report gives the fit part and the held-out rest apart.
 
     .venv/bin/python benchmarks/fidelity_llm.py [--only ID_SUBSTRING ...] [--no-write]
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="run only rows whose id contains one of these")
     ap.add_argument("--no-write", action="store_true", help="print, do not write benchmarks/results/fidelity_llm.*")
     ap.add_argument("--no-terms", action="store_true", help="skip the term-by-term walk of rows outside the band")
-    ap.add_argument("--fit", action="store_true", help="fit tensor_sustained on the fit part over a grid; writes nothing")
+    ap.add_argument("--fit", action="store_true", help="fit tensor_sustained and tensor_size_half on the fit part over a grid; writes nothing")
     args = ap.parse_args(argv)
     if args.fit:
         return fit()
@@ -396,11 +396,13 @@ def main(argv: list[str] | None = None) -> int:
 
 FIT_GRID = tuple(round(0.50 + 0.02 * i, 2) for i in range(26))
 """Values of ``tensor_sustained`` tried by ``--fit`` (0.50 to 1.00)."""
+FIT_GRID_M0 = (0.0, 256.0, 512.0, 768.0, 1024.0, 1536.0, 2048.0, 3072.0, 4096.0)
+"""Values of ``tensor_size_half`` (tokens) tried by ``--fit``, with every ``tensor_sustained``."""
 
 
 def fit() -> int:
-    """Mean |log(predicted / measured)| of the fit part's expressible rows at every value of
-    :data:`FIT_GRID`; prints the table and the best value (to be written into
+    """Mean |log(predicted / measured)| of the fit part's expressible rows at every pair of
+    :data:`FIT_GRID_M0` x :data:`FIT_GRID`; prints the table and the best pair (to be written into
     ``autoplace/cost/efficiency.py`` by hand, with this command as its source)."""
     graphs = Graphs()
     cases = []
@@ -410,20 +412,23 @@ def fit() -> int:
             if in_fit_part(p["publication"]["key"], spec):
                 cases.append((c, graphs.get(c["model"], int(c["global_batch"])),
                               build_cluster(spec, int(c["gpus"]), c["cluster"])))
-    best: tuple[float, float] | None = None
-    for v in FIT_GRID:
-        cost = CostModel(optimizer="adamw", tensor_sustained=v)
-        logs = []
-        for c, g, cl in cases:
-            try:
-                logs.append(abs(math.log(simulate_row(c, g, cl, cost)["step_s"] / measured_step_s(c))))
-            except (NotExpressible, autoplace.AutoplaceError):
-                continue
-        m = float(np.mean(logs)) if logs else float("inf")
-        print(f"tensor_sustained {v:.2f}: mean |log| {m:.4f} over {len(logs)} of {len(cases)} fit rows", flush=True)
-        if best is None or m < best[1]:
-            best = (v, m)
-    print(f"best: tensor_sustained = {best[0]:.2f} (mean |log| {best[1]:.4f})" if best else "no fit row")
+    best: tuple[float, float, float] | None = None
+    for m0 in FIT_GRID_M0:
+        for v in FIT_GRID:
+            cost = CostModel(optimizer="adamw", tensor_sustained=v, tensor_size_half=m0)
+            logs = []
+            for c, g, cl in cases:
+                try:
+                    logs.append(abs(math.log(simulate_row(c, g, cl, cost)["step_s"] / measured_step_s(c))))
+                except (NotExpressible, autoplace.AutoplaceError):
+                    continue
+            m = float(np.mean(logs)) if logs else float("inf")
+            print(f"tensor_size_half {m0:6.0f} tensor_sustained {v:.2f}: mean |log| {m:.4f} over {len(logs)} of "
+                  f"{len(cases)} fit rows", flush=True)
+            if best is None or m < best[2]:
+                best = (m0, v, m)
+    print(f"best: tensor_size_half = {best[0]:.0f}, tensor_sustained = {best[1]:.2f} (mean |log| {best[2]:.4f})"
+          if best else "no fit row")
     return 0
 
 

@@ -25,7 +25,8 @@ attention take a shape-dependent efficiency instead (``shape_efficiency``, on by
 :mod:`autoplace.cost.efficiency` names its sources): the measured maximum matmul FLOP/s of the
 generation times tile and wave quantization at the op's ``M x N`` (``M`` at the micro-batch),
 and FlashAttention-2's measured rate at the op's sequence length, both times one fraction
-reached in training (``tensor_sustained``, fitted on a named part of published runs). fp32 times
+reached in training (``tensor_sustained``) and a GEMM times a saturating size term in the
+micro-batch's tokens (``tensor_size_half``), both fitted on a named part of published runs. fp32 times
 never change.
 
 :func:`autoplace.cost.calibrate.calibrate` fits ``e_compute`` per class to measured times.
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from ..graph.kinds import CLASSES, kind_class
-from .efficiency import SUSTAINED_FRACTION, tensor_core_efficiencies
+from .efficiency import SIZE_HALF_TOKENS, SUSTAINED_FRACTION, tensor_core_efficiencies
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -137,6 +138,10 @@ class CostModel:
     tensor_sustained: float = SUSTAINED_FRACTION
     """with ``shape_efficiency``: achieved in training over the microbenchmark efficiency
     (:data:`~autoplace.cost.efficiency.SUSTAINED_FRACTION`, fitted on a named part of published runs)."""
+    tensor_size_half: float = SIZE_HALF_TOKENS
+    """with ``shape_efficiency``: ``M0`` of a GEMM's saturating size term ``M / (M + M0)``, ``M``
+    the micro-batch's tokens (:data:`~autoplace.cost.efficiency.SIZE_HALF_TOKENS`, fitted with
+    ``tensor_sustained``); 0 turns it off."""
     causal_attention: bool = True
     """attention ops run a causal kernel (half the traced FLOPs, which ignore the mask); used
     only with ``shape_efficiency``. The zoo's GPT-2 and Llama are causal, BERT is not."""
@@ -150,6 +155,8 @@ class CostModel:
         if not 0 < self.tensor_sustained <= 1:
             raise ValueError(f"tensor_sustained is {self.tensor_sustained}; it must be in (0, 1] (a fraction of the "
                              "microbenchmark efficiency)")
+        if not self.tensor_size_half >= 0:
+            raise ValueError(f"tensor_size_half is {self.tensor_size_half}; it must be >= 0 tokens (0: no size term)")
         if not 0 < self.memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency is {self.memory_efficiency}; it must be in (0, 1]")
         bad = {k: v for k, v in self.link_efficiency.items() if not 0 < v <= 1}
@@ -204,7 +211,8 @@ class CostModel:
         eff_f = eff_b = eff
         if tensor and self.shape_efficiency:  # (N, D) per op and device, forward and backward apart
             eff_f, eff_b = tensor_core_efficiencies(graph, cluster.devices, eff[:, 0], batch_fraction=f,
-                                                    causal=self.causal_attention, sustained=self.tensor_sustained)
+                                                    causal=self.causal_attention, sustained=self.tensor_sustained,
+                                                    size_half=self.tensor_size_half)
         elif tensor and self.tensor_matmul_ceiling:  # (N, D): the measured bf16 matmul ceiling where known
             mamf = np.array([MAMF_BF16.get(d.kind, np.nan) for d in cluster.devices])[None, :]
             is_mm = np.array([kind_class(k) == "matmul" for k in graph.kinds], dtype=bool)[:, None]
@@ -306,7 +314,8 @@ class CostModel:
                     {"tensor_matmul_ceiling": True} if self.tensor_matmul_ceiling else {}) | (
                     {"shape_efficiency": False} if not self.shape_efficiency else {}) | (
                     {"causal_attention": False} if not self.causal_attention else {}) | (
-                    {"tensor_sustained": self.tensor_sustained} if self.tensor_sustained != SUSTAINED_FRACTION else {})
+                    {"tensor_sustained": self.tensor_sustained} if self.tensor_sustained != SUSTAINED_FRACTION else {}) | (
+                    {"tensor_size_half": self.tensor_size_half} if self.tensor_size_half != SIZE_HALF_TOKENS else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostModel":

@@ -54,8 +54,9 @@ def test_a_larger_micro_batch_is_rewarded_where_the_small_one_leaves_sms_idle() 
     # M = 512 tokens x N = 1024: at most 16 tiles on 132 SMs; 16x the tokens fill the waves
     g = _linear(8192, 1024, 4096)
     dev = Cluster.preset("2x8xH100-dgx").devices[:1]
-    small = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1 / 16, sustained=1.0)
-    large = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1.0, sustained=1.0)
+    small = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1 / 16, sustained=1.0,
+                                     size_half=0.0)
+    large = tensor_core_efficiencies(g, dev, np.full(2, 0.6), batch_fraction=1.0, sustained=1.0, size_half=0.0)
     assert large[0][1, 0] > 2 * small[0][1, 0]  # forward: M x N = 512 x 1024 leaves most SMs idle
     assert large[0][1, 0] == pytest.approx(H100.mamf, rel=0.05)
     assert small[0][0, 0] == large[0][0, 0] == 0.6  # not a GEMM: the class constant
@@ -92,8 +93,9 @@ def test_fp32_and_kinds_without_tensor_core_tables_are_unchanged() -> None:
                           CostModel(dtype_bytes=2, shape_efficiency=False).roofline_times(g, v100)[1])
     a100 = Cluster.preset("8xA100-nvlink").subset([0])
     shaped = CostModel(dtype_bytes=2).roofline_times(g, a100)[0][1, 0]
-    sustained = CostModel().tensor_sustained
-    assert shaped == pytest.approx(2 * 4096 * 5120 * 5120 / (312e12 * A100.mamf * sustained) + 10e-6, rel=0.02)
+    d = CostModel()
+    e = A100.mamf * d.tensor_sustained * 4096 / (4096 + d.tensor_size_half)
+    assert shaped == pytest.approx(2 * 4096 * 5120 * 5120 / (312e12 * e) + 10e-6, rel=0.02)
     assert CostModel.from_dict(CostModel(shape_efficiency=False, causal_attention=False).to_dict()) == \
         CostModel(shape_efficiency=False, causal_attention=False)
 
@@ -105,11 +107,29 @@ def test_the_sustained_fraction_scales_gemm_and_attention_efficiency_only() -> N
     g = autoplace.trace(w.model, w.example_inputs)
     dev = Cluster.preset("2x8xH100-dgx").devices[:1]
     base = CostModel().efficiency_vector(g)
-    hi = tensor_core_efficiencies(g, dev, base, sustained=1.0)
-    lo = tensor_core_efficiencies(g, dev, base, sustained=0.5)
+    hi = tensor_core_efficiencies(g, dev, base, sustained=1.0, size_half=0.0)
+    lo = tensor_core_efficiencies(g, dev, base, sustained=0.5, size_half=0.0)
     shaped = np.isin([kind_class(k) for k in g.kinds], ["matmul", "attention"])
     assert shaped.any() and (~shaped).any()
     for h, l in zip(hi, lo):
         assert np.allclose(l[shaped, 0], 0.5 * h[shaped, 0]) and np.array_equal(l[~shaped, 0], h[~shaped, 0])
+    is_attn = np.array([kind_class(k) == "attention" for k in g.kinds])
+    big_m0 = tensor_core_efficiencies(g, dev, base, sustained=1.0, size_half=1e6)
+    assert is_attn.any() and np.array_equal(big_m0[0][is_attn], hi[0][is_attn])  # no size term on attention
     with pytest.raises(ValueError, match="tensor_sustained"):
         CostModel(tensor_sustained=1.5)
+
+
+def test_the_size_term_halves_a_gemm_at_m0_tokens_of_its_micro_batch() -> None:
+    g = _linear(8192, 4096, 4096)
+    dev = Cluster.preset("2x8xH100-dgx").devices[:1]
+    base = np.full(2, 0.6)
+    free = tensor_core_efficiencies(g, dev, base, batch_fraction=0.25, sustained=1.0, size_half=0.0)
+    half = tensor_core_efficiencies(g, dev, base, batch_fraction=0.25, sustained=1.0, size_half=2048.0)
+    assert half[0][1, 0] == pytest.approx(0.5 * free[0][1, 0])  # M = 8192 / 4 = 2048 tokens = M0
+    assert half[1][1, 0] == pytest.approx(0.5 * free[1][1, 0])
+    full = tensor_core_efficiencies(g, dev, base, batch_fraction=1.0, sustained=1.0, size_half=2048.0)
+    assert full[0][1, 0] / tensor_core_efficiencies(g, dev, base, sustained=1.0, size_half=0.0)[0][1, 0] == \
+        pytest.approx(8192 / (8192 + 2048))
+    with pytest.raises(ValueError, match="tensor_size_half"):
+        CostModel(tensor_size_half=-1.0)
