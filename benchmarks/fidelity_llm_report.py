@@ -12,8 +12,9 @@ TARGET_MEAN_ABS_LOG = 0.15
 TARGET_WITHIN = 0.80
 BAND = (0.80, 1.25)
 TARGET_MEMORY = 0.10
-FIT = ("CostModel.tensor_sustained (autoplace.cost.efficiency.SUSTAINED_FRACTION) fitted on MosaicML "
-       "llm-foundry's rows on H100 (benchmarks/fidelity_llm.py --fit); held out: its A100 rows, torchtitan, Megatron-LM")
+FIT = ("CostModel.tensor_sustained and tensor_size_half (autoplace.cost.efficiency: SUSTAINED_FRACTION, "
+       "SIZE_HALF_TOKENS) fitted on MosaicML llm-foundry's rows on H100 (benchmarks/fidelity_llm.py --fit); "
+       "held out: its A100 rows, torchtitan, Megatron-LM")
 """What is fitted to these rows and on which part (``fidelity_llm.in_fit_part``)."""
 
 
