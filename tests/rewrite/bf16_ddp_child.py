@@ -39,16 +39,17 @@ def cluster(world: int) -> autoplace.Cluster:
 
 
 def plan_for(case: dict, graph: autoplace.OpGraph, c: autoplace.Cluster) -> autoplace.Placement:
-    """``pp`` stages (2: cut where the second half of the Llama's blocks starts) of ``dp x tp`` devices."""
-    pp, tp, world = case["pp"], case.get("tp", 1), c.num_devices
+    """``pp`` ranks of ``dp x tp`` devices; 2 stages: cut where the second half of the Llama's blocks
+    starts; ``v`` virtual stages per rank: ``pp x v`` equal runs of ops."""
+    pp, tp, v, world = case["pp"], case.get("tp", 1), case.get("v", 1), c.num_devices
     per, n = world // pp, graph.num_nodes
     blocks = sorted({int(p.split(".")[1]) for p in graph.module_paths if p.startswith("layers.")})
     cut = n if pp == 1 else next(i for i, p in enumerate(graph.module_paths)
                                  if p.startswith(f"layers.{blocks[len(blocks) // 2]}."))
-    return autoplace.Placement.pipeline(graph, c, [int(i >= cut) for i in range(n)],
-                                        [list(range(r * per, (r + 1) * per)) for r in range(pp)],
+    stages = [i * pp * v // n for i in range(n)] if v > 1 else [int(i >= cut) for i in range(n)]
+    return autoplace.Placement.pipeline(graph, c, stages, [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case.get("schedule", "1f1b"),
-                                        tp=tp, precision="bf16", recompute=case.get("recompute", False),
+                                        virtual_stages=v, tp=tp, precision="bf16", recompute=case.get("recompute", False),
                                         shard=case.get("shard", "ddp"))
 
 
