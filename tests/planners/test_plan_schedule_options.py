@@ -129,3 +129,22 @@ def test_tensor_parallel_shapes_are_tried_with_stage_options() -> None:
     assert {q.num_stages // q.virtual_stages for q in sharded_tp} >= {1, 2}  # one rank (2-D) and pp x dp x tp
     assert all(not runtime_problems(q, g) for q in sharded_tp)
     assert all(q.precision and q.precision[0] == "bf16" for q in sharded_tp)
+
+
+def test_stage_options_pass_fits_a_tensor_parallel_plan_with_recompute() -> None:
+    """A TP x DP plan over memory: the pass tries the options over its TP groups' replicas and
+    finds the fewest recomputed units that fit (it used to return TP plans untouched)."""
+    from autoplace.planners.heuristic.fsdp import block_stages
+
+    wl = autoplace.zoo.build("llama", small=True, device="meta", batch_size=8, n_layers=4, n_kv_heads=4)
+    g = autoplace.trace(wl.model, wl.example_inputs, name="llama-test")
+    plain = Placement.pipeline(g, _cluster(4, 1e12), block_stages(g, 1), [list(range(4))], microbatches=1, tp=2,
+                               sequence_parallel=True)
+    peak = float(autoplace.simulate(g, plain, _cluster(4, 1e12)).peak_memory_bytes.max())
+    c = _cluster(4, 0.9 * peak)
+    p = Placement.pipeline(g, c, plain.stage_of_node, plain.stage_devices, microbatches=1, tp=2, sequence_parallel=True)
+    assert autoplace.simulate(g, p, c).oom
+    q = polish_stage_options(g, c, p)
+    got = autoplace.simulate(g, q, c)
+    assert not got.oom and q.tp == 2 and q.sequence_parallel and any(q.recompute)
+    assert not runtime_problems(q, g) and q.meta["stage_options"]["before_oom"]

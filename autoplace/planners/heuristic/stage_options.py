@@ -28,9 +28,9 @@ where memory needs it (it always costs a forward). Every variant is checked by t
 (:func:`autoplace.capability.runtime_problems`: the same replica count per stage, batch shares
 that divide evenly, no parameter tied across sharded stages) before it is simulated, so no
 variant exists only in the simulator; stages the runtime cannot run with options (uneven
-replicas) get none. A multi-stage schedule (interleaved, zero bubble, ZBV; tensor parallelism
-aside) gets the same pass with one setting per rank for all its virtual stages, recompute of
-all of a rank's units or none (the simulator prices them, :mod:`autoplace.sim.stage_cost`). Bounded by ``max_evals`` simulations per plan
+replicas) get none. A multi-stage schedule (interleaved, zero bubble, ZBV) gets the same pass with one setting per rank for all its virtual stages, recompute of
+all of a rank's units or none (the simulator prices them, :mod:`autoplace.sim.stage_cost`). A tensor-parallel plan gets them over
+the replicas of its TP groups (FSDP x TP, torchtitan's 2-D; no HSDP), after sequence parallelism. Bounded by ``max_evals`` simulations per plan
 and by the planning budget (:mod:`autoplace.planners.budget`: the pass stops at a passed
 deadline once it has a variant that fits, and at a hard one always).
 """
@@ -47,7 +47,7 @@ from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, stage_units
 from autoplace.parallel import StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES, stage_ranks
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementError
 from autoplace.capability import runtime_problems
 from .. import budget as _budget
 from ..judge import Choice, Judge
@@ -119,12 +119,14 @@ def _stop(found: bool) -> bool:
 
 def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence[int]], microbatches: Sequence[int],
                     schedule: str = "1f1b", *, planner: str = "", max_evals: int = MAX_EVALS,
-                    virtual_stages: int = 1) -> list[Variant]:
+                    virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> list[Variant]:
     """Every variant the pass simulates for these stages (see the module docstring), the plain
     one (ddp, no recompute) at each micro-batch count included; [] when the runtime cannot run
     the stages with options. A multi-stage ``schedule`` (``devices``: its ranks, ``st``: its
     ``len(devices) x virtual_stages`` stages) sets each rank's options for all its stages, and
-    recomputes all of a rank's units or none."""
+    recomputes all of a rank's units or none. With ``tp > 1`` a stage's devices are ``d`` replicas
+    of its TP group (``sequence_parallel`` kept as given): FSDP shards over those ``d`` replicas
+    (torchtitan's 2-D), HSDP is not tried."""
     graph, cluster, cost = sim.graph, sim.cluster, sim.cost
     st = np.asarray(st, dtype=np.int64)
     devs = [list(map(int, d)) for d in devices]
@@ -132,12 +134,13 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
     reps = {len(d) for d in devs}
     if len(reps) != 1:
         return []
-    r = reps.pop()
+    t = max(int(tp), 1)
+    r = reps.pop() // t  # replicas of a stage (of its TP group)
     multi = schedule not in SCHEDULES
     n_virtual = int(virtual_stages)
     shards = ["ddp"] + (["fsdp"] if r > 1 else [])
     shapes = [hsdp_shape(cluster, d) for d in devs]
-    if r > 1 and all(x is not None and x[0] > 1 for x in shapes):
+    if t == 1 and r > 1 and all(x is not None and x[0] > 1 for x in shapes):
         shards.append("hsdp")
     bf16 = precision_for(cluster, cost) == "bf16"
     space = _Space(graph, np.asarray(stage_ranks(schedule, n_st, n_virtual), dtype=np.int64)[st] if multi else st, devs)
@@ -156,15 +159,19 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
         rc = [k > 0 if multi else space.recompute(s, k) for s, k in enumerate(ks)]
         p = Placement.pipeline(graph, cluster, st, devs, microbatches=m, schedule=schedule, planner=planner,
                                validate=False, shard=shard, recompute=rc, precision=prec,
-                               reshard_after_forward=rs if shard != "ddp" else None, virtual_stages=n_virtual)
+                               reshard_after_forward=rs if shard != "ddp" else None, virtual_stages=n_virtual,
+                               tp=t, sequence_parallel=sequence_parallel and t > 1)
         if p.problems(graph, cluster) or runtime_problems(p, graph):
             return None
         assert p.stage_of_node is not None and p.stage_devices is not None
-        ev = sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, m, schedule, options=StageOptions.of(p),
-                                   virtual_stages=n_virtual)
+        try:
+            ev = sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, m, schedule, options=StageOptions.of(p),
+                                       virtual_stages=n_virtual, tp=t, sequence_parallel=p.sequence_parallel)
+        except PlacementError:  # a combination the simulator does not price: not a variant
+            return None
         opts = StageOptions.of(p).describe() or "ddp"
-        label = (f"{n_st} stage{'s' if n_st > 1 else ''} x {r} replica{'s' if r > 1 else ''}, {m} micro-batch"
-                 f"{'es' if m > 1 else ''}, {schedule}, {opts}")
+        label = (f"{n_st} stage{'s' if n_st > 1 else ''} x {r} replica{'s' if r > 1 else ''}"
+                 f"{f' of tp={t}' if t > 1 else ''}, {m} micro-batch{'es' if m > 1 else ''}, {schedule}, {opts}")
         v = Variant(label, p, float(ev.step_time_s), np.asarray(ev.peak_memory_bytes, dtype=float), bool(ev.oom))
         out.append(v)
         seen[key] = v
@@ -226,25 +233,27 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
                          max_evals: int = MAX_EVALS) -> Placement:
     """``plan`` with the shard kind, recompute, reshard_after_forward and precision per stage
     that give the fastest simulated step that fits, over ``plan``'s micro-batch count and
-    :func:`microbatch_counts`; ``plan`` itself when no variant beats it. A tensor-parallel plan's one option is sequence parallelism
-    (:func:`~.sequence_parallel.sp_choice`). The answer records ``meta["stage_options"]``:
+    :func:`microbatch_counts`; ``plan`` itself when no variant beats it. A tensor-parallel plan first
+    gets sequence parallelism where it wins (:func:`~.sequence_parallel.sp_choice`), then the same
+    options over its TP groups' replicas. The answer records ``meta["stage_options"]``:
     variants simulated, the step time before, the variant chosen."""
     from autoplace.sim import simulator_for
 
-    if plan.mode == "pipeline" and plan.tp > 1 and not plan.sequence_parallel:  # a TP plan's one option: SP
-        chosen, step = sp_choice(simulator_for(graph, cluster, cost), plan)
-        if chosen is plan:
-            return plan
-        return dataclasses.replace(chosen, meta=dict(plan.meta, predicted_step_time_s=step,
-                                                     stage_options={"variants": 1, "variant": "sequence parallel"}))
-    if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None or plan.tp != 1:
+    if plan.mode != "pipeline" or plan.stage_of_node is None or plan.stage_devices is None:
         return plan
     sim = simulator_for(graph, cluster, cost)
+    if plan.tp > 1 and not plan.sequence_parallel:  # SP first: it changes what the options act on
+        chosen, step = sp_choice(sim, plan)
+        if chosen is not plan:
+            plan = dataclasses.replace(chosen, meta=dict(plan.meta, predicted_step_time_s=step,
+                                                         stage_options={"variants": 1, "variant": "sequence parallel"}))
+    assert plan.stage_of_node is not None and plan.stage_devices is not None
     before = sim.run(plan, timeline=False)
-    r = max(len(d) for d in plan.stage_devices)
+    r = max(len(d) for d in plan.stage_devices) // max(plan.tp, 1)
     ms = microbatch_counts(graph.batch_size, plan.num_stages, r, also=(plan.microbatches,))
     variants = option_variants(sim, plan.stage_of_node, plan.stage_devices, ms, plan.schedule, planner=plan.planner,
-                               max_evals=max_evals, virtual_stages=plan.virtual_stages)
+                               max_evals=max_evals, virtual_stages=plan.virtual_stages, tp=plan.tp,
+                               sequence_parallel=plan.sequence_parallel)
     best = _fastest(variants)
     if best is None or (not before.oom and best.step_time_s >= before.step_time_s * (1 - 1e-9)):
         return plan
