@@ -9,7 +9,9 @@ A model-parallel plan always runs (one process, one GraphModule). A pipeline pla
 - the batch divides into ``microbatches x replicas`` equal shares (``torch.distributed.pipelining``
   fixes the shapes before the first step: :func:`autoplace.pipeline_rules.batch_share_problems`
   with ``even=True``);
-- all stages use one shard kind and one precision, and a sharded pipeline keeps tied parameters
+- all stages use one shard kind and one precision (bf16 runs with every kind: FSDP/HSDP through
+  ``fully_shard``'s MixedPrecisionPolicy, DDP and TP ranks through
+  :mod:`autoplace.rewrite.mixed_precision`), and a sharded pipeline keeps tied parameters
   in one stage and was traced by torch.fx (its FSDP units are fx nodes);
 - a schedule that splits the backward (zb-h1, zbv, dualpipev: input gradients, then weight
   gradients) has no FSDP/HSDP stage that reshards after forward: under torch 2.13 such stages

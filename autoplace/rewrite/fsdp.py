@@ -19,6 +19,8 @@ Steps 1 and 2 live in :mod:`autoplace.rewrite.units`.
    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)`` (fp32 master parameters and
    optimizer state; the root's outputs leave a stage in bf16 and the last stage's in fp32, so
    the loss sees fp32 logits). As torchtitan composes them: checkpoint inside, FSDP outside.
+   A DDP stage in bf16 gets the same semantics without sharding from
+   :mod:`autoplace.rewrite.mixed_precision` (casts inside the checkpoints, bf16 all-reduce).
 3. A one-stage plan runs FSDP's own loop (:class:`FSDPRunner`): each rank takes its share of
    every micro-batch, forward and backward per micro-batch, gradients reduce-scattered into the
    shards by every backward. A pipeline runs ``torch.distributed.pipelining`` schedules with the
