@@ -130,10 +130,13 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     elif pick.num_stages == 1:
         base = cands[0]
         note = f"the pick ({pick.describe()}) has options the switch does not run: its mesh unsharded (DDP)"
-    else:
+    elif len(pick.stage_devices or ()) == 2 and pick.virtual_stages == 1 and pick.tp == 1:
         base = Placement.pipeline(graph, cl, pick.stage_of_node, [0, 1], microbatches=pick.microbatches,
                                   schedule=pick.schedule if pick.schedule in ("gpipe", "1f1b") else "1f1b")
         note = f"the pick ({pick.describe()}) without its options, schedule 1f1b if another"
+    else:
+        base = pipe_pick
+        note = f"the pick ({pick.describe()}) is no plan the switch runs: the planner's best plain 2-stage pipeline"
     if candidate_key(candidate_of(base)) not in keys:
         cands.append(base)
         keys.append(candidate_key(candidate_of(base)))
