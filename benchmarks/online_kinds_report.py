@@ -59,7 +59,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "worst": max(r["kept_over_best"] for r in rs),
                        "max_live_share": max(r["share_of_1000"] for r in rs),
                        "max_extra_time_share": max(r["extra_time_share_of_1000"] for r in rs),
-                       "rms_after_median": float(np.nanmedian([r["rms_after"] for r in rs]))}
+                       "rms_after_median": float(np.nanmedian([r["rms_after"] for r in rs])),
+                       "rms_before_median": float(np.median([r["rms_before"] for r in rs]))}
     pairs = {}
     for r in rows:
         pairs.setdefault((r["model"], r["start"]), {})[r["search"]] = r["kept_over_best"]
@@ -68,6 +69,20 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["learned_over_control"] = {"geomean": float(np.exp(np.mean(np.log(ratios)))),
                                        "better": sum(x < 0.995 for x in ratios), "worse": sum(x > 1.005 for x in ratios),
                                        "tied": sum(0.995 <= x <= 1.005 for x in ratios), "pairs": len(ratios)}
+    return out
+
+
+def per_model(rows: list[dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        by = {k: [r for r in rows if r["model"] == model and r["search"] == k] for k in ("topk", "ppo")}
+        geo = {k: float(np.exp(np.mean([math.log(r["kept_over_best"]) for r in v]))) for k, v in by.items() if v}
+        after = {k: float(np.median([r["rms_after"] for r in v])) for k, v in by.items() if v}
+        out.append([model, str(len(by["topk"])), *(f"{sum(r['kept_over_best'] <= 1.03 for r in by[k])}" for k in
+                                                    ("topk", "ppo")),
+                    f"{geo.get('topk', math.nan):.3f}", f"{geo.get('ppo', math.nan):.3f}",
+                    f"{by['topk'][0]['rms_before']:.3f}" if by["topk"] else "-",
+                    f"{after.get('topk', math.nan):.3f} / {after.get('ppo', math.nan):.3f}"])
     return out
 
 
@@ -83,11 +98,16 @@ def write(res: dict[str, Any], out: Path) -> None:
              "yes" if r["kept_over_best"] <= 1.03 else "NO", f"{r['kept_over_best_bruteforce']:.3f}",
              f"{r['live_trial_steps']} ({r['share_of_1000']:.1%})", f"{r['rms_before']:.3f}", f"{r['rms_after']:.3f}"]
             for r in rows]
-    mrows = [[m["model"], str(m["ops"]), m["pick"], m["start_note"], str(len(m["candidates"])),
+    def short(note: str) -> str:
+        return note.split(" (")[0] + (": " + note.rsplit(": ", 1)[-1] if ": " in note else "")
+
+    mrows = [[m["model"], str(m["ops"]), m["pick"], short(m["start_note"]), str(len(m["candidates"])),
               f"{m['labels'][m['best']]} ({m['measured_s'][m['best']] * 1e3:.1f} ms)",
               " / ".join(f"{x:.1f}" for x in m["loadavg"]), f"{m['wall_s']:.0f}"] for m in res["models"]]
     lines = ["# Online tuning over plan kinds, measured on this machine (2 processes)", "",
-             f"Command: `{res['command']}` ({res.get('seconds', 0):.0f} s). {res['machine']['cpus']} CPUs, shared with "
+             f"Command: `{res['command']}` ({sum(m['wall_s'] for m in res['models']):.0f} s over the models). "
+             f"Settings: {json.dumps({k: v for k, v in args.items() if k != 'quick'})}. "
+             f"{res['machine']['cpus']} CPUs, shared with "
              f"other jobs of other sessions: load average {res['loadavg_start'][0]:.1f} at the start, "
              f"{res['loadavg_end'][0]:.1f} at the end; per model in the table below (start, after the all-candidates "
              "pass, after tuning, after the A/B rounds).", ""]
@@ -99,7 +119,8 @@ def write(res: dict[str, Any], out: Path) -> None:
                          f"kept/best {x['geomean_kept_over_best']:.3f}, worst {x['worst']:.3f}; live trials at most "
                          f"{x['max_live_share']:.1%} of a 1,000-step run in steps (goal 5%), their time beyond the "
                          f"best's at most {x['max_extra_time_share']:.1%}; calibrated simulator's rms log error over "
-                         f"all candidates after tuning, median {x['rms_after_median']:.3f}.")
+                         f"all candidates, median over the runs, {x['rms_before_median']:.3f} before (uncalibrated) and "
+                         f"{x['rms_after_median']:.3f} after tuning.")
     if "learned_over_control" in s:
         x = s["learned_over_control"]
         lines.append(f"- **learned / control** (kept/best of PPO over that of the control, same start, same trials): "
@@ -113,7 +134,10 @@ def write(res: dict[str, Any], out: Path) -> None:
               "(uncalibrated, the profile and host probe as taken before training) and after each tuning run's "
               "calibration. Step counts: live-trial steps are trials x (1 warm-up + measured steps); the start's "
               "own measurement is not a trial.", "",
-              format_table(head, body, markdown=True), "", "## Models", "",
+              format_table(head, body, markdown=True), "", "## Per model", "",
+              format_table(["model", "configurations", "control within 3%", "learned within 3%",
+                            "control geo-mean kept/best", "learned", "rms log err before", "after (control / learned)"],
+                           per_model(rows), markdown=True), "", "## Models", "",
               format_table(["model", "ops", "plan('best') pick", "start", "candidates", "measured best",
                             "load avg (4 points)", "seconds"], mrows, markdown=True), ""]
     for m in res["models"]:
