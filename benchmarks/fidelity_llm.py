@@ -348,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="run only rows whose id contains one of these")
     ap.add_argument("--no-write", action="store_true", help="print, do not write benchmarks/results/fidelity_llm.*")
     ap.add_argument("--no-terms", action="store_true", help="skip the term-by-term walk of rows outside the band")
+    ap.add_argument("--class-efficiency", action="store_true",
+                    help="counterfactual: one efficiency per op class (CostModel(shape_efficiency=False)), "
+                         "to tell the shape model's effect from other changes; use with --no-write")
     ap.add_argument("--fit", action="store_true", help="fit tensor_sustained and tensor_size_half on the fit part over a grid; writes nothing")
     args = ap.parse_args(argv)
     if args.fit:
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     dirty = [ln[3:] for ln in subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "autoplace"],
                                              capture_output=True, text=True).stdout.splitlines()]
     pubs = load()
-    cost = CostModel(optimizer="adamw")
+    cost = CostModel(optimizer="adamw", shape_efficiency=not args.class_efficiency)
     graphs = Graphs()
     rows = []
     for p in pubs:
@@ -381,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(rows, pubs)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    meta = {"command": ".venv/bin/python benchmarks/fidelity_llm.py" + (" --only " + " ".join(args.only) if args.only else ""),
+    meta = {"command": ".venv/bin/python benchmarks/fidelity_llm.py" + (" --only " + " ".join(args.only) if args.only else "")
+            + (" --class-efficiency" if args.class_efficiency else ""),
             "commit": commit, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "uncommitted_autoplace_files": dirty,
             "wall_s": time.perf_counter() - t0, "python": platform.python_version(), "torch": __import__("torch").__version__}
