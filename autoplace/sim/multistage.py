@@ -27,7 +27,8 @@ priced item by item after its TP share (:func:`~.tensor_parallel.tp_share`, in
 :mod:`.stage_cost`). gpipe and 1f1b with ``tp > 1`` run here too. With ``sequence_parallel`` the
 per-token ops of each stage's SP region (:func:`~.tensor_parallel.sequence_region`, what the
 runtime rewrites) run at ``1/tp`` of their time too (their parameters stay whole), and the
-rewrite's own collectives (:func:`~.tensor_parallel.sp_runtime_seconds`) are added to F and B.
+rewrite's own collectives (:func:`~.tensor_parallel.sp_runtime_collectives`) are added to F and B,
+each TP collective to the phase of the op it belongs to (:func:`~.tensor_parallel.tp_share`).
 
 Replicated ranks (pp x dp, as torchtitan composes them): every rank may be ``d`` data-parallel
 replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` devices, replica ``j``
@@ -124,7 +125,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                     options: StageOptions | None = None, tp: int = 1,
                     sequence_parallel: bool = False) -> PipelineOutcome:
     """Simulate one step of ``schedule`` (one of :data:`~autoplace.sim.schedules.MULTI_SCHEDULES`);
-    ``sequence_parallel`` (with ``tp > 1``) is :func:`~.tensor_parallel.tp_stage_cost`'s."""
+    ``sequence_parallel`` (with ``tp > 1``) is :func:`~.tensor_parallel.tp_share`'s."""
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64).copy()
     groups = stage_groups(stage_devices)
     v = int(virtual_stages)

@@ -47,8 +47,7 @@ from ..parallel import StageOptions
 from .ddp import ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
-from .tensor_parallel import (linear_pairs, sequence_region, sp_runtime_seconds, tp_activation_bytes, tp_share,
-                              tp_stage_cost)
+from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
 
 if TYPE_CHECKING:
     from .schedules import Action
@@ -93,8 +92,9 @@ def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microba
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
     every op on its stage's device (TP pairs, and with ``sequence_parallel`` the SP region, scaled by
-    1/tp), and (2, K) each stage's TP collectives in its forward and in its backward (half each of
-    the blocks' ones, plus with SP the rewrite's own, :func:`~.tensor_parallel.sp_runtime_seconds`).
+    1/tp), and (2, K) each stage's TP collectives in its forward and in its backward
+    (:func:`~.tensor_parallel.tp_share`: a row's output all-reduce in forward, a column's input-
+    gradient all-reduce in backward; with SP the rewrite's own collectives too).
     ``replicas``: each stage's replicas' devices; an op then takes its slowest replica's time."""
     k = dev_of_stage.shape[0]
     tf, tb = sim.op_times(int(microbatches))
@@ -113,29 +113,19 @@ def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microba
     p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
     ar = np.zeros((2, k))
     if tp_groups is not None and len(tp_groups[0]) > 1:
+        # each stage's TP share (tensor_parallel.tp_share, as a stage with options prices it): a pair
+        # inside the stage (and with SP its region) at 1/tp, a pair's parameters at 1/tp (the SP region's
+        # norms stay whole), each collective in the forward or the backward of its op
         pairs = linear_pairs(sim.graph)
-        t = len(tp_groups[0])
-        scale = np.ones(st.shape[0])
-        for p in pairs:
-            if len({int(st[i]) for i in p.ops}) == 1:  # a pair cut by a stage boundary stays whole
-                scale[list(p.ops)] = 1.0 / t
-        work = scale.copy()  # the time scale; the SP region's parameters (norms) stay whole on every TP rank
+        work, scale = np.ones(st.shape[0]), np.ones(st.shape[0])
         for s in range(k):
             ops = np.nonzero(st == s)[0]
             if not ops.size:
                 continue
-            ar[:, s] = tp_stage_cost(sim.graph, sim.cluster, ops, list(tp_groups[s]), f_op, b_op,
-                                     int(microbatches), pairs, sequence_parallel=sequence_parallel,
-                                     value_scale=sim.cost.value_scale)[2] / 2
-            if sequence_parallel:
-                # Korthikanti et al. 2022, section 4.2.2: the per-token ops between a row and the next
-                # columns run on 1/t of the sequence (the region the runtime rewrites, per stage), and the
-                # rewrite's own collectives (its region's gathers, the norms' gradient all-reduces) are paid
-                inside = [p for p in pairs if all(int(st[i]) == s for i in p.ops)]
-                if inside:
-                    work[sequence_region(sim.graph, inside, ops)] = 1.0 / t
-                    ar[:, s] += sp_runtime_seconds(sim.graph, sim.cluster, ops, list(tp_groups[s]),
-                                                   int(microbatches), inside, value_scale=sim.cost.value_scale)
+            share = tp_share(sim.graph, sim.cluster, ops, list(tp_groups[s]), int(microbatches), pairs,
+                             sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
+            work[ops], scale[ops] = share.work[ops], share.params[ops]
+            ar[:, s] = share.fwd[ops].sum(), share.bwd[ops].sum()
         f_op, b_op, w_op, u_op, p_op = f_op * work, b_op * work, w_op * work, u_op * scale, p_op * scale
     return f_op, b_op, w_op, u_op, p_op, ar
 

@@ -13,9 +13,10 @@ each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Pataras
 JPDC 2009) over the slowest link among the t devices. :func:`tp_collectives` lists them (a
 value); the torchrun test counts the collectives torch runs in a sharded step (CommDebugMode)
 and finds these. Activation bytes per device: :func:`tp_activation_bytes` (what the multi-stage
-simulator keeps per TP device). The multi-stage simulator takes only the collectives' seconds of
-:func:`tp_stage_cost` and splits the pairs' own time: the sequence-parallel region's ``1/t``
-compute is not in its step yet (its memory is).
+simulator keeps per TP device). The simulator prices a stage from :func:`tp_share`: per op its
+time, parameter and activation shares and the collectives in its forward or backward
+(:mod:`.stage_cost`, with or without stage options); :func:`tp_stage_cost` sums the same per stage
+(a value for reports and tests).
 
 Bytes: activations and their gradients are traced in fp32; ``value_scale`` (the cost model's
 ``CostModel.value_scale``: 1/2 when it computes in 16 bits, as Megatron-LM's fp16/bf16 runs and

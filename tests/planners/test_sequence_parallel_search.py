@@ -90,9 +90,13 @@ def test_sp_is_kept_only_where_the_simulator_says_it_is_faster(long_llama: OpGra
         assert sp_choice(sim, p)[0].sequence_parallel == faster
     assert got.placement.sequence_parallel  # here SP is faster: the region's per-token ops run on 1/tp of the tokens
     # make the SP rewrite's own collectives dear: SP is slower everywhere and never chosen
-    import autoplace.sim.stage_cost as ms
+    import autoplace.sim.tensor_parallel as tpm
 
-    monkeypatch.setattr(ms, "sp_runtime_seconds", lambda *a, **k: (1.0, 1.0))
+    def dear(graph: OpGraph, ops: np.ndarray, microbatches: int, *a: object, **k: object) -> list:
+        first = int(np.asarray(ops)[0])  # one huge gather each way, on an op of the stage
+        return [tpm.Collective(ph, "all_gather", 1e12, "", first) for ph in ("forward", "backward")]
+
+    monkeypatch.setattr(tpm, "sp_runtime_collectives", dear)
     slow = simulator_for(long_llama, c)
     choice, got = _pass(long_llama, c)
     assert not got.placement.sequence_parallel and got.placement == choice.placement

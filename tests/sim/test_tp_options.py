@@ -103,6 +103,8 @@ def test_a_bf16_tp_all_reduce_moves_half_the_bytes_of_an_fp32_one() -> None:
     d16 = _f_b(slow, shard="fsdp", precision="bf16")[0] - _f_b(fast, shard="fsdp", precision="bf16")[0]
     assert d32 == pytest.approx(ar32 / 1e9 - ar32 / 2e9, rel=1e-9)
     assert d16 == pytest.approx(d32 / 2, rel=1e-9)
+    # the default options (DDP, fp32) take the same TP term: the rows' all-reduces in the forward
+    assert _f_b(slow)[0] - _f_b(fast)[0] == pytest.approx(d32, rel=1e-9)
 
 
 def test_recompute_runs_the_units_forward_again_their_all_reduces_included() -> None:
