@@ -11,8 +11,8 @@ recomputed unit's backward).
 
 - Default options (DDP, fp32, no recompute): op times at ``1/(M d)`` of the batch on the
   slowest of the rank's ``d`` replicas; with ``tp > 1`` the column/row pairs at ``1/tp`` plus
-  their all-reduces (and with sequence parallelism its region and the rewrite's collectives,
-  :mod:`.tensor_parallel`); DDP all-reduces in buckets during the last backward (or after it
+  their all-reduces, each in the phase of its op (and with sequence parallelism its region and
+  the rewrite's collectives: :func:`~.tensor_parallel.tp_share`, the one TP term of both regimes); DDP all-reduces in buckets during the last backward (or after it
   with a split backward or with TP: the runtime's ``ReplicatedStage`` averages a TP stage's
   replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`.
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
