@@ -225,6 +225,10 @@ def _timing_overhead(device: torch.device, clock: str, warmup: int, repeats: int
     return fwd, bwd
 
 
+OVERHEAD_FLOOR = 0.05
+"""The least share of an op's measured time left after the timing overhead is taken off."""
+
+
 def _normalized(traced: Traced, fwd: np.ndarray, bwd: np.ndarray, whole: dict[str, Any],
                 overhead: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Per-op times less the timing overhead (per timed fx node forward, per op backward), then
@@ -233,8 +237,10 @@ def _normalized(traced: Traced, fwd: np.ndarray, bwd: np.ndarray, whole: dict[st
     for n in traced.gm.graph.nodes:
         if n.op in TIMED:
             timed[traced.op_of_fx[n.name]] += 1
-    f = np.maximum(fwd - overhead[0] * timed, 0.0)
-    b = np.maximum(bwd - overhead[1] * (bwd > 0), 0.0)
+    # the overhead is measured on another call: under load it can exceed a small op's own time;
+    # an op keeps at least OVERHEAD_FLOOR of what was measured for it, never zero
+    f = np.maximum(fwd - overhead[0] * timed, OVERHEAD_FLOOR * fwd)
+    b = np.maximum(bwd - overhead[1] * (bwd > 0), OVERHEAD_FLOOR * bwd)
     sf = whole["fwd"] / f.sum() if f.sum() > 0 and whole["fwd"] > 0 else 1.0
     sb = whole["bwd"] / b.sum() if b.sum() > 0 and whole["bwd"] > 0 else 1.0
     terms = {"timing_overhead_fwd_s": overhead[0], "timing_overhead_bwd_s": overhead[1], "scale_fwd": sf,
