@@ -38,14 +38,14 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_map
 
-__all__ = ["PARAM_DTYPE", "cast_stage", "bf16_ddp"]
+__all__ = ["PARAM_DTYPE", "cast_stage", "bf16_ddp", "full_precision", "in_fp32"]
 
 PARAM_DTYPE = torch.bfloat16
 
 Slot = tuple[torch.nn.Module, str]
 
 
-def _full_precision(mod: torch.nn.Module) -> bool:
+def full_precision(mod: torch.nn.Module) -> bool:
     """A module that runs in fp32 inside a bf16 stage: BatchNorm (torch's kernels on CPU refuse bf16
     weights beside its fp32 running statistics), as FSDP1's ``MixedPrecision`` leaves it by default
     (``_module_classes_to_ignore=(_BatchNorm,)``)."""
@@ -61,7 +61,7 @@ def _slots(root: torch.nn.Module, skip: Sequence[str] = ()) -> list[Slot]:
     at or under the paths ``skip`` (units that cast their own) and those that run in fp32."""
     out: list[Slot] = []
     for path, mod in root.named_modules(remove_duplicate=False):
-        if any(path == s or path.startswith(s + ".") for s in skip) or _full_precision(mod):
+        if any(path == s or path.startswith(s + ".") for s in skip) or full_precision(mod):
             continue
         out.extend((mod, name) for name, p in mod._parameters.items() if p is not None and p.is_floating_point())
     return out
@@ -100,7 +100,7 @@ def _install(module: torch.nn.Module, slots: Sequence[Slot], dtype: torch.dtype,
     module.forward = forward  # type: ignore[method-assign]
 
 
-def _in_fp32(module: torch.nn.Module) -> None:
+def in_fp32(module: torch.nn.Module) -> None:
     inner = module.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -116,8 +116,8 @@ def cast_stage(stage: torch.nn.Module, units: Sequence[str], *, output_dtype: to
     and returns its floating outputs in ``output_dtype``. Call it before checkpointing the units,
     so that recompute casts again. Returns ``stage``."""
     for mod in stage.modules():
-        if _full_precision(mod):  # fp32 inside: its input cast up, its output back to the input's dtype
-            _in_fp32(mod)
+        if full_precision(mod):  # fp32 inside: its input cast up, its output back to the input's dtype
+            in_fp32(mod)
     for path in units:
         unit = stage.get_submodule(path)
         _install(unit, _slots(unit), dtype, None)

@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..graph.units import block_units, stage_units
 from .errors import ShardedRunError
-from .mixed_precision import cast_stage
+from .mixed_precision import cast_stage, full_precision, in_fp32
 
 if TYPE_CHECKING:
     from ..graph.trace import Traced
@@ -186,8 +186,17 @@ def shard_stage(stage: torch.nn.Module, units: Sequence[str], mesh: Any, *, shar
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()
+    unit_mods = {id(stage.get_submodule(path)) for path in units}
+    if bf16:  # BatchNorm in fp32, its own group (FSDP1's default): torch refuses bf16 weights beside fp32 statistics
+        for mod in stage.modules():
+            if full_precision(mod):
+                in_fp32(mod)
+                if id(mod) not in unit_mods:
+                    fully_shard(mod, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=MixedPrecisionPolicy())
     for path in units:
-        fully_shard(stage.get_submodule(path), mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        unit = stage.get_submodule(path)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                    mp_policy=MixedPrecisionPolicy() if bf16 and full_precision(unit) else mp)
     root_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
                                    output_dtype=output_dtype) if bf16 else MixedPrecisionPolicy()
     fully_shard(stage, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)
