@@ -85,6 +85,8 @@ def summarize(rows: list[dict[str, Any]], pubs: list[dict[str, Any]]) -> dict[st
                   "held_out": _part([r for r in rows if not r.get("fit_part")])},
     }
     held = [r for r in rows if not r.get("fit_part")]
+    out["parts"]["held_out_by_source"] = {src: _part([r for r in held if r.get("source") == src])
+                                          for src in dict.fromkeys(r.get("source") for r in held) if src}
     held_ids = {r["id"] for r in held}
     out["parts"]["held_out"]["sweeps_met"] = sum(s["met"] for s in sweeps if set(s["rows"]) <= held_ids)
     out["parts"]["held_out"]["sweeps"] = sum(1 for s in sweeps if set(s["rows"]) <= held_ids)
@@ -132,6 +134,9 @@ def markdown(rows: list[dict[str, Any]], s: dict[str, Any], pubs: list[dict[str,
         if v:
             L.append(f"| {name} | {v['rows']} | {v['expressible']} | {_f(v['mean_abs_log'])} | "
                      f"{v['within']} ({v['share_within']:.0%}) |")
+    for src, v in s.get("parts", {}).get("held_out_by_source", {}).items():
+        L.append(f"| held out: {src} | {v['rows']} | {v['expressible']} | {_f(v['mean_abs_log'])} | "
+                 f"{v['within']} ({v['share_within']:.0%}) |")
     if s.get("parts", {}).get("held_out", {}).get("sweeps") is not None:
         ho = s["parts"]["held_out"]
         L.append(f"\nHeld-out sweeps whose measured best is ranked first: {ho['sweeps_met']} of {ho['sweeps']}.")
