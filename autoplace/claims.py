@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .cost.analytic import CostModel
     from .graph.ir import OpGraph
 
-__all__ = ["DIMENSIONS", "Term", "Claim", "decompose", "differences", "claim_against"]
+__all__ = ["DIMENSIONS", "Term", "Claim", "decompose", "differences", "claim_against", "claims_text"]
 
 DIMENSIONS = ("ranks", "virtual_stages", "stage_cuts", "schedule", "microbatches", "tp", "sequence_parallel",
               "shard", "recompute", "precision", "reshard_after_forward")
@@ -348,3 +348,20 @@ def claim_against(graph: "OpGraph", cluster: "Cluster", chosen: Placement, famil
     if best is None:
         return None, lines
     return decompose(graph, cluster, chosen, best[1], cost=cost, recipe_name=best[2]), lines
+
+
+def claims_text(graph: "OpGraph", cluster: "Cluster", placement: Placement, family: str, *,
+                cost: "CostModel | None" = None) -> str:
+    """What ``autoplace plan --against FAMILY`` and a runner's ``report(cluster, against=FAMILY)``
+    print: every recipe of ``family`` with its simulated step time (or why it is left out), then the
+    claim over the fastest that fits, term by term, with each term's published check."""
+    if placement.mode != "pipeline":
+        return (f"against {family}: the plan is model parallel (one process); the recipes are pipeline / data / "
+                "tensor parallel plans, so there is no claim to decompose (plan with mode='pipeline' or 'auto')")
+    claim, lines = claim_against(graph, cluster, placement, family, cost=cost)
+    out = [f"{family} recipes on this cluster (simulated):"] + [f"  {x}" for x in lines]
+    if claim is None:
+        out.append(f"no {family} recipe is simulated and fits: no claim to decompose")
+    else:
+        out += ["", claim.table(), "(every figure is the simulator's, not a measurement)"]
+    return "\n".join(out)

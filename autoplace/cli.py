@@ -209,19 +209,12 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _claims(graph: Any, cluster: Any, placement: Any, family: str) -> str:
     """--against: the plan's simulated gain over the fastest recipe of ``family``, term by term."""
-    from autoplace.claims import claim_against
+    from autoplace.claims import claims_text
 
     if placement.mode != "pipeline":
-        return (f"--against {family}: the plan is model parallel (one process); the recipes are pipeline / data / "
-                "tensor parallel plans, so there is no claim to decompose (plan with --mode pipeline)")
+        return claims_text(graph, cluster, placement, family)
     with Step(f"simulating {family}'s recipes and switching each difference back"):
-        claim, lines = claim_against(graph, cluster, placement, family)
-    out = [f"{family} recipes on this cluster (simulated):"] + [f"  {x}" for x in lines]
-    if claim is None:
-        out.append(f"no {family} recipe is simulated and fits: no claim to decompose")
-    else:
-        out += ["", claim.table(), "(every figure is the simulator's, not a measurement)"]
-    return "\n".join(out)
+        return claims_text(graph, cluster, placement, family)
 
 
 def _show(args: argparse.Namespace) -> int:

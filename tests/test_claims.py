@@ -157,3 +157,14 @@ def test_claim_against_picks_the_fastest_recipe_that_fits(graph: Any, cluster: C
         if res is not None and not res.oom:
             timed[r.name] = float(res.step_time_s)
     assert claim.recipe == min(timed, key=timed.__getitem__)
+
+
+def test_claims_text_lists_the_recipes_then_the_claim_with_its_checks(graph: Any, cluster: Cluster) -> None:
+    from autoplace.claims import claims_text
+
+    st = block_stages(graph, 2)
+    chosen = _pp(graph, cluster, st, [[0, 1], [2, 3]], microbatches=4, shard="fsdp", precision="bf16")
+    text = claims_text(graph, cluster, chosen, "ddp", cost=COST)
+    assert text.startswith("ddp recipes on this cluster (simulated):") and "published check" in text
+    model = Placement.single(graph, cluster)
+    assert "no claim to decompose" in claims_text(graph, cluster, model, "ddp", cost=COST)

@@ -129,10 +129,12 @@ class PipelineRunner(torch.nn.Module):
         plan = self.__dict__.get("plan")
         return plan.schedule if plan is not None else type(self.schedule).__name__
 
-    def report(self, cluster: Any = None) -> str:
+    def report(self, cluster: Any = None, *, against: str | None = None) -> str:
         """This rank's part of the plan in a few lines: the plan, the stage(s) and replica this rank
         runs, their parameters (elements and bytes, the local share of sharded ones), the schedule,
-        the micro-batches and the predicted step time (the plan's; with ``cluster``, simulated)."""
+        the micro-batches and the predicted step time (the plan's; with ``cluster``, simulated).
+        ``against`` ("torchtitan", "megatron" or "ddp", with ``cluster``): the plan's simulated gain
+        over that family's fastest recipe, term by term (:func:`autoplace.claims.claims_text`)."""
         from ..report import format_bytes, plan_summary
 
         plan, graph = self.__dict__.get("plan"), self.__dict__.get("graph")
@@ -161,6 +163,14 @@ class PipelineRunner(torch.nn.Module):
         lines.append(f"predicted step: {step_s * 1e3:.3f} ms" if step_s else
                      "predicted step: not known (pass the cluster: report(cluster))")
         lines.append(f"steps run: {self.steps}")
+        if against is not None:
+            if cluster is None or plan is None or graph is None:
+                lines.append(f"against {against}: pass the cluster too (report(cluster, against={against!r})): "
+                             "the recipes are simulated on it")
+            else:
+                from ..claims import claims_text
+
+                lines += ["", claims_text(graph, cluster, plan, against)]
         return "\n".join(lines)
 
     def step(self, *inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor | None:

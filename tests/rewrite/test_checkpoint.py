@@ -184,6 +184,8 @@ def test_checkpoint_matrix_on_two_processes(tmp_path: Path) -> None:
     assert {r["kind"] for r in got["zbv"]} == {"MultiStageRunner"}
     assert {r["kind"] for r in got["online"]} == {"OnlinePipeline"}
     _check_report(got["pp"], "PipelineRunner", "pipeline rank")
+    for r in got["pp"]:  # report(cluster, against=...): the claim over the recipes, with each term's published check
+        assert r["against"].startswith(r["report"]) and "ddp recipes on this cluster (simulated):" in r["against"], r["against"]
     _check_report(got["fsdp"], "FSDPRunner", "FSDP rank")
     _check_report(got["zbv"], "MultiStageRunner", "pipeline rank")
     assert "replica 1 of 2" in got["ddp"][1]["report"] and "zbv" in got["zbv"][0]["report"]

@@ -207,7 +207,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         from autoplace.rewrite.checkpoint import model_state_dict
 
         mine = model_state_dict(runner)
-        rec.update(kind=type(runner).__name__, losses=losses, report=runner.report(c), raw_keys=sorted(runner.state_dict()),
+        against = runner.report(c, against="ddp") if case["id"] == "pp" else ""
+        rec.update(kind=type(runner).__name__, losses=losses, report=runner.report(c), against=against, raw_keys=sorted(runner.state_dict()),
                    names=sorted(mine), dtensors=sorted(k for k, v in mine.items() if isinstance(v, DTensor)),
                    full_keys=list(full) == list(model.state_dict()), full_param_err=param_err(full, ref_end),
                    # the plain model's loss on the next batch, and the runner's (its forward, before an update)
