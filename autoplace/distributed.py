@@ -194,7 +194,11 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
         return pipe
     timeouts = timeout_s if isinstance(timeout_s, Timeouts) else fixed
     predicted = _predicted_step_s(plan, graph, cluster, cost)
-    multi = plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or plan.tp != 1
+    # one FSDP/HSDP stage with TP (torchtitan's 2-D) runs FSDP's own loop, as with tp=1
+    from .parallel import StageOptions
+
+    one_sharded = plan.num_stages == 1 and StageOptions.of(plan).sharded(0)
+    multi = plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or (plan.tp != 1 and not one_sharded)
     if (plan.shard or plan.recompute or plan.precision) and not multi:
         # FSDP, HSDP, checkpointing, bf16 under GPipe/1F1B (and BatchNorm): autoplace.rewrite.fsdp
         from .rewrite.fsdp import build_sharded_runner

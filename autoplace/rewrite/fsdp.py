@@ -23,7 +23,9 @@ Steps 1 and 2 live in :mod:`autoplace.rewrite.units`.
    :mod:`autoplace.rewrite.mixed_precision` (casts inside the checkpoints, bf16 all-reduce).
 3. A one-stage plan runs FSDP's own loop (:class:`FSDPRunner`): each rank takes its share of
    every micro-batch, forward and backward per micro-batch, gradients reduce-scattered into the
-   shards by every backward. A pipeline runs ``torch.distributed.pipelining`` schedules with the
+   shards by every backward. With ``tp > 1`` (torchtitan's 2-D FSDP x TP) the stage is first
+   tensor-parallel over the "tp" dimension of a (data dims, "tp") mesh, then sharded over the
+   data dims, and the TP ranks of one replica take the same share. A pipeline runs ``torch.distributed.pipelining`` schedules with the
    FSDP (or DDP) stage module inside ``PipelineStage``, on a ``(pp, dp_shard)`` or ``(pp,
    dp_replicate, dp_shard)`` mesh (:func:`build_sharded_pipeline`: the pipeline builder of
    :mod:`autoplace.rewrite.runtime` with steps 1 and 2 as its stage hook, so such a pipeline has
@@ -112,7 +114,8 @@ class FSDPRunner(PipelineRunner):
     def _schedule_text(self) -> str:  # for report(): one stage, no pipeline schedule
         plan = self.__dict__.get("plan")
         kind = plan.shard[0] if plan is not None and plan.shard else "fsdp"
-        return f"none (one stage, {kind} over {self.replicas} ranks, micro-batches accumulated)"
+        tp = f" x tp={plan.tp}" if plan is not None and plan.tp > 1 else ""
+        return f"none (one stage, {kind} over {self.replicas} replicas{tp}, micro-batches accumulated)"
 
     def _check(self, inputs: Sequence[Any], target: torch.Tensor | None) -> None:
         if target is None:
@@ -202,6 +205,16 @@ def _batch(example_inputs: Sequence[Any], microbatches: int, replicas: int) -> i
     return int(batch[0])
 
 
+def _tp_layout(traced: "Traced", stage: torch.nn.Module) -> dict[str, str]:
+    """``{module path: "colwise" | "rowwise"}`` of the column/row pairs inside ``stage`` (both
+    modules of a pair in it), as :func:`autoplace.rewrite.schedules.build_schedule_runner` shards them."""
+    from ..tp_rules import linear_pairs
+
+    here = {n for n, _ in stage.named_modules()}
+    return {path: style for p in linear_pairs(traced.graph) if p.column_path in here and p.row_path in here
+            for path, style in ((p.column_path, "colwise"), (p.row_path, "rowwise"))}
+
+
 def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: StageOptions, *,
                example_inputs: Sequence[Any], loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
                device: torch.device, scale_grads: bool, timeouts: Any, predicted_step_s: float | None,
@@ -209,38 +222,64 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
     """The :class:`FSDPRunner` of a one-stage sharded plan, with the runner options every
     pipeline gets (:func:`~autoplace.rewrite.runtime.build_pipeline_runner`): BatchNorm over the
     whole batch (replicas synchronised, ``batch_norm="sync"``), the bounds of ``timeouts`` on the
-    mesh's collectives, the step gate and the heartbeat."""
+    mesh's collectives, the step gate and the heartbeat.
+
+    With ``plan.tp > 1`` (torchtitan's 2-D: TP inside a group of ``tp`` consecutive ranks, FSDP
+    over the rest), the world is one DeviceMesh (data dims, ``"tp"``): rank ``j x tp + t`` is TP
+    rank t of replica j. The stage is tensor-parallel over ``mesh["tp"]`` first
+    (:func:`~autoplace.rewrite.tensor_parallel.apply_tensor_parallel`, with the plan's sequence
+    parallelism), then its units are outlined, checkpointed and ``fully_shard``-ed over the data
+    dims, and every TP rank of replica j takes replica j's share of the batch."""
     from torch.distributed.device_mesh import init_device_mesh
 
     assert plan.stage_devices is not None
     limits = runner_options(batch_norm, timeouts)
-    replicas = len(plan.stage_devices[0])
+    tp = max(int(plan.tp), 1)
+    replicas = len(plan.stage_devices[0]) // tp
     batch = _batch(example_inputs, plan.microbatches, replicas)
     micro = tuple(x[: batch // (plan.microbatches * replicas)] for x in example_inputs)
     split, _, unit_of = _stage_modules(traced, plan, micro)
     like = {n.name: (n.op, n.target) for n in traced.gm.graph.nodes}
     stage = split.stages[0]
     rank, world = dist.get_rank(), dist.get_world_size()
+    replica = rank // tp
     members = list(range(world))
     bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, [members], 0)
+    if tp > 1 and batchnorm.has_batch_norm(stage):
+        raise ShardedRunError(f"this plan ({plan.describe()}) is tensor-parallel (tp={tp}) and the model has "
+                              "BatchNorm layers, whose statistics TP ranks would count twice: use tp=1 (FSDP over "
+                              "every rank keeps whole-batch statistics)")
     bn_group = liveness.group(members, bounds[0]) if replicas > 1 and batch_norm == "sync" and \
         batchnorm.has_batch_norm(stage) else None
     # before the units are outlined: they then hold the converted layers
     batch_norms = batchnorm.convert(stage, mode=batch_norm, microbatches=plan.microbatches, replicas=replicas,
                                     batch_size=batch, stage_index=0, group=bn_group)
+    shape, names = _mesh_spec([s[::tp] for s in plan.stage_devices], cluster, opts.shard[0], replicas)
+    if tp > 1:
+        mesh = init_device_mesh(device.type, (*shape, tp), mesh_dim_names=(*names, "tp"))
+        dp_mesh = mesh[names] if len(names) > 1 else mesh[names[0]]
+        layout = _tp_layout(traced, stage)
+        if layout:  # torchtitan's order: tensor parallelism, then recompute, then FSDP
+            from .tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(stage, layout, mesh["tp"], sequence_parallel=plan.sequence_parallel)
+    else:
+        mesh = dp_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     units = outline_units(stage, unit_of, like=like)
-    shape, names = _mesh_spec(plan.stage_devices, cluster, opts.shard[0], replicas)
-    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     move_to(stage, device)
-    shard_stage(stage, units, mesh, shard=opts.shard[0], recompute=opts.recompute[0],
+    shard_stage(stage, units, dp_mesh, shard=opts.shard[0], recompute=opts.recompute[0],
                 bf16=opts.precision[0] == "bf16", reshard_after_forward=opts.reshard_after_forward[0],
                 output_dtype=torch.float32)
-    collectives = [mesh.get_group(n) for n in names] + [bn_group]
-    links = Links(limits, members, members, [r for r in members if r != rank],
-                  {r: f"rank {r} (replica {r % replicas} of {replicas})" for r in members}, collectives, gate_group,
-                  p2p)
-    return FSDPRunner(rank=rank, replica=rank % replicas, replicas=replicas, microbatches=plan.microbatches,
-                      batch_size=batch, module=stage, loss_fn=loss_fn, scale_grads=scale_grads, dp_group=None,
+    collectives = [mesh.get_group(n) for n in (*names, *(("tp",) if tp > 1 else ()))] + [bn_group]
+    dp_group = None
+    if tp > 1:  # the loss is averaged over the replicas, not over their TP ranks
+        dp_group = dp_mesh._flatten("dp").get_group() if len(names) > 1 else dp_mesh.get_group()
+    what = (lambda r: f"rank {r} (replica {r // tp} of {replicas}, tp {r % tp} of {tp})") if tp > 1 else \
+        (lambda r: f"rank {r} (replica {r % replicas} of {replicas})")
+    links = Links(limits, members, members, [r for r in members if r != rank], {r: what(r) for r in members},
+                  collectives, gate_group, p2p)
+    return FSDPRunner(rank=rank, replica=replica, replicas=replicas, microbatches=plan.microbatches,
+                      batch_size=batch, module=stage, loss_fn=loss_fn, scale_grads=scale_grads, dp_group=dp_group,
                       units=units, timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
                       links=links)
 
