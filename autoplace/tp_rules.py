@@ -12,9 +12,14 @@ computed from the columns leaves the block before R. The ops between must work p
 feature (:data:`BETWEEN`: elementwise, RoPE, softmax, matmul, SDPA, GQA's repeat); a block is
 refused, with the reason (:func:`tp_refusals`), when
 
-- a column's output is split or sliced (one fused q/k/v projection, GPT-2's ``c_attn``): its
-  weight holds q, k and v one after another, so a contiguous column shard would give device 0
-  all of q and half of k (the runtime shards contiguously);
+- a column's output is split or sliced other than as a *fused* column: one Linear whose output is
+  split on its last dimension into equal parts, each reshaped into heads (GPT-2's ``c_attn``, q, k
+  and v one after another; :func:`autoplace.graph.heads.fused_split` on the fx graph, recorded by
+  the trace as ``graph.meta["fused"]``, ``{projection path: parts}``). A fused column is split per
+  part (each device holds q_i, k_i and v_i of its heads: the runtime shards its weight with a
+  stride, not contiguously) and counts as ONE column (one input-gradient all-reduce); unequal
+  parts, a split of another dimension, a part read without a per-head reshape, or a graph without
+  ``meta["fused"]`` stay refused (a contiguous shard would give device 0 all of q and half of k);
 - an op between is not of :data:`BETWEEN` (Transformer-XL's relative shift, ``pad`` and a
   reshape over the heads and positions): it may mix features across devices;
 - an op between holds parameters of the block's module (Transformer-XL's per-head biases ``u``,
@@ -34,7 +39,8 @@ with the local head count; their cost is :mod:`autoplace.sim.tensor_parallel`.
 
 :func:`tp_problems`: a TP group must sit inside one host (the all-reduces are on the critical
 path twice per block; over a network they cost more than they save), and its degree must divide
-each pair's hidden width and, for attention, its heads (key/value heads under GQA). The head
+each pair's hidden width (a fused column's width per part) and, for attention, its heads (key/value
+heads under GQA; a fused column's heads per part). The head
 count is not in the op graph's arrays (view sizes are folded into their producers): it is read
 from ``graph.meta["heads"]`` (``{projection path: heads}``, what
 :func:`autoplace.graph.heads.head_counts` finds in the fx graph) when the trace stored it; else
@@ -92,7 +98,11 @@ class LinearPair:
     """the width split over the TP group (the column layer's output features)."""
     heads: int = 0
     """the heads the column's output is split into (attention), from ``graph.meta["heads"]``
-    (:func:`autoplace.graph.heads.head_counts`); 0 when not known or not attention."""
+    (:func:`autoplace.graph.heads.head_counts`); 0 when not known or not attention. A fused
+    column's heads per part."""
+    parts: int = 1
+    """how many equal parts a fused column's output is split into (q, k, v: 3), from
+    ``graph.meta["fused"]``; 1 for a plain column. Each part is split over the TP group."""
 
     @property
     def ops(self) -> tuple[int, ...]:
@@ -157,11 +167,15 @@ def _block(graph: "OpGraph", r: int, succ: dict[int, list[int]], pred: dict[int,
     kind = "attention" if any(kinds[i] in ATTENTION_KINDS for i in mid) else "mlp"
     where = f"{paths[cols[0]]} -> {paths[r]}"
     reason = ""
-    fused = [c for c in cols if any(m.split("_")[0] in _SPLITS for m in graph.members[c][1:])] if graph.members else []
+    known = _fused(graph)
+    split = [c for c in cols if any(m.split("_")[0] in _SPLITS for m in graph.members[c][1:])] if graph.members else []
+    fused = [c for c in split if known.get(paths[c], 1) < 2]
     if fused:
-        reason = (f"{where}: the output of {paths[fused[0]]} is split or sliced (a fused q/k/v projection holds q, "
-                  "k and v one after another, so a contiguous column shard does not hold whole heads): not split; "
-                  "use separate query, key and value linears to shard this attention")
+        reason = (f"{where}: the output of {paths[fused[0]]} is split or sliced other than into equal parts of "
+                  "its last dimension each reshaped into heads (a fused q/k/v projection; the trace records those "
+                  "in graph.meta['fused']), so a column shard would not hold whole heads: not split; split it as "
+                  "q, k, v = x.split(width, dim=-1) with a per-head reshape of each, or use separate query, key "
+                  "and value linears")
     elif any(kinds[i] not in BETWEEN for i in mid):
         bad = next(i for i in mid if kinds[i] not in BETWEEN)
         reason = (f"{where}: op {graph.names[bad]} ({kinds[bad]}) between the linears may mix features across "
@@ -181,6 +195,12 @@ def _block(graph: "OpGraph", r: int, succ: dict[int, list[int]], pred: dict[int,
             reason = (f"{where}: {graph.names[a]} is read by {graph.names[b]} outside the block, which would get a "
                       "shard: not split")
     return TPBlock(r, cols, mid, kind, reason)
+
+
+def _fused(graph: "OpGraph") -> dict[str, int]:
+    """``graph.meta["fused"]``: ``{fused column path: parts}`` (empty when the trace recorded none)."""
+    got = graph.meta.get("fused", {}) if isinstance(graph.meta, dict) else {}
+    return got if isinstance(got, dict) else {}
 
 
 def _owns_parameters(graph: "OpGraph", i: int, parent: str) -> bool:
@@ -206,6 +226,7 @@ def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
     """One pair per column of every block that can be split (see the module docstring)."""
     out = []
     heads = graph.meta.get("heads", {}) if isinstance(graph.meta, dict) else {}
+    fused = _fused(graph)
     for b in tp_blocks(graph):
         if b.reason:
             continue
@@ -213,7 +234,8 @@ def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
             rest = tuple(sorted({*b.columns, *b.between} - {c}))
             path = graph.module_paths[c]
             out.append(LinearPair(c, b.row, rest, path, graph.module_paths[b.row], _hidden(graph, c, b.row),
-                                  int(heads.get(path, 0)) if b.kind == "attention" else 0))
+                                  int(heads.get(path, 0)) if b.kind == "attention" else 0,
+                                  max(1, int(fused.get(path, 1)))))
     return tuple(out)
 
 
@@ -252,14 +274,18 @@ def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequ
         out.append(f"tp={tp} over devices {list(devices)} spans hosts {hosts} ({by_host}); tensor parallelism "
                    "all-reduces twice per block on the critical path and must stay inside one host: use devices "
                    "of one host for each TP group, and pipeline or data parallelism across hosts")
-    bad = [p for p in pairs if p.hidden % tp]
+    bad = [p for p in pairs if (p.hidden // p.parts if p.hidden % p.parts == 0 else p.hidden) % tp]
     if bad:
-        out.append(f"tp={tp} does not divide the hidden width of {bad[0].column_path} ({bad[0].hidden}); "
-                   f"use a degree that divides it")
+        p = bad[0]
+        what = f"({p.hidden})" if p.parts == 1 else f"per part ({p.hidden} in {p.parts} fused parts)"
+        out.append(f"tp={tp} does not divide the hidden width of {p.column_path} {what}; use a degree that divides "
+                   "it")
     few = [p for p in pairs if p.heads and p.heads % tp]
     if few:
-        out.append(f"tp={tp} does not divide the {few[0].heads} heads of {few[0].column_path} (each device holds "
-                   f"whole heads; under GQA whole key/value heads too): use a degree that divides {few[0].heads}")
+        per = " per part" if few[0].parts > 1 else ""
+        out.append(f"tp={tp} does not divide the {few[0].heads} heads{per} of {few[0].column_path} (each device "
+                   f"holds whole heads; under GQA whole key/value heads too): use a degree that divides "
+                   f"{few[0].heads}")
     if tp > 1 and graph is not None and not pairs:
         why = tp_refusals(graph)
         out.append(f"tp={tp}: the graph has no column/row linear blocks to split"

@@ -47,7 +47,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflat
 
 from .capture import ExampleInputs, export_trace, fx_trace, leaf_sets, split_inputs, untraceable
 from .coarsen import coarsen
-from .heads import head_counts
+from .heads import fused_parts, head_counts
 from .ir import OpGraph
 from .propagate import NodeStats, TraceError, propagate
 
@@ -304,8 +304,10 @@ def trace_module(model: torch.nn.Module, example_inputs: ExampleInputs, *,
     from .memory_facts import attach  # what one step keeps alive, for the simulator's memory terms
     graph = attach(graph, gm, placeholders, op_of_fx)
     heads = head_counts(gm)  # attention projections' head counts, which tensor parallelism must divide
-    if heads:
-        graph = graph.replace(meta={**graph.meta, "heads": heads})
+    fused = fused_parts(gm)  # fused q/k/v projections and their part counts (tensor parallelism shards per part)
+    if heads or fused:
+        graph = graph.replace(meta={**graph.meta, **({"heads": heads} if heads else {}),
+                                    **({"fused": fused} if fused else {})})
     input_names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder"
                         and any(isinstance(t, torch.Tensor) for t in tree_flatten(placeholders[n.name])[0]))
     codegen = gm.graph._codegen

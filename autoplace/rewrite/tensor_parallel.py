@@ -17,6 +17,18 @@ boundary cuts (a column computed in an earlier stage) stays whole (:func:`whole_
 the simulator keeps it. Sharding attention needs the
 module as an fx GraphModule (what autoplace's rewrites build); MLP blocks need no rewrite.
 
+A *fused* column (GPT-2's ``c_attn``: one Linear whose output is split on its last dimension into
+equal parts q, k, v, each reshaped into heads; :func:`autoplace.graph.heads.fused_split`, what
+:mod:`autoplace.tp_rules` allows) is sharded per part (:class:`FusedColwiseParallel`): its weight
+and bias are DTensors placed ``_StridedShard(0, split_factor=parts)``, so rank i holds rows
+``q_i, k_i, v_i`` (its heads of each part) while the DTensor's global tensor is the user's
+unpermuted weight (``full_tensor()``, a gathered state dict and torch's redistribution give the
+original layout); ``F.linear`` on it yields rank i's ``[q_i | k_i | v_i]``, and the split after
+it is rewritten to the local part size (``split(768, dim=2)`` -> ``split(384, dim=2)`` at t=2;
+``chunk(3)`` stays) as the reshapes are. Its input gradient is all-reduced once, as a plain
+column's. ``_StridedShard`` is torch's (private) placement for FSDP2 + TP; a colwise module whose
+output is split in any other way is a :class:`TensorParallelError`, never a contiguous shard.
+
 The module keeps its parameters' names; the sharded ones become DTensors (``p.full_tensor()``
 gathers one). The user's model is changed in place (``parallelize_module`` does so, and the
 reshapes are rewritten in its graph); pass a copy to keep the original.
@@ -24,17 +36,19 @@ reshapes are rewritten in its graph); pass a copy to keep the original.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import torch
 import torch.fx
 
 from ..errors import AutoplaceError
-from ..graph.heads import reshape_sizes, split_index
+from ..graph.heads import SPLITS, fused_split, reshape_sizes, split_index, split_sizes
 from .sequence_parallel import sequence_parallel_rewrite
 from ..tp_rules import LinearPair
 
-__all__ = ["TensorParallelError", "tp_layout", "whole_blocks", "localize_heads", "apply_tensor_parallel"]
+__all__ = ["TensorParallelError", "FusedColwiseParallel", "tp_layout", "whole_blocks", "fused_columns",
+           "localize_heads", "apply_tensor_parallel"]
 
 class TensorParallelError(AutoplaceError, ValueError):
     """A tensor-parallel layout does not fit the module; the message names the module and the fix."""
@@ -76,12 +90,43 @@ def _local(sizes: list[Any], widths: set[int], t: int, where: str) -> list[Any] 
     return [*sizes[:k], n // t, *sizes[k + 1:]]
 
 
-def _widths(gm: torch.nn.Module, layout: dict[str, str]) -> set[int]:
+def _widths(gm: torch.nn.Module, layout: dict[str, str], fused: dict[str, int] | None = None) -> set[int]:
     mods = dict(gm.named_modules())
     out = {int(m.out_features) for p, s in layout.items()
            if s == "colwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
+    out |= {int(m.out_features) // k for p, k in (fused or {}).items()
+            if isinstance(m := mods.get(p), torch.nn.Linear)}  # a fused column's part
     return out | {int(m.in_features) for p, s in layout.items()
                   if s == "rowwise" and isinstance(m := mods.get(p), torch.nn.Linear)}
+
+
+def fused_columns(gm: torch.fx.GraphModule, layout: dict[str, str]) -> dict[str, int]:
+    """``{path: parts}`` of the layout's columns that ``gm`` calls as fused columns (see the module
+    docstring). A column whose output is split or sliced otherwise is a :class:`TensorParallelError`:
+    a contiguous shard of it would not hold whole heads."""
+    mods = dict(gm.named_modules())
+    out: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        path = str(n.target)
+        if n.op != "call_module" or layout.get(path) != "colwise" or not isinstance(m := mods.get(path), torch.nn.Linear):
+            continue
+        got = fused_split(n, int(m.out_features))
+        if got is not None:
+            if out.get(path, got[0]) != got[0]:
+                raise TensorParallelError(f"{path} is called twice with different splits ({out[path]} and {got[0]} "
+                                          "parts): not shardable per part; leave it whole (tp=1)")
+            out[path] = got[0]
+        elif any(_split_like(u) for u in n.users):
+            raise TensorParallelError(f"{path} (colwise) is read by {[u.name for u in n.users]}: its output is split "
+                                      "or sliced, but not into equal parts of its last dimension each reshaped into "
+                                      "heads (a fused q/k/v projection); a column shard would not hold whole heads: "
+                                      "plan again on this model's graph, which leaves it whole")
+    return out
+
+
+def _split_like(n: torch.fx.Node) -> bool:
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name.split(".")[0] in SPLITS | {"getitem", "narrow", "unbind", "tensor_split", "select", "slice"}
 
 
 def _splits_a_width(n: torch.fx.Node, widths: set[int]) -> bool:
@@ -118,12 +163,43 @@ def whole_blocks(gm: torch.fx.GraphModule, layout: dict[str, str]) -> dict[str, 
     return out
 
 
+def _localize_split(n: torch.fx.Node, width: int, t: int) -> bool:
+    """Rewrite a fused column's split ``n`` (of ``width`` features) to the local part sizes."""
+    got = split_sizes(n, width)
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if got is None or name.split(".")[0] == "chunk":
+        return False  # chunk(parts) splits the local output into the same number of parts
+    sizes, _ = got
+    if any(k % t for k in sizes):
+        raise TensorParallelError(f"fx node {n.name} splits {width} features into parts of {sizes}; tp={t} does not "
+                                  f"divide them: use a tensor-parallel degree that divides {sizes[0]}, or tp=1")
+    arg = n.args[1] if len(n.args) > 1 else None
+    new: Any = sizes[0] // t if isinstance(arg, int) or arg is None and "split_size" in n.kwargs else [
+        k // t for k in sizes]
+    if len(n.args) > 1:
+        n.args = (n.args[0], new, *n.args[2:])
+    else:
+        key = next(k for k in ("split_size", "split_size_or_sections", "split_sizes") if k in n.kwargs)
+        n.kwargs = {**n.kwargs, key: new}
+    return True
+
+
 def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> int:
     """Rewrite, in place, the reshapes between the layout's columns and rows to the local head
-    count of a TP group of ``t`` (see the module docstring); returns how many changed."""
-    widths = _widths(gm, layout)
+    count of a TP group of ``t``, and a fused column's split to the local part sizes (see the
+    module docstring); returns how many changed."""
+    fused = fused_columns(gm, layout)
+    widths = _widths(gm, layout, fused)
     changed = 0
+    mods = dict(gm.named_modules())
     for n in _region(gm, layout):
+        src = n.args[0] if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if src is not None and src.op == "call_module" and str(src.target) in fused:
+            mod = mods[str(src.target)]
+            assert isinstance(mod, torch.nn.Linear)
+            if _localize_split(n, int(mod.out_features), t):
+                changed += 1
+            continue
         got = reshape_sizes(n)
         if got is None:
             continue
@@ -156,8 +232,10 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
 
     names = dict(module.named_modules())
     t = mesh.size()
+    fused: dict[str, int] = {}
     if isinstance(module, torch.fx.GraphModule):
         layout = whole_blocks(module, layout)
+        fused = fused_columns(module, layout)
     plan: dict[str, Any] = {}
     for path, style in layout.items():
         mod = names.get(path)
@@ -169,7 +247,12 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
         if width % t:
             raise TensorParallelError(f"{path} has {width} {'output' if style == 'colwise' else 'input'} features; "
                                       f"tp={t} does not divide it: use a degree that divides {width}")
-        plan[path] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+        if path in fused and (width // fused[path]) % t:
+            raise TensorParallelError(f"{path} is a fused column of {fused[path]} parts of {width // fused[path]} "
+                                      f"features; tp={t} does not divide them: use a degree that divides "
+                                      f"{width // fused[path]}")
+        plan[path] = (FusedColwiseParallel(fused[path]) if path in fused else ColwiseParallel()) if style == "colwise" \
+            else RowwiseParallel()
     if isinstance(module, torch.fx.GraphModule):
         localize_heads(module, layout, t)
     if sequence_parallel:
@@ -182,5 +265,54 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             if style == "rowwise":
                 plan[path] = RowwiseParallel(output_layouts=Shard(1))
             elif path in cols:
-                plan[path] = ColwiseParallel(input_layouts=Shard(1))
+                plan[path] = (FusedColwiseParallel(fused[path], input_layouts=Shard(1)) if path in fused
+                              else ColwiseParallel(input_layouts=Shard(1)))
     return parallelize_module(module, mesh, plan)
+
+
+
+@functools.cache
+def _fused_style() -> type:
+    """:class:`FusedColwiseParallel`'s class, built on first use (torch's tensor-parallel styles
+    take a second to import; a model without tensor parallelism never imports them)."""
+    from torch.distributed.tensor import distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    class _Fused(ColwiseParallel):  # type: ignore[misc]
+        def __init__(self, parts: int, *, input_layouts: Any = None) -> None:
+            super().__init__(input_layouts=input_layouts)
+            self.parts = int(parts)
+
+        def _partition_linear_fn(self, name: str, module: torch.nn.Module, device_mesh: Any) -> None:
+            for pname, param in module.named_parameters():
+                dist_param = torch.nn.Parameter(
+                    distribute_tensor(param, device_mesh, [_StridedShard(0, split_factor=self.parts)],
+                                      src_data_rank=self.src_data_rank), requires_grad=param.requires_grad)
+                module.register_parameter(pname, dist_param)
+
+        def _apply(self, module: torch.nn.Module, device_mesh: Any) -> torch.nn.Module:
+            if not isinstance(module, torch.nn.Linear):
+                raise TensorParallelError(f"a fused column must be an nn.Linear; got {type(module).__name__}: leave "
+                                          "it whole (tp=1)")
+            return distribute_module(module, device_mesh, self._partition_linear_fn,
+                                     functools.partial(self._prepare_input_fn, self.input_layouts,
+                                                       self.desired_input_layouts),
+                                     self._local_output)
+
+        def _local_output(self, mod: torch.nn.Module, outputs: Any, device_mesh: Any) -> Any:
+            want = (_StridedShard(outputs.ndim - 1, split_factor=self.parts),)
+            if tuple(outputs.placements) != want:  # F.linear gives exactly this; anything else is resharded to it
+                outputs = outputs.redistribute(placements=want)
+            return outputs.to_local()
+
+    _Fused.__name__ = _Fused.__qualname__ = "FusedColwiseParallel"
+    return _Fused
+
+
+def FusedColwiseParallel(parts: int, *, input_layouts: Any = None) -> Any:  # noqa: N802 (a style, as torch's)
+    """torch's ``ColwiseParallel`` for a fused column of ``parts`` equal parts (see the module
+    docstring): weight and bias placed ``_StridedShard(0, split_factor=parts)`` (rank i holds part
+    j's i-th slice for every j; the global tensor keeps the user's layout), the output handed on as
+    the rank's local ``[part_0 slice | part_1 slice | ...]``; ``input_layouts`` as torch's."""
+    return _fused_style()(parts, input_layouts=input_layouts)
