@@ -17,7 +17,10 @@ A model-parallel plan always runs (one process, one GraphModule). A pipeline pla
   gradients) has no FSDP/HSDP stage that reshards after forward: under torch 2.13 such stages
   lose weight gradients (gloo, 4 processes, 5 steps: parameters 0.010-0.023 off the unsplit
   model's; interleaved-1f1b and looped-bfs with the same stages train exactly);
-- under torchrun, the plan uses as many devices as there are processes.
+- under torchrun, the plan uses as many devices as there are processes;
+- a plan with ``tp > 1`` has no BatchNorm layer. One FSDP/HSDP stage with ``tp > 1`` (gpipe or 1f1b,
+  no virtual stages: torchtitan's 2-D) runs FSDP's own loop (:class:`autoplace.rewrite.fsdp.FSDPRunner`),
+  every other ``tp > 1`` plan the one schedule builder (:mod:`autoplace.rewrite.schedules`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = No
     if world is not None and len(plan.devices_used()) != world:
         out.append(f"the plan uses {len(plan.devices_used())} devices; torchrun started {world} processes")
     out.extend(batch_share_problems(graph.batch_size, plan.microbatches, replicas, even=True))
+    batch_norms = [graph.names[i] for i, k in enumerate(graph.kinds) if str(k).startswith("BatchNorm")]
+    if plan.tp > 1 and batch_norms:
+        out.append(f"tp={plan.tp} and the model has BatchNorm layers ({batch_norms[0]}, ...): the ranks of a TP group "
+                   "see the same samples, and the runtime keeps whole-batch statistics only without TP: use tp=1")
     opts = StageOptions.of(plan)
     if opts.is_default:
         return out

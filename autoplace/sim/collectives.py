@@ -8,7 +8,8 @@ Each entry is one kind of collective over one group of devices, with how many a 
 their bytes (whole tensors), read from the facts the simulator prices:
 
 - tensor parallelism: per virtual stage and micro-batch, :func:`~.tensor_parallel.tp_collectives`
-  of the stage's ops (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
+  of the stage's ops (the forward ones of a recomputed unit twice: its checkpoint runs them again, but for
+  those :func:`~.fsdp_stage.recompute_skips` names) (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
   of the pairs inside the stage, as :mod:`.multistage` adds them), over the stage's TP group, at
   ``1/(M d)`` of the batch;
 - DDP replicas (``d > 1`` copies of every rank, shard ``"ddp"``): one all-reduce per DDP bucket
@@ -20,7 +21,8 @@ their bytes (whole tensors), read from the facts the simulator prices:
   reduce-scatter after its backward (HSDP: plus a cross-host all-reduce of the shard), in
   :mod:`.sharding`'s two regimes: one sharded stage is FSDP's own loop (every micro-batch gathers
   every item in forward, the units again in backward with ``reshard_after_forward``, and
-  reduces every item); in a pipeline the root is gathered once a step, the units once a step or
+  reduces every item), with any ``tp`` (torchtitan's 2-D: each TP index's replicas, the items at
+  a TP device's share); in a pipeline the root is gathered once a step, the units once a step or
   (with ``reshard_after_forward``) in every forward and every backward action, and every item
   is reduced once after the last backward;
 - point-to-point: per boundary between virtual stages on different ranks and micro-batch, one
@@ -48,9 +50,9 @@ from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
 from ..pipeline_rules import stage_ranks
 from .ddp import ddp_sync
-from .fsdp_stage import ShardedStage
+from .fsdp_stage import ShardedStage, recompute_skips
 from .stages import boundary_bytes, stage_groups
-from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, tp_collectives
+from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -152,15 +154,20 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
         if not ops.size:
             continue
         if t > 1:
+            unit = stage_units(block_units(graph), st)
             per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp, value_scale=vs)
             if sp:
                 inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
                 if inside:
                     per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside, value_scale=vs)
+            again = _recomputed(graph, st, opts.recompute[at(s)]) & ~recompute_skips(graph, unit)
             for j in range(d):
                 for dev in tp_group(r, j):
                     for c in per_mb:
                         out.add(dev, c.kind, "tp", tp_group(r, j), m, m * c.nbytes, "tensor_parallel.tp_collectives")
+                        if c.phase == "forward" and c.op >= 0 and again[c.op]:  # the checkpointed forward, again
+                            out.add(dev, c.kind, "tp", tp_group(r, j), m, m * c.nbytes,
+                                    "tensor_parallel.tp_collectives recomputed")
         if d > 1 and not opts.sharded(at(s)):
             buckets = _ddp_buckets(p_op[ops])
             for i in range(t):
@@ -173,6 +180,17 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
     sends = [min(0.5 if opts.precision[at(s)] == "bf16" else 1.0, vs) for s in range(k)]
     _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out, sends)
     return out.done()
+
+
+def _recomputed(graph: "OpGraph", st: np.ndarray, rc: object) -> np.ndarray:
+    """(N,) whether each op is in a unit a stage recomputes (``rc``: the stage's recompute option,
+    True for every unit or the unit names), as :class:`~.fsdp_stage.ShardedStage` reads it."""
+    units = block_units(graph)
+    unit = stage_units(units, st)
+    if rc is True:
+        return unit >= 0
+    names = set(rc) if isinstance(rc, (tuple, list, set, frozenset)) else set()
+    return np.array([u >= 0 and units.names[u] in names for u in unit.tolist()], dtype=bool)
 
 
 def _ddp_buckets(p_op: np.ndarray) -> int:
@@ -192,15 +210,23 @@ def _sharded(graph: "OpGraph", cluster: "Cluster", cost: "CostModel", st: np.nda
     sim = Simulator(graph, cluster, cost)
     unit = stage_units(block_units(graph), st)
     zeros = np.zeros((graph.num_nodes, cluster.num_devices))
-    loop = k == 1 and t == 1  # sharded_step: one sharded stage runs FSDP's own loop (with TP: a one-stage pipeline)
+    loop = k == 1  # sharded_step: one sharded stage runs FSDP's own loop (with any tp: torchtitan's 2-D)
+    pairs = linear_pairs(graph) if t > 1 else []
     for s in range(k):
         if not opts.sharded(at(s)):
             continue
         nodes = np.nonzero(st == s)[0]
         r = int(rank_of[s])
+        reps = [dp_group(r, i) for i in range(t)]
+        whole = [reps[i][j] for j in range(len(reps[0])) for i in range(t)]  # the rank's devices, in order
+        share = None
+        if t > 1:  # a TP device's share of each item (the stage as sharding.sharded_step prices it)
+            bf16 = opts.precision[at(s)] == "bf16"
+            share = tp_share(graph, cluster, nodes, whole[:t], m * (len(whole) // t), pairs,
+                             value_scale=min(0.5 if bf16 else 1.0, float(cost.value_scale)))
+        x = ShardedStage(sim, at(s), nodes, unit, whole, opts, m, zeros, zeros, tp=share)
         for i in range(t):
             devs = dp_group(r, i)
-            x = ShardedStage(sim, at(s), nodes, unit, devs, opts, m, zeros, zeros)
             has = x.pc > 0
             root, units = bool(has[0]), has[1:-1]
             b_all, b_units = x.c * float(x.pc[has].sum()), x.c * float(x.pc[1:-1][units].sum())

@@ -32,7 +32,8 @@ ops; backward in reverse), each with a gather before it, a compute and a reduce 
     reduce-scatter j is issued when compute j ends and queues on the channel
 
 Recompute (activation checkpointing, Chen et al. 2016) of unit u: its backward item costs its
-forward again plus its backward; it keeps only its inputs (the bytes entering it) instead of
+forward again (less the TP collectives torch's checkpoint does not rerun: :func:`recompute_skips`)
+plus its backward; it keeps only its inputs (the bytes entering it) instead of
 every activation it makes, and while its backward runs its activations exist again (one unit
 at a time: the largest such unit is added to the peak).
 
@@ -64,10 +65,11 @@ from ..parallel import StageOptions, hsdp_shape
 from .ddp import ring_link
 
 if TYPE_CHECKING:
+    from ..graph.ir import OpGraph
     from .simulator import Simulator
     from .tensor_parallel import TPShare
 
-__all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times"]
+__all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times", "recompute_skips"]
 
 
 def ring_allgather(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
@@ -174,6 +176,15 @@ class ShardedStage:
             out_b = g.out_bytes[nodes] * tp.act[nodes]
         self.f = f.max(axis=1)  # collectives synchronise the replicas unit by unit
         self.b = b.max(axis=1)
+        skipped = np.zeros(n_items)  # TP collectives a checkpoint's early stop does not run again
+        if tp is not None:
+            cache: dict[bytes, np.ndarray] = sim.__dict__.setdefault("_recompute_skips", {})
+            unit_key = np.asarray(unit, dtype=np.int64).tobytes()
+            if unit_key not in cache:
+                cache[unit_key] = recompute_skips(g, unit)
+            np.add.at(skipped, item, np.where(cache[unit_key][nodes], tp.fwd[nodes], 0.0))
+        self.f_again = np.maximum(self.f - skipped, 0.0)
+        """forward seconds per item a recomputed unit runs again in its backward."""
         self.update = float(u.max(initial=0.0))
         self.p_op = p_bytes
         p = np.zeros(n_items)
@@ -267,7 +278,7 @@ class ShardedStage:
         in backward order (root tail, last unit, ..., first unit, root head)."""
         order = np.arange(len(self.p))[::-1]
         comp = self.b.copy()
-        comp[1:-1] += np.where(self.recomputed, self.f[1:-1], 0.0)
+        comp[1:-1] += np.where(self.recomputed, self.f_again[1:-1], 0.0)
         ag = self.gather(self.pc) if (self.sharded and gather_units) else np.zeros_like(self.pc)
         ag[0] = 0.0  # the root stays gathered through its backward
         zero = np.zeros_like(self.pc)
@@ -314,6 +325,30 @@ class ShardedStage:
         rc = np.zeros(len(self.p), dtype=bool)
         rc[1:-1] = self.recomputed
         return float((self.act * share + again)[rc].max(initial=0.0))
+
+
+SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
+"""Op kinds whose backward needs no saved tensor (autograd's AddBackward, SubBackward)."""
+
+
+def recompute_skips(graph: "OpGraph", unit: np.ndarray) -> np.ndarray:
+    """(N,) ops whose forward TP collective a recomputed unit does not run again: those followed,
+    inside their unit, only by ops that save nothing for backward (:data:`SAVES_NOTHING`).
+    ``torch.utils.checkpoint(use_reentrant=False)`` stops recomputing once the last tensor the
+    backward needs is saved again (its early stop, on by default), so a block's last row-parallel
+    output all-reduce, followed only by the residual add, runs once per micro-batch (measured:
+    tests/rewrite/test_collectives_fsdp_tp_loop.py)."""
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    tail_free: dict[int, bool] = {}
+    kinds = graph.kinds
+    for i in range(graph.num_nodes - 1, -1, -1):  # ops of a unit in topological order, walked from its end
+        u = int(unit[i])
+        if u < 0:
+            continue
+        free = tail_free.get(u, True)
+        out[i] = free
+        tail_free[u] = free and kinds[i] in SAVES_NOTHING
+    return out
 
 
 def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:

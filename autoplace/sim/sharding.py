@@ -15,6 +15,12 @@ schedules read).
 
 The two regimes the runtime runs (:mod:`autoplace.rewrite.fsdp`):
 
+Tensor parallelism in the first regime (one stage, ``tp > 1``: torchtitan's 2-D, TP inside a
+group, FSDP over its replicas): every item at a TP device's share (:class:`~.fsdp_stage.ShardedStage`
+with :func:`~.tensor_parallel.tp_share`: a pair's parameters and work at 1/tp, its collectives in
+its ops' forward and backward), gathered and reduced over the ``n`` replicas of each TP index;
+the memory terms below are then per TP device (P its share, activations its share).
+
 One stage, sharded (FSDP's own training loop: M micro-batches of gradient accumulation, each
 a forward and a backward, every backward reduce-scattering its gradients into the shards).
 Per micro-batch every unit and the root are gathered before their forward (the root, as
@@ -68,15 +74,20 @@ __all__ = ["sharded_step", "stage_options", "ring_allgather", "ring_allreduce", 
 
 
 def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
-                 opts: StageOptions, *, result: bool, timeline: bool = True) -> PipelineOutcome:
+                 opts: StageOptions, *, result: bool, timeline: bool = True, tp: int = 1,
+                 sequence_parallel: bool = False) -> PipelineOutcome:
     """Simulate one step of a pipeline whose stages have non-default options, like
-    :func:`autoplace.sim.pipeline.flush_step` for the default ones."""
+    :func:`autoplace.sim.pipeline.flush_step` for the default ones. ``tp > 1`` (with
+    ``sequence_parallel``): one sharded stage only, FSDP's loop over TP shares (module docstring)."""
     g = sim.graph
     m_count = int(microbatches)
     n_st = len(groups)
     tables = sim.tables
-    stages = sharded_stages(sim, st, groups, opts, m_count)
+    stages = sharded_stages(sim, st, groups, opts, m_count, tp=tp, sequence_parallel=sequence_parallel)
     loop = n_st == 1 and stages[0].sharded
+    if tp > 1 and not loop:  # pipelines with TP are .multistage's (simulator.pipeline_step dispatches)
+        raise PlacementError([f"sharded_step prices tp={tp} for one FSDP/HSDP stage only; this plan has {n_st} "
+                              f"stage(s) of shard kind {opts.shard[0]!r}: simulate it with multistage_step"])
 
     # per-stage action times (pipeline regime) or the whole step (loop regime)
     f_act = np.zeros(n_st)
@@ -203,7 +214,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
     busy = 0.0
     for s, x in enumerate(stages):
         fwd_c = float(x.f.sum())
-        bwd_c = float(x.b.sum() + np.where(x.recomputed, x.f[1:-1], 0.0).sum())
+        bwd_c = float(x.b.sum() + np.where(x.recomputed, x.f_again[1:-1], 0.0).sum())
         for d in x.devs:
             compute[d] = m_count * (fwd_c + bwd_c) + upd[s]
         busy += m_count * (f_act[s] + b_act[s]) if not loop else m_count * (fwd_c + bwd_c)

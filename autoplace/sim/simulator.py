@@ -84,14 +84,14 @@ def _saved_bytes(graph: "OpGraph") -> np.ndarray:
 
 def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
            stage_devices: Sequence[int | Sequence[int]], microbatches: int,
-           schedule: str) -> tuple[np.ndarray, list[list[int]]]:
+           schedule: str, tp: int = 1) -> tuple[np.ndarray, list[list[int]]]:
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
     if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
         st = st.copy()
     groups = stage_groups(stage_devices)
     t = sim.tables
     problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
-                                 edge_ends=(t.esrc, t.edst))
+                                 edge_ends=(t.esrc, t.edst), tp=int(tp))
     if problems:
         raise PlacementError(problems)
     return st, groups
@@ -105,23 +105,29 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     timeline when ``timeline``). GPipe and 1F1B with the default stage options are
     :mod:`.pipeline`'s (its compiled kernel, kept for speed and for figures unchanged since);
     with ``options`` (the stages' shard, recompute and precision, :mod:`autoplace.parallel`) that
-    are not the default, :mod:`.sharding`'s; schedules past gpipe and 1f1b (``virtual_stages`` per
-    rank, split backward, with or without options) and tensor parallelism (``tp``, with
-    ``sequence_parallel``: :mod:`.tensor_parallel`) run on :mod:`.multistage`'s order executor.
+    are not the default, :mod:`.sharding`'s (one FSDP/HSDP stage there with any ``tp``: FSDP's
+    own loop, as the runtime runs torchtitan's 2-D); schedules past gpipe and 1f1b
+    (``virtual_stages`` per rank, split backward, with or without options) and other tensor
+    parallelism (``tp``, with ``sequence_parallel``: :mod:`.tensor_parallel`) run on
+    :mod:`.multistage`'s order executor.
     Every per-stage cost under options is :mod:`.stage_cost`'s."""
     if sequence_parallel and int(tp) < 2:
         raise PlacementError([f"sequence_parallel is True with tp={tp}; sequence parallelism shards the sequence "
                               "over a tensor-parallel group, so it needs tp >= 2: pass the group's tp or "
                               "sequence_parallel=False"])
-    if schedule not in SCHEDULES or int(virtual_stages) != 1 or int(tp) != 1:
+    # one FSDP/HSDP stage runs FSDP's own loop with any tp (torchtitan's 2-D), as the runtime runs it
+    loop = (schedule in SCHEDULES and int(virtual_stages) == 1 and len(stage_devices) == 1 and options is not None
+            and options.num_stages == 1 and options.sharded(0))
+    if schedule not in SCHEDULES or int(virtual_stages) != 1 or (int(tp) != 1 and not loop):
         return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
                                result=result, timeline=timeline, options=options, tp=tp,
                                sequence_parallel=bool(sequence_parallel))
-    st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule)
+    st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule, tp)
     if options is not None and not options.is_default:
         opts = stage_options(options, len(groups))
         assert opts is not None
-        return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline)
+        return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline,
+                            tp=int(tp), sequence_parallel=bool(sequence_parallel))
     return flush_step(sim, st, groups, microbatches, schedule, result=result, timeline=timeline)
 
 

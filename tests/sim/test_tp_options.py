@@ -120,9 +120,13 @@ def test_recompute_runs_the_units_forward_again_their_all_reduces_included() -> 
     assert units_f > 0 and len(x.units) >= 4  # the blocks (and the embedding, norm and head)
     f0, b0 = _f_b(c, shard="fsdp")
     f1, b1 = _f_b(c, shard="fsdp", recompute=True)
-    assert f1 == pytest.approx(f0, rel=1e-12) and b1 - b0 == pytest.approx(units_f, rel=1e-9)
+    # less each block's last row all-reduce, which torch's checkpoint does not rerun (early stop:
+    # fsdp_stage.recompute_skips, counted in tests/rewrite/test_collectives_fsdp_tp_loop.py)
+    again_f = float(x.f_again[1:-1].sum())
+    assert 0 < again_f < units_f
+    assert f1 == pytest.approx(f0, rel=1e-12) and b1 - b0 == pytest.approx(again_f, rel=1e-9)
     (xs,) = sharded_stages(Simulator(G, slow), st, [[0, 1]], opts, 2, tp=2)
-    more_f = float(xs.f[1:-1].sum()) - units_f  # the units' forward all-reduces on the slower link
+    more_f = float(xs.f_again[1:-1].sum()) - again_f  # the rerun forward all-reduces on the slower link
     assert more_f > 0
     grow_rc = _f_b(slow, shard="fsdp", recompute=True)[1] - b1
     grow = _f_b(slow, shard="fsdp")[1] - b0
