@@ -108,7 +108,8 @@ def fused_columns(gm: torch.fx.GraphModule, layout: dict[str, str]) -> dict[str,
     out: dict[str, int] = {}
     for n in gm.graph.nodes:
         path = str(n.target)
-        if n.op != "call_module" or layout.get(path) != "colwise" or not isinstance(m := mods.get(path), torch.nn.Linear):
+        m = mods.get(path)
+        if n.op != "call_module" or layout.get(path) != "colwise" or not isinstance(m, torch.nn.Linear):
             continue
         got = fused_split(n, int(m.out_features))
         if got is not None:
