@@ -8,7 +8,9 @@ device holds ``heads / t`` whole heads, and ``kv_heads / t`` under GQA), attenti
 locally, the output projection by rows. Per block and micro-batch: compute and parameters of the
 columns, the ops between and the row divided by t; in forward one all-reduce of the row's output;
 in backward one all-reduce of the gradient of each column's input (torch's ``ColwiseParallel``
-reduces each column module's input gradient on its own: q, k and v give three, as what runs),
+reduces each column module's input gradient on its own: separate q, k and v give three, as what
+runs; a fused q/k/v projection, GPT-2's ``c_attn``, is one column, ``LinearPair.parts`` 3, so one,
+as Megatron-LM's fused QKV; its ops at 1/t like any column's),
 each a ring ``2 (t - 1) / t x bytes / bandwidth + 2 (t - 1) x latency`` (Patarasuk and Yuan,
 JPDC 2009) over the slowest link among the t devices. :func:`tp_collectives` lists them (a
 value); the torchrun test counts the collectives torch runs in a sharded step (CommDebugMode)
@@ -42,8 +44,9 @@ norm's output before the model's head) and of the gradient of a whole value read
 first residual).
 
 :func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
-the blocks (MLP and attention; fused q/k/v projections and attention with per-head parameters
-are left whole, :func:`~autoplace.tp_rules.tp_refusals` says why); the runtime,
+the blocks (MLP and attention, fused q/k/v projections as one column; attention with per-head
+parameters and other splits of a column are left whole, :func:`~autoplace.tp_rules.tp_refusals`
+says why); the runtime,
 :mod:`autoplace.rewrite.tensor_parallel`, shards exactly these, so what is simulated is what
 runs. Ops outside blocks are replicated: every device computes them whole.
 :func:`~autoplace.tp_rules.tp_problems` (likewise): a TP group sits inside one host and its
