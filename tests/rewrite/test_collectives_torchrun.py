@@ -90,7 +90,6 @@ DISAGREE: dict[str, dict[str, str]] = {
     "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
     "pp2_tp2_sp": {**dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
                    **dict.fromkeys(("send", "recv"), _TP_COPY)},
-    "fsdp2_tp2": {"all_gather": _FSDP_ACTIONS},  # one stage under TP runs as a pipeline stage (reshard default: on)
     "i1f1b_recompute_dp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
     "zbv_fsdp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
     "pp2_tp2": dict.fromkeys(("send", "recv"), _TP_COPY),
