@@ -12,7 +12,8 @@ original model's names instead: the prefix stripped (a stage module and the FSDP
 it hold the user's modules and parameters under their original qualified names, see
 :func:`autoplace.rewrite.pipeline.split_with_boundaries` and :func:`autoplace.rewrite.units.outline_units`),
 constants left out, a tensor two stages of one rank share listed once. FSDP, HSDP and tensor-parallel
-parameters stay DTensors.
+parameters stay DTensors; a fused q/k/v weight's strided TP shard (not one contiguous chunk, which
+DCP needs) is written and read as a replica and copied back into the shard.
 
 :func:`save` writes that state (and with ``optimizer`` the optimizer's, keyed
 ``state.<fqn>.<key>`` and ``param_groups.<fqn>.<key>`` as
@@ -155,12 +156,36 @@ def save(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
     collective); ``obj``: a runner ``autoplace.wrap`` returned, a PlacedModule or a plain module."""
     import torch.distributed.checkpoint as dcp
 
-    state: dict[str, Any] = {"model": model_state_dict(obj)}
+    state: dict[str, Any] = {"model": _unstrided(model_state_dict(obj))[0]}
     if optimizer is not None:
-        state["optim"] = optimizer_state_dict(obj, optimizer, init=False)
+        state["optim"] = _unstrided(optimizer_state_dict(obj, optimizer, init=False))[0]
     if step is not None:
         state["step"] = int(step)
     dcp.save(state, checkpoint_id=str(path))
+
+
+def _unstrided(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``state`` with each DTensor placed ``_StridedShard`` on a mesh dimension, a fused q/k/v
+    weight of tensor parallelism, replaced by a copy replicated there; ``{key: the live DTensor}``
+    of those). DCP writes one contiguous chunk per rank, which a strided shard is not; the copy is
+    written once (as a replica) and a load copies it back into the live shard (:func:`_restrided`)."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    out, live = dict(state), {}
+    for k, v in state.items():
+        if isinstance(v, DTensor) and any(isinstance(p, _StridedShard) for p in v.placements):
+            live[k] = v
+            out[k] = v.redistribute(placements=[Replicate() if isinstance(p, _StridedShard) else p
+                                                for p in v.placements])
+    return out, live
+
+
+def _restrided(state: dict[str, Any], live: dict[str, Any]) -> None:
+    """Copy the loaded replicas of :func:`_unstrided` back into the live strided DTensors."""
+    with torch.no_grad():
+        for k, v in live.items():
+            v.to_local().copy_(state[k].redistribute(placements=v.placements).to_local())
 
 
 def _saved_keys(path: str | Path) -> set[str]:
@@ -198,6 +223,7 @@ def load(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
     problem = (f"the checkpoint at {path} lacks {len(missing)} parameter(s) of this model ({', '.join(missing[:4])}"
                f"{', ...' if len(missing) > 4 else ''}): it was written for another model") if missing else ""
     state: dict[str, Any] = {"model": {k: v for k, v in model.items() if f"model.{k}" in saved}}
+    state["model"], strided = _unstrided(state["model"])
     unstepped = False  # saved before the optimizer's first step: no state to read, none to keep
     if optimizer is not None:
         optim = optimizer_state_dict(obj, optimizer)
@@ -208,11 +234,14 @@ def load(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
         elif lost and not problem:
             problem = (f"the checkpoint at {path} has no optimizer state for {len(lost)} key(s) ({', '.join(lost[:3])}"
                        f"{', ...' if len(lost) > 3 else ''}): save with optimizer=, or load without it")
-        state["optim"] = optim
+        state["optim"], strided_optim = _unstrided(optim)
     _agree(problem)
     if "step" in saved:
         state["step"] = 0
     dcp.load(state, checkpoint_id=str(path))
+    _restrided(state["model"], strided)
+    if optimizer is not None:
+        _restrided(state["optim"], strided_optim)
     if optimizer is not None:
         _set_hyperparameters(obj, optimizer, state["optim"])
         if unstepped:

@@ -1,7 +1,8 @@
 """Tensor parallelism of a fused q/k/v projection (GPT-2's ``c_attn``) under torchrun, gloo on
 CPU, fp32: the zoo's gpt2 (small config) and a GPT whose fused projection is ``chunk``ed and
 ``view``ed, TP=2 on 2 ranks, train like the unsplit model to 1e-5 (losses, parameters gathered in
-the original layout, and ``checkpoint.full_state_dict``); each rank holds exactly rows q_i, k_i,
+the original layout, ``checkpoint.full_state_dict``, and a ``checkpoint.save``/``load``
+round trip into a TP and into the plain model); each rank holds exactly rows q_i, k_i,
 v_i of the fused weight; the collectives torch runs are those the simulator charges (one input-
 gradient all-reduce per fused column). Slow: sequence parallelism, and 2 pipeline stages x TP=2."""
 
@@ -37,7 +38,8 @@ def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def test_tp2_fused_qkv_equals_the_unsplit_model(tmp_path: Path) -> None:
-    got = _launch(tmp_path, 2, [{"id": "gpt2", "model": "gpt2", "pp": 1}, {"id": "chunk", "model": "chunk", "pp": 1}])
+    got = _launch(tmp_path, 2, [{"id": "gpt2", "model": "gpt2", "pp": 1, "ckpt": True},
+                                {"id": "chunk", "model": "chunk", "pp": 1}])
     model, x = _gpt2()
     graph = autoplace.trace(model, (x,))
     charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1))
@@ -50,6 +52,8 @@ def test_tp2_fused_qkv_equals_the_unsplit_model(tmp_path: Path) -> None:
             assert f"{fused}.weight" in r["sharded"] and r["local_is_qkv_rows"], (name, r)
             assert len(r["losses"]) == 5 and r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (name, r)
             assert r["state_keys"] and r["state_err"] <= 1e-5, (name, r)
+    for r in got["gpt2"]:  # checkpoint.save of the strided shards, loaded into TP and into the plain model
+        assert r["ckpt_tp_err"] <= 1e-5 and r["ckpt_plain_err"] <= 1e-5, r
 
 
 @pytest.mark.slow

@@ -97,6 +97,35 @@ def reference(model: nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in ref.state_dict().items()}
 
 
+def _checkpoint_errors(gm: nn.Module, want: dict[str, torch.Tensor], path: Path, world: int) -> dict[str, float]:
+    """Save ``gm`` (trained, TP) with ``checkpoint.save``; load it into a TP model of other weights
+    and, with DCP, into the plain model: the largest differences from the unsplit ``want``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoplace.rewrite import checkpoint
+
+    checkpoint.save(gm, path)
+    fresh, _ = build(BUILD)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.fill_(0.5)
+    x0, _ = batch(0)
+    layout = tp_layout(linear_pairs(autoplace.trace(fresh, (x0,))))
+    other = torch.fx.symbolic_trace(fresh)
+    apply_tensor_parallel(other, layout, init_device_mesh("cpu", (world,)))
+    checkpoint.load(other, path)
+    got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in other.named_parameters()}
+    plain, _ = build(BUILD)
+    sd = {k: torch.zeros_like(v) for k, v in plain.state_dict().items()}
+    dcp.load({"model": sd}, checkpoint_id=str(path))
+    return {"ckpt_tp_err": max((got[n] - want[n]).abs().max().item() for n in got),
+            "ckpt_plain_err": max((sd[k] - want[k]).abs().max().item() for k in want)}
+
+
+BUILD = "gpt2"
+
+
 def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     model, fused_path = build(case["model"])
     want_losses, want = reference(model)
@@ -136,6 +165,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         state = full_state_dict(gm, model=model)  # the checkpoint path: gathered, original names and layout
         rec["state_err"] = max((state[k] - want[k]).abs().max().item() for k in want)
         rec["state_keys"] = sorted(state) == sorted(want)
+        if case.get("ckpt"):  # DCP: written sharded, read into a fresh TP model and into the plain model
+            rec |= _checkpoint_errors(gm, want, out / f"ckpt-{case['id']}", world)
     else:
         runner = build_schedule_runner(gm, pw.contiguous_stages(gm, case["pp"]), example_inputs=(x0,), microbatches=2,
                                        loss_fn=loss_fn, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
