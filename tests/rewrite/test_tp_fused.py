@@ -4,7 +4,8 @@ CPU, fp32: the zoo's gpt2 (small config) and a GPT whose fused projection is ``c
 the original layout, ``checkpoint.full_state_dict``, and a ``checkpoint.save``/``load``
 round trip into a TP and into the plain model); each rank holds exactly rows q_i, k_i,
 v_i of the fused weight; the collectives torch runs are those the simulator charges (one input-
-gradient all-reduce per fused column). Slow: sequence parallelism, and 2 pipeline stages x TP=2."""
+gradient all-reduce per fused column). Slow: sequence parallelism, 2 pipeline stages x TP=2, and
+TP=2 x DDP=2 through ``autoplace.wrap``."""
 
 from __future__ import annotations
 
@@ -57,12 +58,17 @@ def test_tp2_fused_qkv_equals_the_unsplit_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fused_qkv_with_sequence_parallelism_and_in_a_pipeline(tmp_path: Path) -> None:
+def test_fused_qkv_with_sequence_parallelism_in_a_pipeline_and_with_ddp(tmp_path: Path) -> None:
     sp = _launch(tmp_path / "sp", 2, [{"id": "sp", "model": "gpt2", "pp": 1, "sp": True}])["sp"]
     for r in sp:
         assert r["local_is_qkv_rows"] and r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, r
         assert r["state_err"] <= 1e-5
-    pp = _launch(tmp_path / "pp", 4, [{"id": "pp", "model": "gpt2", "pp": 2}])["pp"]
+    four = _launch(tmp_path / "four", 4, [{"id": "pp", "model": "gpt2", "pp": 2},
+                                          {"id": "dp", "model": "gpt2", "pp": 1, "tp": 2, "wrap": True}])
+    for r in four["dp"]:  # TP2 x DDP2 through autoplace.wrap (a plan of one rank of 4 devices, tp=2)
+        assert "h.0.attn.c_attn.weight" in r["sharded"] and len(r["losses"]) == 5
+        assert r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, r
+    pp = four["pp"]
     assert sum(len(r["losses"]) for r in pp) == 2 * 5  # the last stage's two TP ranks
     assert {"h.0.attn.c_attn.weight", "h.1.attn.c_attn.weight"} <= {n for r in pp for n in r["sharded"]}
     want = {n for n, _ in _gpt2()[0].named_parameters(remove_duplicate=False)}  # lm_head's tied weight too

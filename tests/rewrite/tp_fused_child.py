@@ -136,7 +136,7 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     gm = torch.fx.symbolic_trace(model)
     losses: list[float] = []
     rec: dict[str, Any] = {"layout": layout, "parts": {p.column_path: p.parts for p in pairs}}
-    if case["pp"] == 1:
+    if case["pp"] == 1 and not case.get("wrap"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.debug import CommDebugMode
 
@@ -167,6 +167,25 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         rec["state_keys"] = sorted(state) == sorted(want)
         if case.get("ckpt"):  # DCP: written sharded, read into a fresh TP model and into the plain model
             rec |= _checkpoint_errors(gm, want, out / f"ckpt-{case['id']}", world)
+    elif case.get("wrap"):  # the user's path: a plan by hand (pp ranks of dp x tp devices) through autoplace.wrap
+        pp, n = case["pp"], autoplace.trace(model, (x0,)).num_nodes
+        graph = autoplace.trace(model, (x0,))
+        per = world // pp
+        plan = autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
+                                            [i * pp // n for i in range(n)],
+                                            [list(range(r * per, (r + 1) * per)) for r in range(pp)],
+                                            microbatches=2, schedule="1f1b", tp=case["tp"])
+        runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
+                                loss_fn=loss_fn, timeout_s=120, progress=False)
+        modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
+        opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
+        for step in range(STEPS):
+            x, y = batch(step)
+            loss = runner.step(x, target=y)
+            opt.step()
+            opt.zero_grad()
+            if loss is not None:
+                losses.append(float(loss.item()))
     else:
         runner = build_schedule_runner(gm, pw.contiguous_stages(gm, case["pp"]), example_inputs=(x0,), microbatches=2,
                                        loss_fn=loss_fn, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
