@@ -347,7 +347,12 @@ def main() -> None:
         m = prepare(name, config, probe, profile_repeats=3 if a.quick else 5, all_starts=a.starts == "all")
         say(f"{name}: {len(m['candidates'])} candidates, pick {m['pick']}; start {m['start_note']}; "
             f"{len(m['starts'])} start(s)")
-        got = run_model(m, probe, args)
+        try:
+            got = run_model(m, probe, args)
+        except Exception as e:  # a crashed worker (say which) does not stop the other models
+            res.setdefault("failed", []).append({"model": name, "error": f"{type(e).__name__}: {str(e)[-400:]}"})
+            say(f"  {name}: FAILED ({type(e).__name__}: {str(e)[-200:]})")
+            continue
         del m["graph"]
         m.update(got, wall_s=time.perf_counter() - t)
         res["models"].append(m)

@@ -126,6 +126,8 @@ def write(res: dict[str, Any], out: Path) -> None:
         lines.append(f"- **learned / control** (kept/best of PPO over that of the control, same start, same trials): "
                      f"geometric mean {x['geomean']:.3f} over {x['pairs']} configurations; learned better in "
                      f"{x['better']}, worse in {x['worse']}, tied (within 0.5%) in {x['tied']}.")
+    for f in res.get("failed", []):
+        lines.append(f"- **not measured**: {f['model']} (a worker died: {f['error'][-160:]})")
     lines += ["", "kept/best (A/B): the kept plan's and the measured best's 0.25-quantile step time over alternating "
               "rounds (one block of steps each per round, order rotated) over the 3 fastest plans of the "
               "all-candidates pass (every candidate measured) and every kept plan; the measured best is the "

@@ -147,7 +147,8 @@ class OnlineConfig:
     """"ppo" (the learned tuner: PPO on live and simulated rewards) or "topk" (the learning-free
     control: one pool of ``4 * screen_samples`` policy samples, never updated, measured in the
     order of the calibrated simulator, re-ranked after every measurement; the fastest is kept).
-    "ppo" stays the default until benchmarks/online_control.py has measured which is better."""
+    "ppo" stays the default: over plan kinds on 2 CPU processes (benchmarks/online_kinds.py) the two
+    kept equally fast plans within this machine's noise, the sign of the difference flipping between runs."""
 
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("confirm", self.confirm >= 0, ">= 0"),
