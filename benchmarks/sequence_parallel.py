@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 import autoplace  # noqa: E402
 from autoplace import Cluster, OpGraph  # noqa: E402
 from autoplace.placement import Placement, PlacementError  # noqa: E402
+from autoplace.report import plan_summary  # noqa: E402
 from autoplace.sim import simulator_for  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -106,7 +107,7 @@ def plan_row(graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
     except NoFitError as e:
         return {"fits": False, "error": str(e)[:200], "plan_s": time.perf_counter() - t0}
     row: dict[str, Any] = {"fits": True, "plan_s": time.perf_counter() - t0, "planner": got.planner,
-                           "summary": autoplace.report.plan_summary(got), "tp": got.tp, "sp": got.sequence_parallel,
+                           "summary": plan_summary(got), "tp": got.tp, "sp": got.sequence_parallel,
                            "step_s": float(sim.run(got, timeline=False).step_time_s)}
     sp = sp_variant(got)
     if sp is not None:  # what SP would save on plan("best")'s TP answer
@@ -118,7 +119,7 @@ def plan_row(graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
         r = sim.run(after.placement, timeline=False)
         row.update(with_pass_sp=after.placement.sequence_parallel, with_pass_tp=after.placement.tp,
                    with_pass_step_s=None if r.oom else float(r.step_time_s),
-                   with_pass_summary=autoplace.report.plan_summary(after.placement),
+                   with_pass_summary=plan_summary(after.placement),
                    sp_variants=sum(1 for c in after.candidates if c[0].endswith(" sp")))
     return row
 
