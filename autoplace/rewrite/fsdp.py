@@ -126,6 +126,13 @@ class FSDPRunner(PipelineRunner):
                 raise ShardedRunError(f"{self._where()}: input {i} is {got}; the runner was built for a batch of "
                                       f"{self.batch_size} (the example inputs): pass batches of that size")
 
+    def _finish_grads(self) -> None:
+        super()._finish_grads()
+        params, group = self.__dict__.get("tp_summed", ((), None))
+        for p in params:  # sequence parallelism's region parameters: each TP rank saw its tokens only
+            if p.grad is not None:
+                dist.all_reduce(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad, group=group)
+
     def _run(self, inputs: Sequence[torch.Tensor], target: torch.Tensor | None) -> list[torch.Tensor]:
         """Forward and backward per micro-batch of this rank's share; gradients are
         reduce-scattered into the shards by every backward."""
@@ -215,6 +222,38 @@ def _tp_layout(traced: "Traced", stage: torch.nn.Module) -> dict[str, str]:
             for path, style in ((p.column_path, "colwise"), (p.row_path, "rowwise"))}
 
 
+def _adopt_new_nodes(gm: torch.fx.GraphModule, unit_of: dict[str, str],
+                     like: dict[str, tuple[str, Any]]) -> tuple[dict[str, str], dict[str, tuple[str, Any]]]:
+    """``unit_of`` and ``like`` with the nodes a rewrite added to ``gm`` (sequence parallelism's
+    gathers and scatters) in the unit of their neighbours, when every neighbour that is in a unit
+    is in that one; the others stay the root's. Without it an SP collective between two ops of
+    one block would sit outside the block's unit and feed back into it."""
+    unit_of, like = dict(unit_of), dict(like)
+    leaves = {str(n.target) for n in gm.graph.nodes if n.op == "call_module" and unit_of.get(n.name) == str(n.target)}
+
+    def known(n: torch.fx.Node) -> bool:
+        return like.get(n.name) == (n.op, n.target)
+
+    changed = True
+    while changed:
+        changed = False
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output") or known(n):
+                continue
+            near = {unit_of.get(m.name, "") for m in (*n.all_input_nodes, *n.users) if known(m)} - {""}
+            if len(near) != 1 or (u := near.pop()) in leaves:
+                continue
+            if n.op == "call_module" and not str(n.target).startswith(u + "."):
+                # the rewrite's module (parameterless) moves into the unit, which must hold what it calls
+                name = str(n.target).replace(".", "_")
+                gm.get_submodule(u).add_module(name, gm.get_submodule(str(n.target)))
+                n.target = f"{u}.{name}"
+            unit_of[n.name], like[n.name] = u, (n.op, n.target)
+            changed = True
+    gm.recompile()
+    return unit_of, like
+
+
 def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: StageOptions, *,
                example_inputs: Sequence[Any], loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
                device: torch.device, scale_grads: bool, timeouts: Any, predicted_step_s: float | None,
@@ -263,8 +302,13 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
             from .tensor_parallel import apply_tensor_parallel
 
             apply_tensor_parallel(stage, layout, mesh["tp"], sequence_parallel=plan.sequence_parallel)
+            if plan.sequence_parallel:
+                unit_of, like = _adopt_new_nodes(stage, unit_of, like)
     else:
         mesh = dp_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    # the SP region's parameters (norms) sum their gradients over the TP group by a hook on the Parameter,
+    # which fully_shard replaces: the runner sums their sharded gradients instead (a sum is linear)
+    summed = [n for n, p in stage.named_parameters() if getattr(p, "_backward_hooks", None)] if tp > 1 else []
     units = outline_units(stage, unit_of, like=like)
     move_to(stage, device)
     shard_stage(stage, units, dp_mesh, shard=opts.shard[0], recompute=opts.recompute[0],
@@ -278,10 +322,13 @@ def _one_stage(traced: "Traced", plan: "Placement", cluster: "Cluster", opts: St
         (lambda r: f"rank {r} (replica {r % replicas} of {replicas})")
     links = Links(limits, members, members, [r for r in members if r != rank], {r: what(r) for r in members},
                   collectives, gate_group, p2p)
-    return FSDPRunner(rank=rank, replica=replica, replicas=replicas, microbatches=plan.microbatches,
-                      batch_size=batch, module=stage, loss_fn=loss_fn, scale_grads=scale_grads, dp_group=dp_group,
-                      units=units, timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
-                      links=links)
+    runner = FSDPRunner(rank=rank, replica=replica, replicas=replicas, microbatches=plan.microbatches,
+                        batch_size=batch, module=stage, loss_fn=loss_fn, scale_grads=scale_grads, dp_group=dp_group,
+                        units=units, timeouts=limits, predicted_step_s=predicted_step_s, batch_norms=batch_norms,
+                        links=links)
+    if summed:
+        runner.__dict__["tp_summed"] = ([stage.get_parameter(n) for n in summed], mesh.get_group("tp"))
+    return runner
 
 
 def build_sharded_pipeline(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],

@@ -17,13 +17,17 @@ import torch
 
 import pipeline_workers as pw
 
-CHILD = Path(__file__).with_name("compose_child.py")
+CHILD = Path(__file__).with_name("fsdp_tp_child.py")
 
 CASES = [
     {"id": "fsdp2_tp2_recompute", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe", "shard": "fsdp",
      "recompute": True},
     {"id": "fsdp2_tp2_1f1b_m2_noreshard", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "1f1b", "shard": "fsdp",
      "reshard_after_forward": False, "microbatches": 2},
+    # sequence parallelism: its gathers and scatters join their block's FSDP unit (fsdp._adopt_new_nodes);
+    # without that the outline refused blocks.1 ("a node outside feeds back into them")
+    {"id": "fsdp2_tp2_sp_recompute", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe", "shard": "fsdp",
+     "sequence_parallel": True, "recompute": True},
 ]
 
 
@@ -38,3 +42,4 @@ def test_fsdp2_x_tp2_one_stage_runs_fsdps_loop_and_equals_the_unsplit_model(tmp_
         assert max(p["param_err"] for p in parts) <= 1e-5, (c, [p["param_err"] for p in parts])
         assert all(p["sharded"] == p["checked"] for p in parts), c  # every parameter a DTensor
         assert all(p["units"] for p in parts), c  # the blocks are FSDP units (and checkpointed)
+        assert all(p["sequence_parallel"] == bool(c.get("sequence_parallel")) for p in parts), c
