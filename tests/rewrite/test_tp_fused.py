@@ -112,3 +112,15 @@ def test_a_fused_part_tp_does_not_divide_is_refused_with_the_fix() -> None:
     with pytest.raises(TensorParallelError, match=r"splits 96 features into parts of \[32, 32, 32\]; tp=3 does not "
                                                   r"divide them: use a tensor-parallel degree that divides 32"):
         localize_heads(gm, layout, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="FSDP2 over a fused column's strided TP shard: training matches the unsplit "
+                   "model, but FSDP's 2-D placement (dp chunks of the TP-local q_i|k_i|v_i rows) is not the DTensor "
+                   "its spec says, so full_tensor() of c_attn.weight is wrong (max 0.12); the FSDP runner must shard "
+                   "fused weights on dim 1 (shard_placement_fn) or keep them whole")
+def test_fsdp2_x_tp2_with_a_fused_column(tmp_path: Path) -> None:
+    got = _launch(tmp_path, 4, [{"id": "fsdp", "model": "gpt2", "pp": 1, "tp": 2, "wrap": True, "shard": "fsdp"}])
+    for r in got["fsdp"]:
+        assert r["loss_err"] <= 1e-5, r  # the training itself is right
+        assert r["param_err"] <= 1e-5, r["worst"]

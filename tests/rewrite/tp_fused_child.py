@@ -174,7 +174,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         plan = autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
                                             [i * pp // n for i in range(n)],
                                             [list(range(r * per, (r + 1) * per)) for r in range(pp)],
-                                            microbatches=2, schedule="1f1b", tp=case["tp"])
+                                            microbatches=2, schedule="1f1b", tp=case["tp"],
+                                            **{k: case[k] for k in ("shard",) if k in case})
         runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
                                 loss_fn=loss_fn, timeout_s=120, progress=False)
         modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
@@ -204,7 +205,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     rec |= {"losses": losses, "sharded": sorted({n for mod in modules for n, p in mod.named_parameters()
                                                  if hasattr(p, "full_tensor")}),
             "loss_err": max([abs(a - b) for a, b in zip(losses, want_losses)] or [0.0]),
-            "param_err": max((params[n] - want[n]).abs().max().item() for n in params), "checked": sorted(params)}
+            "param_err": max((params[n] - want[n]).abs().max().item() for n in params), "checked": sorted(params),
+            "worst": max(params, key=lambda n: (params[n] - want[n]).abs().max().item())}
     torch.save(rec, out / f"{case['id']}-rank{rank}.pt")
 
 
