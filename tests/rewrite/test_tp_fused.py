@@ -63,6 +63,14 @@ def test_fused_qkv_with_sequence_parallelism_in_a_pipeline_and_with_ddp(tmp_path
     for r in sp:
         assert r["local_is_qkv_rows"] and r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, r
         assert r["state_err"] <= 1e-5
+    model, x = _gpt2()
+    graph = autoplace.trace(model, (x,))
+    charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1,
+                                                                    sequence_parallel=True))
+    names = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+             "all_gather_into_tensor": "all_gather"}  # DTensor's; the rewrite's own (allgather_, ...) not charged
+    ran = {f"{k.split()[0]} {names[k.split()[1]]}": v for k, v in sp[0]["comms"].items() if k.split()[1] in names}
+    assert ran == dict(charged), (ran, charged)  # the fused column gathers its input once, as one column
     four = _launch(tmp_path / "four", 4, [{"id": "pp", "model": "gpt2", "pp": 2},
                                           {"id": "dp", "model": "gpt2", "pp": 1, "tp": 2, "wrap": True}])
     for r in four["dp"]:  # TP2 x DDP2 through autoplace.wrap (a plan of one rank of 4 devices, tp=2)
