@@ -91,7 +91,8 @@ class FSDPRunner(PipelineRunner):
     stage whose ``stage_module`` (and ``module``) is the stage module, units outlined and
     fully_shard-ed: its parameters are DTensor shards, the ones this rank updates. It steps
     through :meth:`PipelineRunner.step` (timeouts, heartbeat, BatchNorm statistics, errors),
-    running FSDP's own loop in place of a pipeline schedule."""
+    running FSDP's own loop in place of a pipeline schedule. With TP (``plan.tp > 1``) the ranks of a
+    TP group are one replica: they run their TP shares of the model on the replica's share."""
 
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]
     """``loss_fn(output, target)`` on one micro-batch."""
