@@ -18,7 +18,9 @@ A model-parallel plan always runs (one process, one GraphModule). A pipeline pla
   lose weight gradients (gloo, 4 processes, 5 steps: parameters 0.010-0.023 off the unsplit
   model's; interleaved-1f1b and looped-bfs with the same stages train exactly);
 - under torchrun, the plan uses as many devices as there are processes;
-- a plan with ``tp > 1`` has no BatchNorm layer. One FSDP/HSDP stage with ``tp > 1`` (gpipe or 1f1b,
+- a plan with ``tp > 1`` has no BatchNorm layer, and no FSDP/HSDP stage when the model has a fused
+  q/k/v projection (``graph.meta["fused"]``: FSDP over the strided TP shard gathers the weight in
+  the wrong layout, so its full state dict would be silently wrong). One FSDP/HSDP stage with ``tp > 1`` (gpipe or 1f1b,
   no virtual stages: torchtitan's 2-D) runs FSDP's own loop (:class:`autoplace.rewrite.fsdp.FSDPRunner`),
   every other ``tp > 1`` plan the one schedule builder (:mod:`autoplace.rewrite.schedules`).
 """
@@ -63,6 +65,12 @@ def runtime_problems(plan: "Placement", graph: "OpGraph", world: int | None = No
     if sharded and graph.meta.get("traced_with") == "export":
         out.append("FSDP units are cut from a torch.fx trace; this model was traced with torch.export: "
                    "use shard='ddp', or make the model symbolically traceable (leaf_modules=)")
+    fused = graph.meta.get("fused") or {}
+    if sharded and plan.tp > 1 and fused:
+        out.append(f"shard={sorted(sharded)[0]!r} with tp={plan.tp} on a model with a fused q/k/v projection "
+                   f"({next(iter(fused))}): FSDP over its strided TP shard trains right but gathers the weight in the "
+                   "wrong layout (full_state_dict and checkpoints would be silently wrong); use shard='ddp' with "
+                   "tensor parallelism, or tp=1 with FSDP")
     if sharded and plan.num_stages > 1 and plan.stage_of_node is not None:
         for grp in graph.tied:
             st = {int(plan.stage_of_node[i]) for i in grp}
