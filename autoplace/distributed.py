@@ -3,8 +3,9 @@
 Every rank runs the same script. Each traces the model (the runtime needs the fx graph on
 every rank to cut its stage); rank 0 plans and broadcasts the plan, so all ranks cut the same
 stages even if planning were not deterministic; each rank then builds its
-:class:`~autoplace.rewrite.runtime.PipelineRunner` (``runner.step(*inputs, target=y)``
-returns the loss on the last stage, None elsewhere).
+:class:`~autoplace.rewrite.runner.PipelineRunner` by the one runtime composition,
+:func:`autoplace.rewrite.compose.build_runner` (``runner.step(*inputs, target=y)`` returns the
+loss on the last stage, None elsewhere; a one-stage plan's on every rank).
 
 The runtime runs plans whose stages are all replicated the same number of times r and that
 use every rank (stages x r = world size). Among the pipeline planners' plans, the fastest such
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,14 +39,6 @@ if TYPE_CHECKING:
     from .online import OnlineConfig
     from .rewrite.liveness import Timeouts
     from .rewrite.runtime import PipelineRunner
-
-R = TypeVar("R")
-
-
-def _labelled(runner: R, plan: Placement, graph: "OpGraph") -> R:
-    """``runner`` with ``plan`` and ``graph`` as plain attributes (the report and tests read them)."""
-    runner.__dict__.update(plan=plan, graph=graph)
-    return runner
 
 __all__ = ["wrap_pipeline", "runnable_pipeline_plan", "PipelineWrapError"]
 
@@ -122,9 +115,8 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     synchronised) or ``"local"`` (see :mod:`autoplace.rewrite.batchnorm`).
     """
     from .graph.trace import trace_module
-    from .rewrite.pipeline import pipeline_module
     from .rewrite.liveness import Timeouts
-    from .rewrite.runtime import build_pipeline_runner, init_distributed
+    from .rewrite.runtime import init_distributed
 
     if not dist.is_initialized() and "RANK" not in os.environ and plan is not None and (plan.shard or plan.precision):
         what = "shards parameters" if set(plan.shard) & {"fsdp", "hsdp"} else "runs its stages"
@@ -192,43 +184,13 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                               timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
                               predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)
         return pipe
-    timeouts = timeout_s if isinstance(timeout_s, Timeouts) else fixed
-    predicted = _predicted_step_s(plan, graph, cluster, cost)
-    # one FSDP/HSDP stage with TP (torchtitan's 2-D) runs FSDP's own loop, as with tp=1
-    from .parallel import StageOptions
+    problems = runtime_problems(plan, graph, world)
+    if problems:
+        raise PipelineWrapError("the runtime cannot run this plan: " + "; ".join(problems))
+    # One composition for every plan kind (autoplace.rewrite.compose): one stage -> its data-parallel
+    # loop, several -> the one schedule builder; the runner options go to it alike.
+    from .rewrite.compose import build_runner
 
-    one_sharded = plan.num_stages == 1 and StageOptions.of(plan).sharded(0)
-    multi = plan.schedule not in ("1f1b", "gpipe") or plan.virtual_stages != 1 or (plan.tp != 1 and not one_sharded)
-    if (plan.shard or plan.recompute or plan.precision) and not multi:
-        # FSDP, HSDP, checkpointing, bf16 under GPipe/1F1B (and BatchNorm): autoplace.rewrite.fsdp
-        from .rewrite.fsdp import build_sharded_runner
-
-        return _labelled(build_sharded_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn,
-                                              device=device, timeouts=timeouts, batch_norm=batch_norm,
-                                              predicted_step_s=predicted), plan, graph)
-    # The graph stage 0 runs takes the call's tensors only (flags such as use_cache fixed) and
-    # returns the model's own output type (a ModelOutput with every field).
-    gm = pipeline_module(traced, inputs)
-    stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
-    if multi:
-        # virtual stages, split backward, tensor parallelism, each stage then recomputed and
-        # FSDP/HSDP/DDP-replicated: autoplace.rewrite.schedules
-        from .rewrite.fsdp import stage_data
-        from .rewrite.schedules import build_schedule_runner
-        from .sim.tensor_parallel import linear_pairs
-
-        pairs = [(p.column_path, p.row_path) for p in linear_pairs(graph)] if plan.tp > 1 else []
-        problems = runtime_problems(plan, graph, world)
-        if problems:
-            raise PipelineWrapError("the runtime cannot run this plan: " + "; ".join(problems))
-        multi_runner = build_schedule_runner(
-            gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches, loss_fn=loss_fn,
-            schedule=plan.schedule, virtual_stages=plan.virtual_stages, device=device, tp=plan.tp, tp_pairs=pairs,
-            timeouts=timeouts, predicted_step_s=predicted, dp=r // plan.tp, sequence_parallel=plan.sequence_parallel,
-            data=stage_data(traced, plan, cluster))
-        return _labelled(multi_runner, plan, graph)
-    runner = build_pipeline_runner(gm, stage_of_fx, example_inputs=inputs, microbatches=plan.microbatches,
-                                   loss_fn=loss_fn, schedule=plan.schedule, replicas=r, device=device,
-                                   num_stages=plan.num_stages, batch_norm=batch_norm,
-                                   timeouts=timeouts, predicted_step_s=predicted)
-    return _labelled(runner, plan, graph)
+    return build_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn, device=device,
+                        timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
+                        predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)

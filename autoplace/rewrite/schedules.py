@@ -1,6 +1,8 @@
-"""Pipelines with several stages per rank on torch.distributed.pipelining's multi-stage
-schedules: ``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``
-(ZB-H1 with one stage per rank), ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``.
+"""The one schedule builder: every pipeline, on torch.distributed.pipelining's schedules, the one
+stage per rank ``ScheduleGPipe`` and ``Schedule1F1B`` as the multi-stage ``ScheduleInterleaved1F1B``,
+``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble`` (ZB-H1 with one stage per rank),
+``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` (the schedule table,
+:data:`autoplace.pipeline_rules.SPECS`, names each one's class).
 
 The model is cut into ``K = ranks x virtual_stages`` stages by autoplace's own split
 (:func:`autoplace.rewrite.pipeline.split_with_boundaries`: stages form a chain, a value that
@@ -12,9 +14,10 @@ torch's tracer). Rank r builds a ``PipelineStage`` for each of its stages, as
 the simulator simulates (``tests/sim/test_sim_schedules.py`` checks them equal).
 
 Gradients equal the unsplit model's on the full batch when the loss is a mean over the batch
-(``scale_grads=True``) and nothing couples samples across micro-batches (BatchNorm does: use the
-1F1B/GPipe runner, :mod:`autoplace.rewrite.runtime`, whose batch-norm handling covers it; here
-BatchNorm is refused with that advice). Parameters used by stages on different ranks (a tied
+(``scale_grads=True``) and nothing couples samples across micro-batches. BatchNorm does: under
+GPipe and 1F1B without TP its layers keep whole-batch running statistics, replicas synchronised
+(:mod:`autoplace.rewrite.batchnorm`, ``batch_norm=``); the other schedules refuse it with that
+advice. Parameters used by stages on different ranks (a tied
 embedding and output projection) have their gradients summed over those ranks after the step;
 stages on one rank share the Parameter object, so its gradient accumulates there already (and
 the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
@@ -55,16 +58,16 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from ..sim.schedules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
+from ..pipeline_rules import SPECS, schedule_problems, stage_ranks, torch_schedule_class
 from .model_output import model_output_loss
 from .pipeline import propagate_fake, split_with_boundaries
-from . import liveness
+from . import batchnorm, liveness
 from .errors import PipelineError
-from .launch import default_device, resolve_timeouts
+from .launch import default_device
 from .links import Links
 from .liveness import Timeouts
 from .runner import PipelineRunner, sum_tied_grads
-from .runtime import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
+from .runtime import check_batch, move_to, require_distributed, runner_options, stage_io, tie_groups, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
@@ -81,13 +84,16 @@ class MultiStageRunner(PipelineRunner):
                  batch_size: int, schedule_name: str, stage_modules: Sequence[torch.fx.GraphModule], schedule: Any,
                  scale_grads: bool = True, tied: Sequence[tuple[torch.nn.Parameter, Any]] = (),
                  timeouts: Timeouts | None = None, predicted_step_s: float | None = None, replica: int = 0,
-                 replicas: int = 1, dp_group: Any = None, units: Sequence[str] = ()) -> None:
+                 replicas: int = 1, dp_group: Any = None, units: Sequence[str] = (),
+                 batch_norms: Sequence[Any] = ()) -> None:
+        # one stage on this rank: registered as ``stage_module`` (state_dict keys ``stage_module.<name>``)
         super().__init__(rank=rank, stage_index=stage_indices[0], num_stages=num_stages, replica=replica,
                          replicas=replicas, microbatches=microbatches, batch_size=batch_size,
                          stage_module=stage_modules[0], module=stage_modules[0], schedule=schedule,
                          scale_grads=scale_grads, dp_group=dp_group, tied=tied,
-                         timeouts=timeouts, predicted_step_s=predicted_step_s, stage_modules=stage_modules,
-                         units=units)
+                         timeouts=timeouts, predicted_step_s=predicted_step_s,
+                         stage_modules=stage_modules if len(stage_modules) > 1 else (), units=units,
+                         batch_norms=batch_norms)
         self.ranks = ranks
         self.stage_indices = stage_indices
         """the (global, virtual) stages this rank runs."""
@@ -111,6 +117,8 @@ class MultiStageRunner(PipelineRunner):
 
     def _where(self) -> str:
         rep = f", replica {self.replica} of {self.replicas}" if self.replicas > 1 else ""
+        if len(self.stage_indices) == 1:
+            return f"pipeline rank {self.rank} (stage {self.stage_indices[0]} of {self.num_stages}{rep})"
         return (f"pipeline rank {self.rank} (stages {list(self.stage_indices)} of {self.num_stages}, "
                 f"{self.schedule_name}{rep})")
 
@@ -261,13 +269,18 @@ def build_schedule_runner(
     dp: int | None = None,
     sequence_parallel: bool = False,
     data: StageData | None = None,
+    batch_norm: str = "sync",
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
 
     Call it on every rank after ``init_distributed()``, with the same model and arguments.
-    ``schedule``: one of ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``
-    (and ``gpipe``/``1f1b`` with ``tp > 1``). ``tp``: tensor-parallel degree; the world is then a
+    ``schedule``: any name of the schedule table (:data:`autoplace.pipeline_rules.SPECS`): ``gpipe``,
+    ``1f1b`` (torch's ``Schedule1F1B`` refuses fewer micro-batches than ranks: GPipe's order runs
+    those, the same work), ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``.
+    ``batch_norm``: ``"sync"`` or ``"local"``, as for
+    :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (:mod:`autoplace.rewrite.batchnorm`;
+    with one stage per rank, gpipe or 1f1b, and no TP). ``tp``: tensor-parallel degree; the world is then a
     (pipeline ranks x tp) DeviceMesh ("pp", "tp"), global rank ``r x tp + j`` runs pipeline rank r's
     stages as TP rank j, and every (column path, row path) of ``tp_pairs`` that lies inside one
     stage is sharded over the "tp" dimension (:mod:`autoplace.rewrite.tensor_parallel`; the
@@ -283,9 +296,10 @@ def build_schedule_runner(
     sequence (:mod:`autoplace.rewrite.sequence_parallel`; the plan's ``sequence_parallel``).
     """
     require_distributed()
-    if schedule not in MULTI_SCHEDULES and not (tp > 1 and schedule in ("gpipe", "1f1b")):
-        raise PipelineError(f"schedule is {schedule!r}; this runner runs {MULTI_SCHEDULES} (gpipe and 1f1b with tp > 1; "
-                            "with tp=1: autoplace.rewrite.build_pipeline_runner)")
+    if schedule not in SPECS:
+        raise PipelineError(f"schedule is {schedule!r}; it must be one of {tuple(SPECS)}")
+    if microbatches < 1:
+        raise PipelineError(f"microbatches is {microbatches}; it must be >= 1")
     world = dist.get_world_size()
     if dp is None:
         used = max((int(s) for s in stage_of_fx.values()), default=0) + 1
@@ -298,19 +312,20 @@ def build_schedule_runner(
         raise PipelineError(f"dp={dp} replicas x tp={tp} do not divide the {world} processes: launch pipeline ranks "
                             f"x {dp} replicas x {tp} processes")
     ranks = world // (tp * dp)
-    shard = data.options.shard[0] if data is not None else "ddp"
-    mesh, rank, replica, dp_group, dp_mesh = _mesh(ranks, dp, tp, shard, data)
     problems = schedule_problems(schedule, virtual_stages, ranks, microbatches)
     if problems:
         raise PipelineError("; ".join(problems))
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in gm.modules()):
+    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in gm.modules())
+    if has_bn and (schedule not in ("gpipe", "1f1b") or virtual_stages != 1):
         raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
                             "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
                             "there) or one micro-batch")
-    limits = resolve_timeouts(timeouts)
-    hb = liveness.heartbeat(limits.heartbeat_s)
-    if hb is not None:
-        hb.state = "building"
+    if has_bn and tp > 1:
+        raise PipelineError(f"tp={tp} and the model has BatchNorm layers, whose statistics the ranks of a TP group "
+                            "would count twice: use tp=1")
+    shard = data.options.shard[0] if data is not None else "ddp"
+    mesh, rank, replica, dp_group, dp_mesh = _mesh(ranks, dp, tp, shard, data)
+    limits = runner_options(batch_norm, timeouts)
     device = default_device(device)
     batch = check_batch(example_inputs, microbatches * dp,
                         f"microbatches = {microbatches}" + (f" x replicas = {dp}" if dp > 1 else ""))
@@ -324,16 +339,34 @@ def build_schedule_runner(
     split = split_with_boundaries(gm, stage_of_fx, values=values, num_stages=k_count)
     rank_of = stage_ranks(schedule, ranks, virtual_stages)
     mine = tuple(k for k in range(k_count) if rank_of[k] == rank)
+    me = dist.get_rank()
+    cols = tp * dp  # the copies of the pipeline: TP index or replica j runs on global ranks pp x cols + j
+    tp_index = me % cols
+    # The groups this runner waits on, made by every rank in one order: each TP index's (or
+    # replica's) pipeline ranks exchange activations; BatchNorm statistics of a pipeline rank's
+    # replicas meet on a group of their own (no TP here: refused above).
+    columns = [[r * cols + j for r in range(ranks)] for j in range(cols)]
+    bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)
+    bn_group = None
+    if has_bn and dp > 1 and batch_norm == "sync":
+        for r in range(ranks):
+            if any(batchnorm.has_batch_norm(split.stages[k]) for k in range(k_count) if rank_of[k] == r):
+                g = liveness.group([r * cols + j for j in range(cols)], bounds[0])
+                if r == rank:
+                    bn_group = g
 
     from torch.distributed.pipelining import PipelineStage  # a second to import: when a pipeline is built
 
     from .stage_replicas import ReplicatedStage, ddp_stage_module
 
-    cls = torch_schedule_class(schedule)
+    # torch's Schedule1F1B refuses fewer micro-batches than ranks (a plan the simulator allows):
+    # with so few there is no steady state, and GPipe's order does the same work
+    cls = torch_schedule_class("gpipe" if schedule == "1f1b" and microbatches < ranks else schedule)
     assert cls is not None  # schedule_problems checked it
     stages: list[PipelineStage] = []
     modules = []
     units: list[str] = []
+    batch_norms: list[Any] = []
     split_bw = SPECS[schedule].split_backward
     pp_group = mesh.get_group("pp") if mesh is not None else None
     boundary = torch.bfloat16 if data is not None and "bf16" in data.options.precision else None
@@ -347,6 +380,9 @@ def build_schedule_runner(
             if layout:
                 apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
         move_to(mod, device)
+        # whole-batch BatchNorm statistics, before the units are outlined (they then hold the new layers)
+        batch_norms.extend(batchnorm.convert(mod, mode=batch_norm, microbatches=microbatches, replicas=dp,
+                                             batch_size=batch, stage_index=k, group=bn_group))
         inputs, outputs = stage_io(gm, split, values, micro, k, device, boundary)
         at = k if data is None or data.options.num_stages == k_count else int(rank_of[k])  # options per rank
         sharded = data is not None and data.options.sharded(at)
@@ -370,27 +406,45 @@ def build_schedule_runner(
                                         group=pp_group))
         modules.append(mod)
     loss = model_output_loss(gm, loss_fn)
-    sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if schedule in ("gpipe", "1f1b")
+    sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if not SPECS[schedule].multi_stage
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
-    me = dist.get_rank()
-    cols = tp * dp  # the copies of the pipeline: TP index or replica j runs on global ranks pp x cols + j
-    tp_index = me % cols
     tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
     runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
                               stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
                               timeouts=limits, predicted_step_s=predicted_step_s, replica=replica, replicas=dp,
-                              dp_group=dp_group, units=units)
-    # Liveness as every pipeline has it: each TP index's (or replica's) pipeline ranks exchange activations.
-    columns = [[r * cols + j for r in range(ranks)] for j in range(cols)]
-    _, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)
-    what = "tp" if tp > 1 else "replica"
-    names = {r * cols + j: f"rank {r * cols + j} (pipeline rank {r} of {ranks}, stages "
-                           f"{[k for k in range(k_count) if rank_of[k] == r]}{f', {what} {j} of {cols}' if cols > 1 else ''})"
-             for r in range(ranks) for j in range(cols)}
-    near = sorted({rank_of[k + d] for k in mine for d in (-1, 1) if 0 <= k + d < k_count} - {rank})
-    groups = [*({id(g): g for _, g in tied}.values()), *([dp_group] if dp_group is not None else [])]
-    runner.links = Links(limits, range(world), columns[tp_index], [r * cols + tp_index for r in near], names,
-                         groups, gate_group, p2p)
+                              dp_group=dp_group, units=units, batch_norms=batch_norms)
+    runner.links = Links(limits, range(world), columns[tp_index],
+                         [r * cols + tp_index for r in _neighbours(rank_of, mine, rank)],
+                         _peer_names(rank_of, ranks, tp, dp), [*({id(g): g for _, g in tied}.values()),
+                                                               *([dp_group] if dp_group is not None else []),
+                                                               *([bn_group] if bn_group is not None else [])],
+                         gate_group, p2p)
     runner.links.stages = list(stages)
     return runner
+
+
+def _neighbours(rank_of: Sequence[int], mine: Sequence[int], rank: int) -> list[int]:
+    """The pipeline ranks this rank's stages exchange activations with."""
+    k_count = len(rank_of)
+    return sorted({int(rank_of[k + d]) for k in mine for d in (-1, 1) if 0 <= k + d < k_count} - {rank})
+
+
+def _peer_names(rank_of: Sequence[int], ranks: int, tp: int, dp: int) -> dict[int, str]:
+    """Every global rank's name in the errors that name a silent peer: ``rank 3 (stage 1 of 2,
+    replica 1 of 2)`` with one stage per rank, else its pipeline rank and stages too."""
+    cols = tp * dp
+    k_count = len(rank_of)
+    out = {}
+    for r in range(ranks):
+        held = [k for k in range(k_count) if rank_of[k] == r]
+        for j in range(cols):
+            g = r * cols + j
+            if tp > 1:
+                what = f", tp {j % tp} of {tp}" + (f", replica {j // tp} of {dp}" if dp > 1 else "")
+            else:
+                what = f", replica {j} of {dp}" if dp > 1 else ""
+            where = f"stage {held[0]} of {k_count}" if len(held) == 1 else \
+                f"pipeline rank {r} of {ranks}, stages {held}"
+            out[g] = f"rank {g} ({where}{what})"
+    return out

@@ -13,7 +13,7 @@ import torch.fx
 import pipeline_workers as pw
 import rewrite_models as rm
 from autoplace.rewrite.runtime import PipelineError
-from autoplace.rewrite.schedules import build_schedule_runner
+from autoplace.rewrite.schedules import MultiStageRunner, build_schedule_runner
 
 
 @pytest.fixture()
@@ -39,8 +39,8 @@ def _build(name: str = "gpt", stages: int = 2, **kw: object):  # type: ignore[no
 def test_bad_shapes(one_process: None) -> None:
     with pytest.raises(PipelineError, match=r"'zbv' with virtual_stages=3.*set virtual_stages=2"):
         _build(stages=3, schedule="zbv", virtual_stages=3)
-    with pytest.raises(PipelineError, match=r"build_pipeline_runner"):
-        _build(stages=1, schedule="1f1b", virtual_stages=1)
+    with pytest.raises(PipelineError, match=r"schedule is 'pipedream'; it must be one of \('1f1b', 'gpipe', 'interleaved-1f1b'"):
+        _build(schedule="pipedream")
     with pytest.raises(PipelineError, match=r"tp=3 does not divide the 1 processes"):
         _build(tp=3)
     with pytest.raises(PipelineError, match=r"has 3 stages; 1 ranks x 2 virtual stages need 2"):
@@ -54,5 +54,15 @@ def test_bad_shapes(one_process: None) -> None:
 def test_one_rank_two_virtual_stages_runs(one_process: None) -> None:
     runner = _build()
     assert runner.stage_indices == (0, 1) and runner.has_first and runner.has_last
+    x, y = pw.batch("gpt", 8, 0)
+    assert runner.step(x, target=y) is not None
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gpipe_and_1f1b_are_built_by_the_one_schedule_builder(one_process: None, schedule: str) -> None:
+    runner = _build(stages=1, schedule=schedule, virtual_stages=1)
+    assert isinstance(runner, MultiStageRunner) and runner.stage_indices == (0,)
+    # one stage on the rank: its tensors under stage_module.<name>, as every one-stage-per-rank pipeline's
+    assert runner.state_dict() and all(k.startswith("stage_module.") for k in runner.state_dict())
     x, y = pw.batch("gpt", 8, 0)
     assert runner.step(x, target=y) is not None

@@ -1,0 +1,94 @@
+"""The one runtime composition: a plan to this rank's runner, in torchtitan's shape.
+
+Cut the stages; for each stage apply TP/SP, then recompute, then FSDP/HSDP/DDP over its mesh;
+then run the stages. torchtitan has two shapes for that last step and so does autoplace, chosen
+by one predicate, :func:`one_stage`, through one table, :data:`BUILDERS`:
+
+- one stage (``pp == 1``, no virtual stages): the data-parallel engine's own loop, any shard
+  kind, precision, recompute and ``tp`` (:func:`autoplace.rewrite.loop.build_loop_runner`);
+- every pipeline, GPipe and 1F1B as the multi-stage schedules: the one schedule builder
+  (:func:`autoplace.rewrite.schedules.build_schedule_runner`), each stage composed per its
+  options (:func:`autoplace.rewrite.fsdp.stage_data`).
+
+Runner options (``batch_norm``, ``timeouts``, ``predicted_step_s``, the model's output type,
+``scale_grads``) pass to both unchanged and are applied there once for every plan kind; the
+step itself (gate, heartbeat, BatchNorm commit, errors naming a silent peer) is
+:meth:`autoplace.rewrite.runner.PipelineRunner.step` for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ..capability import runtime_problems
+from .errors import ShardedRunError
+from .loop import build_loop_runner
+from .runner import PipelineRunner
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph.trace import Traced
+    from ..placement import Placement
+
+__all__ = ["build_runner", "one_stage", "BUILDERS"]
+
+
+def one_stage(plan: "Placement") -> bool:
+    """Whether ``plan`` has one stage in all (one pipeline rank, one virtual stage): it then runs
+    as a loop, without a pipeline schedule."""
+    return plan.num_stages * plan.virtual_stages == 1
+
+
+def build_pipeline_of_plan(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],
+                           loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
+                           device: str | torch.device | None = None, scale_grads: bool = True, timeouts: Any = None,
+                           predicted_step_s: float | None = None, batch_norm: str = "sync") -> PipelineRunner:
+    """This rank's :class:`~autoplace.rewrite.schedules.MultiStageRunner` for a plan of several
+    stages, any schedule: the stages cut from the graph a pipeline runs (stage 0 takes the call's
+    tensors only; the last returns the model's output tensors, which ``loss_fn`` gets back as the
+    model's own output type), each composed by the plan's options."""
+    from ..tp_rules import linear_pairs
+    from .fsdp import stage_data
+    from .model_output import pipeline_module
+    from .schedules import build_schedule_runner
+
+    assert plan.stage_devices is not None and plan.stage_of_node is not None
+    gm = pipeline_module(traced, example_inputs)
+    stage_of_fx = {n.name: int(plan.stage_of_node[traced.op_of_fx[n.name]]) for n in gm.graph.nodes}
+    pairs = [(p.column_path, p.row_path) for p in linear_pairs(traced.graph)] if plan.tp > 1 else []
+    return build_schedule_runner(
+        gm, stage_of_fx, example_inputs=example_inputs, microbatches=plan.microbatches, loss_fn=loss_fn,
+        schedule=plan.schedule, virtual_stages=plan.virtual_stages, device=device, scale_grads=scale_grads,
+        tp=plan.tp, tp_pairs=pairs, timeouts=timeouts, predicted_step_s=predicted_step_s,
+        dp=len(plan.stage_devices[0]) // max(int(plan.tp), 1), sequence_parallel=plan.sequence_parallel,
+        data=stage_data(traced, plan, cluster), batch_norm=batch_norm)
+
+
+BUILDERS: Mapping[bool, Callable[..., PipelineRunner]] = {True: build_loop_runner, False: build_pipeline_of_plan}
+"""``one_stage(plan)`` -> the builder of its runner; every builder takes the same arguments."""
+
+
+def build_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],
+                 loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], device: str | torch.device | None = None,
+                 scale_grads: bool = True, timeouts: Any = None, predicted_step_s: float | None = None,
+                 batch_norm: str = "sync") -> PipelineRunner:
+    """This rank's runner for ``plan`` (a pipeline-mode plan of any kind; see the module
+    docstring), with ``plan`` and ``graph`` as attributes for the report. Call it on every rank
+    after ``init_distributed``, with the same arguments. ``timeouts``, ``predicted_step_s`` and
+    ``batch_norm`` as :func:`autoplace.rewrite.runtime.build_pipeline_runner` takes them."""
+    if not dist.is_initialized():
+        raise ShardedRunError(f"this plan ({plan.describe()}) runs one process per device: launch it with torchrun "
+                              f"(torchrun --nproc-per-node {len(plan.devices_used())} train.py) and call "
+                              "autoplace.wrap there, or call init_distributed() first")
+    problems = plan.problems(traced.graph, cluster) + runtime_problems(plan, traced.graph, dist.get_world_size())
+    if problems:
+        raise ShardedRunError("the runtime cannot run this plan: " + "; ".join(problems))
+    runner = BUILDERS[one_stage(plan)](traced, plan, cluster, example_inputs=tuple(example_inputs), loss_fn=loss_fn,
+                                       device=device, scale_grads=scale_grads, timeouts=timeouts,
+                                       predicted_step_s=predicted_step_s, batch_norm=batch_norm)
+    runner.__dict__.update(plan=plan, graph=traced.graph)
+    return runner
