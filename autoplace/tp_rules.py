@@ -76,9 +76,11 @@ ELEMENTWISE = frozenset({"gelu", "relu", "silu", "tanh", "sigmoid", "GELU", "ReL
                          "Dropout", "dropout", "NewGELUActivation", "GELUActivation"})
 BETWEEN = ELEMENTWISE | frozenset({
     "mul", "add", "sub", "div", "neg", "float", "type_as", "to", "stack", "cat", "softmax", "matmul", "bmm",
-    "baddbmm", "scaled_dot_product_attention", "repeat_interleave", "masked_fill", "exp", "cos", "sin", "Softmax"})
+    "baddbmm", "scaled_dot_product_attention", "repeat_interleave", "masked_fill", "exp", "cos", "sin", "Softmax",
+    "full", "triu", "tril"})
 """Kinds of op allowed between a block's columns and its row: they work on each head (or
-feature) alone, so they run unchanged on a device's share of the heads."""
+feature) alone, so they run unchanged on a device's share of the heads (``full``, ``triu`` and
+``tril`` build a causal mask from a value's shape: they read no feature)."""
 ATTENTION_KINDS = frozenset({"scaled_dot_product_attention", "softmax", "Softmax", "matmul", "bmm", "baddbmm"})
 _SPLITS = frozenset({"split", "split_with_sizes", "chunk", "tensor_split", "narrow", "getitem", "slice", "select",
                      "unbind"})

@@ -24,7 +24,9 @@ GEMM (an ``M x K`` by ``K x N`` product, ``M`` the tokens of the micro-batch)::
   dimension, so no extra small-``K`` term is added.
 - Backward: the input gradient (``M x N`` by ``N x K``: output ``M x K``) and the weight
   gradient (output ``N x K``, reduced over ``M``) take half the backward FLOPs each; their
-  times add (a harmonic mean of their efficiencies).
+  times add (a harmonic mean of their efficiencies). A batched product of two activations
+  (``bmm``, ``baddbmm``: unfused attention's scores and context) has one such output per batch,
+  so both gradients fill the waves over the batch like the forward.
 
 In training, kernels do not run as in a microbenchmark: clocks drop under sustained load, and
 launches, allocator and FSDP hooks sit between kernels. Two constants are fitted to training runs,
@@ -74,7 +76,7 @@ if TYPE_CHECKING:
     from ..cluster import Device
     from ..graph.ir import OpGraph
 
-__all__ = ["TensorCoreKind", "TENSOR_CORE_KINDS", "FA2_SEQ", "SUSTAINED_FRACTION", "SIZE_HALF_TOKENS", "gemm_shapes",
+__all__ = ["TensorCoreKind", "TENSOR_CORE_KINDS", "BATCHED_GEMMS", "FA2_SEQ", "SUSTAINED_FRACTION", "SIZE_HALF_TOKENS", "gemm_shapes",
            "gemm_efficiency", "attention_seq", "attention_efficiency", "tensor_core_efficiencies"]
 
 FA2_SEQ = np.array([512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0])
@@ -90,6 +92,8 @@ with :data:`SIZE_HALF_TOKENS` (least mean |log(predicted / measured)| over a gri
 SIZE_HALF_TOKENS = 2048.0
 """``M0`` of the saturating size term (tokens of a micro-batch at which a GEMM reaches half its
 efficiency): fitted with :data:`SUSTAINED_FRACTION` on the same rows by the same command."""
+BATCHED_GEMMS = frozenset({"bmm", "baddbmm"})
+"""Op kinds that are batched products of two activations (torch's 3-D ``bmm``/``baddbmm``)."""
 _TILES = ((256, 128), (128, 256), (128, 128))
 """cuBLAS tile shapes (output rows x columns) tried per GEMM (NVIDIA's guide, section 2.3)."""
 
@@ -165,13 +169,16 @@ def _useful(rows: np.ndarray, cols: np.ndarray, sms: int) -> np.ndarray:
     return np.where(np.isfinite(best), np.minimum(best, 1.0), 1.0)
 
 
-def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, kind: TensorCoreKind
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) fraction of the tensor-core peak of GEMMs of shape (M, N, K)."""
+def gemm_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, kind: TensorCoreKind,
+                    batched: np.ndarray | bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) fraction of the tensor-core peak of GEMMs of shape (M, N, K).
+    ``batched``: a batched product of two activations (``bmm``, ``baddbmm``; M counts the rows of
+    every batch), whose second operand's gradient is one ``K x N`` output per batch, so its tiles
+    fill the waves as the forward's ``M`` rows do (``useful(M, N)``), not one ``N x K`` matrix."""
     m, n, k = (np.asarray(a, dtype=np.float64) for a in (m, n, k))
     fwd = kind.mamf * _useful(m, n, kind.sms)
     dgrad = kind.mamf * _useful(m, k, kind.sms)
-    wgrad = kind.mamf * _useful(n, k, kind.sms)
+    wgrad = kind.mamf * np.where(batched, _useful(m, n, kind.sms), _useful(n, k, kind.sms))
     bwd = 2.0 / (1.0 / dgrad + 1.0 / wgrad)
     return fwd, bwd
 
@@ -207,6 +214,7 @@ def tensor_core_efficiencies(graph: "OpGraph", devices: Sequence["Device"], base
     m = np.maximum(m * float(batch_fraction), 1.0)
     is_mm = ~np.isnan(n)
     is_mm_class = np.array([kind_class(kk) == "matmul" for kk in graph.kinds], dtype=bool)
+    is_batched = np.array([kk in BATCHED_GEMMS for kk in graph.kinds], dtype=bool)
     seq = attention_seq(graph)
     is_at = ~np.isnan(seq)
     cache: dict[str, tuple[np.ndarray, ...]] = {}
@@ -215,7 +223,8 @@ def tensor_core_efficiencies(graph: "OpGraph", devices: Sequence["Device"], base
         if spec is None:
             continue
         if d.kind not in cache:
-            gf, gb = gemm_efficiency(np.where(is_mm, m, 1.0), np.where(is_mm, n, 1.0), np.where(is_mm, k, 1.0), spec)
+            gf, gb = gemm_efficiency(np.where(is_mm, m, 1.0), np.where(is_mm, n, 1.0), np.where(is_mm, k, 1.0), spec,
+                                     batched=is_batched)
             af, ab = attention_efficiency(np.where(is_at, seq, 2048.0), spec, causal=causal)
             size = m / (m + max(float(size_half), 0.0))
             cache[d.kind] = (gf * sustained * size, gb * sustained * size, af * sustained, ab * sustained)

@@ -304,7 +304,8 @@ def test_seed_reproducible_and_rng_untouched(name: str) -> None:
 def test_config_resolution() -> None:
     wl = zoo.build("gpt2", size="xl", n_layer=2, seq_len=16, batch_size=3, device="meta")
     assert wl.config == {"size": "xl", "n_layer": 2, "n_embd": 1600, "n_head": 25, "vocab_size": 50257,
-                         "n_positions": 1024, "seq_len": 16, "batch_size": 3}
+                         "n_positions": 1024, "seq_len": 16, "attention": "sdpa", "attn_pdrop": 0.0,
+                         "batch_size": 3}
     assert wl.batch_size == 3 and tuple(wl.example_inputs[0].shape) == (3, 16)
     small = zoo.build("resnet50", small=True, image_size=48)
     assert small.config["image_size"] == 48 and small.config["width"] < 64
