@@ -167,7 +167,7 @@ def _recomputed(p: Placement, graph: "OpGraph") -> frozenset[str]:
     rank = _rank_of_stage(p)[p.stage_of_node]
     out: set[str] = set()
     for r, rc in enumerate(opts.recompute):
-        if rc is True:
+        if rc is True or rc == "selective-op":
             out.update(units.names[u] for u in set(unit[(rank == r) & (unit >= 0)].tolist()))
         elif rc:
             out.update(rc)

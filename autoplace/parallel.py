@@ -8,7 +8,10 @@ Per stage (a whole-model data-parallel plan is one stage on every device):
   FSDP2's ``fully_shard``) or ``"hsdp"`` (sharded inside each host, replicated across hosts:
   ``fully_shard`` over a ``(dp_replicate, dp_shard)`` mesh);
 - ``recompute``: activation checkpointing of the stage's units (:mod:`autoplace.graph.units`):
-  ``False``, ``True`` (every unit) or the module paths of the units to checkpoint;
+  ``False``, ``True`` (every unit) or the module paths of the units to checkpoint, or
+  ``"selective-op"`` (:data:`SELECTIVE_OP`: every block checkpointed op by op, torchtitan's
+  ``selective_ac_option="op"``: the outputs of its matmuls and attention are saved, the cheap ops
+  recomputed; the save rule is :func:`autoplace.graph.memory_facts.sac_saves`);
 - ``precision``: ``"fp32"`` or ``"bf16"`` (bf16 compute on tensor cores, fp32 master
   parameters and optimizer state, bf16 gradients in communication: FSDP2's
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``, and the same for DDP stages,
@@ -30,15 +33,15 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from .graph.units import block_units, stage_units
+from .graph.units import block_units, is_block, stage_units
 
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
     from .placement import Placement
 
-__all__ = ["SHARDS", "PRECISIONS", "StageOptions", "option_problems", "normalize", "options_to_dict",
-           "options_from_dict", "split_recompute"]
+__all__ = ["SHARDS", "PRECISIONS", "SELECTIVE_OP", "StageOptions", "option_problems", "normalize", "options_to_dict",
+           "options_from_dict", "split_recompute", "recomputed_units"]
 
 SHARDS = ("ddp", "fsdp", "hsdp")
 PRECISIONS = ("fp32", "bf16")
@@ -47,7 +50,11 @@ FIELDS = ("shard", "recompute", "precision", "reshard_after_forward")
 # (NVIDIA A100 whitepaper, "TF32 and BF16"). K80 has no tensor cores at all.
 NO_BF16_KINDS = frozenset({"K80", "P100", "V100-16GB", "V100-32GB", "V100-PCIe-16GB", "T4"})
 
-Recompute = bool | tuple[str, ...]
+SELECTIVE_OP = "selective-op"
+"""The recompute value of op-level selective activation checkpointing of every unit of a stage
+(no module path has a hyphen, so it is never a unit's name)."""
+
+Recompute = bool | str | tuple[str, ...]
 
 
 def default_reshard(num_stages: int) -> bool:
@@ -64,7 +71,7 @@ def _entry(name: str, v: Any) -> Any:
     if name == "recompute" and isinstance(v, (list, tuple)):
         return tuple(str(x) for x in v)
     if name == "recompute" and isinstance(v, str):
-        return (v,)
+        return v if v == SELECTIVE_OP else (v,)
     return v
 
 
@@ -74,7 +81,8 @@ def normalize(name: str, value: Any, num_stages: int) -> tuple[Any, ...]:
     one stage's units when there is one stage, else a per-stage list."""
     if value is None:
         return ()
-    if name == "recompute" and isinstance(value, (list, tuple)) and value and all(isinstance(x, str) for x in value):
+    if name == "recompute" and isinstance(value, (list, tuple)) and value and all(isinstance(x, str) for x in value) \
+            and not (len(value) == max(num_stages, 1) and all(x == SELECTIVE_OP for x in value)):
         value = [value] * max(num_stages, 1)
     if isinstance(value, (list, tuple)):
         out = tuple(_entry(name, v) for v in value)
@@ -93,7 +101,8 @@ class StageOptions:
     shard: tuple[str, ...]
     """per stage: "ddp", "fsdp" or "hsdp"."""
     recompute: tuple[Recompute, ...]
-    """per stage: False, True (every unit) or the module paths of the checkpointed units."""
+    """per stage: False, True (every unit), the module paths of the checkpointed units or
+    :data:`SELECTIVE_OP` (every unit, op-level selective)."""
     precision: tuple[str, ...]
     """per stage: "fp32" or "bf16"."""
     reshard_after_forward: tuple[bool, ...]
@@ -136,6 +145,8 @@ class StageOptions:
             r = self.recompute[s]
             if r is True:
                 bits.append("recompute")
+            elif r == SELECTIVE_OP:
+                bits.append("selective-op recompute")
             elif r:
                 bits.append(f"recompute {len(r)} units")
             if self.sharded(s) and self.reshard_after_forward[s] != default_reshard(self.num_stages):
@@ -164,7 +175,7 @@ def options_to_dict(placement: "Placement") -> dict[str, Any]:
     for f in FIELDS:
         v = getattr(placement, f, ())
         if v:
-            out[f] = [list(x) if isinstance(x, tuple) else x for x in v]
+            out[f] = [list(x) if isinstance(x, tuple) else x for x in v]  # "selective-op" stays a string
     return out
 
 
@@ -179,6 +190,19 @@ def options_from_dict(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def recomputed_units(rc: Recompute, names: Sequence[str]) -> tuple[np.ndarray, bool]:
+    """(which of the units ``names`` a stage's recompute value ``rc`` checkpoints, whether op by
+    op): True every unit, :data:`SELECTIVE_OP` every block (:func:`~autoplace.graph.units.is_block`:
+    torchtitan's op-level checkpointing wraps its transformer blocks, never the embedding or the
+    output projection), a tuple the units it names, False none."""
+    if rc == SELECTIVE_OP:
+        return np.array([is_block(n) for n in names], dtype=bool), True
+    if rc is True:
+        return np.ones(len(names), dtype=bool), False
+    chosen = set(rc) if isinstance(rc, (tuple, list)) else set()
+    return np.array([n in chosen for n in names], dtype=bool), False
+
+
 def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recompute: Any,
                     rank_of: Sequence[int] | None = None) -> Any:
     """A flat list of unit paths for a pipeline becomes one list per stage entry (each unit in
@@ -187,7 +211,7 @@ def split_recompute(graph: "OpGraph", stage_of_node: Any, num_stages: int, recom
     ``rank_of[s]`` is virtual stage ``s``'s rank, and a rank's entry lists the units of all its
     stages."""
     if num_stages <= 1 or not isinstance(recompute, (list, tuple)) or not recompute \
-            or not all(isinstance(x, str) for x in recompute):
+            or not all(isinstance(x, str) for x in recompute) or SELECTIVE_OP in recompute:
         return recompute
     units = block_units(graph)
     st = np.asarray(stage_of_node)
@@ -259,10 +283,11 @@ def option_problems(p: "Placement", graph: "OpGraph", cluster: "Cluster") -> lis
     opts = StageOptions.of(p)
     units = None
     for s, v in enumerate(opts.recompute):
-        if isinstance(v, bool):
+        if isinstance(v, bool) or v == SELECTIVE_OP:
             continue
         if not isinstance(v, tuple) or not all(isinstance(x, str) for x in v):
-            out.append(f"stage {s} has recompute={v!r}; it must be true, false or a list of unit module paths")
+            out.append(f"stage {s} has recompute={v!r}; it must be true, false, {SELECTIVE_OP!r} or a list of unit "
+                       "module paths")
             continue
         stages = p.stage_of_node
         if stages is None or stages.shape != (graph.num_nodes,):

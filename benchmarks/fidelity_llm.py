@@ -163,6 +163,8 @@ def recompute_value(g: OpGraph, how: str) -> Any:
         return True
     if how == "none":
         return False
+    if how == "selective-op":  # torchtitan's selective_ac_option="op": autoplace's "selective-op"
+        return "selective-op"
     if how == "every-2nd-block":
         from autoplace.graph.units import block_units
         return [u for k, u in enumerate(block_units(g).names) if k % 2 == 0]

@@ -75,14 +75,15 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 from numba import njit
 
-from ..graph.memory_facts import FORMAT, RNN_WORKSPACE, attach, measure, rnn_workspace_bytes
+from ..graph.memory_facts import FORMAT, RNN_WORKSPACE, SAC_MM, attach, measure, rnn_workspace_bytes, sac_saves
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
     from .analytic import CostModel
 
-__all__ = ["measure", "attach", "StepMemory", "step_memory", "FORMAT", "LOSS_SAVED", "LOSS_EXTRA_GRAD",
+__all__ = ["measure", "attach", "StepMemory", "step_memory", "facts_of", "saved_per_op", "selective_saves",
+           "grad_alive", "FORMAT", "LOSS_SAVED", "LOSS_EXTRA_GRAD",
            "SINGLE_TENSOR_ADAM_TEMPS", "RNN_WORKSPACE", "rnn_workspace_bytes"]
 
 LOSS_SAVED = 1.0
@@ -271,3 +272,86 @@ def step_memory(graph: "OpGraph", cost: "CostModel", cluster: "Cluster",
     if len(facts.get("trainable_bytes", ())) != graph.num_nodes:
         return None
     return StepMemory(graph, cost, cluster, facts, tied)
+
+
+# ---- the facts a stage reads (the sharded path, :mod:`autoplace.sim.fsdp_stage`) ---------------
+
+def facts_of(graph: "OpGraph") -> Mapping[str, Any] | None:
+    """``graph``'s memory facts when it has them for its ops (else None: the plain sum applies)."""
+    facts = graph.meta.get("memory")
+    if not isinstance(facts, Mapping) or facts.get("format") != FORMAT:
+        return None
+    if len(facts.get("trainable_bytes", ())) != graph.num_nodes:
+        return None
+    return facts
+
+
+def saved_per_op(facts: Mapping[str, Any], in_stage: np.ndarray) -> np.ndarray:
+    """(N,) traced bytes autograd saves for the backward of the ops ``in_stage`` (a boolean
+    mask), each storage once, on the earliest of its saving ops in the stage (its bytes live
+    until that op's backward), as :class:`StepMemory` counts them: a view or an in-place output
+    adds nothing, an output no backward needs is not there."""
+    out = np.zeros(in_stage.shape[0])
+    s_bytes = np.asarray(facts["saved_bytes"], dtype=np.float64)
+    if not s_bytes.size:
+        return out
+    ptr = np.asarray(facts["saved_ptr"], dtype=np.int64)
+    ops = np.asarray(facts["saved_ops"], dtype=np.int64)
+    big = in_stage.shape[0]
+    masked = np.where(in_stage[ops], ops, big)
+    counts = np.diff(ptr)
+    first = np.full(s_bytes.shape[0], big, dtype=np.int64)
+    nz = counts > 0
+    first[nz] = np.minimum.reduceat(masked, ptr[:-1][nz])
+    keep = first < big
+    np.add.at(out, first[keep], s_bytes[keep])
+    return out
+
+
+def selective_saves(facts: Mapping[str, Any], unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) traced bytes op-level selective checkpointing saves per op and (N,) FLOPs of those
+    saved calls, for the ops of units (``unit >= 0``): the calls :func:`~autoplace.graph.memory_facts.measure`
+    recorded, kept by :func:`~autoplace.graph.memory_facts.sac_saves` with the matmuls counted per
+    unit in execution order (every checkpointed call of a unit counts from 1). A graph traced
+    before these facts existed has none: zeros (everything recomputed)."""
+    n = unit.shape[0]
+    saved = np.zeros(n)
+    flops = np.zeros(n)
+    if "sac_ptr" not in facts:
+        return saved, flops
+    ptr = np.asarray(facts["sac_ptr"], dtype=np.int64)
+    mm = facts["sac_mm"]
+    nbytes = facts["sac_bytes"]
+    fl = facts["sac_flops"]
+    count: dict[int, int] = {}
+    for i in np.nonzero((unit >= 0) & (np.diff(ptr) > 0))[0].tolist():
+        u = int(unit[i])
+        for q in range(int(ptr[i]), int(ptr[i + 1])):
+            if mm[q]:
+                count[u] = count.get(u, 0) + 1
+            if not mm[q] or sac_saves(SAC_MM, count[u]):  # the other recorded calls are all saved
+                saved[i] += float(nbytes[q])
+                flops[i] += float(fl[q])
+    return saved, flops
+
+
+def grad_alive(graph: "OpGraph", nodes: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """(len(nodes),) bytes of activation gradients alive during the backward of each op of
+    ``nodes`` (sorted op indices): op p's output gradient ``grad[p]`` from the backward of its
+    last consumer inside ``nodes`` down to its own backward (:class:`StepMemory`'s rule)."""
+    k = nodes.shape[0]
+    if not k:
+        return np.zeros(0)
+    pos = np.full(graph.num_nodes, -1, dtype=np.int64)
+    pos[nodes] = np.arange(k)
+    if graph.num_edges:
+        src, dst = graph.edges[:, 0], graph.edges[:, 1]
+        inside = (pos[src] >= 0) & (pos[dst] >= 0)
+        lp = np.arange(k)
+        np.maximum.at(lp, pos[src[inside]], pos[dst[inside]])
+    else:
+        lp = np.arange(k)
+    diff = np.zeros(k + 1)
+    np.add.at(diff, np.arange(k), grad[nodes])
+    np.add.at(diff, lp + 1, -grad[nodes])
+    return np.cumsum(diff)[:k]

@@ -3,8 +3,10 @@
 :func:`measure` runs the traced fx graph once on fake tensors (no memory allocated,
 ``FakeTensorMode``) under autograd with ``saved_tensors_hooks``, and records per op the storages
 its backward saves, its trainable bytes, its largest parameter, the inputs it reads, the bytes of
-its outputs that carry a gradient and of the graph outputs it produces; :func:`attach` stores
-them in ``OpGraph.meta["memory"]`` (left out of the graph's hash). The terms of a step's peak
+its outputs that carry a gradient and of the graph outputs it produces, and the calls op-level
+selective checkpointing would save (:func:`sac_saves`: every matmul and attention call, with its
+output bytes and FLOPs); :func:`attach` stores them in ``OpGraph.meta["memory"]`` (left out of
+the graph's hash). The terms of a step's peak
 that read them are :mod:`autoplace.cost.memory`'s. They live here, beside the trace, because they
 are read off the fx graph (only ``graph/`` and ``rewrite/`` touch torch.fx).
 """
@@ -17,13 +19,38 @@ import numpy as np
 import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if TYPE_CHECKING:
     from .ir import OpGraph
 
-__all__ = ["measure", "attach", "rnn_workspace_bytes", "FORMAT", "RNN_WORKSPACE"]
+__all__ = ["measure", "attach", "rnn_workspace_bytes", "sac_saves", "FORMAT", "RNN_WORKSPACE", "SAC_SAVE", "SAC_MM"]
 
 FORMAT = "autoplace.memory/1"
+SAC_MM = "aten::mm"
+SAC_SAVE = frozenset({
+    SAC_MM,
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "_c10d_functional::reduce_scatter_tensor",
+})
+"""ATen ops whose outputs op-level selective activation checkpointing saves (torchtitan's
+``_save_list`` of ``selective_ac_option="op"``: ``mm``, the fused attention kernels and the
+functional reduce-scatter; the CPU flash kernel added, the CPU form of the same op). A biased
+linear runs ``addmm``, which is not in torchtitan's list (its models have no biases): it is
+recomputed, as there."""
+
+
+def sac_saves(op_name: str, mm_count: int) -> bool:
+    """Whether op-level selective checkpointing saves the output of one ATen call (``op_name`` as
+    ``OpOverload._schema.name``, ``"aten::mm"``) inside a checkpointed unit, ``mm_count`` the
+    matmuls of this forward of the unit so far, this one included: the ops of :data:`SAC_SAVE`,
+    except every second ``mm`` (torchtitan: "saves output of all compute ops, except every second
+    mm"). The rule both the runtime's policy (:mod:`autoplace.rewrite.units`) and the simulator's
+    prices (:mod:`autoplace.sim.fsdp_stage`, from the calls :func:`measure` records) read."""
+    return op_name in SAC_SAVE and not (op_name == SAC_MM and mm_count % 2 == 0)
 RNN_WORKSPACE = (9.375, 6.0, 28672.0)
 """rnn_workspace: ``nn.LSTM`` on a CPU runs oneDNN's LSTM (``mkldnn_rnn_layer``), which saves a
 workspace per layer and direction that fake tensors show as empty. Measured bytes:
@@ -62,6 +89,30 @@ class _Recorder(torch.fx.Interpreter):
         else:
             out = super().run_node(n)
         self.values[n.name] = out
+        return out
+
+
+class _SacCalls(TorchDispatchMode):
+    """Notes every ATen call of :data:`SAC_SAVE` (its op, whether a matmul, output bytes, FLOPs)."""
+
+    def __init__(self, rec: _Recorder) -> None:
+        super().__init__()
+        from .flops import flop_counter
+
+        self.rec = rec
+        self.formulas = flop_counter().flop_registry
+        self.calls: list[tuple[int, bool, float, float]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._schema.name
+        if name in SAC_SAVE and self.rec.current >= 0:
+            stores = {_storage_key(t): t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
+                      if isinstance(t, torch.Tensor)}
+            formula = self.formulas.get(func._overloadpacket)
+            flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
+            self.calls.append((self.rec.current, name == SAC_MM, float(sum(stores.values())), flops))
         return out
 
 
@@ -173,7 +224,8 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
             return rec.run(*args)
 
     runner = _Run()
-    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    sac = _SacCalls(rec)
+    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sac:
         out = torch.func.functional_call(runner, {f"gm.{k}": v for k, v in state.items()}, tuple(flat))
 
     grad_bytes = np.zeros(n_ops)
@@ -207,6 +259,9 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
     for k, key in enumerate(keys):
         ops += sorted(saved[key][1])
         ptr[k + 1] = len(ops)
+    sac_ptr = np.zeros(n_ops + 1, dtype=np.int64)  # the calls are in execution order, so per op in order
+    np.add.at(sac_ptr, [c[0] + 1 for c in sac.calls], 1)
+    order = sorted(range(len(sac.calls)), key=lambda k: sac.calls[k][0])  # stable: execution order inside an op
     return {
         "format": FORMAT,
         "trainable_bytes": trainable.tolist(),
@@ -218,6 +273,10 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
         "saved_bytes": [float(saved[k][0]) for k in keys],
         "saved_ptr": ptr.tolist(),
         "saved_ops": ops,
+        "sac_ptr": np.cumsum(sac_ptr).tolist(),
+        "sac_mm": [bool(sac.calls[k][1]) for k in order],
+        "sac_bytes": [sac.calls[k][2] for k in order],
+        "sac_flops": [sac.calls[k][3] for k in order],
     }
 
 

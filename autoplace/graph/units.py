@@ -36,7 +36,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .ir import OpGraph
 
-__all__ = ["Units", "block_units", "stage_units"]
+__all__ = ["Units", "block_units", "stage_units", "is_block"]
 
 _INDEX = re.compile(r"^\d+$")
 
@@ -65,6 +65,13 @@ class Units:
         except ValueError:
             shown = ", ".join(self.names[:6]) + (", ..." if len(self.names) > 6 else "")
             raise KeyError(f"no FSDP unit {name!r}; the units are {shown or 'none (all ops are in the root)'}") from None
+
+
+def is_block(path: str) -> bool:
+    """Whether the unit at module path ``path`` is a block (``layers.3``), not a top-level module
+    of its own (``tok_embeddings``, ``output``): op-level selective recompute applies to blocks
+    only, as torchtitan checkpoints only its transformer blocks."""
+    return bool(_INDEX.match(path.rsplit(".", 1)[-1]))
 
 
 def _block_of(path: str, containers: set[str]) -> str:

@@ -245,7 +245,7 @@ def _data_parallel(mod: torch.fx.GraphModule, wrapped: torch.nn.Module, k: int, 
     prefix = "mod." if wrapped is not mod else ""
     chosen = opts.recompute[k]
     shard_stage(wrapped, [prefix + u for u in units], dp_mesh, shard=opts.shard[k], recompute=(
-        True if chosen is True else tuple(prefix + u for u in chosen) if chosen else False),
+        chosen if chosen is True or chosen == "selective-op" else tuple(prefix + u for u in chosen) if chosen else False),
         bf16=opts.precision[k] == "bf16", reshard_after_forward=opts.reshard_after_forward[k],
         output_dtype=torch.float32 if last else torch.bfloat16)
     return units

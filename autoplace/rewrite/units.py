@@ -5,7 +5,7 @@ simulator charges) one submodule call: the unit's fx nodes move into a GraphModu
 unit's module path, holding the same leaf modules and parameters under the same names, so
 ``state_dict()`` keys do not change. :func:`shard_stage` checkpoints the recomputed units and
 ``fully_shard``-s the units and the stage module (the root) over a DeviceMesh of the stage's
-replicas, as torchtitan composes them: checkpoint inside, FSDP outside (a bf16 DDP stage: the
+replicas (recompute ``"selective-op"``: every block checkpointed op by op), as torchtitan composes them: checkpoint inside, FSDP outside (a bf16 DDP stage: the
 casts of :mod:`autoplace.rewrite.mixed_precision` inside the checkpoints).
 """
 
@@ -22,7 +22,9 @@ import torch.fx
 from torch.fx.node import Node
 from torch.utils.checkpoint import checkpoint
 
-from ..graph.units import block_units, stage_units
+from ..graph.memory_facts import SAC_MM, sac_saves
+from ..graph.units import block_units, is_block, stage_units
+from ..parallel import SELECTIVE_OP
 from .errors import ShardedRunError
 from .mixed_precision import cast_stage, full_precision, in_fp32
 
@@ -159,11 +161,34 @@ def outline_units(gm: torch.fx.GraphModule, unit_of: Mapping[str, str], *,
 # ---- sharding a stage ---------------------------------------------------------------------------
 
 
-def _checkpointed(unit: torch.nn.Module) -> None:
-    """Recompute ``unit``'s forward in its backward (its saved activations are only its inputs)."""
+def _selective_context() -> tuple[Any, Any]:
+    """The contexts of one checkpointed call under op-level selective checkpointing: the outputs
+    of the ATen calls :func:`~autoplace.graph.memory_facts.sac_saves` keeps are saved in the
+    forward and reused in the recompute, every other op runs again (torch's
+    ``create_selective_checkpoint_contexts``; the matmuls are counted per call, apart for the
+    forward and the recompute, so both take the same decisions)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        name = func._schema.name
+        phase = "recompute" if ctx.is_recompute else "forward"
+        if name == SAC_MM:
+            count[phase] += 1
+        return CheckpointPolicy.MUST_SAVE if sac_saves(name, count[phase]) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _checkpointed(unit: torch.nn.Module, *, selective: bool = False) -> None:
+    """Recompute ``unit``'s forward in its backward: its saved activations are only its inputs,
+    or with ``selective`` also the outputs of its matmuls and attention (:func:`_selective_context`)."""
     inner = unit.forward
 
     def forward(*args: Any) -> Any:
+        if selective:
+            return checkpoint(inner, *args, use_reentrant=False, context_fn=_selective_context)
         return checkpoint(inner, *args, use_reentrant=False)
 
     unit.forward = forward  # type: ignore[method-assign]
@@ -177,10 +202,12 @@ def shard_stage(stage: torch.nn.Module, units: Sequence[str], mesh: Any, *, shar
     in bf16). Returns the stage module."""
     if shard == "ddp" and bf16:
         cast_stage(stage, units, output_dtype=output_dtype or torch.float32)
-    chosen = set(units) if recompute is True else set(recompute or ())
+    selective = recompute == SELECTIVE_OP
+    chosen = set(units) if recompute is True else {u for u in units if is_block(u)} if selective \
+        else set(recompute or ())
     for path in units:
         if path in chosen:
-            _checkpointed(stage.get_submodule(path))
+            _checkpointed(stage.get_submodule(path), selective=selective)
     if shard == "ddp":
         return stage
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

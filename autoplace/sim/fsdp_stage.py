@@ -61,8 +61,9 @@ import numpy as np
 from numba import njit
 
 from ..graph.units import block_units
-from ..parallel import StageOptions, hsdp_shape
-from .ddp import ring_link
+from ..cost.memory import LOSS_EXTRA_GRAD, LOSS_SAVED, facts_of, grad_alive, saved_per_op, selective_saves
+from ..parallel import StageOptions, hsdp_shape, recomputed_units
+from .ddp import bn_channels, bn_sync_op_seconds, ring_link
 
 if TYPE_CHECKING:
     from ..graph.ir import OpGraph
@@ -145,8 +146,9 @@ class ShardedStage:
         rc = opts.recompute[s]
         names = block_units(g).names
         self.units = own
-        self.recomputed = np.array([rc is True or (not isinstance(rc, bool) and names[u] in rc) for u in own],
-                                   dtype=bool)
+        self.recomputed, self.selective = recomputed_units(rc, [names[u] for u in own])
+        """which units are checkpointed; whether op by op (``"selective-op"``: their matmul and
+        attention outputs saved, the rest recomputed)."""
         k_units = len(own)
         # item of every op of the stage: 0 root head, 1..K units, K+1 root tail
         local = {u: k + 1 for k, u in enumerate(own)}
@@ -216,7 +218,52 @@ class ShardedStage:
         for (a, it), x in seen.items():
             inputs[it] += x
         self.inputs = inputs
+        self._activation_terms(sim, nodes, item, unit, tf[nodes, devs[0]] * (tp.work[nodes] if tp is not None else 1.0),
+                               tp.act[nodes] if tp is not None else np.ones(nodes.size))
         self._links(sim)
+        self._bn_sync(sim, nodes, item)
+
+    def _activation_terms(self, sim: "Simulator", nodes: np.ndarray, item: np.ndarray, unit: np.ndarray,
+                          t_op: np.ndarray, act_share: np.ndarray) -> None:
+        """Per op of the stage, from the graph's traced memory facts (:func:`~autoplace.cost.memory.facts_of`):
+        the bytes autograd saves for it (each storage once), the loss's fp32 terms, the activation
+        gradients alive during its backward, and per unit what op-level selective checkpointing
+        keeps and recomputes. All in traced bytes at a TP device's share; the loss's fp32 bytes
+        divided by ``act_scale`` so that the callers' one activation scale leaves them in fp32.
+        Without facts (a PipeDream profile): every op's output saved, no gradient term, and a
+        selective unit priced as a full recompute in time and as none in memory (an upper bound)."""
+        g = sim.graph
+        self.item = item
+        facts = facts_of(g)
+        k_items = len(self.p)
+        self.sac = np.zeros(k_items)
+        self.loss_op = np.zeros(nodes.size)
+        self.grad_op = np.zeros(nodes.size)
+        if facts is None:
+            self.a_op = g.out_bytes[nodes] * act_share
+            self.has_facts = False
+            return
+        self.has_facts = True
+        in_stage = np.zeros(g.num_nodes, dtype=bool)
+        in_stage[nodes] = True
+        self.a_op = saved_per_op(facts, in_stage)[nodes] * act_share
+        self.act = np.zeros(k_items)
+        np.add.at(self.act, item, self.a_op)
+        outputs = np.asarray(facts["output_bytes"], dtype=np.float64)[nodes]
+        self.loss_op = LOSS_SAVED * outputs / self.act_scale
+        grad = np.asarray(facts["grad_bytes"], dtype=np.float64)
+        self.grad_op = grad_alive(g, nodes, grad) * act_share + LOSS_EXTRA_GRAD * outputs / self.act_scale
+        if self.selective:
+            sac_bytes, sac_flops = selective_saves(facts, unit)
+            np.add.at(self.sac, item, sac_bytes[nodes] * act_share)
+            fl = g.fwd_flops[nodes]
+            again = t_op * np.where(fl > 0, 1.0 - np.clip(sac_flops[nodes] / np.maximum(fl, 1.0), 0.0, 1.0), 1.0)
+            part, whole = np.zeros(k_items), np.zeros(k_items)
+            np.add.at(part, item, again)
+            np.add.at(whole, item, t_op)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                frac = np.where(whole > 0, part / whole, 1.0)
+            self.f_again = self.f_again * frac  # only the ops whose outputs are not saved run again
 
     def _links(self, sim: "Simulator") -> None:
         """The data-parallel rings: over each TP index's replicas (``devs[i::t]``, all at once on
@@ -241,6 +288,22 @@ class ShardedStage:
                 self.inv = max(self.inv, max((sim.inv_bw[i, j] for i, j in inner), default=0.0))
                 self.x_lat = max(self.x_lat, max((sim.lat[i, j] for i, j in outer), default=0.0))
                 self.x_inv = max(self.x_inv, max((sim.inv_bw[i, j] for i, j in outer), default=0.0))
+
+    def _bn_sync(self, sim: "Simulator", nodes: np.ndarray, item: np.ndarray) -> None:
+        """The runtime's synchronised BatchNorm statistics (:func:`~.ddp.bn_sync_op_seconds`) in
+        every forward and backward of each item, and again in a recomputed unit's forward."""
+        if sim.cost.batch_norm != "sync" or self.n <= 1:
+            return
+        ch = bn_channels(sim)[nodes]
+        if not ch.any():
+            return
+        links = [ring_link(sim.cluster, sim.lat, sim.inv_bw, self.devs[i::self.t]) for i in range(self.t)]
+        per_op = bn_sync_op_seconds(ch, self.n, max(x[0] for x in links), max(x[1] for x in links))
+        extra = np.zeros(len(self.f))
+        np.add.at(extra, item, per_op)
+        self.f = self.f + extra
+        self.b = self.b + extra
+        self.f_again = self.f_again + extra
 
     # ---- collectives ------------------------------------------------------------------------
 
@@ -293,14 +356,31 @@ class ShardedStage:
     # ---- memory ------------------------------------------------------------------------------
 
     def saved_activations(self) -> tuple[float, float]:
-        """(fp32 bytes saved for backward per full batch, extra while one checkpointed unit's
-        backward runs), before scaling to a micro-batch share."""
-        act = self.act.copy()
-        rc = np.zeros_like(act, dtype=bool)
+        """(traced bytes one micro-batch keeps from its forward to its backward, the most its
+        backward holds beyond them), per full batch before scaling to a micro-batch share.
+
+        The backward sweep (the traced facts, :meth:`_activation_terms`): during the backward of
+        op i the saved bytes of ops <= i are alive (a checkpointed unit keeps its inputs, and
+        op-level selective also its saved matmul and attention outputs, until its backward
+        recomputes the rest: then all its activations exist), beside the activation gradients
+        alive there; the peak of that sweep is the forward's end plus the second term."""
+        act = self.act
+        rc = np.zeros(len(act), dtype=bool)
         rc[1:-1] = self.recomputed
-        saved = float(np.where(rc, self.inputs, act).sum())
-        remat = float(act[rc].max(initial=0.0))
-        return saved, remat
+        if not self.has_facts:
+            keep = np.where(rc, self.inputs, act)
+            if self.selective:
+                keep = act  # without facts: as no recompute in memory (see _activation_terms)
+            return float(keep.sum()), float(act[rc].max(initial=0.0)) if not self.selective else 0.0
+        rc_op = rc[self.item]
+        kept = np.where(rc_op, 0.0, self.a_op) + self.loss_op
+        first = np.unique(self.item, return_index=True)[1]
+        kept[first] += np.where(rc, self.inputs + self.sac, 0.0)[self.item[first]]  # a checkpointed unit's first op
+        alive = np.cumsum(kept)
+        again = np.where(rc_op, act[self.item], 0.0)
+        saved = float(alive[-1]) if alive.size else 0.0
+        top = float((alive + again + self.grad_op).max(initial=0.0))
+        return saved, max(top - saved, 0.0)
 
     def param_copies(self) -> tuple[float, np.ndarray]:
         """A bf16 stage that is not sharded casts its fp32 parameters to bf16 on every forward
@@ -320,11 +400,7 @@ class ShardedStage:
         """Bytes that exist while one recomputed unit's backward runs (the largest such unit): its
         activations at ``share`` of their traced bytes, and a bf16 DDP stage's parameter copies."""
         _, again = self.param_copies()
-        if not again.any():
-            return self.saved_activations()[1] * share
-        rc = np.zeros(len(self.p), dtype=bool)
-        rc[1:-1] = self.recomputed
-        return float((self.act * share + again)[rc].max(initial=0.0))
+        return self.saved_activations()[1] * share + float(again.max(initial=0.0))
 
 
 SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
