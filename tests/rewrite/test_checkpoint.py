@@ -183,10 +183,10 @@ def test_checkpoint_matrix_on_two_processes(tmp_path: Path) -> None:
     assert all(n == 1 for n, _ in ddp["chunks"].values())  # two replicas, each key once
     assert {r["kind"] for r in got["zbv"]} == {"MultiStageRunner"}
     assert {r["kind"] for r in got["online"]} == {"OnlinePipeline"}
-    _check_report(got["pp"], "PipelineRunner", "pipeline rank")
+    _check_report(got["pp"], "MultiStageRunner", "pipeline rank")
     for r in got["pp"]:  # report(cluster, against=...): the claim over the recipes, with each term's published check
         assert r["against"].startswith(r["report"]) and "ddp recipes on this cluster (simulated):" in r["against"], r["against"]
-    _check_report(got["fsdp"], "FSDPRunner", "FSDP rank")
+    _check_report(got["fsdp"], "LoopRunner", "FSDP rank")
     _check_report(got["zbv"], "MultiStageRunner", "pipeline rank")
     assert "replica 1 of 2" in got["ddp"][1]["report"] and "zbv" in got["zbv"][0]["report"]
     # fx's tensor constant is a stage buffer (raw key), not model state: not in the checkpoint, nor gathered
@@ -216,7 +216,7 @@ def test_checkpoint_matrix_on_four_processes(tmp_path: Path) -> None:
     hsdp = got["hsdp"][0]
     # sharded over the 2 devices of a host, replicated across hosts: 2 chunks per weight, not 4
     assert hsdp["dtensors"] and all(hsdp["chunks"][k][0] == 2 for k in hsdp["dtensors"] if "weight" in k)
-    _check_report(got["hsdp"], "FSDPRunner", "FSDP rank")
+    _check_report(got["hsdp"], "LoopRunner", "FSDP rank")
     print("\n".join(f"{k}: {v:.2e}" for k, v in MEASURED.items()))
 
 

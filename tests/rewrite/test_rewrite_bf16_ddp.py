@@ -75,7 +75,7 @@ def _check(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
 def test_bf16_ddp_on_2_processes_trains_as_the_unsplit_model_in_bf16(tmp_path: Path) -> None:
     pw.launch_cases(CHILD, tmp_path, 2, DDP2, timeout=400)
     _check(tmp_path, 2, DDP2)
-    assert all(torch.load(tmp_path / f"ddp2-rank{r}.pt")["kind"] == "PipelineRunner" for r in range(2))
+    assert all(torch.load(tmp_path / f"ddp2-rank{r}.pt")["kind"] == "LoopRunner" for r in range(2))
 
 
 @pytest.mark.slow

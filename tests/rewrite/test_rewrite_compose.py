@@ -1,7 +1,7 @@
 """Composed plans under a real `torchrun` launch (gloo, CPU, fp32), through the user's path
 (``autoplace.wrap(mode="pipeline", plan=...)``): every dimension applied per stage in
-torchtitan's order (TP, then recompute, then FSDP/HSDP/DDP) by the one schedule builder
-(:func:`autoplace.rewrite.schedules.build_schedule_runner`). After 5 SGD steps the loss and every
+torchtitan's order (TP, then recompute, then FSDP/HSDP/DDP), then one stage's data-parallel loop
+or the one schedule builder (:mod:`autoplace.rewrite.compose`). After 5 SGD steps the loss and every
 parameter equal the unsplit model's to 1e-5, for TP with data-parallel replicas (DDP and FSDP),
 interleaved 1F1B with recompute and DP, ZBV with FSDP stages, PP x TP with FSDP, and (slow, 8
 processes) PP2 x TP2 x DP2."""
@@ -34,8 +34,9 @@ FOUR = [
 def _check(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
     for c in cases:
         parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)]
-        # the one composed builder ran it; one FSDP stage with TP runs FSDP's own loop (torchtitan's 2-D)
-        want = "FSDPRunner" if c["pp"] == 1 and c.get("shard") in ("fsdp", "hsdp") else "MultiStageRunner"
+        # the one composition ran it: one stage (any shard kind, with TP: torchtitan's 2-D) runs its
+        # data-parallel loop, every pipeline the one schedule builder
+        want = "LoopRunner" if c["pp"] * c.get("v", 1) == 1 else "MultiStageRunner"
         assert all(p["kind"] == want for p in parts), (c, want)
         seen = [p for p in parts if p["losses"]]
         assert seen and all(len(p["losses"]) == 5 for p in seen), c
