@@ -23,6 +23,10 @@ SEQUENTIAL_SETS: list[bool] = [False]
 """True: message sets charged what the probe measured with each set received one tensor at a time
 (``HostProbe.sequential_set_s``, the probe before ``shared_cores.receive_set``;
 ``fidelity_cpu.py --repredict --sequential-sets``), for a comparison on the same measurements."""
+BN_OF_KIND = {"ddp": "local"}
+"""``CostModel.batch_norm`` per plan kind as :mod:`fidelity_cpu` runs it: its ddp row is torch's own DDP
+(``nn.BatchNorm`` per replica); its pipelines run the runtime's default, ``"sync"`` (one replica per
+stage: no statistics all-reduce either)."""
 FIT_MODELS: tuple[str, ...] = ("gpt2", "resnet18")
 """the models whose pipeline runs fit the two runtime constants (``fit_runtime``); the others
 (GNMT-4 unrolled, Inception-V3) are held out."""
@@ -119,19 +123,28 @@ def predictions(graph_old: OpGraph, graph: OpGraph, plans: dict[str, dict[str, A
             cb, ca = p2p_old, ring
         else:
             cb, ca = p2p_old, p2p
-        before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb, cost=before_cost, timeline=False)
-        after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=after_cost, timeline=False)
-        cpu_only = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=cpu_cost, timeline=False)
+        # fidelity_cpu runs its ddp row as torch's own DistributedDataParallel over nn.BatchNorm
+        # (statistics per replica), not the runtime's batch_norm="sync": no statistics all-reduce
+        bn = BN_OF_KIND.get(kind, "sync")
+        before = autoplace.simulate(graph_old, placement(graph_old, plan, cb), cb,
+                                    cost=replace(before_cost, batch_norm=bn), timeline=False)
+        after = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=replace(after_cost, batch_norm=bn),
+                                   timeline=False)
+        cpu_only = autoplace.simulate(graph, placement(graph, plan, ca), ca, cost=replace(cpu_cost, batch_norm=bn),
+                                      timeline=False)
         # CPU seconds each rank's main thread computes: its ops and update (no waiting, none of the
         # wall-time terms of shared cores)
-        no_in = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=iso_cost, timeline=False)
-        no_in_cpu = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=iso_cpu, timeline=False)
+        no_in = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=replace(iso_cost, batch_norm=bn),
+                                   timeline=False)
+        no_in_cpu = autoplace.simulate(iso, placement(iso, plan, ca), ca, cost=replace(iso_cpu, batch_norm=bn),
+                                       timeline=False)
         out[key] = {"before_s": float(before.step_time_s), "after_s": float(after.step_time_s),
                     "cpu_terms_only_s": float(cpu_only.step_time_s),
                     "after_compute_s": [float(x) for x in cpu_only.compute_s],
                     "no_in_step_s": float(no_in.step_time_s),
                     "no_in_step_compute_s": [float(x) for x in no_in_cpu.compute_s]}
-        out[key]["ahead_s"] = (float(autoplace.simulate(ahead, placement(ahead, plan, ca), ca, cost=after_cost,
+        out[key]["ahead_s"] = (float(autoplace.simulate(ahead, placement(ahead, plan, ca), ca,
+                                                        cost=replace(after_cost, batch_norm=bn),
                                                         timeline=False).step_time_s)
                                if ahead is not None else out[key]["after_s"])
     return out

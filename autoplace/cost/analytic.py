@@ -145,6 +145,11 @@ class CostModel:
     causal_attention: bool = True
     """attention ops run a causal kernel (half the traced FLOPs, which ignore the mask); used
     only with ``shape_efficiency``. The zoo's GPT-2 and Llama are causal, BERT is not."""
+    batch_norm: str = "sync"
+    """how the runtime runs BatchNorm on a replicated stage (``wrap(..., batch_norm=)``):
+    ``"sync"`` (its default) all-reduces the statistics over the replicas, which the simulator
+    charges (:func:`autoplace.sim.ddp.bn_sync_op_seconds`); ``"local"`` (and torch's own DDP with
+    ``nn.BatchNorm``) does not."""
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZER_STATE:
@@ -164,6 +169,9 @@ class CostModel:
             raise ValueError(f"link efficiencies must be in (0, 1]; got {bad}")
         if self.dtype_bytes not in (2, 4):
             raise ValueError(f"dtype_bytes is {self.dtype_bytes!r}; it must be 4 (fp32) or 2 (fp16/bf16)")
+        if self.batch_norm not in ("sync", "local"):
+            raise ValueError(f"batch_norm is {self.batch_norm!r}; it must be 'sync' (statistics all-reduced over a "
+                             "stage's replicas, the runtime's default) or 'local'")
         if self.reduce_dtype_bytes not in (None, 2, 4):
             raise ValueError(f"reduce_dtype_bytes is {self.reduce_dtype_bytes!r}; it must be None (the compute "
                              "dtype), 4 (fp32) or 2 (fp16/bf16)")

@@ -188,7 +188,7 @@ class HostCostModel(CostModel):
         """Per stage, seconds the runtime adds to each forward action, each backward action and
         once per step (with the update): the pipeline runtime's per action and per step costs
         and its whole-batch BatchNorm for plans of two stages or more (one stage runs without
-        that runtime), and DDP's for replicated stages."""
+        that runtime) or with replicas (with ``batch_norm="sync"``), and DDP's for replicated stages."""
         n_st = len(replicas)
         fo, bo, uo = np.zeros(n_st), np.zeros(n_st), np.zeros(n_st)
         st = np.asarray(stage_of_node)
@@ -206,19 +206,20 @@ class HostCostModel(CostModel):
                 fo += extra
                 bo += extra
             uo += float(self.pipeline_step_s.get(schedule, 0.0)) + self.fitted_step_s
-            if self.batchnorm_s:
-                bn = np.array(["batchnorm" in k.lower() for k in graph.kinds])
-                in_bytes = np.zeros(graph.num_nodes)
-                if graph.num_edges:
-                    np.add.at(in_bytes, graph.edges[:, 1], graph.edge_bytes)
-                for s in range(n_st):
-                    sel = bn & (st == s)
-                    share = float(in_bytes[sel].sum()) / (microbatches * replicas[s])
-                    extra = self.batchnorm_s.get("per_call_s", 0.0) * int(sel.sum()) \
-                        + self.batchnorm_s.get("per_byte_s", 0.0) * share
-                    fo[s] += extra / 2
-                    bo[s] += extra / 2
-                    uo[s] += self.batchnorm_s.get("commit_s", 0.0) * int(sel.sum())
+        # the runtime's BatchNorm stands in for torch's where the step splits the batch (batch_norm="sync")
+        if self.batchnorm_s and self.batch_norm == "sync" and (n_st > 1 or np.any(replicas > 1)):
+            bn = np.array(["batchnorm" in k.lower() for k in graph.kinds])
+            in_bytes = np.zeros(graph.num_nodes)
+            if graph.num_edges:
+                np.add.at(in_bytes, graph.edges[:, 1], graph.edge_bytes)
+            for s in range(n_st):
+                sel = bn & (st == s)
+                share = float(in_bytes[sel].sum()) / (microbatches * replicas[s])
+                extra = self.batchnorm_s.get("per_call_s", 0.0) * int(sel.sum()) \
+                    + self.batchnorm_s.get("per_byte_s", 0.0) * share
+                fo[s] += extra / 2
+                bo[s] += extra / 2
+                uo[s] += self.batchnorm_s.get("commit_s", 0.0) * int(sel.sum())
         if self.ddp_s and np.any(replicas > 1):
             p = profile_terms(graph)
             tensors = np.asarray(p["update"]["param_tensors"], dtype=float) if p and p.get("update") and \

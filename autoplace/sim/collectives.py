@@ -25,13 +25,15 @@ their bytes (whole tensors), read from the facts the simulator prices:
   a TP device's share); in a pipeline the root is gathered once a step, the units once a step or
   (with ``reshard_after_forward``) in every forward and every backward action, and every item
   is reduced once after the last backward;
+- BatchNorm statistics (``cost.batch_norm == "sync"``, the runtime's default), on every stage with
+  replicas (DDP or sharded): :func:`~.ddp.bn_sync_collectives` over the replicas of each TP index;
 - point-to-point: per boundary between virtual stages on different ranks and micro-batch, one
   send of the boundary's bytes (:func:`~.stages.boundary_bytes`, ``1/(M d)`` of them) forward
   and one back, from each replica's first device to the next rank's (:mod:`.multistage`'s links).
 
 What is not listed because the simulator does not price it: tied parameters' moves (the
 simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
-BatchNorm's whole-batch statistics, the runtime's bookkeeping (a step's liveness gate, the loss
+the runtime's bookkeeping (a step's liveness gate, the loss
 averaged over replicas) and what runs once (DDP's bucket rebuild in its second step). Duplicated from the simulator
 (not exposed there): the 1/tp parameter share of a pair inside one stage (:mod:`.multistage`'s
 ``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
@@ -49,7 +51,7 @@ import numpy as np
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
 from ..pipeline_rules import stage_ranks
-from .ddp import ddp_sync
+from .ddp import bn_sync_collectives, ddp_sync, graph_bn_channels
 from .fsdp_stage import ShardedStage, recompute_skips
 from .stages import boundary_bytes, stage_groups
 from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share
@@ -174,6 +176,13 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                 for dev in dp_group(r, i):
                     out.add(dev, "all_reduce", "dp", dp_group(r, i), buckets, gs * float(p_op[ops].sum()),
                             "ddp.ddp_sync buckets")
+        channels = graph_bn_channels(graph)[ops] if d > 1 and cost.batch_norm == "sync" else np.zeros(0)
+        if channels.any():  # BatchNorm statistics over the replicas, DDP or sharded (ddp.bn_sync_op_seconds)
+            again = _recomputed(graph, st, opts.recompute[at(s)])[ops]
+            count, nbytes = bn_sync_collectives(channels, m, recomputed=again)
+            for i in range(t):
+                for dev in dp_group(r, i):
+                    out.add(dev, "all_reduce", "dp", dp_group(r, i), count, nbytes, "ddp.bn_sync_op_seconds")
     if any(opts.sharded(at(s)) for s in range(k)):
         _sharded(graph, cluster, cost, st, k, m, rank_of, opts, at, dp_group, t, out)
     # a value crosses in 16 bits where its stage or the cost model computes in 16 (ShardedStage.act_scale)

@@ -19,6 +19,14 @@ Multi-rail (:func:`ring_link`): a ring across hosts whose group has g devices on
 its inter-host hops over ``Cluster.rails(group)`` = min(g, nics) network cards at once (NCCL's one
 channel per card, NVIDIA/nccl #412 and #495), so its inter-host inverse bandwidth is divided by
 that, never below the slowest link inside a host (every channel also crosses it).
+
+BatchNorm statistics (:func:`bn_sync_op_seconds`): with ``CostModel.batch_norm == "sync"`` (the
+runtime's default) every BatchNorm module of a replicated stage all-reduces its statistics over
+the stage's replicas in training (:class:`autoplace.rewrite.batchnorm.BatchStatsNorm`, cross-GPU BN
+as in Peng et al., "MegDet", CVPR 2018, section 3.2): per layer and micro-batch, in the forward the
+sums and the count (``C + 1`` fp32 values) and then the squared deviations (``C``), one after the
+other; in the backward the gradients of both (the same sizes). Each is a blocking ring on the
+compute's critical path (the next op needs its result): ``ring(B)`` above, not overlapped.
 """
 
 from __future__ import annotations
@@ -30,11 +38,18 @@ from numba import njit
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
+    from ..graph.ir import OpGraph
+    from .simulator import Simulator
 
-__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link", "ring_link"]
+__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link", "ring_link", "bn_channels", "graph_bn_channels",
+           "bn_sync_op_seconds", "bn_sync_collectives", "BN_SYNC_ELEMENT_BYTES"]
 
 DDP_BUCKET_BYTES = 25.0 * 2**20
 """DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
+
+BN_SYNC_ELEMENT_BYTES = 4.0
+"""bytes per synchronised BatchNorm statistic: the runtime computes them in float32 (or wider)
+for every input dtype (``BatchStatsNorm``'s compute dtype)."""
 
 
 @njit(cache=True)
@@ -141,3 +156,55 @@ def ring_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray, devices: 
     inv_in = float(sub[pair & same].max(initial=0.0))
     inv_x = float(sub[pair & ~same].max(initial=0.0))
     return lt, max(inv_in, inv_x / cluster.rails(d.tolist()))
+
+
+def bn_channels(sim: "Simulator") -> np.ndarray:
+    """:func:`graph_bn_channels` of the simulator's graph, computed once per simulator."""
+    got = sim.__dict__.get("_bn_channels")
+    if got is None:
+        got = sim.__dict__["_bn_channels"] = graph_bn_channels(sim.graph)
+    return got
+
+
+def graph_bn_channels(graph: "OpGraph") -> np.ndarray:
+    """(N,) channels of every op that is a BatchNorm module (kind ``BatchNorm1d/2d/3d``, as the
+    runtime converts them; a graph's functional ``batch_norm`` calls it cannot convert count 0),
+    from its trainable bytes (weight and bias: ``2 C`` fp32 values), or without an affine
+    transform from its buffers (running mean and variance: ``2 C``, beside an int64 counter)."""
+    from ..cost.host import trainable_bytes
+
+    is_bn = np.array(["batchnorm" in str(k).lower() for k in graph.kinds], dtype=bool)
+    if not is_bn.any():
+        return np.zeros(graph.num_nodes)
+    grads = np.asarray(trainable_bytes(graph), dtype=np.float64)
+    params = np.asarray(graph.param_bytes, dtype=np.float64)
+    c = np.where(grads > 0, grads / 8.0, np.maximum(params - 8.0, 0.0) / 8.0)
+    return np.where(is_bn, np.maximum(np.round(c), 1.0), 0.0)
+
+
+def bn_sync_op_seconds(channels: np.ndarray, replicas: int, lat: float, inv_bw: float) -> np.ndarray:
+    """(N,) seconds the synchronised statistics add to one forward of one micro-batch of every
+    op with ``channels`` > 0 on a stage of ``replicas`` (the backward adds the same): two blocking
+    rings (module docstring) of ``C + 1`` and ``C`` fp32 values over the group's link (``lat``,
+    ``inv_bw``: its largest latency and inverse bandwidth). Zero with one replica."""
+    ch = np.asarray(channels, dtype=np.float64)
+    r = int(replicas)
+    if r <= 1:
+        return np.zeros(ch.shape[0])
+    nbytes = BN_SYNC_ELEMENT_BYTES * (2.0 * ch + 1.0)  # both rings' bytes
+    out = 2.0 * (r - 1) / r * nbytes * inv_bw + 2.0 * 2.0 * (r - 1) * lat
+    return np.where(ch > 0, out, 0.0)
+
+
+def bn_sync_collectives(channels: np.ndarray, microbatches: int, *, recomputed: np.ndarray | None = None
+                        ) -> tuple[int, float]:
+    """(all-reduces, their bytes) one replica of a stage runs in a step for its BatchNorm
+    statistics: per layer and micro-batch two in the forward and two in the backward (a
+    recomputed layer's checkpoint runs its forward's two again), of ``C + 1`` and ``C`` values."""
+    ch = np.asarray(channels, dtype=np.float64)
+    on = ch > 0
+    again = on & (np.asarray(recomputed, dtype=bool) if recomputed is not None else np.zeros_like(on))
+    per_layer = BN_SYNC_ELEMENT_BYTES * (2.0 * ch + 1.0)
+    count = int(microbatches) * (4 * int(on.sum()) + 2 * int(again.sum()))
+    nbytes = float(microbatches) * (2.0 * per_layer[on].sum() + per_layer[again].sum())
+    return count, nbytes

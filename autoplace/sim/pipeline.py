@@ -39,7 +39,9 @@ Replicated stages (data parallel inside a stage, as in PipeDream's planner)
     are reduced one after another in that order, each starting at max(ready, previous bucket's
     end); the gradients are ready when the last bucket is reduced (and not before the backward
     ends). So gradients made late in backward (a model's first layers) are exposed, and each
-    bucket pays the ring's latency.
+    bucket pays the ring's latency. With the runtime's synchronised BatchNorm
+    (``CostModel.batch_norm == "sync"``) every forward and backward action of a replicated stage
+    also waits for its BatchNorm layers' statistics rings (:func:`autoplace.sim.ddp.bn_sync_op_seconds`).
     All-reduces do not contend with the pipeline's transfers (they use the links inside the
     group). Every replica holds the whole stage's parameters, gradients and optimizer state.
     Plain data parallelism is one stage on every device. In the timeline (and ``link_busy_s``)
@@ -84,7 +86,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from .ddp import DDP_BUCKET_BYTES, ddp_buckets, group_link, ring_link
+from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_op_seconds, ddp_buckets, group_link, ring_link
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, schedule_actions
 from .stages import boundary_bytes, link_events
@@ -349,8 +351,16 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         f_rep += np.repeat(fo, reps)
         b_rep += np.repeat(bo, reps)
         u_rep += np.repeat(uo, reps)
-    order, inflight = flush_order(n_st, m_count, schedule)
     t = sim.tables
+    if sim.cost.batch_norm == "sync" and len(groups) < len(stage_dev):  # BatchNorm statistics (autoplace.sim.ddp)
+        channels = bn_channels(sim)
+        for s, grp in enumerate(groups):
+            if len(grp) > 1 and channels[st == s].any():
+                lt, inv = ring_link(sim.cluster, t.lat, t.inv_bw, grp)
+                bn_s = float(bn_sync_op_seconds(channels[st == s], len(grp), lt, inv).sum())
+                f_rep[stage_ptr[s]:stage_ptr[s + 1]] += bn_s
+                b_rep[stage_ptr[s]:stage_ptr[s + 1]] += bn_s
+    order, inflight = flush_order(n_st, m_count, schedule)
     # DDP rings: gradients in the cost model's reduce dtype, multi-rail across hosts (autoplace.sim.ddp)
     rails = any(d.host_nics for d in sim.cluster.devices)  # else the slowest link of each group, as ddp_buckets finds
     ddp = (float(sim.cost.grad_scale()),
