@@ -38,6 +38,7 @@ recomputed unit's backward).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from .simulator import Simulator
 
 __all__ = ["StageCosts", "stage_costs", "op_times", "ddp_tails", "action_seconds", "sharded_fixed_bytes",
-           "options_of_stages", "sharded_stages"]
+           "options_of_stages", "sharded_stages", "resident_ratio"]
 
 
 class StageCosts(NamedTuple):
@@ -212,6 +213,28 @@ def options_of_stages(options: StageOptions, rank_of: np.ndarray) -> StageOption
                         reshard_after_forward=tuple(options.reshard_after_forward[i] for i in r))
 
 
+def resident_ratio(sim: "Simulator", parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, D) forward and backward 16-bit op times without the GEMM size term over those with it,
+    at ``1/parts`` of the batch (ones where the cost model has no such term), cached on the simulator.
+
+    The size term (:data:`autoplace.cost.efficiency.SIZE_HALF_TOKENS`, fitted on FSDP runs) stands
+    for costs paid per micro-batch in proportion to the weights: gathering and casting them for
+    every micro-batch. A stage that is not sharded keeps its weights resident (DDP, TP and pipeline
+    stages as Megatron-LM runs them), so its GEMMs run at the shape's efficiency alone."""
+    cost = sim.cost
+    if not (cost.shape_efficiency and cost.tensor_size_half > 0):
+        one = np.ones((sim.graph.num_nodes, sim.num_devices))
+        return one, one
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_resident_ratio", {})
+    if parts not in cache:
+        half = replace(cost, dtype_bytes=2)
+        f1, b1 = half.roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
+        f0, b0 = replace(half, tensor_size_half=0.0).roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cache[parts] = (np.where(f1 > 0, f0 / f1, 1.0), np.where(b1 > 0, b0 / b1, 1.0))
+    return cache[parts]
+
+
 def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Sequence[int]], opts: StageOptions,
                    microbatches: int, *, tp: int = 1, sequence_parallel: bool = False) -> list[ShardedStage]:
     """Every stage's :class:`~.fsdp_stage.ShardedStage` (``opts``: one entry per stage of ``st``)
@@ -227,6 +250,9 @@ def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Seq
         bf16 = opts.precision[s] == "bf16"
         parts = microbatches * (len(devs) // tp)
         tf, tb = stage_op_times(sim, parts, bf16)
+        if opts.shard[s] not in ("fsdp", "hsdp") and (bf16 or sim.cost.dtype_bytes <= 2):
+            rf, rb = resident_ratio(sim, parts)
+            tf, tb = tf * rf, tb * rb
         share = None
         if tp > 1:
             share = tp_share(sim.graph, sim.cluster, nodes, list(devs[:tp]), parts, pairs,
