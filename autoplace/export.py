@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .errors import AutoplaceError
 from .graph.units import block_units, stage_module_paths
-from .parallel import StageOptions, default_reshard, hsdp_shape
+from .parallel import SELECTIVE_OP, StageOptions, default_reshard, hsdp_shape
 from .pipeline_rules import SPECS, stage_ranks
 
 if TYPE_CHECKING:
@@ -164,9 +164,22 @@ def _shape(plan: "Placement", facts: Mapping[str, Any], opts: StageOptions) -> t
     return int(shape[0]), int(shape[1])
 
 
-def _recompute(plan: "Placement", facts: Mapping[str, Any], opts: StageOptions) -> bool:
-    """Whether the plan checkpoints every block (True) or none (False); a plan recomputing some
-    blocks is refused: torchtitan and accelerate checkpoint every block or none."""
+def _recompute(plan: "Placement", facts: Mapping[str, Any], opts: StageOptions) -> str:
+    """torchtitan's activation-checkpoint mode of the plan: "full" (every block), "none", or
+    "selective" (op-level: every stage ``recompute="selective-op"``, torchtitan's ``SelectiveAC``,
+    the same save rule); a plan recomputing some blocks, or mixing op-level with other values, is
+    refused: torchtitan and accelerate checkpoint every block or none, one way."""
+    if all(r == SELECTIVE_OP for r in opts.recompute):
+        return "selective"
+    if any(r == SELECTIVE_OP for r in opts.recompute):
+        raise ExportError(f"the stages recompute {list(opts.recompute)}: op-level selective on some stages only; "
+                          "torchtitan applies one activation-checkpoint mode to every block: re-plan with "
+                          "recompute='selective-op' on every stage, or without it")
+    return "full" if _whole_blocks(plan, facts, opts) else "none"
+
+
+def _whole_blocks(plan: "Placement", facts: Mapping[str, Any], opts: StageOptions) -> bool:
+    """Whether the plan checkpoints every block (True) or none (False); some blocks: refused."""
     if all(r is False for r in opts.recompute):
         return False
     if all(r is True for r in opts.recompute):
@@ -205,7 +218,7 @@ def _one(values: tuple[Any, ...], what: str) -> Any:
 def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster: "Cluster | None" = None,
                   seq_len: int | None = None) -> dict[str, Any]:
     """torchtitan's config sections a plan decides: ``{"parallelism": {...}, "training": {...},
-    "activation_checkpoint": "none" | "full"}`` (field names of torchtitan's dataclasses).
+    "activation_checkpoint": "none" | "full" | "selective"}`` (field names of torchtitan's dataclasses).
     ``graph``/``cluster`` give the facts; without them they come from ``plan.meta``."""
     if plan.mode != "pipeline" or plan.stage_devices is None:
         raise ExportError("a model-parallel plan has no torchtitan equivalent (torchtitan runs pipeline stages with "
@@ -246,8 +259,7 @@ def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
     bf16 = _one(opts.precision, "precisions") == "bf16"
     training["mixed_precision_param"] = "bfloat16" if bf16 else "float32"
     training["mixed_precision_reduce"] = "float32"  # the only value torchtitan takes
-    ac = "full" if _recompute(plan, facts, opts) else "none"
-    return {"parallelism": par, "training": training, "activation_checkpoint": ac}
+    return {"parallelism": par, "training": training, "activation_checkpoint": _recompute(plan, facts, opts)}
 
 
 def _model_parts(plan: "Placement", facts: Mapping[str, Any]) -> list[list[str]]:
@@ -313,7 +325,12 @@ def to_accelerate(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
     facts = _facts(plan, graph, cluster, module)
     opts = StageOptions.of(plan)
     replicate, shard = _shape(plan, facts, opts)
-    rc = _recompute(plan, facts, opts)
+    mode = _recompute(plan, facts, opts)
+    if mode == "selective":
+        raise ExportError("the plan recomputes op by op (recompute='selective-op'); accelerate's FSDP checkpoints "
+                          "whole blocks only: export it for torchtitan (`autoplace show --as torchtitan`), or re-plan "
+                          "with recompute=True")
+    rc = mode == "full"
     out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE",
                            "mixed_precision": "bf16" if opts.precision[0] == "bf16" else "no",
                            "num_machines": int(facts.get("hosts") or 1), "num_processes": replicate * shard}

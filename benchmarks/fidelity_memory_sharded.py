@@ -11,8 +11,10 @@ in fp32 and bf16:
 
 - **predicted**: the simulator's :class:`autoplace.sim.fsdp_stage.ShardedStage` of that plan
   (:func:`autoplace.sim.stage_cost.sharded_stages`): ``(saved + extra) x act_scale``, the top of
-  its backward sweep read from the graph's traced memory facts (traced in fp32; a bf16 stage's
-  activations at half their bytes, the loss's in fp32).
+  its backward sweep read from the graph's traced memory facts (a bf16 stage reads the facts of
+  the bf16 forward, the loss's in fp32), with the gradients of each op's parameters in flight at its
+  backward (``c`` x its trainable bytes: the measurement frees each as soon as it is made; the
+  FSDP loop's own term is a whole unit's, ``c max P_u``).
 - **measured**: the runtime's own stage (:func:`autoplace.rewrite.units.outline_units` and
   :func:`~autoplace.rewrite.units.shard_stage` with ``shard="ddp"``: the same checkpoints FSDP
   gets, without the process group), in bf16 with its parameters cast to bf16 as FSDP gathers them
@@ -49,7 +51,7 @@ import autoplace  # noqa: E402
 from autoplace import Cluster, CostModel, Placement  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-MODELS = ("llama", "gpt2", "bert")
+MODELS = ("llama", "gpt2", "bert-base", "resnet18")
 RECOMPUTES: tuple[Any, ...] = (False, "selective-op", True)
 TARGET = 0.10
 
@@ -74,9 +76,7 @@ def measured_activation_peak(name: str, recompute: Any, bf16: bool, *, batch_sca
     mt = MemTracker()
     mt.track_external(gm, *inputs)
     with mt:
-        out = gm(*inputs)
-        out = out.float() if isinstance(out, torch.Tensor) else out
-        wl.loss_fn(out, wl.target).backward()
+        wl.loss_fn(gm(*inputs).float(), wl.target).backward()  # no reference to the logits kept (torchtitan: del pred)
     snap = {(k.value if hasattr(k, "value") else str(k)): float(v)
             for k, v in mt.get_tracker_snapshot("peak")[torch.device("cpu")].items()}
     fixed = sum(snap.get(k, 0.0) for k in ("Parameter", "Buffer", "Other", "Gradient", "Optstate"))
@@ -96,14 +96,18 @@ def predicted_activation_peak(name: str, recompute: Any, bf16: bool, *, batch_sc
     graph = autoplace.trace(wl.model, wl.example_inputs)
     cluster = Cluster.preset("4xA100-nvlink")  # any device with bf16 tensor cores: memory does not read its kind
     st = np.zeros(graph.num_nodes, dtype=np.int64)
+    trainable = np.asarray(graph.meta["memory"]["trainable_bytes"], dtype=np.float64)
     out = {}
     for label, g in (("after", graph), ("before", replace(graph, meta={k: v for k, v in graph.meta.items()
                                                                         if k != "memory"}))):
         p = Placement.pipeline(g, cluster, st, [(0,)], microbatches=1, shard="fsdp", recompute=recompute,
                                precision="bf16" if bf16 else "fp32")
         x = sharded_stages(Simulator(g, cluster, CostModel()), st, [[0]], StageOptions.of(p), 1)[0]
-        saved, extra = x.saved_activations()
-        out[label] = (saved + extra) * x.act_scale
+        if x.has_facts:  # the sweep, with the gradient of the op's parameters in flight at its backward
+            top = x.sweep()[1] * x.act_scale + x.c * trainable[np.nonzero(st == 0)[0]]
+            out[label] = float(top.max(initial=0.0))
+        else:
+            out[label] = sum(x.saved_activations()) * x.act_scale + x.c * float(trainable.max(initial=0.0))
     return out
 
 

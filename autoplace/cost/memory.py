@@ -308,21 +308,24 @@ def saved_per_op(facts: Mapping[str, Any], in_stage: np.ndarray) -> np.ndarray:
     return out
 
 
-def selective_saves(facts: Mapping[str, Any], unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) traced bytes op-level selective checkpointing saves per op and (N,) FLOPs of those
-    saved calls, for the ops of units (``unit >= 0``): the calls :func:`~autoplace.graph.memory_facts.measure`
+def selective_saves(facts: Mapping[str, Any], unit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) traced bytes op-level selective checkpointing saves per op, (N,) FLOPs of those
+    saved calls and (N,) the part of those bytes autograd saves anyway (so a recomputed unit does
+    not make them again), for the ops of units (``unit >= 0``): the calls :func:`~autoplace.graph.memory_facts.measure`
     recorded, kept by :func:`~autoplace.graph.memory_facts.sac_saves` with the matmuls counted per
     unit in execution order (every checkpointed call of a unit counts from 1). A graph traced
     before these facts existed has none: zeros (everything recomputed)."""
     n = unit.shape[0]
     saved = np.zeros(n)
     flops = np.zeros(n)
+    both = np.zeros(n)
     if "sac_ptr" not in facts:
-        return saved, flops
+        return saved, flops, both
     ptr = np.asarray(facts["sac_ptr"], dtype=np.int64)
     mm = facts["sac_mm"]
     nbytes = facts["sac_bytes"]
     fl = facts["sac_flops"]
+    auto = facts.get("sac_autograd", [0.0] * len(mm))
     count: dict[int, int] = {}
     for i in np.nonzero((unit >= 0) & (np.diff(ptr) > 0))[0].tolist():
         u = int(unit[i])
@@ -332,7 +335,8 @@ def selective_saves(facts: Mapping[str, Any], unit: np.ndarray) -> tuple[np.ndar
             if not mm[q] or sac_saves(SAC_MM, count[u]):  # the other recorded calls are all saved
                 saved[i] += float(nbytes[q])
                 flops[i] += float(fl[q])
-    return saved, flops
+                both[i] += float(auto[q])
+    return saved, flops, both
 
 
 def grad_alive(graph: "OpGraph", nodes: np.ndarray, grad: np.ndarray) -> np.ndarray:

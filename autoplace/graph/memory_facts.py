@@ -5,7 +5,8 @@
 its backward saves, its trainable bytes, its largest parameter, the inputs it reads, the bytes of
 its outputs that carry a gradient and of the graph outputs it produces, and the calls op-level
 selective checkpointing would save (:func:`sac_saves`: every matmul and attention call, with its
-output bytes and FLOPs); :func:`attach` stores them in ``OpGraph.meta["memory"]`` (left out of
+output bytes, FLOPs and the bytes of it autograd saves too); :func:`attach` stores them, and
+the dtype-dependent ones again from a bf16 forward (``["bf16"]``), in ``OpGraph.meta["memory"]`` (left out of
 the graph's hash). The terms of a step's peak
 that read them are :mod:`autoplace.cost.memory`'s. They live here, beside the trace, because they
 are read off the fx graph (only ``graph/`` and ``rewrite/`` touch torch.fx).
@@ -24,9 +25,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if TYPE_CHECKING:
     from .ir import OpGraph
 
-__all__ = ["measure", "attach", "rnn_workspace_bytes", "sac_saves", "FORMAT", "RNN_WORKSPACE", "SAC_SAVE", "SAC_MM"]
+__all__ = ["measure", "attach", "rnn_workspace_bytes", "sac_saves", "FORMAT", "DTYPE_KEYS", "RNN_WORKSPACE", "SAC_SAVE", "SAC_MM"]
 
 FORMAT = "autoplace.memory/1"
+DTYPE_KEYS = ("grad_bytes", "saved_bytes", "saved_ptr", "saved_ops", "sac_ptr", "sac_mm", "sac_bytes", "sac_flops",
+              "sac_autograd")
+"""The facts that depend on the compute dtype: ``facts["bf16"]`` holds them from a bf16 forward."""
 SAC_MM = "aten::mm"
 SAC_SAVE = frozenset({
     SAC_MM,
@@ -35,10 +39,12 @@ SAC_SAVE = frozenset({
     "aten::_scaled_dot_product_cudnn_attention",
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     "_c10d_functional::reduce_scatter_tensor",
+    "aten::max",
 })
 """ATen ops whose outputs op-level selective activation checkpointing saves (torchtitan's
-``_save_list`` of ``selective_ac_option="op"``: ``mm``, the fused attention kernels and the
-functional reduce-scatter; the CPU flash kernel added, the CPU form of the same op). A biased
+``_save_list`` of ``selective_ac_option="op"``: ``mm``, the fused attention kernels, the
+functional reduce-scatter and ``max`` (a scalar, for float8 scales), as torchtitan ran its
+December 2024 benchmarks; the CPU flash kernel added, the CPU form of the same op). A biased
 linear runs ``addmm``, which is not in torchtitan's list (its models have no biases): it is
 recomputed, as there."""
 
@@ -101,7 +107,7 @@ class _SacCalls(TorchDispatchMode):
 
         self.rec = rec
         self.formulas = flop_counter().flop_registry
-        self.calls: list[tuple[int, bool, float, float]] = []
+        self.calls: list[tuple[int, bool, float, float, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -112,7 +118,7 @@ class _SacCalls(TorchDispatchMode):
                       if isinstance(t, torch.Tensor)}
             formula = self.formulas.get(func._overloadpacket)
             flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
-            self.calls.append((self.rec.current, name == SAC_MM, float(sum(stores.values())), flops))
+            self.calls.append((self.rec.current, name == SAC_MM, float(sum(stores.values())), flops, tuple(stores)))
         return out
 
 
@@ -136,11 +142,13 @@ def _lstm_workspaces(mod: torch.nn.Module, x: Any) -> list[float]:
 
 
 def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx: Mapping[str, int],
-            graph: "OpGraph") -> dict[str, Any]:
+            graph: "OpGraph", *, dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The memory facts of ``graph`` (traced from ``gm``; ``op_of_fx`` maps fx nodes to its
     ops), from one forward on fake CPU tensors under autograd: a JSON-able dict for
-    ``OpGraph.meta["memory"]`` (see the module docstring). Raises whatever the forward raises
-    (a module that branches on tensor values cannot run on fake tensors)."""
+    ``OpGraph.meta["memory"]`` (see the module docstring). ``dtype``: run with every floating
+    parameter, buffer and input in that dtype (bf16: what a bf16 stage saves, its fp32 upcasts
+    included); the bytes held (trainable, inputs) stay those of the model as given. Raises
+    whatever the forward raises (a module that branches on tensor values cannot run on fake tensors)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     n_ops = graph.num_nodes
@@ -151,7 +159,8 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
     def fake(t: torch.Tensor, grad: bool) -> torch.Tensor:
         if id(t) not in fakes:
             with mode:
-                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=cpu,
+                as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                fakes[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=as_dtype, device=cpu,
                                                    requires_grad=grad and t.is_floating_point())
         return fakes[id(t)]
 
@@ -277,6 +286,7 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
         "sac_mm": [bool(sac.calls[k][1]) for k in order],
         "sac_bytes": [sac.calls[k][2] for k in order],
         "sac_flops": [sac.calls[k][3] for k in order],
+        "sac_autograd": [float(sum(saved[key][0] for key in sac.calls[k][4] if key in saved)) for k in order],
     }
 
 
@@ -291,4 +301,9 @@ def attach(graph: "OpGraph", gm: torch.fx.GraphModule, placeholders: Mapping[str
         facts = measure(gm, placeholders, op_of_fx, graph)
     except Exception as e:  # noqa: BLE001 - any failure leaves the graph as it was, said in meta
         return replace(graph, meta={**graph.meta, "memory_error": f"{type(e).__name__}: {str(e)[:200]}"})
+    try:  # the same forward in bf16 (a bf16 stage's activations, fp32 upcasts included); absent if it fails
+        half = measure(gm, placeholders, op_of_fx, graph, dtype=torch.bfloat16)
+        facts["bf16"] = {k: half[k] for k in DTYPE_KEYS}
+    except Exception:  # noqa: BLE001 - a model that cannot run in bf16 on fake tensors keeps its fp32 facts, scaled
+        pass
     return replace(graph, meta={**graph.meta, "memory": facts})

@@ -55,7 +55,7 @@ forward ones again), and the data-parallel rings run over the ``n`` replicas of 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 from numba import njit
@@ -244,18 +244,29 @@ class ShardedStage:
             self.has_facts = False
             return
         self.has_facts = True
+        # a 16-bit stage reads the facts of the bf16 forward (its fp32 upcasts included), in
+        # traced-byte units (divided by act_scale, which the callers' share multiplies back)
+        half = facts.get("bf16") if self.act_scale < 1.0 else None
+        dyn = {**facts, **half} if isinstance(half, Mapping) else facts
+        per = 1.0 / self.act_scale if dyn is not facts else 1.0
         in_stage = np.zeros(g.num_nodes, dtype=bool)
         in_stage[nodes] = True
-        self.a_op = saved_per_op(facts, in_stage)[nodes] * act_share
+        self.a_op = saved_per_op(dyn, in_stage)[nodes] * act_share * per
         self.act = np.zeros(k_items)
         np.add.at(self.act, item, self.a_op)
+        # the loss runs in fp32 (the root's output cast, torch.autocast's fp32 list): cross-entropy's
+        # log-softmax, and at its backward the gradients of the log-probabilities and of the fp32 logits
         outputs = np.asarray(facts["output_bytes"], dtype=np.float64)[nodes]
         self.loss_op = LOSS_SAVED * outputs / self.act_scale
-        grad = np.asarray(facts["grad_bytes"], dtype=np.float64)
-        self.grad_op = grad_alive(g, nodes, grad) * act_share + LOSS_EXTRA_GRAD * outputs / self.act_scale
+        grad = np.asarray(dyn["grad_bytes"], dtype=np.float64) * per
+        own = np.where(outputs > 0, grad[nodes] * act_share, 0.0)  # the output's gradient, in fp32 instead
+        self.grad_op = grad_alive(g, nodes, grad) * act_share - own + (LOSS_EXTRA_GRAD + 1.0) * outputs / self.act_scale
+        self.remat = self.act.copy()
+        """bytes a recomputed unit makes again in its backward (op-level selective: less what it saved)."""
         if self.selective:
-            sac_bytes, sac_flops = selective_saves(facts, unit)
-            np.add.at(self.sac, item, sac_bytes[nodes] * act_share)
+            sac_bytes, sac_flops, both = selective_saves(dyn, unit)
+            np.add.at(self.sac, item, sac_bytes[nodes] * act_share * per)
+            np.add.at(self.remat, item, -both[nodes] * act_share * per)
             fl = g.fwd_flops[nodes]
             again = t_op * np.where(fl > 0, 1.0 - np.clip(sac_flops[nodes] / np.maximum(fl, 1.0), 0.0, 1.0), 1.0)
             part, whole = np.zeros(k_items), np.zeros(k_items)
@@ -357,13 +368,8 @@ class ShardedStage:
 
     def saved_activations(self) -> tuple[float, float]:
         """(traced bytes one micro-batch keeps from its forward to its backward, the most its
-        backward holds beyond them), per full batch before scaling to a micro-batch share.
-
-        The backward sweep (the traced facts, :meth:`_activation_terms`): during the backward of
-        op i the saved bytes of ops <= i are alive (a checkpointed unit keeps its inputs, and
-        op-level selective also its saved matmul and attention outputs, until its backward
-        recomputes the rest: then all its activations exist), beside the activation gradients
-        alive there; the peak of that sweep is the forward's end plus the second term."""
+        backward holds beyond them), per full batch before scaling to a micro-batch share: the
+        end of :meth:`sweep`'s forward and its top."""
         act = self.act
         rc = np.zeros(len(act), dtype=bool)
         rc[1:-1] = self.recomputed
@@ -372,15 +378,32 @@ class ShardedStage:
             if self.selective:
                 keep = act  # without facts: as no recompute in memory (see _activation_terms)
             return float(keep.sum()), float(act[rc].max(initial=0.0)) if not self.selective else 0.0
+        saved, top = self.sweep()
+        return saved, max(float(top.max(initial=0.0)) - saved, 0.0)
+
+    def sweep(self) -> tuple[float, np.ndarray]:
+        """(traced bytes alive at the end of the forward, (ops,) bytes alive during the backward of
+        each op of the stage), from the traced facts (:meth:`_activation_terms`): the saved bytes
+        of ops <= i (a checkpointed unit keeps its inputs, op-level selective also its saved
+        matmul and attention outputs, until its backward makes the rest again, which are then
+        freed op by op as the backward proceeds inside it), beside the activation gradients
+        alive there and the loss's fp32 terms."""
+        act = self.act
+        rc = np.zeros(len(act), dtype=bool)
+        rc[1:-1] = self.recomputed
         rc_op = rc[self.item]
         kept = np.where(rc_op, 0.0, self.a_op) + self.loss_op
         first = np.unique(self.item, return_index=True)[1]
         kept[first] += np.where(rc, self.inputs + self.sac, 0.0)[self.item[first]]  # a checkpointed unit's first op
         alive = np.cumsum(kept)
-        again = np.where(rc_op, act[self.item], 0.0)
+        cum = np.cumsum(self.a_op)
+        before = np.zeros(len(act))
+        before[self.item[first]] = cum[first] - self.a_op[first]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            part = np.where(act > 0, self.remat / act, 0.0)
+        again = np.where(rc_op, (cum - before[self.item]) * part[self.item], 0.0)
         saved = float(alive[-1]) if alive.size else 0.0
-        top = float((alive + again + self.grad_op).max(initial=0.0))
-        return saved, max(top - saved, 0.0)
+        return saved, alive + again + self.grad_op
 
     def param_copies(self) -> tuple[float, np.ndarray]:
         """A bf16 stage that is not sharded casts its fp32 parameters to bf16 on every forward
