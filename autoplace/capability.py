@@ -20,9 +20,10 @@ A model-parallel plan always runs (one process, one GraphModule). A pipeline pla
 - under torchrun, the plan uses as many devices as there are processes;
 - a plan with ``tp > 1`` has no BatchNorm layer, and no FSDP/HSDP stage when the model has a fused
   q/k/v projection (``graph.meta["fused"]``: FSDP over the strided TP shard gathers the weight in
-  the wrong layout, so its full state dict would be silently wrong). One FSDP/HSDP stage with ``tp > 1`` (gpipe or 1f1b,
-  no virtual stages: torchtitan's 2-D) runs FSDP's own loop (:class:`autoplace.rewrite.fsdp.FSDPRunner`),
-  every other ``tp > 1`` plan the one schedule builder (:mod:`autoplace.rewrite.schedules`).
+  the wrong layout, so its full state dict would be silently wrong). A one-stage plan (one rank, no virtual stages: with
+  FSDP/HSDP and ``tp > 1`` torchtitan's 2-D) runs its data-parallel loop
+  (:class:`autoplace.rewrite.loop.LoopRunner`), every other plan the one schedule builder
+  (:mod:`autoplace.rewrite.schedules`); :mod:`autoplace.rewrite.compose` chooses.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 - :func:`place_module`: model parallel, one GraphModule whose nodes run on their planned
   devices, with transfers on every cross-device edge (``placed.py``).
 - :func:`split_stages`: a chain of stage GraphModules for a pipeline (``pipeline.py``).
-- :func:`build_pipeline_runner`: this rank's stage on torch.distributed.pipelining, with GPipe or
-  1F1B, optionally each stage replicated data-parallel (``runtime.py``); the runner, a
-  :class:`PipelineRunner`, is an ``nn.Module`` (``runner.py``). Sharded stages
-  (``fsdp.py``, ``units.py``) go through the same builder; several stages per rank
-  (``schedules.py``) and tensor parallelism (``tensor_parallel.py``) run their own schedules.
+- :func:`autoplace.rewrite.compose.build_runner`: a pipeline-mode plan to this rank's runner, one
+  composition for every kind (``compose.py``): per stage TP/SP, recompute, FSDP/HSDP/DDP; a
+  one-stage plan then runs its data-parallel loop (``loop.py``), every pipeline the one schedule
+  builder on torch.distributed.pipelining (``schedules.py``). The runner, a
+  :class:`PipelineRunner`, is an ``nn.Module`` (``runner.py``); :func:`build_pipeline_runner`
+  (``runtime.py``) is the schedule builder for one GPipe/1F1B stage per rank from a stage assignment.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ by one predicate, :func:`one_stage`, through one table, :data:`BUILDERS`:
   kind, precision, recompute and ``tp`` (:func:`autoplace.rewrite.loop.build_loop_runner`);
 - every pipeline, GPipe and 1F1B as the multi-stage schedules: the one schedule builder
   (:func:`autoplace.rewrite.schedules.build_schedule_runner`), each stage composed per its
-  options (:func:`autoplace.rewrite.fsdp.stage_data`).
+  options (:func:`stage_data`).
 
 Runner options (``batch_norm``, ``timeouts``, ``predicted_step_s``, the model's output type,
 ``scale_grads``) pass to both unchanged and are applied there once for every plan kind; the
@@ -25,16 +25,36 @@ import torch
 import torch.distributed as dist
 
 from ..capability import runtime_problems
+from ..parallel import StageOptions
 from .errors import ShardedRunError
-from .loop import build_loop_runner
+from .loop import build_loop_runner, mesh_spec
 from .runner import PipelineRunner
+from .schedules import StageData
+from .units import unit_of_fx
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.trace import Traced
     from ..placement import Placement
 
-__all__ = ["build_runner", "one_stage", "BUILDERS"]
+__all__ = ["build_runner", "one_stage", "BUILDERS", "stage_data"]
+
+
+def stage_data(traced: "Traced", plan: "Placement", cluster: "Cluster") -> "StageData | None":
+    """What a multi-stage or tensor-parallel pipeline applies to each stage after TP
+    (:class:`autoplace.rewrite.schedules.StageData`): the plan's stage options, its units and,
+    for hsdp, the host shape; None for the default options (DDP, fp32, no recompute)."""
+    opts = StageOptions.of(plan)
+    if opts.is_default:
+        return None
+    assert plan.stage_devices is not None and plan.stage_of_node is not None
+    hsdp = None
+    if opts.shard[0] == "hsdp":  # a rank's devices: tp consecutive per replica, the replicas host by host
+        shape, _ = mesh_spec([s[:: plan.tp] for s in plan.stage_devices], cluster, "hsdp",
+                              len(plan.stage_devices[0]) // plan.tp)
+        hsdp = (int(shape[0]), int(shape[1]))
+    return StageData(options=opts, unit_of=unit_of_fx(traced, plan.stage_of_node),
+                     like={n.name: (n.op, n.target) for n in traced.gm.graph.nodes}, hsdp=hsdp)
 
 
 def one_stage(plan: "Placement") -> bool:
@@ -52,7 +72,6 @@ def build_pipeline_of_plan(traced: "Traced", plan: "Placement", cluster: "Cluste
     tensors only; the last returns the model's output tensors, which ``loss_fn`` gets back as the
     model's own output type), each composed by the plan's options."""
     from ..tp_rules import linear_pairs
-    from .fsdp import stage_data
     from .model_output import pipeline_module
     from .schedules import build_schedule_runner
 

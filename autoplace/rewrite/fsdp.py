@@ -43,13 +43,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 import torch.fx
 
-from ..parallel import StageOptions
 from ..capability import runtime_problems
+from .compose import build_runner, stage_data
 from .errors import ShardedRunError
-from .loop import LoopRunner, mesh_spec
+from .loop import LoopRunner
 from .runner import PipelineRunner
 from .units import outline_units, shard_stage, unit_of_fx
 
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.trace import Traced
     from ..placement import Placement
-    from .schedules import StageData
 
 FSDPRunner = LoopRunner
 """The one-stage runner's former name (:class:`autoplace.rewrite.loop.LoopRunner`)."""
@@ -66,33 +64,12 @@ __all__ = ["outline_units", "shard_stage", "FSDPRunner", "build_sharded_runner",
            "runtime_problems", "ShardedRunError", "unit_of_fx"]
 
 
-def stage_data(traced: "Traced", plan: "Placement", cluster: "Cluster") -> "StageData | None":
-    """What a multi-stage or tensor-parallel pipeline applies to each stage after TP
-    (:class:`autoplace.rewrite.schedules.StageData`): the plan's stage options, its units and,
-    for hsdp, the host shape; None for the default options (DDP, fp32, no recompute)."""
-    from .schedules import StageData
-
-    opts = StageOptions.of(plan)
-    if opts.is_default:
-        return None
-    assert plan.stage_devices is not None and plan.stage_of_node is not None
-    hsdp = None
-    if opts.shard[0] == "hsdp":  # a rank's devices: tp consecutive per replica, the replicas host by host
-        shape, _ = mesh_spec([s[:: plan.tp] for s in plan.stage_devices], cluster, "hsdp",
-                              len(plan.stage_devices[0]) // plan.tp)
-        hsdp = (int(shape[0]), int(shape[1]))
-    return StageData(options=opts, unit_of=unit_of_fx(traced, plan.stage_of_node),
-                     like={n.name: (n.op, n.target) for n in traced.gm.graph.nodes}, hsdp=hsdp)
-
-
 def build_sharded_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],
                          loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], device: str | torch.device | None = None,
                          scale_grads: bool = True, timeouts: Any = None, predicted_step_s: float | None = None,
                          batch_norm: str = "sync") -> PipelineRunner:
     """This rank's runner for a plan with shard, recompute or precision options: the one runtime
     composition, :func:`autoplace.rewrite.compose.build_runner` (kept under this name for its callers)."""
-    from .compose import build_runner
-
     return build_runner(traced, plan, cluster, example_inputs=example_inputs, loss_fn=loss_fn, device=device,
                         scale_grads=scale_grads, timeouts=timeouts, predicted_step_s=predicted_step_s,
                         batch_norm=batch_norm)

@@ -41,7 +41,7 @@ from .liveness import Timeouts
 from .model_output import model_output_loss, pipeline_module
 from .pipeline import propagate_fake, split_with_boundaries
 from .runner import PipelineRunner, share
-from .runtime import move_to, runner_options, wait_groups
+from .stage_setup import move_to, runner_options, wait_groups
 from .units import outline_units, shard_stage, unit_of_fx
 
 if TYPE_CHECKING:

@@ -1,8 +1,9 @@
 """A rank's part of a pipeline as an ``nn.Module``: its stage module (registered, so
 ``parameters()`` and ``state_dict()`` are the stage's), the schedule that runs it and the step.
 
-Built by :func:`autoplace.rewrite.runtime.build_pipeline_runner`; see
-:mod:`autoplace.rewrite.runtime` for what a step computes.
+Built by :mod:`autoplace.rewrite.compose` (the schedule builder's
+:class:`~autoplace.rewrite.schedules.MultiStageRunner`, the one-stage
+:class:`~autoplace.rewrite.loop.LoopRunner`); see :mod:`autoplace.rewrite.runtime` for what a step computes.
 """
 
 from __future__ import annotations

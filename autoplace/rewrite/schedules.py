@@ -67,7 +67,7 @@ from .launch import default_device
 from .links import Links
 from .liveness import Timeouts
 from .runner import PipelineRunner, sum_tied_grads
-from .runtime import check_batch, move_to, require_distributed, runner_options, stage_io, tie_groups, wait_groups
+from .stage_setup import check_batch, move_to, require_distributed, runner_options, stage_io, tie_groups, wait_groups
 from .tensor_parallel import apply_tensor_parallel
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
