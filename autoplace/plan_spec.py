@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .parallel import Recompute, StageOptions, hsdp_shape
+from .parallel import SELECTIVE_OP, Recompute, StageOptions, hsdp_shape
 from .pipeline_rules import ALL_SCHEDULES
 
 if TYPE_CHECKING:
@@ -89,7 +89,8 @@ class StageSpec:
     devices: tuple[int, ...]
     data: DataSpec
     recompute: Recompute = False
-    """False, True (every unit) or the module paths of the checkpointed units."""
+    """False, True (every unit), the module paths of the checkpointed units or "selective-op"
+    (every block, op by op)."""
     precision: str = "fp32"
 
 
@@ -197,6 +198,7 @@ class PlanSpec:
             dp = f"dp {d.replicate}x{d.shard} ({d.kind})" if d.degree > 1 else "dp 1"
             tp = f"tp {t.degree}" + (" (sp)" if t.sequence_parallel else "")
             extra = [s.precision] + (["recompute"] if s.recompute is True else
+                                     ["selective-op recompute"] if s.recompute == SELECTIVE_OP else
                                      [f"recompute {len(s.recompute)} units"] if s.recompute else [])
             return f"{head} x {dp} x {tp}, " + ", ".join(extra)
         ranks = "; ".join(f"rank {r}: dp {s.data.degree} ({s.data.kind}), {s.precision}"

@@ -12,6 +12,7 @@ from autoplace import Cluster, CostModel, Placement
 from autoplace.cli import zoo_graph
 from autoplace.export import ExportError, to_accelerate, to_torchtitan, torchtitan_args
 from autoplace.parallel import SELECTIVE_OP, StageOptions
+from autoplace.plan_spec import PlanSpec
 from autoplace.sim.simulator import Simulator
 from autoplace.sim.fsdp_stage import stage_op_times
 from autoplace.sim.stage_cost import sharded_stages
@@ -35,6 +36,7 @@ def test_plan_value_round_trips_and_describes(setup, tmp_path) -> None:
     q = Placement.from_json(tmp_path / "p.json")
     assert q == p and StageOptions.of(q).recompute == (SELECTIVE_OP,)
     assert "selective-op recompute" in StageOptions.of(p).describe()
+    assert PlanSpec.of(p, cl).describe().endswith("bf16, selective-op recompute")
     with pytest.raises(autoplace.AutoplaceError, match="'selective-layer', which is not a unit"):
         _plan(g, cl, "selective-layer")  # any other string is a unit path, checked as one
     with pytest.raises(autoplace.AutoplaceError, match="'selective-op' or a list"):
