@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
-from ..pipeline_rules import SPECS, schedule_problems, stage_ranks, torch_schedule_class
+from ..pipeline_rules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
 from .model_output import model_output_loss
 from .pipeline import propagate_fake, split_with_boundaries
 from . import batchnorm, liveness
@@ -72,7 +72,7 @@ from .tensor_parallel import apply_tensor_parallel
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
 
-__all__ = ["MultiStageRunner", "StageData", "build_schedule_runner"]
+__all__ = ["MultiStageRunner", "StageData", "build_schedule_runner", "MULTI_SCHEDULES"]
 
 
 class MultiStageRunner(PipelineRunner):
