@@ -6,9 +6,9 @@ its backward saves, its trainable bytes, its largest parameter, the inputs it re
 its outputs that carry a gradient and of the graph outputs it produces, and the calls op-level
 selective checkpointing would save (:func:`sac_saves`: every matmul and attention call, with its
 output bytes, FLOPs and the bytes of it autograd saves too); :func:`attach` stores them, and
-the dtype-dependent ones again from a bf16 forward (``["bf16"]``), in ``OpGraph.meta["memory"]`` (left out of
-the graph's hash). The terms of a step's peak
-that read them are :mod:`autoplace.cost.memory`'s. They live here, beside the trace, because they
+the dtype-dependent ones again from a bf16 forward (``["bf16"]``), in ``OpGraph.meta["memory"]``
+(left out of the graph's hash). The terms of a step's peak that read them are
+:mod:`autoplace.cost.memory`'s. They live here, beside the trace, because they
 are read off the fx graph (only ``graph/`` and ``rewrite/`` touch torch.fx).
 """
 

@@ -34,8 +34,19 @@ ops; backward in reverse), each with a gather before it, a compute and a reduce 
 Recompute (activation checkpointing, Chen et al. 2016) of unit u: its backward item costs its
 forward again (less the TP collectives torch's checkpoint does not rerun: :func:`recompute_skips`)
 plus its backward; it keeps only its inputs (the bytes entering it) instead of
-every activation it makes, and while its backward runs its activations exist again (one unit
-at a time: the largest such unit is added to the peak).
+every activation it makes, and when its backward starts its activations exist again. Op-level
+selective recompute (``"selective-op"``, every block; torchtitan's ``selective_ac_option="op"``)
+keeps also the outputs of the calls :func:`~autoplace.graph.memory_facts.sac_saves` names (the
+matmuls but every second, attention) and runs again only the forward of the rest (the op's time
+less the share of its FLOPs in saved calls).
+
+Activation memory (:meth:`ShardedStage.sweep`), from the graph's traced memory facts
+(:mod:`autoplace.cost.memory`'s terms, per stage): the storages autograd saves, each once, freed
+at the backward of the earliest op that saved it; a 16-bit stage reads the facts of the bf16
+forward (its fp32 upcasts included); the activation gradients in flight; the loss's fp32
+log-softmax and gradients. The peak of one micro-batch is the top of that backward sweep; a graph
+without facts keeps every op's output (the plain sum). Checked against the runtime's stage on
+CPU: ``benchmarks/fidelity_memory_sharded.py``.
 
 Mixed precision: bf16 op times are the simulator's op times scaled by the roofline's ratio of
 bf16 time (tensor-core peak, half the bytes) to the cost model's, so a measured profile keeps its

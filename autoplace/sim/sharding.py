@@ -33,7 +33,8 @@ micro-batches; the gradients are ready when the last reduction ends, then the up
     + 2 c P_root                             the root's gathered parameters and gradients
     + c max(P_u + P_u+1)  (or c sum P_u without reshard_after_forward: all stay gathered)
     + c max P_u                              one unit's unsharded gradient before its reduce-scatter
-    + activations of one micro-batch at 1/(M n) of the batch (c of the fp32 bytes)
+    + activations of one micro-batch at 1/(M n) of the batch: the top of its backward sweep
+      (:meth:`~.fsdp_stage.ShardedStage.sweep`, from the traced memory facts)
 
 Pipeline stages (torch.distributed.pipelining with an FSDP stage module: every backward runs
 without gradient sync and without resharding, and one reduction of all gradients follows the
