@@ -11,11 +11,12 @@ Per model (the 4 of benchmarks/fidelity_cpu.py at its sizes, and zoo models outs
    probed terms only, none of fidelity_cpu's fitted constants), and ``plan("best")``'s pick for 2
    processes (``runnable_pipeline_plan``, what ``wrap(mode="pipeline")`` runs), plus the
    planner's best plain 2-stage pipeline (its cut is the centre of the candidates' cuts).
-2. **Candidates** (autoplace.online.kinds.kind_candidates): DDP, and GPipe/1F1B with 2 and 4
-   micro-batches at the planner's cut, +-10% of the work around it, an even and a 30% split
-   (fidelity_cpu's two cuts). The starting plan is the pick when the runtime's switch can run it;
-   a pick with options (FSDP: sharded parameters) starts from the same mesh unsharded (DDP), said
-   per model.
+2. **Candidates** (autoplace.online.kinds.kind_candidates): DDP, FSDP (one stage sharded over
+   both ranks, one micro-batch, no resharding after forward: the form plan("best") picks), and
+   GPipe/1F1B with 2 and 4 micro-batches at the planner's cut, +-10% of the work around it, an even
+   and a 30% split (fidelity_cpu's two cuts). The starting plan is the pick when the runtime's
+   switch can run it (pipelines, DDP, FSDP and recompute on one stage); else the nearest plan it
+   runs, said per model.
 3. In two gloo processes (torch.multiprocessing spawn, one thread each, each in its own session
    as benchmarks/online.py does), on one OnlinePipeline: **every candidate measured** (``passes``
    round-robin passes, the order rotated per pass; a plan's time is the 0.25 quantile of its
@@ -67,8 +68,9 @@ import autoplace  # noqa: E402
 from autoplace import OpGraph, Placement  # noqa: E402
 from autoplace.cost.host import host_cluster  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
-from autoplace.online.kinds import kind_candidates, kind_label, pipeline_cut_share, split_at_share  # noqa: E402
-from autoplace.planners.learned.env import candidate_key, candidate_of  # noqa: E402
+from autoplace.online.kinds import (kind_candidates, kind_label, kind_of, pipeline_cut_share,  # noqa: E402
+                                    split_at_share)
+from autoplace.online.search import candidate_key  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
 from fidelity_cpu import MODELS as FIDELITY  # noqa: E402
@@ -84,6 +86,8 @@ OUTSIDE: dict[str, dict[str, Any]] = {  # small configs, widened to steps of ten
                     batch_size=8),
 }
 QUANTILE = 0.25
+FSDP_MICROBATCHES = (1,)
+"""FSDP candidates' micro-batch counts (kind_candidates' ``fsdp_microbatches``)."""
 FIDELITY_STARTS = {"ddp": ("ddp", None, 1), "gpipe M2": ("gpipe", 0.5, 2), "gpipe M4": ("gpipe", 0.5, 4),
                    "1f1b M4": ("1f1b", 0.5, 4), "1f1b M4 skewed": ("1f1b", 0.3, 4)}
 
@@ -104,6 +108,16 @@ def _plain_two_stage(p: Placement) -> str:
     return ""
 
 
+def _switchable(p: Placement) -> str:
+    """Why the online switch cannot run ``p`` ("" when it can): plain 2-stage pipelines, and one stage
+    on both ranks (DDP, FSDP, recompute)."""
+    if p.num_stages == 1 and len((p.stage_devices or ((),))[0]) == 2:
+        if p.precision or p.tp != 1 or p.virtual_stages != 1 or "hsdp" in tuple(p.shard or ()):
+            return "one stage with precision, tp, hsdp or virtual stages"
+        return ""
+    return _plain_two_stage(p)
+
+
 def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile_repeats: int,
             all_starts: bool) -> dict[str, Any]:
     """Profile, plan, candidates and starts of one model (see the module doc)."""
@@ -120,11 +134,9 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     pick = runnable_pipeline_plan(graph, cl, 2, cost=cost)
     pipe_pick = make_plan(graph, cl, mode="pipeline", cost=cost, accept=_plain_two_stage)
     centre = pipeline_cut_share(graph, pipe_pick.stage_of_node)
-    cands = kind_candidates(graph, cl, centre_share=centre)
-    keys = [candidate_key(candidate_of(c)) for c in cands]
-    plain = _plain_two_stage(pick) == "" or (pick.num_stages == 1 and not (pick.shard or pick.recompute
-                                                                            or pick.precision))
-    if plain:
+    cands = kind_candidates(graph, cl, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES)
+    keys = [candidate_key(kind_of(c)) for c in cands]
+    if _switchable(pick) == "":
         base = pick
         note = "the pick itself"
     elif pick.num_stages == 1:
@@ -137,17 +149,17 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     else:
         base = pipe_pick
         note = f"the pick ({pick.describe()}) is no plan the switch runs: the planner's best plain 2-stage pipeline"
-    if candidate_key(candidate_of(base)) not in keys:
+    if candidate_key(kind_of(base)) not in keys:
         cands.append(base)
-        keys.append(candidate_key(candidate_of(base)))
-    starts = {"plan('best')": keys.index(candidate_key(candidate_of(base)))}
+        keys.append(candidate_key(kind_of(base)))
+    starts = {"plan('best')": keys.index(candidate_key(kind_of(base)))}
     if all_starts and name in FIDELITY:
         for label, (sched, share, m) in FIDELITY_STARTS.items():
             if share is None:
                 p = cands[0]
             else:
                 p = Placement.pipeline(graph, cl, split_at_share(graph, share), [0, 1], microbatches=m, schedule=sched)
-            k = candidate_key(candidate_of(p))
+            k = candidate_key(kind_of(p))
             if k not in keys:
                 cands.append(p)
                 keys.append(k)
@@ -155,7 +167,7 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     sims = [float(autoplace.simulate(graph, c, cl, cost=cost, timeline=False).step_time_s) for c in cands]
     return {"model": name, "config": dict(wl.config), "ops": graph.num_nodes, "profile_s": prof_s,
             "graph": graph.to_dict(), "candidates": [c.to_dict() for c in cands],
-            "labels": [kind_label(candidate_of(c)) for c in cands], "predicted_s": sims, "starts": starts,
+            "labels": [kind_label(kind_of(c)) for c in cands], "predicted_s": sims, "starts": starts,
             "pick": pick.describe(), "pick_predicted_s": float(autoplace.simulate(graph, pick, cl, cost=cost,
                                                                                  timeline=False).step_time_s),
             "pipeline_pick": pipe_pick.describe(), "centre_share": centre, "start_note": note}
@@ -198,7 +210,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     probe = payload["probe"]
     cl, cost = cluster_of(probe), host_cost(probe)
     cands = [Placement.from_dict(d) for d in m["candidates"]]
-    keys = [candidate_key(candidate_of(c)) for c in cands]
+    keys = [candidate_key(kind_of(c)) for c in cands]
     opt = torch.optim.Adam(wl.model.parameters(), lr=1e-5)
     first = cands[next(iter(m["starts"].values()))]
     pipe = OnlinePipeline(wl.model, traced, cl, first, loss_fn=wl.loss_fn, example_inputs=wl.example_inputs,
@@ -248,7 +260,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
                 opt.step()
                 opt.zero_grad()
                 steps += 1
-            kept = keys.index(candidate_key(candidate_of(pipe.plan)))
+            kept = keys.index(candidate_key(kind_of(pipe.plan)))
             row: dict[str, Any] = {"start": start_name, "start_index": start_idx, "search": search, "kept": kept,
                                    "tuning_steps": steps}
             if rank == 0:
@@ -258,8 +270,8 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
                                   "predicted_at_trial_s": r.predicted_at_trial_s, "error": r.error,
                                   "steps": len(r.step_times_s)} for r in s.records]
                 row["trials_done"] = s.trials_done
-                row["calibrated_s"] = [s.predict(candidate_of(c)) for c in cands]
-                row["uncalibrated_s"] = [s.predict(candidate_of(c), calibrated=False) for c in cands]
+                row["calibrated_s"] = [s.predict(kind_of(c)) for c in cands]
+                row["uncalibrated_s"] = [s.predict(kind_of(c), calibrated=False) for c in cands]
                 row["calibration"] = s.calibration.to_dict()
             runs.append(row)
     tune_s = time.perf_counter() - t1

@@ -1,14 +1,21 @@
 """Online tuning over plan kinds: the candidate set and the policy that samples from it.
 
-The runtime runs three kinds of plan on ``W`` processes without sharding: data parallelism
-(one stage replicated on every rank, DDP), and a pipeline of ``W`` stages scheduled by GPipe
-or 1F1B with some number of micro-batches. :func:`kind_candidates` builds a small set of them
-from a planner's pick, the way a user would explore by hand:
+The runtime runs these kinds of plan on ``W`` processes: data parallelism (one stage replicated
+on every rank: DDP, or FSDP with its parameters sharded over the ranks), and a pipeline of ``W``
+stages scheduled by GPipe or 1F1B with some number of micro-batches. :func:`kind_candidates`
+builds a small set of them from a planner's pick, the way a user would explore by hand:
 
-- DDP over every rank (one micro-batch, and ``microbatches`` if asked for);
+- DDP over every rank (one micro-batch, and ``microbatches`` if asked for), and FSDP over every
+  rank (``fsdp_microbatches``; without resharding after forward, as ``plan("best")`` picks it);
 - every cut of :func:`cut_shares` (the planner's pipeline cut, its neighbours at
   ``cut_offsets`` of the profiled work, and fixed work shares such as an even and a skewed
   split), each with every schedule in ``schedules`` and micro-batch count in ``microbatches``.
+
+A candidate is a :class:`KindPlan`: the planners' pipeline candidate
+(:class:`~autoplace.planners.candidate.PipelinePlan`) with the stages' options (sharding,
+recompute) beside it, which the planners' 4-field candidates do not carry; :func:`kind_of`,
+:func:`kind_key`, :func:`kind_evaluate` and :func:`kind_placement` convert, key and simulate them
+(a candidate without options keys as the planners' candidate of the same plan).
 
 A cut is placed by the profiled work (measured forward + backward seconds; FLOPs where an op
 was not measured): the first stage ends at the op where the running share of the work reaches
@@ -23,21 +30,76 @@ simulator alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..parallel import StageOptions
 from ..placement import Placement
-from ..planners.learned.env import candidate_key, candidate_of
+from ..planners.candidate import PipelinePlan, candidate_key, candidate_of, evaluate_candidate
 from ..planners.learned.ppo import PolicySample
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
+    from ..sim import Evaluation, Simulator
 
-__all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share"]
+__all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
+           "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options"]
+
+
+class KindPlan(NamedTuple):
+    """A pipeline plan with its stages' options: the kinds policy's candidate."""
+
+    stage_of_node: np.ndarray
+    """(N,) int64 stage of every op."""
+    stage_devices: tuple[tuple[int, ...], ...]
+    """the devices of each stage."""
+    microbatches: int
+    schedule: str
+    options: StageOptions | None = None
+    """the stages' shard, recompute, precision (None: the defaults, plain DDP in fp32)."""
+
+
+def has_options(p: Placement) -> bool:
+    """Whether ``p`` has stage options beyond the defaults (sharding, recompute, precision)."""
+    return p.mode == "pipeline" and not StageOptions.of(p).is_default
+
+
+def kind_of(p: Placement) -> KindPlan:
+    """The :class:`KindPlan` of a pipeline-mode placement."""
+    st, sd, m, sched = candidate_of(p)
+    return KindPlan(st, sd, m, sched, StageOptions.of(p) if has_options(p) else None)
+
+
+def kind_key(cand: Any) -> bytes:
+    """A digest of a candidate: :func:`~autoplace.planners.candidate.candidate_key` of its plan,
+    with its options (when it has any) hashed in."""
+    if isinstance(cand, KindPlan):
+        base = candidate_key(PipelinePlan(*cand[:4]))
+        return base if cand.options is None else base + repr(cand.options).encode()
+    return candidate_key(cand)
+
+
+def kind_evaluate(sim: "Simulator", cand: Any) -> "Evaluation":
+    """The simulator's evaluation of a candidate, its stage options included."""
+    if isinstance(cand, KindPlan) and cand.options is not None:
+        return sim.evaluate_pipeline(cand.stage_of_node, cand.stage_devices, int(cand.microbatches),
+                                     schedule=str(cand.schedule), options=cand.options)
+    return evaluate_candidate(sim, PipelinePlan(*cand[:4]) if isinstance(cand, KindPlan) else cand)
+
+
+def kind_placement(graph: "OpGraph", cluster: "Cluster", cand: Any, *, planner: str = "online") -> Placement:
+    """The Placement of a candidate (a :class:`KindPlan` or the planners' 4-field pipeline candidate)."""
+    st, sd, m, sched = cand[:4]
+    opts = cand.options if isinstance(cand, KindPlan) else None
+    kw: dict[str, Any] = {}
+    if opts is not None:
+        kw = dict(shard=opts.shard, recompute=opts.recompute, precision=opts.precision,
+                  reshard_after_forward=opts.reshard_after_forward)
+    return Placement.pipeline(graph, cluster, st, sd, microbatches=int(m), schedule=sched, planner=planner, **kw)
 
 
 def _work(graph: "OpGraph") -> np.ndarray:
@@ -73,9 +135,11 @@ def cut_shares(centre: float, *, offsets: Sequence[float] = (-0.1, 0.0, 0.1),
 def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float = 0.5,
                     cut_offsets: Sequence[float] = (-0.1, 0.0, 0.1), fixed_shares: Sequence[float] = (0.5, 0.3),
                     schedules: Sequence[str] = ("gpipe", "1f1b"), microbatches: Sequence[int] = (2, 4),
-                    ddp_microbatches: Sequence[int] = (1,), planner: str = "online-kinds") -> list[Placement]:
-    """DDP and 2-stage pipelines over ``cluster``'s first two devices (see the module doc); the
-    DDP plans first, then the pipelines by cut, schedule and micro-batches; no duplicates."""
+                    ddp_microbatches: Sequence[int] = (1,), fsdp_microbatches: Sequence[int] = (),
+                    planner: str = "online-kinds") -> list[Placement]:
+    """DDP, FSDP and 2-stage pipelines over ``cluster``'s first two devices (see the module doc);
+    the DDP plans first, then FSDP, then the pipelines by cut, schedule and micro-batches; no
+    duplicates."""
     if cluster.num_devices != 2:
         raise ValueError(f"kind_candidates builds plans for 2 processes; the cluster has {cluster.num_devices} "
                          "devices: pass a 2-device cluster")
@@ -84,7 +148,7 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
     seen: set[bytes] = set()
 
     def add(p: Placement) -> None:
-        key = candidate_key(candidate_of(p))
+        key = kind_key(kind_of(p))
         if key not in seen:
             seen.add(key)
             out.append(p)
@@ -92,6 +156,9 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
     for m in ddp_microbatches:
         add(Placement.pipeline(graph, cluster, np.zeros(n, dtype=np.int64), [[0, 1]], microbatches=int(m),
                                schedule="1f1b", planner=planner))
+    for m in fsdp_microbatches:
+        add(Placement.pipeline(graph, cluster, np.zeros(n, dtype=np.int64), [[0, 1]], microbatches=int(m),
+                               schedule="1f1b", shard="fsdp", reshard_after_forward=False, planner=planner))
     for share in cut_shares(centre_share, offsets=cut_offsets, fixed=fixed_shares):
         st = split_at_share(graph, share)
         for sched in schedules:
@@ -102,18 +169,27 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
 
 
 def kind_label(cand: Any) -> str:
-    """A short name of a candidate ``(stage_of_node, stage_devices, microbatches, schedule)``:
-    ``ddp`` (``ddp M2``), or ``1f1b M4 20/25`` (schedule, micro-batches, ops per stage)."""
-    st, sd, m, sched = cand
+    """A short name of a candidate ``(stage_of_node, stage_devices, microbatches, schedule[, options])``:
+    ``ddp`` (``ddp M2``, ``fsdp``, ``ddp recompute``), or ``1f1b M4 20/25`` (schedule, micro-batches,
+    ops per stage; options after it)."""
+    st, sd, m, sched = cand[:4]
+    opts = cand.options if isinstance(cand, KindPlan) else None
+    bits = []
+    if opts is not None:
+        bits += ["reshard"] if any(opts.sharded(s) and opts.reshard_after_forward[s] for s in range(len(sd))) else []
+        bits += ["recompute"] if any(opts.recompute) else []
+        bits += sorted({p for p in opts.precision if p != "fp32"})
+    extra = "".join(" " + b for b in bits)
     if len(sd) == 1:
-        return "ddp" if int(m) == 1 else f"ddp M{int(m)}"
+        kind = "fsdp" if opts is not None and opts.sharded(0) else "ddp"
+        return (kind if int(m) == 1 else f"{kind} M{int(m)}") + extra
     sizes = "/".join(str(int(x)) for x in np.bincount(np.asarray(st), minlength=len(sd)))
-    return f"{sched} M{int(m)} {sizes}"
+    return f"{sched} M{int(m)} {sizes}" + extra
 
 
 class KindPolicy(nn.Module):
-    """One categorical over a fixed list of candidates (pipeline tuples; see
-    :func:`autoplace.planners.learned.env.candidate_of`). Actions: an ``(n, 1)`` long tensor of
+    """One categorical over a fixed list of candidates (:class:`KindPlan` or the planners' pipeline
+    tuples, :func:`autoplace.planners.candidate.candidate_of`). Actions: an ``(n, 1)`` long tensor of
     indices; :meth:`decode` gives the candidates. Logits start equal."""
 
     def __init__(self, candidates: Sequence[Any]) -> None:

@@ -35,10 +35,24 @@ data parallelism (one stage replicated on every rank) as well as pipelines of an
 micro-batch count. A switch into a replicated plan first copies every tensor to every rank (the
 same point-to-point moves, before the new runner is built, because DDP's constructor broadcasts
 rank 0's copy of every parameter, which for another stage's parameters would be stale).
+
+**Plans with stage options** (FSDP: one stage sharded over every rank; recompute) run on a private
+copy of the model (``fully_shard`` and checkpoint wrappers change the modules they are applied to,
+and FSDP replaces the parameters with DTensor shards), built by the runtime's one composition
+(:func:`autoplace.rewrite.compose.build_runner`). A switch into or out of such a plan goes through
+the checkpoint path (:mod:`autoplace.rewrite.checkpoint`, the original model's names, any plan to
+any plan): every rank saves what it holds (parameters, buffers, optimizer state) to a temporary
+directory, the optimizer's parameter list is pointed at the new runner's parameters (the copy's
+DTensor shards) or back at the model's own, the new runner is built, and every rank loads into it
+(DCP reshards); the directory is removed.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -50,10 +64,9 @@ from ..cluster import Cluster
 from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
-from .kinds import KindPolicy, kind_label
+from .kinds import KindPolicy, has_options, kind_label, kind_of, kind_placement
 from ..pipeline_rules import SCHEDULES as RUNS
 from .search import TuningSearch, candidate_key
-from ..planners.learned.env import candidate_of
 from .state import stays_on_cpu
 from ..placement import Placement
 from ..rewrite.runtime import PipelineRunner
@@ -104,8 +117,12 @@ class OnlinePipeline(PipelineRunner):
         self._tensors = dict([*model.named_parameters(), *model.named_buffers()])
         self.plan = plan
         self._holders: dict[str, list[int]] = {}
+        self._originals: list[list[Any]] | None = None  # the optimizer's own parameter lists while a copy's are in it
         self.runner: PipelineRunner = self._build(plan)
-        self._holders = self._gather_holders()
+        if has_options(plan):
+            self._point_optimizer_at(self.runner)
+        else:
+            self._holders = self._gather_holders()
         self.moves = 0
         """tensors sent or received by this rank in re-splits."""
         self.resplits = 0
@@ -132,14 +149,14 @@ class OnlinePipeline(PipelineRunner):
         if config is not None and self.rank == 0:
             policy: Any
             if candidates:
-                policy = KindPolicy([candidate_of(c) for c in candidates])
+                policy = KindPolicy([kind_of(c) for c in candidates])
                 name, note = "kinds", f"one categorical over {len(candidates)} plans (kinds, cuts, micro-batches)"
             else:
                 st = np.asarray(plan.stage_of_node)
                 policy = CutPolicy(self.graph.num_nodes, plan.num_stages, start=st,
                                    rest=(plan.stage_devices, int(plan.microbatches), plan.schedule))
                 name, note = "cut", "cut positions in topological order"
-            self.search = TuningSearch(self.graph, self.cluster, self.cost, candidate_of(plan), policy=policy,
+            self.search = TuningSearch(self.graph, self.cluster, self.cost, kind_of(plan), policy=policy,
                                        policy_name=name, policy_note=note,
                                        config=config, to_placement=self._placement, summarize=self._summary)
 
@@ -153,10 +170,14 @@ class OnlinePipeline(PipelineRunner):
             raise OnlineError(f"online pipeline tuning runs stages x replicas = {self.world} ranks, every stage "
                               f"replicated alike; the plan has {[len(s) for s in plan.stage_devices]} device(s) per "
                               "stage: pass one stage per rank, or one stage replicated on every rank")
-        if plan.shard or plan.recompute or plan.precision or plan.tp != 1 or plan.virtual_stages != 1:
-            raise OnlineError(f"online pipeline tuning switches plans without sharding, recompute, precision, "
-                              f"tensor parallelism or virtual stages; this plan has them ({plan.describe()}): pass "
-                              "a plain pipeline or data-parallel plan")
+        if plan.precision or plan.tp != 1 or plan.virtual_stages != 1 or "hsdp" in tuple(plan.shard or ()):
+            raise OnlineError(f"online pipeline tuning switches plans without precision, tensor parallelism, HSDP or "
+                              f"virtual stages; this plan has them ({plan.describe()}): pass a pipeline, DDP or FSDP "
+                              "plan (recompute allowed)")
+        if has_options(plan) and plan.num_stages != 1:
+            raise OnlineError(f"online pipeline tuning runs stage options (sharding, recompute) on one stage "
+                              f"replicated on every rank; this plan has {plan.num_stages} stages with them "
+                              f"({plan.describe()}): pass a one-stage plan for FSDP or recompute")
         if plan.num_stages > 1 and plan.schedule not in RUNS:
             raise OnlineError(f"online pipeline tuning switches between the schedules {RUNS}; this plan's is "
                               f"{plan.schedule!r}: pass one of those")
@@ -167,8 +188,7 @@ class OnlinePipeline(PipelineRunner):
             raise PlacementError(problems)
 
     def _placement(self, cand: Any) -> Placement:
-        st, sd, m, sched = cand
-        return Placement.pipeline(self.graph, self.cluster, st, sd, microbatches=m, schedule=sched, planner="online")
+        return kind_placement(self.graph, self.cluster, cand, planner="online")
 
     def _summary(self, cand: Any) -> str:
         return kind_label(cand)
@@ -189,6 +209,12 @@ class OnlinePipeline(PipelineRunner):
         from ..rewrite.runtime import build_pipeline_runner
 
         assert plan.stage_of_node is not None
+        if has_options(plan):  # on a private copy of the model (module doc), by the runtime's one composition
+            from ..rewrite.compose import build_runner
+
+            traced = dataclasses.replace(self.traced, gm=copy.deepcopy(self.traced.gm))
+            return build_runner(traced, plan, self.cluster, example_inputs=self.example_inputs, loss_fn=self.loss_fn,
+                                device=self.device, **self._options)
         # Stage 0 takes the call's tensors only (flags such as use_cache fixed); loss_fn gets the
         # model's own output type.
         gm = pipeline_module(self.traced, self.example_inputs)
@@ -272,9 +298,74 @@ class OnlinePipeline(PipelineRunner):
             if t.device.type != "cpu":
                 t.data = t.data.to("cpu")
 
+    def _point_optimizer_at(self, runner: PipelineRunner) -> None:
+        """Put ``runner``'s parameters (a copy's) in the optimizer's parameter lists in place of the
+        model's own of the same original names, keeping the lists to put back."""
+        from ..rewrite.checkpoint import _param_names
+
+        names = _param_names(runner)
+        live = {names[id(p)]: p for p in runner.parameters() if id(p) in names}
+        groups = self.optimizer.param_groups
+        self._originals = [list(g["params"]) for g in groups]
+        for g in groups:
+            g["params"] = [live.get(self._names.get(id(p), ""), p) for p in g["params"]]
+
+    def _point_optimizer_back(self) -> None:
+        if self._originals is not None:
+            for g, params in zip(self.optimizer.param_groups, self._originals):
+                g["params"] = params
+            self._originals = None
+
+    def _switch_by_checkpoint(self, plan: Placement) -> None:
+        """Re-split into or out of a plan with stage options through the checkpoint path (module doc)."""
+        from ..rewrite import checkpoint
+
+        box: list[Any] = [tempfile.mkdtemp(prefix="autoplace-online-") if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        path = str(box[0])
+        old_runner, old_plan, old_holders = self.runner, self.plan, self._holders
+        try:
+            checkpoint.save(self, path, optimizer=self.optimizer)
+            self._point_optimizer_back()
+            self.optimizer.state.clear()  # every held tensor's state comes back from the checkpoint, created
+            for g in self.optimizer.param_groups:  # by the load as a first step would (no gradient may be left:
+                for q in g["params"]:  # this runs after optimizer.step(), before the caller's zero_grad)
+                    q.grad = None
+            ok = torch.ones(1)
+            error = ""
+            try:
+                runner = self._build(plan)
+            except Exception as e:  # agreed on below: every rank goes back to the old plan
+                ok.zero_()
+                error = f"{type(e).__name__}: {str(e)[:200]}"
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if ok.item() < 1:
+                self.runner, self.plan, self._holders = old_runner, old_plan, old_holders
+                if has_options(old_plan):
+                    self._point_optimizer_at(old_runner)
+                checkpoint.load(self, path, optimizer=self.optimizer)
+                raise OnlineError(f"re-splitting failed on some rank{f' (here: {error})' if error else ''}; "
+                                  "the previous split stays")
+            self.runner = runner
+            if has_options(plan):
+                self._point_optimizer_at(runner)
+                self._holders = {}
+            else:
+                self._holders = self._gather_holders()
+            checkpoint.load(self, path, optimizer=self.optimizer)
+            self.plan = plan
+            self.resplits += 1
+        finally:
+            dist.barrier()
+            if self.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+
     def apply_plan(self, plan: Placement) -> None:
         """Re-split to ``plan`` between two steps (a collective: every rank, the same plan)."""
         self._check_plan(plan)
+        if has_options(plan) or has_options(self.plan):
+            self._switch_by_checkpoint(plan)
+            return
         old_runner, old = self.runner, self._holders
         prev = old
         if plan.num_stages < self.world:  # replicas: every rank gets every tensor before DDP broadcasts
@@ -360,7 +451,7 @@ class OnlinePipeline(PipelineRunner):
             s = self.search
             assert s is not None
             if event == "measured":
-                s.record(candidate_of(self.plan), steps)
+                s.record(kind_of(self.plan), steps)
             else:
                 for t in steps:
                     s.observe_best(t)
@@ -377,7 +468,7 @@ class OnlinePipeline(PipelineRunner):
         phase, plan_dict = box[0]
         plan = Placement.from_dict(plan_dict)
         self.phase, self._between = phase, 0
-        if candidate_key(candidate_of(plan)) != candidate_key(candidate_of(self.plan)):
+        if candidate_key(kind_of(plan)) != candidate_key(kind_of(self.plan)):
             # Between two steps (this runs after optimizer.step()), on every rank at once.
             self.apply_plan(plan)
             self._since_switch = 0

@@ -23,7 +23,8 @@ of ``4 * screen_samples`` policy samples is drawn at the first round, and every 
 pool's unmeasured candidate that the calibrated simulator ranks fastest at that moment.
 
 A candidate is what :class:`autoplace.planners.learned.env.PlacementEnv` scores: a ``device_of_node``
-array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``.
+array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``, or a
+:class:`~autoplace.online.kinds.KindPlan` (that with the stages' options: FSDP, recompute).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from .calibrate import StepCalibration, fit_step_calibration
 from .policy import recentre
-from ..planners.learned.env import candidate_key, evaluate_candidate
+from .kinds import kind_evaluate, kind_key
 from ..planners.learned.ppo import PolicySample, PPOUpdate
 from ..report import format_table
 from ..sim import Simulator
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from ..placement import Placement
 
 __all__ = ["TuningSearch", "TrialRecord", "candidate_key"]
+
+candidate_key = kind_key
+"""A candidate's digest: the planners' key, with a :class:`~autoplace.online.kinds.KindPlan`'s options."""
 
 
 @dataclass
@@ -119,7 +123,7 @@ class TuningSearch:
     def _evaluate(self, sim: Simulator, cand: Any) -> tuple[float, bool]:
         if cand is None:
             return math.inf, True
-        ev = evaluate_candidate(sim, cand)
+        ev = kind_evaluate(sim, cand)
         return float(ev.step_time_s), bool(ev.oom)
 
     def predict(self, cand: Any, *, calibrated: bool = True) -> float:

@@ -1,5 +1,5 @@
 """torchrun child of test_online_kinds.py: a 2-rank OnlinePipeline that switches plan kind (DDP <->
-GPipe/1F1B pipelines, micro-batches, cuts) mid-training, beside the unsplit model trained on the
+GPipe/1F1B pipelines, micro-batches, cuts; FSDP with ``"fsdp": true``) mid-training, beside the unsplit model trained on the
 same full batches in-process (the untuned run). Writes OUT/rank<r>.json (or rank<r>.err).
 
     torchrun --nproc-per-node 2 --standalone tests/online/kinds_child.py OUT CASE_JSON
@@ -39,9 +39,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     import autoplace
     from autoplace.online import OnlineConfig
-    from autoplace.online.kinds import kind_candidates, kind_label
+    from autoplace.online.kinds import kind_candidates, kind_label, kind_of
     from autoplace.online.pipeline import OnlinePipeline
-    from autoplace.planners.learned.env import candidate_of
     from autoplace.rewrite.liveness import Timeouts
     from autoplace.rewrite.runtime import init_distributed
 
@@ -53,8 +52,9 @@ def main(out: Path, case: dict[str, Any]) -> None:
     traced_graph = autoplace.trace(model, (x0,))
     cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
     cands = kind_candidates(traced_graph, cluster, cut_offsets=(0.0,), fixed_shares=(0.3,), schedules=("gpipe", "1f1b"),
-                            microbatches=(2, 4), ddp_microbatches=(1, 2))
-    by_label = {kind_label(candidate_of(c)): c for c in cands}
+                            microbatches=(2, 4), ddp_microbatches=(1, 2),
+                            fsdp_microbatches=(1,) if case.get("fsdp") else ())
+    by_label = {kind_label(kind_of(c)): c for c in cands}
     result["labels"] = list(by_label)
     start = [c for c in cands if c.num_stages == 2 and c.schedule == "1f1b" and c.microbatches == 2][0]
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -65,7 +65,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
     cfg = None
     pool = None
     if case["tune"]:
-        pool = [c for c in cands if c is not start][: case.get("pool", 3)] + [start]
+        pool = [c for c in cands if c is not start and (not case.get("fsdp") or c.shard)][: case.get("pool", 3)]
+        pool = [c for c in cands if c is not start and c not in pool][: case.get("pool", 3) - len(pool)] + pool + [start]
         cfg = OnlineConfig(trials=len(pool) - 1, steps_per_trial=2, warmup_steps=1, every_n_steps=1, min_gain=0.0,
                            screen_samples=8, screen_top_k=1, search=case["search"], seed=0)
     pipe = OnlinePipeline(model, traced, cluster, start, loss_fn=_loss, example_inputs=(x0,), optimizer=opt,
@@ -76,7 +77,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
         if i in switches:
             pipe.apply_plan(by_label[switches[i]] if switches[i] in by_label else
                             [c for lab, c in by_label.items() if lab.startswith(switches[i])][0])
-        kinds.append(kind_label(candidate_of(pipe.plan)))
+        kinds.append(kind_label(kind_of(pipe.plan)))
         x, y = _batch(i)
         loss = pipe.step(x, target=y)
         opt.step()
@@ -87,6 +88,9 @@ def main(out: Path, case: dict[str, Any]) -> None:
         ref_opt.zero_grad()
         losses.append(None if loss is None else float(loss))
         ref_losses.append(float(ref_loss.detach()))
+    if case.get("fsdp") and pipe.plan.shard:  # the live tensors are the copy's: back to the start plan's runner
+        pipe.tune(None)
+        pipe.apply_plan(start)
     ref_params = dict(ref.named_parameters())
     held = {n for n, p in model.named_parameters() if rank in pipe._holders.get(n, [])}
     errs, state_errs = {}, {}

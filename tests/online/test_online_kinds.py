@@ -1,4 +1,4 @@
-"""Online tuning over plan kinds: switching between DDP and GPipe/1F1B pipelines (cuts,
+"""Online tuning over plan kinds: switching between DDP, FSDP and GPipe/1F1B pipelines (cuts,
 micro-batches) mid-training loses no step and changes no parameter, under torchrun (gloo, 2
 ranks, runner timeouts of 45 s, the launch bounded by 300 s).
 
@@ -62,6 +62,24 @@ def test_kind_switches_lose_no_step_and_change_no_parameter(tmp_path: Path) -> N
     _equal_to_untuned(res)
     # every step of a DDP plan returns the batch loss on both ranks
     assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10, 11))
+
+
+def test_switches_into_and_out_of_fsdp_lose_no_step_and_change_no_parameter(tmp_path: Path) -> None:
+    res = _launch(tmp_path, {"tune": False, "fsdp": True, "steps": 14,
+                             "switches": {"3": "fsdp", "6": "gpipe M4", "9": "fsdp", "11": "ddp"}})
+    kinds = res[0]["kinds"]
+    assert kinds[3:6] == ["fsdp"] * 3 and kinds[6].startswith("gpipe M4") and kinds[9:11] == ["fsdp"] * 2
+    assert kinds[11:] == ["ddp"] * 3 and res[0]["resplits"] == 4
+    _equal_to_untuned(res)
+    # FSDP's loop returns the batch loss on every rank
+    assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10))
+
+
+@pytest.mark.parametrize("search", ["ppo", "topk"])
+def test_tuning_over_kinds_with_fsdp_trains_as_the_untuned_run(tmp_path: Path, search: str) -> None:
+    res = _launch(tmp_path, {"tune": True, "fsdp": True, "search": search, "steps": 16, "pool": 3})
+    assert "fsdp" in set(res[0]["kinds"]) and "policy: kinds" in res[0]["report"]
+    _equal_to_untuned(res)  # a kept FSDP plan is switched back to the start before the comparison (kinds_child)
 
 
 @pytest.mark.parametrize("search", ["ppo", "topk"])
@@ -145,3 +163,21 @@ def test_confirm_gives_the_beaten_best_a_second_measurement_under_the_current_lo
         assert rival is not None and candidate_key(rival) == candidate_key(cands[0])  # the fastest other
         s.record(rival, [9.8e-3])
         assert s.best_key == candidate_key(cands[0]) and s.trials_done == 3 and s.next_candidate() is None
+
+
+def test_fsdp_candidate_keys_apart_from_ddp_and_simulates_as_its_placement() -> None:
+    from autoplace.online.kinds import kind_evaluate, kind_key, kind_of, kind_placement
+    from autoplace.sim import Simulator
+
+    graph, cluster = _graph()
+    cands = kind_candidates(graph, cluster, fsdp_microbatches=(1,))
+    kinds = [kind_of(c) for c in cands]
+    assert [kind_label(k) for k in kinds[:2]] == ["ddp", "fsdp"]
+    assert len({kind_key(k) for k in kinds}) == len(cands)
+    assert kind_key(kinds[0]) == candidate_key(candidate_of(cands[0]))  # no options: the planners' key
+    sim = Simulator(graph, cluster)
+    for c, k in zip(cands[:3], kinds[:3]):
+        want = autoplace.simulate(graph, c, cluster, timeline=False).step_time_s
+        assert kind_evaluate(sim, k).step_time_s == pytest.approx(want)
+        assert kind_placement(graph, cluster, k).describe() == c.describe().replace("online-kinds", "online")
+    assert kind_evaluate(sim, kinds[1]).step_time_s != kind_evaluate(sim, kinds[0]).step_time_s
