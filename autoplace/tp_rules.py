@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["LinearPair", "TPBlock", "tp_blocks", "linear_pairs", "tp_refusals", "tp_problems", "ELEMENTWISE",
+__all__ = ["LinearPair", "TPBlock", "VocabPair", "vocab_pairs", "tp_blocks", "linear_pairs", "tp_refusals", "tp_problems", "ELEMENTWISE",
            "BETWEEN", "PER_TOKEN"]
 
 PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
@@ -259,6 +259,50 @@ def _hidden(graph: "OpGraph", a: int, b: int) -> int:
         if abs(d - round(d)) < 1e-6 and abs(h - round(h)) < 1e-6 and round(h) > 0:
             return int(round(h))
     return 0
+
+
+@dataclass(frozen=True)
+class VocabPair:
+    """A token embedding and the language-model head over the same vocabulary, split by vocabulary
+    over a TP group when one stage holds both (Megatron-LM's ``VocabParallelEmbedding`` and
+    parallel output layer, Shoeybi et al. 2019, section 3; torchtitan's ``RowwiseParallel`` on
+    ``tok_embeddings`` and ``ColwiseParallel`` on ``output``): each device holds ``vocab / t``
+    rows of the table (and of the head's weight, tied or not); the embedding's output is
+    all-reduced in forward, the head's logits all-gathered in forward (the loss reads them whole)
+    and its input gradient all-reduced in backward."""
+
+    embedding: int
+    head: int
+    embedding_path: str
+    head_path: str
+    vocab: int
+
+
+def vocab_pairs(graph: "OpGraph", ops: np.ndarray | None = None) -> tuple[VocabPair, ...]:
+    """The embedding/head pairs of ``graph`` (both among ``ops`` when given): an ``Embedding`` op
+    and a bias-free ``Linear`` op whose output is the graph's output (no successor), with the
+    same weight (tied in ``graph.tied``) or a weight of the same bytes; the vocabulary is read back
+    from the table's bytes and the outputs' ratio (``rows x width`` and ``width / rows``)."""
+    succ, _ = _adjacency(graph)
+    kinds = graph.kinds
+    inside = np.ones(graph.num_nodes, dtype=bool) if ops is None else np.zeros(graph.num_nodes, dtype=bool)
+    if ops is not None:
+        inside[np.asarray(ops)] = True
+    tied = {frozenset((int(g[0]), int(i))) for g in graph.tied for i in g[1:]}
+    paths = graph.module_paths
+    out = []
+    for h in range(graph.num_nodes):
+        if kinds[h] != "Linear" or succ.get(h) or not inside[h]:
+            continue
+        for e in range(graph.num_nodes):
+            if kinds[e] != "Embedding" or not inside[e] or graph.out_bytes[e] <= 0:
+                continue
+            same = frozenset((e, h)) in tied or graph.param_bytes[h] == graph.param_bytes[e] > 0
+            rows = np.sqrt(graph.param_bytes[e] / 4.0 * graph.out_bytes[h] / graph.out_bytes[e])
+            if same and abs(rows - round(rows)) < 1e-6 and rows >= 1:
+                out.append(VocabPair(e, h, paths[e] if paths else "", paths[h] if paths else "", int(round(rows))))
+                break
+    return tuple(out)
 
 
 def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequence[LinearPair] = (),

@@ -29,6 +29,15 @@ it is rewritten to the local part size (``split(768, dim=2)`` -> ``split(384, di
 column's. ``_StridedShard`` is torch's (private) placement for FSDP2 + TP; a colwise module whose
 output is split in any other way is a :class:`TensorParallelError`, never a contiguous shard.
 
+Vocabulary split (Megatron-LM's vocab-parallel embedding and output layer; torchtitan's plan for
+``tok_embeddings`` and ``output``): when the module holds both a token embedding and the LM head
+over the same vocabulary (:func:`vocab_modules`, the rule of :func:`autoplace.tp_rules.vocab_pairs`,
+so the simulator charges what runs), the embedding is ``RowwiseParallel`` (a vocabulary shard per
+rank, its output all-reduced) and the head ``ColwiseParallel`` with replicated logits (all-gathered:
+the user's loss reads them whole); a tied weight (GPT-2's) is one ``Shard(0)`` DTensor for both.
+Not with sequence parallelism, and not when a pipeline boundary separates the two (a tied weight
+across stages is summed by the runner on its plain parameter): both stay whole then.
+
 The module keeps its parameters' names; the sharded ones become DTensors (``p.full_tensor()``
 gathers one). The user's model is changed in place (``parallelize_module`` does so, and the
 reshapes are rewritten in its graph); pass a copy to keep the original.
@@ -48,7 +57,7 @@ from .sequence_parallel import sequence_parallel_rewrite
 from ..tp_rules import LinearPair
 
 __all__ = ["TensorParallelError", "FusedColwiseParallel", "tp_layout", "whole_blocks", "fused_columns",
-           "localize_heads", "apply_tensor_parallel"]
+           "localize_heads", "apply_tensor_parallel", "vocab_modules"]
 
 class TensorParallelError(AutoplaceError, ValueError):
     """A tensor-parallel layout does not fit the module; the message names the module and the fix."""
@@ -228,7 +237,7 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
     attention's reshapes at the local head count; returns it. ``sequence_parallel``: also run
     the per-token ops between the blocks on the rank's share of the sequence
     (:mod:`autoplace.rewrite.sequence_parallel`; a GraphModule only)."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     names = dict(module.named_modules())
@@ -268,7 +277,37 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             elif path in cols:
                 plan[path] = (FusedColwiseParallel(fused[path], input_layouts=Shard(1)) if path in fused
                               else ColwiseParallel(input_layouts=Shard(1)))
-    return parallelize_module(module, mesh, plan)
+    vocab = vocab_modules(module, t) if not sequence_parallel else []
+    for emb, head in vocab:  # torchtitan's tok_embeddings / output styles; the loss reads whole logits
+        plan[emb] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        plan[head] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    tied = [(emb, head) for emb, head in vocab if names[emb].weight is names[head].weight]
+    out = parallelize_module(module, mesh, plan)
+    for emb, head in tied:  # both shard the V x h table by rows (Shard(0)): one parameter again
+        module.get_submodule(head).weight = module.get_submodule(emb).weight
+    return out
+
+
+def vocab_modules(module: torch.nn.Module, t: int) -> list[tuple[str, str]]:
+    """``(embedding path, head path)`` pairs that tensor parallelism splits by vocabulary in
+    ``module`` (an fx GraphModule), the rule of :func:`autoplace.tp_rules.vocab_pairs` on the
+    module: an ``nn.Embedding`` and a bias-free ``nn.Linear`` of the same ``V x h`` weight shape
+    (tied or not) whose output is the module's output, with ``t`` dividing ``V``."""
+    if t <= 1 or not isinstance(module, torch.fx.GraphModule):
+        return []
+    names = dict(module.named_modules())
+    heads = [str(n.target) for n in module.graph.nodes if n.op == "call_module"
+             and any(u.op == "output" for u in n.users) and isinstance(names.get(str(n.target)), torch.nn.Linear)]
+    embs = [str(n.target) for n in module.graph.nodes if n.op == "call_module"
+            and isinstance(names.get(str(n.target)), torch.nn.Embedding)]
+    out = []
+    for h in heads:
+        lin = names[h]
+        assert isinstance(lin, torch.nn.Linear)
+        match = [e for e in embs if lin.bias is None and tuple(names[e].weight.shape) == tuple(lin.weight.shape)]
+        if match and lin.out_features % t == 0:
+            out.append((match[0], h))
+    return out
 
 
 

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
-from ..tp_rules import ELEMENTWISE, PER_TOKEN, LinearPair, linear_pairs, tp_problems
+from ..tp_rules import ELEMENTWISE, PER_TOKEN, LinearPair, VocabPair, linear_pairs, tp_problems, vocab_pairs
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -121,12 +121,23 @@ def _blocks_inside(mask: np.ndarray, pairs: Sequence[LinearPair]) -> dict[int, l
     return out
 
 
+def vocab_inside(graph: "OpGraph", mask: np.ndarray, t: int, *, sequence_parallel: bool = False) -> list[VocabPair]:
+    """The embedding/head pairs (:func:`~autoplace.tp_rules.vocab_pairs`) TP splits by vocabulary
+    in the ops ``mask``: both in it, ``t`` dividing the vocabulary, without sequence parallelism
+    (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel`, does the same)."""
+    if t <= 1 or sequence_parallel:
+        return []
+    return [v for v in vocab_pairs(graph, np.nonzero(mask)[0]) if v.vocab % t == 0]
+
+
 def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPair]], t: int,
-            sequence_parallel: bool) -> np.ndarray:
+            sequence_parallel: bool, vocab: Sequence[VocabPair] = ()) -> np.ndarray:
     split = np.zeros(graph.num_nodes, dtype=bool)
     for ps in blocks.values():
         for p in ps:
             split[list(p.ops)] = True
+    for v in vocab:
+        split[[v.embedding, v.head]] = True
     if sequence_parallel and t > 1 and blocks:
         split |= sequence_region(graph, [p for ps in blocks.values() for p in ps], mask)
     return np.where(split, 1.0 / max(t, 1), 1.0)
@@ -147,9 +158,10 @@ class Collective:
 
 
 def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
-                   *, sequence_parallel: bool = False, value_scale: float = 1.0) -> list[Collective]:
+                   *, sequence_parallel: bool = False, value_scale: float = 1.0, tp: int = 0) -> list[Collective]:
     """The collectives one micro-batch of the ops ``ops`` runs (see the module docstring), their
-    bytes ``value_scale`` x the traced ones."""
+    bytes ``value_scale`` x the traced ones; with ``tp`` also those of the vocabulary split
+    (:func:`vocab_inside`, which depends on the degree)."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -172,6 +184,15 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
                     for ph, k in (("forward", "all_gather"), ("backward", "reduce_scatter"))]
         else:  # each column's input gradient (the first block's input is whole under SP too)
             out += [Collective("backward", "all_reduce", x, name, p.column) for p, x in zip(ps, into)]
+    t = int(tp) if tp else 0
+    for v in vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel) if t else []:
+        # the embedding's partial sums; the head's logits gathered and its input gradient summed
+        g_in = float(graph.edge_bytes[edst == v.head].max(initial=0.0)) / microbatches * value_scale
+        out += [Collective("forward", "all_reduce", float(graph.out_bytes[v.embedding]) / microbatches * value_scale,
+                           v.embedding_path, v.embedding),
+                Collective("forward", "all_gather", float(graph.out_bytes[v.head]) / microbatches * value_scale,
+                           v.head_path, v.head),
+                Collective("backward", "all_reduce", g_in, v.head_path, v.head)]
     return out
 
 
@@ -240,17 +261,18 @@ def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
-    scale = _scales(graph, mask, blocks, t, sequence_parallel)
+    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel)
+    scale = _scales(graph, mask, blocks, t, sequence_parallel, vocab)
     f = float((fwd * scale)[mask].sum())
     b = float((bwd * scale)[mask].sum())
     params = float((graph.param_bytes * scale)[mask].sum())
-    if t <= 1 or not blocks:
+    if t <= 1 or not (blocks or vocab):
         return f, b, 0.0, params
     lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
     comm = sum((_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
                for c in tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
-                                       value_scale=value_scale))
+                                       value_scale=value_scale, tp=t))
     return f, b, comm, params
 
 
@@ -265,7 +287,7 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
-    scale = _scales(graph, mask, blocks, t, sequence_parallel)
+    scale = _scales(graph, mask, blocks, t, sequence_parallel)  # a vocabulary split's outputs are whole
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
     return float((graph.out_bytes * scale)[mask].sum()) * value_scale
@@ -303,19 +325,23 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
     inside = [p for ps in blocks.values() for p in ps]
+    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel)
     params = np.ones(graph.num_nodes)
     for p in inside:
         params[list(p.ops)] = 1.0 / max(t, 1)
-    work = _scales(graph, mask, blocks, t, sequence_parallel)
+    work = _scales(graph, mask, blocks, t, sequence_parallel, vocab)
     act = work.copy()
     if not sequence_parallel:
         act[list(blocks)] = 1.0
+    for v in vocab:  # a vocabulary shard of the table; the embedding's output and the logits are whole
+        params[[v.embedding, v.head]] = 1.0 / t
+        act[[v.embedding, v.head]] = 1.0
     fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
-    if t > 1 and inside:
+    if t > 1 and (inside or vocab):
         lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
         inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
         cs = tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
-                            value_scale=value_scale)
+                            value_scale=value_scale, tp=t)
         if sequence_parallel:
             cs += sp_runtime_collectives(graph, np.nonzero(mask)[0], microbatches, inside, value_scale=value_scale)
         for c in cs:

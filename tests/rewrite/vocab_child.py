@@ -1,0 +1,91 @@
+"""Launched by test_tp_vocab.py as `torchrun --nproc-per-node 2 vocab_child.py OUT CASES_JSON`.
+
+Each case: a zoo model (GPT-2 with its tied LM head, or Llama with an untied one) traced with
+torch.fx and sharded over both ranks by ``apply_tensor_parallel`` (the blocks from the op graph;
+the embedding and head split by vocabulary by the rewrite itself); 4 SGD steps beside the unsplit
+model on the same batches; saves the losses, the largest loss and (gathered) parameter
+differences, the vocabulary split it made, whether a tied weight is still one parameter, and the
+collectives of the first step by phase and kind (CommDebugMode), to OUT/<id>-rank<r>.pt."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+import pipeline_workers as pw  # noqa: E402
+
+import autoplace  # noqa: E402
+from autoplace.rewrite.tensor_parallel import apply_tensor_parallel, tp_layout, vocab_modules  # noqa: E402
+from autoplace.tp_rules import linear_pairs  # noqa: E402
+
+STEPS = 4
+VOCAB, SEQ = 64, 8
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randint(0, VOCAB, (4, SEQ), generator=g), torch.randint(0, VOCAB, (4, SEQ), generator=g)
+
+
+def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+
+def _model(name: str) -> torch.nn.Module:
+    if name == "gpt2":
+        return autoplace.zoo.build("gpt2", small=True, seed=0, vocab_size=VOCAB, seq_len=SEQ, n_positions=SEQ).model
+    return autoplace.zoo.build("llama", small=True, seed=0, vocab_size=VOCAB, seq_len=SEQ, n_heads=4, n_kv_heads=2,
+                               dim=32).model
+
+
+def run(case: dict, rank: int, world: int, out: Path) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    model = _model(case["model"])
+    ref = copy.deepcopy(model)
+    x0, _ = _batch(0)
+    layout = tp_layout(linear_pairs(autoplace.trace(model, (x0,))))
+    gm = torch.fx.symbolic_trace(model)
+    vocab = vocab_modules(gm, world)
+    apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
+    tied = [getattr(gm.get_submodule(e), "weight") is getattr(gm.get_submodule(h), "weight") for e, h in vocab]
+    opt, ref_opt = torch.optim.SGD(gm.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    losses, ref_losses, comms = [], [], {}
+    for step in range(STEPS):
+        x, y = _batch(step)
+        count = CommDebugMode()
+        with count:
+            out_ = gm(x)
+            fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+            loss = _loss(out_, y)
+            loss.backward()
+        if step == 0:
+            total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+            comms = {f"forward {k}": v for k, v in fwd.items()}
+            comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+        opt.step()
+        opt.zero_grad()
+        r = _loss(ref(x), y)
+        r.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        losses.append(loss.item())
+        ref_losses.append(r.item())
+    want = dict(ref.named_parameters())
+    got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in gm.named_parameters()}
+    torch.save({"losses": losses, "vocab": vocab, "tied": tied, "comms": comms,
+                "sharded": sorted(n for n, p in gm.named_parameters() if hasattr(p, "full_tensor")),
+                "loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+                "param_err": max((got[n] - want[n].detach()).abs().max().item() for n in got)},
+               out / f"{case['id']}-rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    pw.run_cases(run)
