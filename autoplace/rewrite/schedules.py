@@ -94,6 +94,8 @@ class MultiStageRunner(PipelineRunner):
                          timeouts=timeouts, predicted_step_s=predicted_step_s,
                          stage_modules=stage_modules if len(stage_modules) > 1 else (), units=units,
                          batch_norms=batch_norms)
+        if len(stage_modules) == 1:  # ``stage_modules`` reads the same for every runner of this class
+            self.__dict__["stage_modules"] = list(stage_modules)
         self.ranks = ranks
         self.stage_indices = stage_indices
         """the (global, virtual) stages this rank runs."""

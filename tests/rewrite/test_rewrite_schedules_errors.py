@@ -64,5 +64,6 @@ def test_gpipe_and_1f1b_are_built_by_the_one_schedule_builder(one_process: None,
     assert isinstance(runner, MultiStageRunner) and runner.stage_indices == (0,)
     # one stage on the rank: its tensors under stage_module.<name>, as every one-stage-per-rank pipeline's
     assert runner.state_dict() and all(k.startswith("stage_module.") for k in runner.state_dict())
+    assert list(runner.stage_modules) == [runner.stage_module]
     x, y = pw.batch("gpt", 8, 0)
     assert runner.step(x, target=y) is not None
