@@ -286,11 +286,13 @@ def facts_of(graph: "OpGraph") -> Mapping[str, Any] | None:
     return facts
 
 
-def saved_per_op(facts: Mapping[str, Any], in_stage: np.ndarray) -> np.ndarray:
+def saved_per_op(facts: Mapping[str, Any], in_stage: np.ndarray, share: np.ndarray | None = None) -> np.ndarray:
     """(N,) traced bytes autograd saves for the backward of the ops ``in_stage`` (a boolean
     mask), each storage once, on the earliest of its saving ops in the stage (its bytes live
     until that op's backward), as :class:`StepMemory` counts them: a view or an in-place output
-    adds nothing, an output no backward needs is not there."""
+    adds nothing, an output no backward needs is not there. ``share``: (N,) the part of each op's
+    output a device holds (tensor parallelism), applied to the storages that op made (a storage
+    of no op's making, such as attention's log-sum-exp, at the share of the op saving it)."""
     out = np.zeros(in_stage.shape[0])
     s_bytes = np.asarray(facts["saved_bytes"], dtype=np.float64)
     if not s_bytes.size:
@@ -304,6 +306,9 @@ def saved_per_op(facts: Mapping[str, Any], in_stage: np.ndarray) -> np.ndarray:
     nz = counts > 0
     first[nz] = np.minimum.reduceat(masked, ptr[:-1][nz])
     keep = first < big
+    if share is not None:
+        made = np.asarray(facts.get("saved_producer", [-1] * s_bytes.shape[0]), dtype=np.int64)
+        s_bytes = s_bytes * share[np.where(made >= 0, made, np.minimum(first, big - 1))]
     np.add.at(out, first[keep], s_bytes[keep])
     return out
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["measure", "attach", "rnn_workspace_bytes", "sac_saves", "FORMAT", "DTYPE_KEYS", "RNN_WORKSPACE", "SAC_SAVE", "SAC_MM"]
 
 FORMAT = "autoplace.memory/1"
-DTYPE_KEYS = ("grad_bytes", "saved_bytes", "saved_ptr", "saved_ops", "sac_ptr", "sac_mm", "sac_bytes", "sac_flops",
-              "sac_autograd")
+DTYPE_KEYS = ("grad_bytes", "saved_bytes", "saved_ptr", "saved_ops", "saved_producer", "sac_ptr", "sac_mm",
+              "sac_bytes", "sac_flops", "sac_autograd")
 """The facts that depend on the compute dtype: ``facts["bf16"]`` holds them from a bf16 forward."""
 SAC_MM = "aten::mm"
 SAC_SAVE = frozenset({
@@ -282,6 +282,7 @@ def measure(gm: torch.fx.GraphModule, placeholders: Mapping[str, Any], op_of_fx:
         "saved_bytes": [float(saved[k][0]) for k in keys],
         "saved_ptr": ptr.tolist(),
         "saved_ops": ops,
+        "saved_producer": [int(producer.get(k, -1)) for k in keys],
         "sac_ptr": np.cumsum(sac_ptr).tolist(),
         "sac_mm": [bool(sac.calls[k][1]) for k in order],
         "sac_bytes": [sac.calls[k][2] for k in order],

@@ -230,12 +230,12 @@ class ShardedStage:
             inputs[it] += x
         self.inputs = inputs
         self._activation_terms(sim, nodes, item, unit, tf[nodes, devs[0]] * (tp.work[nodes] if tp is not None else 1.0),
-                               tp.act[nodes] if tp is not None else np.ones(nodes.size))
+                               tp.act if tp is not None else np.ones(g.num_nodes))
         self._links(sim)
         self._bn_sync(sim, nodes, item)
 
     def _activation_terms(self, sim: "Simulator", nodes: np.ndarray, item: np.ndarray, unit: np.ndarray,
-                          t_op: np.ndarray, act_share: np.ndarray) -> None:
+                          t_op: np.ndarray, share_of: np.ndarray) -> None:
         """Per op of the stage, from the graph's traced memory facts (:func:`~autoplace.cost.memory.facts_of`):
         the bytes autograd saves for it (each storage once), the loss's fp32 terms, the activation
         gradients alive during its backward, and per unit what op-level selective checkpointing
@@ -245,6 +245,7 @@ class ShardedStage:
         selective unit priced as a full recompute in time and as none in memory (an upper bound)."""
         g = sim.graph
         self.item = item
+        act_share = share_of[nodes]  # (N,) share_of: a TP device's bytes of each op's output over the traced
         facts = facts_of(g)
         k_items = len(self.p)
         self.sac = np.zeros(k_items)
@@ -262,7 +263,7 @@ class ShardedStage:
         per = 1.0 / self.act_scale if dyn is not facts else 1.0
         in_stage = np.zeros(g.num_nodes, dtype=bool)
         in_stage[nodes] = True
-        self.a_op = saved_per_op(dyn, in_stage)[nodes] * act_share * per
+        self.a_op = saved_per_op(dyn, in_stage, share_of)[nodes] * per
         self.act = np.zeros(k_items)
         np.add.at(self.act, item, self.a_op)
         # the loss runs in fp32 (the root's output cast, torch.autocast's fp32 list): cross-entropy's
@@ -271,7 +272,7 @@ class ShardedStage:
         self.loss_op = LOSS_SAVED * outputs / self.act_scale
         grad = np.asarray(dyn["grad_bytes"], dtype=np.float64) * per
         own = np.where(outputs > 0, grad[nodes] * act_share, 0.0)  # the output's gradient, in fp32 instead
-        self.grad_op = grad_alive(g, nodes, grad) * act_share - own + (LOSS_EXTRA_GRAD + 1.0) * outputs / self.act_scale
+        self.grad_op = grad_alive(g, nodes, grad * share_of) - own + (LOSS_EXTRA_GRAD + 1.0) * outputs / self.act_scale
         self.remat = self.act.copy()
         """bytes a recomputed unit makes again in its backward (op-level selective: less what it saved)."""
         if self.selective:
