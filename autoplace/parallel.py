@@ -51,7 +51,7 @@ FIELDS = ("shard", "recompute", "precision", "reshard_after_forward")
 NO_BF16_KINDS = frozenset({"K80", "P100", "V100-16GB", "V100-32GB", "V100-PCIe-16GB", "T4"})
 
 SELECTIVE_OP = "selective-op"
-"""The recompute value of op-level selective activation checkpointing of every unit of a stage
+"""The recompute value of op-level selective activation checkpointing of every block of a stage
 (no module path has a hyphen, so it is never a unit's name)."""
 
 Recompute = bool | str | tuple[str, ...]
@@ -102,7 +102,7 @@ class StageOptions:
     """per stage: "ddp", "fsdp" or "hsdp"."""
     recompute: tuple[Recompute, ...]
     """per stage: False, True (every unit), the module paths of the checkpointed units or
-    :data:`SELECTIVE_OP` (every unit, op-level selective)."""
+    :data:`SELECTIVE_OP` (every block, op-level selective)."""
     precision: tuple[str, ...]
     """per stage: "fp32" or "bf16"."""
     reshard_after_forward: tuple[bool, ...]
