@@ -105,6 +105,18 @@ def _param_names(obj: torch.nn.Module) -> dict[int, str]:
     return names
 
 
+def _param_aliases(obj: torch.nn.Module) -> dict[int, list[str]]:
+    """id(parameter) -> every original name it has on this rank (a tied parameter has several: GPT-2's
+    ``transformer.wte.weight`` and ``lm_head.weight``), the first as :func:`_param_names` gives it."""
+    names: dict[int, list[str]] = {}
+    for prefix, mod in _modules(obj):
+        for key, p in mod.named_parameters(remove_duplicate=False):
+            name = original_name(prefix + key) if prefix else key
+            if name is not None and name not in names.setdefault(id(p), []):
+                names[id(p)].append(name)
+    return names
+
+
 def _init_state(optimizer: torch.optim.Optimizer) -> None:
     """Create the optimizer's state (Adam's moments) as its first step would, leaving the
     parameters unchanged: one step on zero gradients at learning rate 0 (what torch's
@@ -129,24 +141,37 @@ def _init_state(optimizer: torch.optim.Optimizer) -> None:
 def optimizer_state_dict(obj: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                          init: bool = True) -> dict[str, Any]:
     """The optimizer's state for the parameters this rank holds, keyed by their original names:
-    ``state.<fqn>.<key>`` (tensors alias the optimizer's) and ``param_groups.<fqn>.<hyperparameter>``.
+    ``state.<fqn>.<key>`` (tensors alias the optimizer's) and ``param_groups.<fqn>.<hyperparameter>``,
+    a tied parameter's under each of its names here (another plan may hold it under another one).
     ``init``: create the state first if the optimizer has not stepped (what a load reads into);
     :func:`save` does not, so saving before the first step changes nothing (Adam's step count)."""
     if init:
         _init_state(optimizer)
-    names = _param_names(obj)
+    names = _param_aliases(obj)
     out: dict[str, Any] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            fqn = names.get(id(p))
-            if fqn is None:
-                continue  # held by another rank (an OnlinePipeline's optimizer holds every parameter)
-            for k, v in optimizer.state.get(p, {}).items():
-                out[f"state.{fqn}.{k}"] = v
-            for k, v in group.items():
-                if k != "params":
-                    out[f"param_groups.{fqn}.{k}"] = v
+            for fqn in names.get(id(p), ()):  # none: held by another rank (an OnlinePipeline's optimizer holds all)
+                for k, v in optimizer.state.get(p, {}).items():
+                    out[f"state.{fqn}.{k}"] = v
+                for k, v in group.items():
+                    if k != "params":
+                        out[f"param_groups.{fqn}.{k}"] = v
     return out
+
+
+def _saved_alias_only(obj: torch.nn.Module, optim: dict[str, Any], saved: set[str]) -> dict[str, Any]:
+    """``optim`` without the keys of a tied parameter's names the checkpoint lacks when it has the
+    parameter under another of its names (the same tensors: loading one name loads them all)."""
+    def has(n: str) -> bool:
+        return any(k.startswith((f"optim.state.{n}.", f"optim.param_groups.{n}.")) for k in saved)
+
+    drop: list[str] = []
+    for names in _param_aliases(obj).values():
+        if len(names) > 1 and any(has(n) for n in names):
+            drop += [n for n in names if not has(n)]
+    return {k: v for k, v in optim.items()
+            if not any(k.startswith((f"state.{n}.", f"param_groups.{n}.")) for n in drop)} if drop else optim
 
 
 def save(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optimizer | None = None,
@@ -226,7 +251,7 @@ def load(obj: torch.nn.Module, path: str | Path, *, optimizer: torch.optim.Optim
     state["model"], strided = _unstrided(state["model"])
     unstepped = False  # saved before the optimizer's first step: no state to read, none to keep
     if optimizer is not None:
-        optim = optimizer_state_dict(obj, optimizer)
+        optim = _saved_alias_only(obj, optimizer_state_dict(obj, optimizer), saved)
         lost = sorted(k for k in optim if f"optim.{k}" not in saved)
         if lost and all(k.startswith("state.") for k in lost) and not any(k.startswith("optim.state.") for k in saved) \
                 and any(k.startswith("optim.param_groups.") for k in saved):

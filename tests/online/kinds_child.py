@@ -20,8 +20,13 @@ from torch import nn
 BATCH = 8
 
 
-def _model() -> nn.Module:
+def _model(tied: bool = False) -> nn.Module:
     torch.manual_seed(0)
+    if tied:  # a weight shared by the first and the last stage (as GPT-2's wte and lm_head)
+        m = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
+                          nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 3))
+        m[5].weight = m[2].weight
+        return m
     return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
                          nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
 
@@ -46,7 +51,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
 
     rank, _, _ = init_distributed(timeout_s=60)
     result: dict[str, Any] = {"rank": rank}
-    model = _model()
+    model = _model(case.get("tied", False))
     ref = copy.deepcopy(model)
     x0, _ = _batch(0)
     traced_graph = autoplace.trace(model, (x0,))

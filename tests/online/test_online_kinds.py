@@ -64,8 +64,10 @@ def test_kind_switches_lose_no_step_and_change_no_parameter(tmp_path: Path) -> N
     assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10, 11))
 
 
-def test_switches_into_and_out_of_fsdp_lose_no_step_and_change_no_parameter(tmp_path: Path) -> None:
-    res = _launch(tmp_path, {"tune": False, "fsdp": True, "steps": 14,
+@pytest.mark.parametrize("tied", [False, True])
+def test_switches_into_and_out_of_fsdp_lose_no_step_and_change_no_parameter(tmp_path: Path, tied: bool) -> None:
+    # tied: a weight two stages share, named differently by each (its optimizer state moves under either name)
+    res = _launch(tmp_path, {"tune": False, "fsdp": True, "steps": 14, "tied": tied,
                              "switches": {"3": "fsdp", "6": "gpipe M4", "9": "fsdp", "11": "ddp"}})
     kinds = res[0]["kinds"]
     assert kinds[3:6] == ["fsdp"] * 3 and kinds[6].startswith("gpipe M4") and kinds[9:11] == ["fsdp"] * 2
