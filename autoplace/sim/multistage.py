@@ -158,7 +158,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[rc][j * t_deg], groups[ra][j * t_deg]) for j in range(d)])
             cb[s] = lt + nbytes / parts * inv
     t: OrderTimes = simulate_order(order, rank_of, cost.f, cost.b, cost.w if split else None, cf=cf, cb=cb, act=cost.act,
-                                   microbatches=m, tail=cost.tail if cost.tail.any() else None)
+                                   microbatches=m, tail=cost.tail if cost.tail.any() else None,
+                                   tail_in_backward=cost.tail_in_backward)
     if not t.ok:  # the orders of schedules.actions never deadlock; a guard on that code
         raise RuntimeError(f"pipeline schedule {schedule!r} deadlocked with {p} ranks x {v} virtual stages and "
                            f"{m} micro-batches")

@@ -16,8 +16,13 @@ Bubble: ``1 - busy / (P x end of the last action)``.
 Replicated ranks (``tail``): a stage's last backward (its M-th ``B`` or ``W``, counted together
 as torch counts them for ``last_backward``) lasts ``tail[k]`` seconds longer: the gradient
 all-reduce of a DDP-wrapped stage that outlives its last backward, which DDP's reducer waits for
-before the backward returns (:func:`autoplace.sim.ddp.ddp_sync`). The wait is not compute (not
-in ``busy``); the stage's gradient send leaves after it, as torch sends after the backward.
+before the backward returns (:func:`autoplace.sim.ddp.ddp_sync`), or torch's ``REDUCE_GRAD``
+action after it (FSDP stages, TP replicas, split backwards). The wait is not compute (not in
+``busy``). Where it is inside the backward (``tail_in_backward[k]``: DDP) the stage's gradient
+send leaves after it, as torch sends after the backward; a ``REDUCE_GRAD`` runs after the
+backward's send is issued (``_add_send_recv`` puts ``SEND_B`` right after the ``B``;
+``Schedule1F1B`` reduces after its last send), so the previous stage gets its gradient at the
+backward's end and only this rank waits.
 
 Activation memory per schedule: walking a rank's order, ``F(k, m)`` adds stage k's activations
 of one micro-batch (its ops' outputs and its received inputs), ``B`` frees them, ``I`` frees the
@@ -87,7 +92,7 @@ class OrderTimes(NamedTuple):
 @njit(cache=True)
 def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t: np.ndarray, w_t: np.ndarray,
          cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int,
-         tail: np.ndarray) -> tuple[Any, ...]:
+         tail: np.ndarray, tail_in_b: np.ndarray) -> tuple[Any, ...]:
     n_rank, length, _ = enc.shape
     n_st = rank_of.shape[0]
     f_arr = np.full((n_st, n_mb), -1.0)
@@ -132,10 +137,13 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
                     dur = w_t[s]
                 st = max(free[r], ready)
                 en = st + dur
+                out = en  # when the action's output leaves (its send)
                 if kind == 1 or kind == 3:
                     n_back[s] += 1
                     if n_back[s] == n_mb and tail[s] > 0.0:
                         en += tail[s]
+                        if tail_in_b[s] > 0.0:
+                            out = en
                 start[r, ptr[r]] = st
                 finish[r, ptr[r]] = en
                 free[r] = en
@@ -156,14 +164,14 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
                             sends[n_send, 3], sends[n_send, 4], sends[n_send, 5] = m, x0, x1
                             n_send += 1
                 elif kind == 1 or kind == 2:
-                    i_done[s, m] = en
+                    i_done[s, m] = out
                     live[r] -= act[s] if kind == 1 else act[s] * (1.0 - keep[s])
                     if s > 0:
                         r2 = rank_of[s - 1]
                         if r2 == r:
-                            b_arr[s - 1, m] = en
+                            b_arr[s - 1, m] = out
                         else:
-                            x0 = max(en, link[r, r2])
+                            x0 = max(out, link[r, r2])
                             x1 = x0 + cb[s - 1]
                             link[r, r2] = x1
                             b_arr[s - 1, m] = x1
@@ -187,12 +195,15 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
 def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ...] | np.ndarray,
                    f: np.ndarray, b: np.ndarray, w: np.ndarray | None = None, *, cf: np.ndarray | None = None,
                    cb: np.ndarray | None = None, act: np.ndarray | None = None,
-                   microbatches: int | None = None, tail: np.ndarray | None = None) -> OrderTimes:
+                   microbatches: int | None = None, tail: np.ndarray | None = None,
+                   tail_in_backward: np.ndarray | None = None) -> OrderTimes:
     """Run the ranks' orders over per-stage times: ``f[k]``, ``b[k]`` (a full backward) and
     ``w[k]`` (its weight-gradient part; I takes ``b - w``), ``cf[k]``/``cb[k]`` the transfer of
     one micro-batch over boundary k|k+1 forward/back, ``act[k]`` stage k's activation bytes of
     one micro-batch, ``tail[k]`` the seconds stage k's last backward waits for its gradient
-    all-reduce (replicated ranks)."""
+    all-reduce (replicated ranks), inside the backward (before its send) where
+    ``tail_in_backward[k]`` (DDP's reducer; default: every stage), else after the send (torch's
+    ``REDUCE_GRAD``)."""
     enc = encode(order)
     k = len(rank_of)
     fz = np.ascontiguousarray(f, dtype=np.float64)
@@ -207,7 +218,9 @@ def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ..
     m = int(microbatches if microbatches is not None else 1 + max(a.microbatch for r in order for a in r))
     ok, start, finish, busy, peak, sends = _sim(enc, np.asarray(rank_of, dtype=np.int64), fz, bz, iz, wz, cfz, cbz,
                                                 az, keep, m, np.zeros(k) if tail is None else
-                                                np.ascontiguousarray(tail, dtype=np.float64))
+                                                np.ascontiguousarray(tail, dtype=np.float64),
+                                                np.ones(k) if tail_in_backward is None else
+                                                np.ascontiguousarray(tail_in_backward, dtype=np.float64))
     valid = enc[:, :, 0] >= 0
     rank_end = np.where(valid, finish, 0.0).max(axis=1) if enc.shape[1] else np.zeros(len(order))
     return OrderTimes(bool(ok), float(rank_end.max(initial=0.0)), rank_end, busy, start, finish, peak, sends)

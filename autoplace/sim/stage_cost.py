@@ -85,6 +85,9 @@ class StageCosts(NamedTuple):
     """bytes per device that exist while one recomputed unit's backward runs."""
     send: np.ndarray
     """bytes each stage sends per fp32 byte of its boundary (1/2 from a bf16 stage)."""
+    tail_in_backward: np.ndarray | None = None
+    """(K,) 1 where ``tail`` is inside the last backward, before its send (DDP's reducer), 0 where
+    it is torch's ``REDUCE_GRAD`` after the send (:func:`~.order_sim.simulate_order`); None: all 1."""
 
 
 def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
@@ -268,7 +271,7 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
     opts = options_of_stages(options, rank_of)
     stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m, tp=tp,
                             sequence_parallel=sequence_parallel)
-    f, b, w, u, tail, sync, act, params, gathered, remat, send = (np.zeros(k) for _ in range(11))
+    f, b, w, u, tail, sync, act, params, gathered, remat, send, in_b = (np.zeros(k) for _ in range(12))
     weight_last = last_backward_is_weight(order, k, m) if split else np.zeros(k, dtype=bool)
     for s, x in enumerate(stages):
         f[s], b[s] = action_seconds(x, m)
@@ -288,6 +291,7 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
                     ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv, grad_scale=gs)
                 else:
                     ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv, grad_scale=gs)
+                    in_b[s] = 1.0  # DDP's reducer: the backward returns, and sends, after its buckets
                 tail[s] = max(ready - last, 0.0)
             params[s] = x.p_all
         saved, _ = x.saved_activations()
@@ -297,7 +301,7 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
         act[s] = saved * share + recv + copies
         remat[s] = x.remat_bytes(share)
         send[s] = x.send
-    return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send)
+    return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send, in_b)
 
 
 def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
@@ -338,4 +342,6 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
         last_op = np.where(weight_last[st], w_op, b_op)
         tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg,
                              after=split or t_deg > 1)
-    return StageCosts(f, b, w if split else np.zeros(k), u, tail, ar, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k))
+    in_b = np.full(k, 0.0 if split or t_deg > 1 else 1.0)  # DDP's reducer, or REDUCE_GRAD after the send
+    return StageCosts(f, b, w if split else np.zeros(k), u, tail, ar, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k),
+                      in_b)

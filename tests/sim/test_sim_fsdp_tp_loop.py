@@ -18,6 +18,7 @@ from autoplace.sim.multistage import multistage_step
 from autoplace.sim.simulator import pipeline_step
 from autoplace.sim.stage_cost import sharded_stages
 from autoplace.sim.tensor_parallel import linear_pairs
+from autoplace.tp_rules import vocab_pairs
 
 from test_tp_options import G, _cluster
 
@@ -49,9 +50,9 @@ def test_one_stage_fsdp_x_tp_is_fsdps_loop_with_tp_shares(shard: str, recompute:
     got = sim.run(plan, timeline=False)
     assert got.peak_memory_bytes[devs].tolist() == pytest.approx([_loop_peak(sim, devs, 2, 2, opts)] * len(devs),
                                                                  rel=1e-12)
-    # a device keeps 1/(tp n) of the pairs' parameters and 1/n of the rest (n: replicas of a TP index)
+    # a device keeps 1/(tp n) of the pairs' (and the vocabulary split's) parameters and 1/n of the rest
     (x,) = sharded_stages(sim, np.zeros(G.num_nodes, dtype=np.int64), [devs], opts, 2, tp=2)
-    ops = sorted({i for p in linear_pairs(G) for i in p.ops})
+    ops = sorted({i for p in linear_pairs(G) for i in p.ops} | {i for v in vocab_pairs(G) for i in (v.embedding, v.head)})
     pairs = float(G.param_bytes[ops].sum())
     assert x.p_all == pytest.approx(pairs / 2 + float(G.param_bytes.sum()) - pairs, rel=1e-12)
     # the one-stage pipeline regime torch's PipelineStage would run keeps far more: every unit gathered

@@ -17,6 +17,7 @@ from autoplace.sim.schedules import actions
 from autoplace.sim.stage_cost import sharded_stages, stage_costs
 from autoplace.sim.stages import boundary_bytes, stage_groups
 from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes
+from autoplace.tp_rules import vocab_pairs
 
 
 def _llama() -> autoplace.OpGraph:
@@ -50,8 +51,8 @@ def _costs(c: Cluster, devs: list[int], tp: int, m: int = 2, **kw: object):  # t
 
 
 def _pair_split() -> tuple[float, float]:
-    """(fp32 parameter bytes of the ops TP splits, of the rest)."""
-    ops = sorted({i for p in linear_pairs(G) for i in p.ops})
+    """(fp32 parameter bytes of the ops TP splits, of the rest): the pairs and the vocabulary split."""
+    ops = sorted({i for p in linear_pairs(G) for i in p.ops} | {i for v in vocab_pairs(G) for i in (v.embedding, v.head)})
     pairs = float(G.param_bytes[ops].sum())
     return pairs, float(G.param_bytes.sum()) - pairs
 
@@ -98,6 +99,8 @@ def test_a_bf16_tp_all_reduce_moves_half_the_bytes_of_an_fp32_one() -> None:
     rows = sorted({p.row for p in linear_pairs(G)})
     m = 2
     ar32 = sum(float(G.out_bytes[r]) / m for r in rows)  # t = 2: 2 (t-1)/t = 1
+    # and the vocabulary split's: the embedding's all-reduce, the logits' all-gather ((t-1)/t = 1/2)
+    ar32 += sum(float(G.out_bytes[v.embedding]) / m + 0.5 * float(G.out_bytes[v.head]) / m for v in vocab_pairs(G))
     slow, fast = _cluster(bandwidth=1e9), _cluster(bandwidth=2e9)
     d32 = _f_b(slow, shard="fsdp")[0] - _f_b(fast, shard="fsdp")[0]
     d16 = _f_b(slow, shard="fsdp", precision="bf16")[0] - _f_b(fast, shard="fsdp", precision="bf16")[0]
