@@ -268,10 +268,10 @@ class ShardedStage:
         np.add.at(self.act, item, self.a_op)
         # the loss runs in fp32 (the root's output cast, torch.autocast's fp32 list): cross-entropy's
         # log-softmax, and at its backward the gradients of the log-probabilities and of the fp32 logits
-        outputs = np.asarray(facts["output_bytes"], dtype=np.float64)[nodes]
+        outputs = np.asarray(facts["output_bytes"], dtype=np.float64)[nodes] * act_share  # a TP device's logits
         self.loss_op = LOSS_SAVED * outputs / self.act_scale
         grad = np.asarray(dyn["grad_bytes"], dtype=np.float64) * per
-        own = np.where(outputs > 0, grad[nodes] * act_share, 0.0)  # the output's gradient, in fp32 instead
+        own = np.where(outputs > 0, grad[nodes] * act_share, 0.0)  # the output's own gradient, in fp32 instead
         self.grad_op = grad_alive(g, nodes, grad * share_of) - own + (LOSS_EXTRA_GRAD + 1.0) * outputs / self.act_scale
         self.remat = self.act.copy()
         """bytes a recomputed unit makes again in its backward (op-level selective: less what it saved)."""
