@@ -5,11 +5,15 @@ Run it from a checkout (``PYTHONPATH=<checkout>``), once per commit to compare:
 
     PYTHONPATH=/tmp/h1-before .venv/bin/python benchmarks/builder_step_time.py --out /tmp/before.json
     PYTHONPATH=. .venv/bin/python benchmarks/builder_step_time.py --out /tmp/after.json
+    .venv/bin/python benchmarks/builder_step_time.py --table /tmp/before.json /tmp/after.json \
+        --out benchmarks/results/builder_step_time
 
 Models: an 8-layer MLP (width 512, batch 64) and GPT-2 tiny-ish (4 layers, width 128, seq 64,
 batch 8); contiguous equal stages over 2 and 4 gloo processes on this CPU, 4 micro-batches,
 one thread per process. Per configuration: the median and lower quartile of ``steps`` timed
-steps (SGD step included) after 3 warm-up steps, measured on rank 0, a barrier before each.
+steps (SGD step included) after 3 warm-up steps, measured on rank 0, a barrier before each, and
+the main threads' CPU seconds per step (each rank's median, summed over ranks: the runtime's own
+work, less sensitive than wall time to other jobs on a loaded machine).
 """
 
 from __future__ import annotations
@@ -59,27 +63,55 @@ def _worker(rank: int, world: int, port: int, name: str, schedule: str, steps: i
     runner = build_pipeline_runner(traced.gm, stage_of_fx, example_inputs=inputs, microbatches=4, loss_fn=loss_fn,
                                    schedule=schedule)
     opt = torch.optim.SGD(runner.parameters(), lr=1e-3)
-    times = []
+    times, cpu = [], []
     for k in range(steps + 3):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         opt.zero_grad(set_to_none=True)
         runner.step(*inputs, target=target)
         opt.step()
+        c1 = time.thread_time()
         dist.barrier()
         if k >= 3:
             times.append(time.perf_counter() - t0)
+            cpu.append(c1 - c0)
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, sorted(cpu)[len(cpu) // 2])
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"runner": type(runner).__name__, "times_s": times}, f)
+            json.dump({"runner": type(runner).__name__, "times_s": times, "cpu_s": every}, f)
     dist.destroy_process_group()
+
+
+def table(before: str, after: str, out: str) -> None:
+    """``out``.json and .md: the rows of two runs side by side (after / before per figure)."""
+    with open(before) as f:
+        b_rows = json.load(f)["rows"]
+    with open(after) as f:
+        a_rows = json.load(f)["rows"]
+    lines = ["| model | ranks | schedule | runner before | runner after | wall median ms before | after | ratio "
+             "| CPU ms/step before | after | ratio |", "|" + "---|" * 11]
+    for b, a in zip(b_rows, a_rows):
+        lines.append(f"| {b['model']} | {b['ranks']} | {b['schedule']} | {b['runner']} | {a['runner']} | "
+                     f"{b['median_ms']:.1f} | {a['median_ms']:.1f} | {a['median_ms'] / b['median_ms']:.2f} | "
+                     f"{b['cpu_ms']:.1f} | {a['cpu_ms']:.1f} | {a['cpu_ms'] / b['cpu_ms']:.2f} |")
+    with open(out + ".json", "w") as f:
+        json.dump({"before": b_rows, "after": a_rows}, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--table", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"),
+                    help="write OUT.json and OUT.md comparing two runs instead of running")
     args = ap.parse_args()
+    if args.table:
+        table(*args.table, args.out)
+        return
     from autoplace.rewrite.launch import free_port
 
     rows = []
@@ -93,10 +125,11 @@ def main() -> None:
                 os.remove(tmp)
                 ts = sorted(got["times_s"])
                 row = {"model": name, "ranks": world, "schedule": schedule, "runner": got["runner"],
-                       "median_ms": 1e3 * statistics.median(ts), "q1_ms": 1e3 * ts[len(ts) // 4]}
+                       "median_ms": 1e3 * statistics.median(ts), "q1_ms": 1e3 * ts[len(ts) // 4],
+                       "cpu_ms": 1e3 * sum(got["cpu_s"])}
                 rows.append(row)
                 print(f"{name:4s} {world} ranks {schedule:5s} {got['runner']:18s} median {row['median_ms']:8.2f} ms "
-                      f"q1 {row['q1_ms']:8.2f} ms", file=sys.stderr)
+                      f"q1 {row['q1_ms']:8.2f} ms cpu {row['cpu_ms']:8.2f} ms", file=sys.stderr)
     with open(args.out, "w") as f:
         json.dump({"commit_path": os.environ.get("PYTHONPATH", ""), "rows": rows}, f, indent=1)
 
