@@ -203,6 +203,10 @@ class ShardedStage:
         p = np.zeros(n_items)
         np.add.at(p, item, p_bytes)
         self.p = p  # fp32 parameter bytes per item (per device of a TP group)
+        keeps = np.array([g.kinds[i] not in SAVES_NO_WEIGHT for i in nodes], dtype=np.float64)
+        self.p_kept = np.zeros(n_items)
+        """fp32 parameter bytes per item of the ops whose backward reads their weight (not an embedding's)."""
+        np.add.at(self.p_kept, item, p_bytes * keeps)
         self.p_root = float(p[0] + p[-1])
         self.p_all = float(p.sum())
         pc = p.copy()  # bytes each item's collectives move: the root is one group, at the head
@@ -420,7 +424,8 @@ class ShardedStage:
     def param_copies(self) -> tuple[float, np.ndarray]:
         """A bf16 stage that is not sharded casts its fp32 parameters to bf16 on every forward
         call (:mod:`autoplace.rewrite.mixed_precision`, as FSDP2's policy without the sharding),
-        and autograd saves the copies its matmuls read for their backward: (bytes one in-flight
+        and autograd saves the copies its matmuls read for their backward (not an embedding's,
+        :data:`SAVES_NO_WEIGHT`): (bytes one in-flight
         micro-batch keeps, ``c P`` of the items not recomputed; per item, the ``c P_u`` a
         recomputed unit casts again in its backward). Zero in fp32 and for a sharded stage (its
         gathered bf16 parameters serve every micro-batch: :func:`~.stage_cost.sharded_fixed_bytes`)."""
@@ -428,7 +433,7 @@ class ShardedStage:
             return 0.0, np.zeros(len(self.p))
         rc = np.zeros(len(self.p), dtype=bool)
         rc[1:-1] = self.recomputed
-        copies = self.c * self.p
+        copies = self.c * self.p_kept  # an embedding's backward reads only its indices: its copy is freed
         return float(copies[~rc].sum()), np.where(rc, copies, 0.0)
 
     def remat_bytes(self, share: float) -> float:
@@ -438,6 +443,9 @@ class ShardedStage:
         return self.saved_activations()[1] * share + float(again.max(initial=0.0))
 
 
+SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
+"""Op kinds whose backward does not read their weight (``embedding_backward`` takes the indices and
+the table's size), so a bf16 copy cast for their forward is not kept for the backward."""
 SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
 """Op kinds whose backward needs no saved tensor (autograd's AddBackward, SubBackward)."""
 
