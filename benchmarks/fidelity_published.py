@@ -225,14 +225,17 @@ def simulate_plan(models: _Models, model: dict[str, Any], plan: dict[str, Any], 
 
 def run_published(cost_of: Any = None, *, in_place: bool = True) -> dict[str, Any]:
     """Simulate every published configuration; ``cost_of(optimizer) -> CostModel`` (default:
-    ``CostModel(optimizer=...)``); ``in_place=False``: without the profiles' in-place marks."""
+    ``CostModel(optimizer=..., batch_norm="local")``); ``in_place=False``: without the profiles'
+    in-place marks. ``batch_norm="local"``: the published systems (Horovod, PyTorch/TF data
+    parallelism, PipeDream) keep BatchNorm statistics per replica; the statistics all-reduces of
+    autoplace's runtime default (``"sync"``) were never run there."""
     models = _Models(in_place=in_place)
     rows = []
     for pub in load_publications():
         meta = pub["publication"]
         clusters = {k: published_cluster(v, k) for k, v in pub["clusters"].items()}
         for c in pub["configurations"]:
-            cost = cost_of(c["optimizer"]) if cost_of else CostModel(optimizer=c["optimizer"])
+            cost = cost_of(c["optimizer"]) if cost_of else CostModel(optimizer=c["optimizer"], batch_norm="local")
             cluster = clusters[c["cluster"]]
             base = simulate_plan(models, c["model"], c["baseline"], cluster, cost)
             strat = simulate_plan(models, c["model"], c["strategy"], cluster, cost)
@@ -275,7 +278,7 @@ def published_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 ABLATIONS: dict[str, tuple[Any, bool]] = {
     "all terms": (None, True),
     "no TCP link efficiency (CostModel.link_efficiency={})":
-        (lambda opt: CostModel(optimizer=opt, link_efficiency={}), True),
+        (lambda opt: CostModel(optimizer=opt, link_efficiency={}, batch_norm="local"), True),
     "no in-place memory rule (profiles' meta['in_place'] dropped)": (None, False),
 }
 PUBLISHED_HISTORY = """\
