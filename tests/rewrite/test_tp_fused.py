@@ -33,6 +33,16 @@ def _launch(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dic
     return {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
 
 
+_NAMES = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+          "all_gather_into_tensor": "all_gather"}  # DTensor's collectives as the simulator names them
+
+
+def _ran(comms: dict[str, int]) -> dict[str, int]:
+    """CommDebugMode's counts (``"forward all_gather_into_tensor"``: 1) under the simulator's names;
+    the rewrite's own collectives (``allgather_``, ...) are not charged and are left out."""
+    return {f"{k.split()[0]} {_NAMES[k.split()[1]]}": v for k, v in comms.items() if k.split()[1] in _NAMES}
+
+
 def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
     wl = zoo.build("gpt2", small=True, seed=0)
     return wl.model, wl.example_inputs[0]
@@ -41,12 +51,22 @@ def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
 def test_tp2_fused_qkv_equals_the_unsplit_model(tmp_path: Path) -> None:
     got = _launch(tmp_path, 2, [{"id": "gpt2", "model": "gpt2", "pp": 1, "ckpt": True},
                                 {"id": "chunk", "model": "chunk", "pp": 1}])
-    model, x = _gpt2()
-    graph = autoplace.trace(model, (x,))
-    charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1))
-    # per block one forward all-reduce; per column (c_attn is one, fused) one backward all-reduce
-    assert got["gpt2"][0]["comms"] == dict(charged) == {"forward all_reduce": 4, "backward all_reduce": 4}
-    assert got["chunk"][0]["comms"] == {"forward all_reduce": 2, "backward all_reduce": 2}
+    import tp_fused_child as child
+
+    for name in ("gpt2", "chunk"):  # the models the child trains (GPT-2 at its vocabulary of 256)
+        model, _ = child.build(name)
+        graph = autoplace.trace(model, (child.batch(0)[0],))
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2))
+        assert len(_ran(got[name][0]["comms"])) == len(got[name][0]["comms"])  # only DTensor's ran, none dropped
+        assert _ran(got[name][0]["comms"]) == dict(charged), (name, got[name][0]["comms"], charged)
+    # gpt2 (2 blocks of attention + MLP): per block one forward all-reduce of each row output, per
+    # column (c_attn is one, fused) one input-gradient all-reduce: 4 + 4; and the vocabulary split
+    # (wte and the tied lm_head in one module): wte's forward all-reduce, the logits' all-gather,
+    # lm_head's input-gradient all-reduce. chunk (2 attention blocks, a fused qkv each; its head
+    # has a bias, so no vocabulary split): 2 + 2.
+    assert _ran(got["gpt2"][0]["comms"]) == {"forward all_reduce": 4 + 1, "forward all_gather": 1,
+                                             "backward all_reduce": 4 + 1}
+    assert _ran(got["chunk"][0]["comms"]) == {"forward all_reduce": 2, "backward all_reduce": 2}
     for name, fused in (("gpt2", "h.0.attn.c_attn"), ("chunk", "attn.0.qkv")):
         for r in got[name]:
             assert r["layout"][fused] == "colwise" and r["parts"][fused] == 3
@@ -65,11 +85,9 @@ def test_fused_qkv_with_sequence_parallelism_in_a_pipeline_and_with_ddp(tmp_path
         assert r["state_err"] <= 1e-5
     model, x = _gpt2()
     graph = autoplace.trace(model, (x,))
-    charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1,
-                                                                    sequence_parallel=True))
-    names = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
-             "all_gather_into_tensor": "all_gather"}  # DTensor's; the rewrite's own (allgather_, ...) not charged
-    ran = {f"{k.split()[0]} {names[k.split()[1]]}": v for k, v in sp[0]["comms"].items() if k.split()[1] in names}
+    charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2,
+                                                                    sequence_parallel=True))  # no vocab split
+    ran = _ran(sp[0]["comms"])
     assert ran == dict(charged), (ran, charged)  # the fused column gathers its input once, as one column
     four = _launch(tmp_path / "four", 4, [{"id": "pp", "model": "gpt2", "pp": 2},
                                           {"id": "dp", "model": "gpt2", "pp": 1, "tp": 2, "wrap": True}])
