@@ -16,7 +16,7 @@ from autoplace.sim import Simulator
 from autoplace.sim.schedules import actions
 from autoplace.sim.stage_cost import sharded_stages, stage_costs
 from autoplace.sim.stages import boundary_bytes, stage_groups
-from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes
+from autoplace.sim.tensor_parallel import linear_pairs
 from autoplace.tp_rules import vocab_pairs
 
 
@@ -136,19 +136,59 @@ def test_recompute_runs_the_units_forward_again_their_all_reduces_included() -> 
     assert grow_rc - grow == pytest.approx(more_f, rel=1e-9)
 
 
+def _saved_by_hand(share: np.ndarray, recomputed: np.ndarray) -> float:
+    """Traced bytes one TP device keeps from the forward to the backward, walked storage by storage
+    from the graph's memory facts: each saved storage once, at the TP share of the op that made it
+    (of its first saver when no op made it), unless its first saver is in a recomputed block; a
+    recomputed block's inputs instead (each producer once per block); the loss's fp32 log-softmax
+    of the logits (a TP device's share of them)."""
+    from autoplace.cost.memory import LOSS_SAVED, facts_of
+
+    facts = facts_of(G)
+    assert facts is not None
+    ptr, ops = facts["saved_ptr"], facts["saved_ops"]
+    made = facts["saved_producer"]
+    unit = stage_units(block_units(G), np.zeros(G.num_nodes, dtype=np.int64))
+    total = 0.0
+    for k, nbytes in enumerate(facts["saved_bytes"]):
+        savers = ops[ptr[k]:ptr[k + 1]]
+        if len(savers) == 0:
+            continue
+        first = min(savers)
+        if unit[first] >= 0 and recomputed[unit[first]]:
+            continue
+        total += nbytes * share[made[k] if made[k] >= 0 else first]
+    entering: dict[tuple[int, int], float] = {}
+    for (a, b), eb in zip(G.edges.tolist(), G.edge_bytes.tolist()):
+        if unit[b] >= 0 and recomputed[unit[b]] and unit[a] != unit[b]:
+            entering[(a, int(unit[b]))] = max(entering.get((a, int(unit[b])), 0.0), eb * share[a])
+    return total + sum(entering.values()) + LOSS_SAVED * float(np.dot(facts["output_bytes"], share))
+
+
 def test_activation_memory_is_the_tp_share_and_a_recomputed_block_keeps_its_input() -> None:
-    # without recompute one micro-batch holds a TP device's share of the stage's outputs (the
-    # default TP path's rule, tp_activation_bytes); recomputing every block keeps only the bytes
-    # entering each block and rebuilds one block's share at a time during its backward
+    # the sharded path's activations from the traced memory facts: without recompute one
+    # micro-batch holds each saved storage at a TP device's share of it (the column outputs, the
+    # attention heads and the ops between a pair at 1/t; the norms, the row outputs and the
+    # replicated logits whole); recomputing every block keeps only the bytes entering each block,
+    # and during a block's backward its storages exist again
+    from autoplace.sim.tensor_parallel import tp_share
+
     c = _cluster()
     m, ops = 2, np.arange(G.num_nodes)
+    share = tp_share(G, c, ops, [0, 1], m).act
+    assert share.min() == 0.5 and share.max() == 1.0  # the check below sees both shares
+    n_blocks = int(stage_units(block_units(G), np.zeros(G.num_nodes, dtype=np.int64)).max()) + 1
+    none, every = np.zeros(n_blocks, dtype=bool), np.ones(n_blocks, dtype=bool)
     x = _costs(c, [0, 1], 2, m=m, shard="fsdp")
-    assert x.act[0] == pytest.approx(tp_activation_bytes(G, ops, 2) / m, rel=1e-12)
+    assert x.act[0] == pytest.approx(_saved_by_hand(share, none) / m, rel=1e-12)
+    one = _costs(c, [0], 1, m=m, shard="fsdp")  # the same stage unsplit: every storage whole
+    assert one.act[0] == pytest.approx(_saved_by_hand(np.ones(G.num_nodes), none) / m, rel=1e-12)
+    assert x.act[0] < one.act[0]
     rc = _costs(c, [0, 1], 2, m=m, shard="fsdp", recompute=True)
-    unit = stage_units(block_units(G), np.zeros(G.num_nodes, dtype=np.int64))
-    per_block = [tp_activation_bytes(G, np.nonzero(unit == u)[0], 2) for u in sorted(set(unit.tolist()) - {-1})]
-    assert rc.remat[0] == pytest.approx(max(per_block) / m, rel=1e-12)
-    assert rc.act[0] < x.act[0] - 0.5 * sum(per_block) / m
+    assert rc.act[0] == pytest.approx(_saved_by_hand(share, every) / m, rel=1e-12)
+    per_block = [x.act[0] - _saved_by_hand(share, np.arange(n_blocks) == u) / m for u in range(n_blocks)]
+    assert rc.act[0] < x.act[0] - 0.5 * sum(per_block)
+    assert rc.act[0] + rc.remat[0] >= max(per_block)  # one block's storages again in its backward
 
 
 def test_options_over_one_replica_cost_what_the_default_tp_path_costs() -> None:
