@@ -135,14 +135,26 @@ def test_stage_options_pass_fits_a_tensor_parallel_plan_with_recompute() -> None
     """A TP x DP plan over memory: the pass tries the options over its TP groups' replicas and
     finds the fewest recomputed units that fit (it used to return TP plans untouched)."""
     from autoplace.planners.heuristic.fsdp import block_stages
+    from autoplace.planners.heuristic.stage_options import microbatch_counts, option_variants
+    from autoplace.sim import Simulator
 
     wl = autoplace.zoo.build("llama", small=True, device="meta", batch_size=8, n_layers=4, n_kv_heads=4)
     g = autoplace.trace(wl.model, wl.example_inputs, name="llama-test")
     plain = Placement.pipeline(g, _cluster(4, 1e12), block_stages(g, 1), [list(range(4))], microbatches=1, tp=2,
                                sequence_parallel=True)
-    peak = float(autoplace.simulate(g, plain, _cluster(4, 1e12)).peak_memory_bytes.max())
-    # 0.8: FSDP alone (one stage x TP runs FSDP's loop: 0.85 of the plain peak) does not fit, recompute must
-    c = _cluster(4, 0.8 * peak)
+    ms = microbatch_counts(g.batch_size, 1, 2, also=(1,))
+    # every variant the pass can try, each over memory on a 1-byte device (so none stops the search
+    # early); the simulator's peaks do not depend on the capacity. The limit: just under the lowest
+    # peak of every variant without recompute (DDP or FSDP, either reshard, any micro-batch count),
+    # so that whatever the memory model counts only recompute can fit
+    tried = option_variants(Simulator(g, _cluster(4, 1.0)), plain.stage_of_node, plain.stage_devices, ms, tp=2,
+                            sequence_parallel=True)
+    without = [float(v.peak_memory_bytes.max()) for v in tried if not any(v.placement.recompute)]
+    with_rc = [float(v.peak_memory_bytes.max()) for v in tried if any(v.placement.recompute)]
+    assert {v.placement.shard for v in tried} == {(), ("fsdp",)} and len(without) > 2 and with_rc
+    limit = 0.99 * min(without)
+    assert min(with_rc) < limit  # the premise: some recompute variant fits under it
+    c = _cluster(4, limit)
     p = Placement.pipeline(g, c, plain.stage_of_node, plain.stage_devices, microbatches=1, tp=2, sequence_parallel=True)
     assert autoplace.simulate(g, p, c).oom
     q = polish_stage_options(g, c, p)
