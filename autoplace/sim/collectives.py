@@ -11,7 +11,8 @@ their bytes (whole tensors), read from the facts the simulator prices:
   of the stage's ops (the forward ones of a recomputed unit twice: its checkpoint runs them again, but for
   those :func:`~.fsdp_stage.recompute_skips` names) (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
   of the pairs inside the stage, as :mod:`.multistage` adds them), over the stage's TP group, at
-  ``1/(M d)`` of the batch;
+  ``1/(M d)`` of the batch; with the vocabulary split of a stage holding both the token embedding
+  and the LM head (:func:`~.tensor_parallel.vocab_inside`) also its three collectives;
 - DDP replicas (``d > 1`` copies of every rank, shard ``"ddp"``): one all-reduce per DDP bucket
   of each virtual stage, over the devices of one TP index across the replicas; the buckets are
   :func:`~.ddp.ddp_sync`'s (its returned seconds, with unit latency and free bandwidth, count
@@ -35,8 +36,8 @@ What is not listed because the simulator does not price it: tied parameters' mov
 simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
 the runtime's bookkeeping (a step's liveness gate, the loss
 averaged over replicas) and what runs once (DDP's bucket rebuild in its second step). Duplicated from the simulator
-(not exposed there): the 1/tp parameter share of a pair inside one stage (:mod:`.multistage`'s
-``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
+(not exposed there): the 1/tp parameter share of a pair (or a vocabulary-split table and head) inside one
+stage (:mod:`.multistage`'s ``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
 :func:`~.sharding.sharded_step`, the replica sender of :mod:`.multistage`'s boundary links.
 """
 
@@ -54,7 +55,8 @@ from ..pipeline_rules import stage_ranks
 from .ddp import bn_sync_collectives, ddp_sync, graph_bn_channels
 from .fsdp_stage import ShardedStage, recompute_skips
 from .stages import boundary_bytes, stage_groups
-from .tensor_parallel import Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share
+from .tensor_parallel import (Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share,
+                              vocab_inside)
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -150,6 +152,9 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
         if len({int(st[i]) for i in pr.ops}) == 1:
             p_op[list(pr.ops)] /= t
     sp = bool(placement.sequence_parallel)
+    for s in range(k):  # and a vocabulary-split table and head inside one stage (tensor_parallel.tp_share)
+        for vp in vocab_inside(graph, st == s, t, sequence_parallel=sp):
+            p_op[[vp.embedding, vp.head]] /= t
     for s in range(k):
         r = int(rank_of[s])
         ops = np.nonzero(st == s)[0]
@@ -157,7 +162,8 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
             continue
         if t > 1:
             unit = stage_units(block_units(graph), st)
-            per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp, value_scale=vs)
+            per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp, value_scale=vs,
+                                                     tp=t)
             if sp:
                 inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
                 if inside:
