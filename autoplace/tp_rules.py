@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["LinearPair", "TPBlock", "VocabPair", "vocab_pairs", "tp_blocks", "linear_pairs", "tp_refusals", "tp_problems", "ELEMENTWISE",
-           "BETWEEN", "PER_TOKEN"]
+__all__ = ["LinearPair", "TPBlock", "VocabPair", "vocab_pairs", "tp_blocks", "linear_pairs", "tp_refusals",
+           "tp_problems", "ELEMENTWISE", "BETWEEN", "PER_TOKEN"]
 
 PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
                        "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
@@ -281,8 +281,12 @@ class VocabPair:
 def vocab_pairs(graph: "OpGraph", ops: np.ndarray | None = None) -> tuple[VocabPair, ...]:
     """The embedding/head pairs of ``graph`` (both among ``ops`` when given): an ``Embedding`` op
     and a bias-free ``Linear`` op whose output is the graph's output (no successor), with the
-    same weight (tied in ``graph.tied``) or a weight of the same bytes; the vocabulary is read back
-    from the table's bytes and the outputs' ratio (``rows x width`` and ``width / rows``)."""
+    same weight (tied in ``graph.tied``: the head owns no other parameter, so no bias) or a weight
+    of the same bytes (the head's bytes equal to the table's: no bias); the runtime's rule,
+    :func:`autoplace.rewrite.tensor_parallel.vocab_modules`. The vocabulary is read back from the
+    table's bytes and the outputs' ratio (``rows x width`` and ``width / rows``) at the first
+    parameter element size of 4, 2, 8 bytes that gives whole rows and a whole width (an fp32, a
+    16-bit, an fp64 table: at 4 and 2 no other size gives a whole root)."""
     succ, _ = _adjacency(graph)
     kinds = graph.kinds
     inside = np.ones(graph.num_nodes, dtype=bool) if ops is None else np.zeros(graph.num_nodes, dtype=bool)
@@ -290,6 +294,7 @@ def vocab_pairs(graph: "OpGraph", ops: np.ndarray | None = None) -> tuple[VocabP
         inside[np.asarray(ops)] = True
     tied = {frozenset((int(g[0]), int(i))) for g in graph.tied for i in g[1:]}
     paths = graph.module_paths
+    pb = np.asarray(graph.param_bytes, dtype=np.float64)
     out = []
     for h in range(graph.num_nodes):
         if kinds[h] != "Linear" or succ.get(h) or not inside[h]:
@@ -297,9 +302,14 @@ def vocab_pairs(graph: "OpGraph", ops: np.ndarray | None = None) -> tuple[VocabP
         for e in range(graph.num_nodes):
             if kinds[e] != "Embedding" or not inside[e] or graph.out_bytes[e] <= 0:
                 continue
-            same = frozenset((e, h)) in tied or graph.param_bytes[h] == graph.param_bytes[e] > 0
-            rows = np.sqrt(graph.param_bytes[e] / 4.0 * graph.out_bytes[h] / graph.out_bytes[e])
-            if same and abs(rows - round(rows)) < 1e-6 and rows >= 1:
+            if frozenset((e, h)) in tied:  # one table, counted at its first user; the other owns nothing
+                table, same = max(pb[e], pb[h]), min(pb[e], pb[h]) == 0
+            else:
+                table, same = pb[e], pb[h] == pb[e] > 0
+            ratio = graph.out_bytes[h] / graph.out_bytes[e]  # vocab / width
+            rows = next((r for r in (np.sqrt(table / es * ratio) for es in (4.0, 2.0, 8.0))
+                         if r >= 1 and abs(r - round(r)) < 1e-6 and abs(r / ratio - round(r / ratio)) < 1e-6), 0.0)
+            if same and rows:
                 out.append(VocabPair(e, h, paths[e] if paths else "", paths[h] if paths else "", int(round(rows))))
                 break
     return tuple(out)
