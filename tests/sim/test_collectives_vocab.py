@@ -1,7 +1,7 @@
 """The vocabulary split in the simulator's per-step collective list (autoplace.sim.collectives):
 a stage holding both the token embedding and the LM head lists the split's collectives and keeps
 1/t of the table in its DDP bucket, as the simulator prices it (tensor_parallel.tp_share); the
-torchrun comparison with what torch runs is tests/rewrite/test_collectives_vocab.py."""
+torchrun comparison with what torch runs is tests/rewrite/test_collectives_vocab_torchrun.py."""
 
 from __future__ import annotations
 
