@@ -203,6 +203,24 @@ def train_and_record(runner: Any, name: str, steps: int) -> dict[str, Any]:
             "stages": list(runner.stage_indices), "sharded": [n for n, p in named if hasattr(p, "full_tensor")]}
 
 
+def counted_step(forward: Any, loss_of: Any) -> tuple[torch.Tensor, dict[str, int]]:
+    """One forward (``forward()``) and backward (of ``loss_of(output)``) under CommDebugMode: the
+    loss and the collectives by phase and kind (``{"forward all_reduce": 4, "backward ...": ...}``;
+    a backward kind only where the backward ran some)."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    count = CommDebugMode()
+    with count:
+        out = forward()
+        fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+        loss = loss_of(out)
+        loss.backward()
+    total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+    comms = {f"forward {k}": v for k, v in fwd.items()}
+    comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+    return loss, comms
+
+
 def launch_cases(child: Path, out: Path, ranks: int, cases: list[dict[str, Any]], timeout: float) -> None:
     """``torchrun --nproc-per-node ranks child OUT CASES_JSON`` (gloo on 127.0.0.1, one thread per
     process); fails with the children's error files and torchrun's stderr when a rank failed."""

@@ -42,20 +42,12 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
         apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)), sequence_parallel=case.get("sp", False))
         modules: list[torch.nn.Module] = [gm]
         opt = torch.optim.SGD(gm.parameters(), lr=0.1)
-        from torch.distributed.tensor.debug import CommDebugMode
-
         for step in range(STEPS):
             x, y = tm.batch(8, step)
-            count = CommDebugMode()
-            with count:  # the collectives the sharded step runs, by kind (first step)
-                out_ = gm(x)
-                fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-                loss = tm.loss(out_, y)
-                loss.backward()
+            # the collectives the sharded step runs, by kind (first step)
+            loss, counted = pw.counted_step(lambda: gm(x), lambda o: tm.loss(o, y))
             if step == 0:
-                total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-                comms = {f"forward {k}": v for k, v in fwd.items()}
-                comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+                comms = counted
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())

@@ -97,6 +97,20 @@ def reference(model: nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach().clone() for k, v in ref.state_dict().items()}
 
 
+def _train(runner: Any) -> list[float]:
+    """STEPS SGD steps (lr 0.1) of a pipeline ``runner`` on ``batch``: the losses this rank saw."""
+    opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        loss = runner.step(x, target=y)
+        opt.step()
+        opt.zero_grad()
+        if loss is not None:
+            losses.append(float(loss.item()))
+    return losses
+
+
 def _checkpoint_errors(gm: nn.Module, want: dict[str, torch.Tensor], path: Path, world: int) -> dict[str, float]:
     """Save ``gm`` (trained, TP) with ``checkpoint.save``; load it into a TP model of other weights
     and, with DCP, into the plain model: the largest differences from the unsplit ``want``."""
@@ -138,8 +152,6 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
     rec: dict[str, Any] = {"layout": layout, "parts": {p.column_path: p.parts for p in pairs}}
     if case["pp"] == 1 and not case.get("wrap"):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.debug import CommDebugMode
-
         apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)), sequence_parallel=case.get("sp", False))
         local = dict(gm.named_parameters())[f"{fused_path}.weight"].to_local()
         n = w0.size(0) // 3
@@ -148,16 +160,9 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         opt = torch.optim.SGD(gm.parameters(), lr=0.1)
         for step in range(STEPS):
             x, y = batch(step)
-            count = CommDebugMode()
-            with count:
-                o = gm(x)
-                fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-                loss = loss_fn(o, y)
-                loss.backward()
+            loss, counted = pw.counted_step(lambda: gm(x), lambda o: loss_fn(o, y))
             if step == 0:
-                total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-                rec["comms"] = {f"forward {k}": v for k, v in fwd.items()} | {
-                    f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+                rec["comms"] = counted
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
@@ -168,8 +173,8 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         if case.get("ckpt"):  # DCP: written sharded, read into a fresh TP model and into the plain model
             rec |= _checkpoint_errors(gm, want, out / f"ckpt-{case['id']}", world)
     elif case.get("wrap"):  # the user's path: a plan by hand (pp ranks of dp x tp devices) through autoplace.wrap
-        pp, n = case["pp"], autoplace.trace(model, (x0,)).num_nodes
         graph = autoplace.trace(model, (x0,))
+        pp, n = case["pp"], graph.num_nodes
         per = world // pp
         plan = autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
                                             [i * pp // n for i in range(n)],
@@ -179,27 +184,13 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
                                 loss_fn=loss_fn, timeout_s=120, progress=False)
         modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
-        opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
-        for step in range(STEPS):
-            x, y = batch(step)
-            loss = runner.step(x, target=y)
-            opt.step()
-            opt.zero_grad()
-            if loss is not None:
-                losses.append(float(loss.item()))
+        losses = _train(runner)
     else:
         runner = build_schedule_runner(gm, pw.contiguous_stages(gm, case["pp"]), example_inputs=(x0,), microbatches=2,
                                        loss_fn=loss_fn, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
                                        tp_pairs=[(p.column_path, p.row_path) for p in pairs])
         modules = list(runner.stage_modules)
-        opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
-        for step in range(STEPS):
-            x, y = batch(step)
-            loss = runner.step(x, target=y)
-            opt.step()
-            opt.zero_grad()
-            if loss is not None:
-                losses.append(float(loss.item()))
+        losses = _train(runner)
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}
     rec |= {"losses": losses, "sharded": sorted({n for mod in modules for n, p in mod.named_parameters()

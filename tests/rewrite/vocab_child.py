@@ -46,8 +46,6 @@ def _model(name: str) -> torch.nn.Module:
 
 def run(case: dict, rank: int, world: int, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-
     model = _model(case["model"])
     ref = copy.deepcopy(model)
     x0, _ = _batch(0)
@@ -60,16 +58,9 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     losses, ref_losses, comms = [], [], {}
     for step in range(STEPS):
         x, y = _batch(step)
-        count = CommDebugMode()
-        with count:
-            out_ = gm(x)
-            fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-            loss = _loss(out_, y)
-            loss.backward()
+        loss, counted = pw.counted_step(lambda: gm(x), lambda o: _loss(o, y))
         if step == 0:
-            total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-            comms = {f"forward {k}": v for k, v in fwd.items()}
-            comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+            comms = counted
         opt.step()
         opt.zero_grad()
         r = _loss(ref(x), y)
