@@ -22,7 +22,9 @@ screened in the calibrated simulator), measure it, feed the measurement to PPO a
 calibration, and switch back unless it beat the best by ``min_gain``. Steps on the best
 placement between trials are timed too and keep its estimate current (so a candidate is
 compared with the best under today's load, not the load at the start). After ``trials``
-trials the best measured placement stays and its plan is saved to ``save_path``.
+trials (and ``confirm`` more in final rounds between the best few, interleaved with the best's
+steps, which decide on all their steps pooled) the best measured placement stays and its plan is
+saved to ``save_path``.
 
 **The hook.** The tuner is a step hook: the placed module runs each forward through
 :meth:`OnlineTuner.around_forward` (step-time observation in), and the tuner asks for a
@@ -131,10 +133,15 @@ class OnlineConfig:
     min_gain: float = 0.02
     """a candidate replaces the best only when measured faster by at least this fraction (noise guard)."""
     confirm: int = 0
-    """after the ``trials``, this many more trials each measure again the fastest measured placement
-    other than the best (with ``every_n_steps`` steps of the best between them, measured too): a
-    best that won one noisy trial must keep its lead against its closest rival under the load of
-    the moment, or the rival takes its place. Each counts as a live trial."""
+    """after the ``trials``, this many more trials in **final rounds**: the best and its
+    ``confirm_top - 1`` fastest measured rivals, the rivals measured in turn, each trial followed by
+    ``every_n_steps`` steps of the best (measured too; with ``every_n_steps=0`` the best takes its
+    turn as a trial). The plan kept is the one whose steps pooled over these rounds have the lowest
+    ``step_quantile``: a best that won one noisy trial must stay ahead in interleaved measurements
+    under the load of the moment (what ``benchmarks/online_kinds.py`` judges by). Each counts as a
+    live trial."""
+    confirm_top: int = 3
+    """plans in the final rounds: the best and the fastest measured others (see ``confirm``)."""
     calibrate: bool = True
     """refit the simulator's per-device and link factors after every measurement."""
     calibration_ridge: float = 0.1
@@ -152,6 +159,7 @@ class OnlineConfig:
 
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("confirm", self.confirm >= 0, ">= 0"),
+                  ("confirm_top", self.confirm_top >= 2, ">= 2"),
                   ("steps_per_trial", self.steps_per_trial >= 1, ">= 1"),
                   ("warmup_steps", self.warmup_steps >= 0, ">= 0"), ("every_n_steps", self.every_n_steps >= 0, ">= 0"),
                   ("step_quantile", 0 <= self.step_quantile <= 1, "in [0, 1]"),

@@ -167,6 +167,45 @@ def test_confirm_gives_the_beaten_best_a_second_measurement_under_the_current_lo
         assert s.best_key == candidate_key(cands[0]) and s.trials_done == 3 and s.next_candidate() is None
 
 
+def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
+    """A rival that wins one block of the final rounds by a fluke (the old rule: one trial beating the
+    best's estimate by min_gain) must not be kept when its pooled steps are slower; a rival that is
+    steadily faster is."""
+    from autoplace.cost.analytic import CostModel
+    from autoplace.online import OnlineConfig
+    from autoplace.online.search import TuningSearch
+
+    graph, cluster = _graph()
+    cands = [candidate_of(c) for c in kind_candidates(graph, cluster)]
+
+    def run(rival_blocks: list[list[float]]) -> tuple[TuningSearch, Any]:
+        cfg = OnlineConfig(trials=2, confirm=len(rival_blocks), confirm_top=2, search="topk", calibrate=False,
+                           step_quantile=0.25)
+        s = TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
+                         policy_note="", config=cfg, to_placement=lambda c: autoplace.Placement.pipeline(graph, cluster, *c),
+                         summarize=lambda c: kind_label(c))
+        s.record(cands[0], [10e-3] * 3)  # the start
+        a = s.next_candidate()
+        s.record(a, [10.5e-3] * 3)
+        b = s.next_candidate()
+        s.record(b, [12e-3] * 3)  # the trials are done: the start stays best, a is its rival
+        assert s.finalists is not None and [candidate_key(c) for c in s.finalists] == [candidate_key(cands[0]),
+                                                                                       candidate_key(a)]
+        for block in rival_blocks:
+            for t in (10e-3, 10e-3, 10e-3):  # the best's steps between two trials
+                s.observe_best(t)
+            rival = s.next_candidate()
+            assert candidate_key(rival) == candidate_key(a)
+            s.record(rival, block)
+        assert s.next_candidate() is None and s.trials_done == 2 + len(rival_blocks)
+        return s, a
+
+    s, a = run([[8.5e-3, 8.5e-3, 12e-3], [13e-3] * 3, [13e-3] * 3])  # one fluke block, then slower
+    assert s.best_key == candidate_key(cands[0]) and s.final_s[candidate_key(a)] > s.final_s[s.best_key]
+    s, a = run([[9e-3] * 3, [9.2e-3] * 3, [9.1e-3] * 3])  # steadily faster: it takes the best's place
+    assert s.best_key == candidate_key(a) and s.best_s == pytest.approx(9.0e-3)
+
+
 def test_fsdp_candidate_keys_apart_from_ddp_and_simulates_as_its_placement() -> None:
     from autoplace.online.kinds import kind_evaluate, kind_key, kind_of, kind_placement
     from autoplace.sim import Simulator
