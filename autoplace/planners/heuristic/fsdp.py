@@ -11,12 +11,14 @@ checkpointing, and torchtitan's pipeline x FSDP composition.
   the data-parallel baseline: 1, 2, 4, ... until it fits.
 - ``fsdp+ac``: the same with activation checkpointing, torchtitan's ``activation_checkpoint.mode``
   "full" (every block: not the embedding, final norm or output projection, which torchtitan
-  does not wrap) and "selective" per layer (every second block); the fastest that fits.
+  does not wrap), "selective" per layer (every second block) and "selective" op by op
+  (``recompute="selective-op"``: every block's matmul outputs saved, the rest recomputed; models
+  with blocks only); the fastest that fits.
 - ``torchtitan``: torchtitan's recipes compose ``pp`` pipeline stages (the blocks cut evenly,
   embedding in the first stage, norm and output in the last, as its ``pipeline_module_split``)
   with data parallelism over the ``dp = devices / pp`` devices of each stage: FSDP
   (``dp_shard = dp``) or, where a stage spans hosts, HSDP (``dp_replicate`` = hosts,
-  ``dp_shard`` = devices per host); AC none or full; 1F1B (torchtitan's default schedule) with
+  ``dp_shard`` = devices per host); AC none, full or selective op by op; 1F1B (torchtitan's default schedule) with
   ``pp``, ``2 pp``, ``4 pp`` micro-batches. Each combination is simulated; the fastest that fits
   wins. ``pp = 1`` is FSDP or HSDP alone.
 
@@ -35,7 +37,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, stage_module_paths
-from autoplace.parallel import StageOptions, hsdp_shape
+from autoplace.parallel import SELECTIVE_OP, StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
 from ..registry import FunctionPlanner, register
@@ -163,7 +165,10 @@ def _fsdp(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", planner:
     for m in _accumulation(graph.batch_size, n):
         fitted = False
         for what, rc in recompute_options:
-            rc = rc(names) if callable(rc) else rc
+            if callable(rc):
+                rc = rc(names)
+                if not rc:
+                    continue  # no unit for this policy (a model without blocks): not a variant
             v = search.run(f"FSDP over {n} devices, {precision}, {what}, {m} micro-batch{'es' if m > 1 else ''}",
                            st, devs, m, shard="fsdp", recompute=rc, precision=precision)
             fitted = fitted or (v is not None and not v.oom)
@@ -186,13 +191,20 @@ def _every_second_block(names: tuple[str, ...]) -> list[str]:
     return blocks[1::2]
 
 
+def _selective_op(names: tuple[str, ...]) -> str | bool:
+    """Every block op by op (torchtitan's ``selective_ac_option="op"``: matmul outputs saved, the
+    rest recomputed); False (no variant) when the model has no blocks."""
+    return SELECTIVE_OP if any(u.rsplit(".", 1)[-1].isdigit() for u in names) else False
+
+
 def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _fsdp(graph, cluster, cost, "fsdp", [("no AC", False)])
 
 
 def place_fsdp_ac(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:
     return _fsdp(graph, cluster, cost, "fsdp+ac", [("full AC", _every_block),
-                                                  ("AC every 2nd block", _every_second_block)])
+                                                  ("AC every 2nd block", _every_second_block),
+                                                  ("selective op AC", _selective_op)])
 
 
 def _pp_degrees(cluster: Cluster) -> list[int]:
@@ -203,7 +215,10 @@ def _pp_degrees(cluster: Cluster) -> list[int]:
 def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None,
                      seed: int = 0) -> Placement:
     search = _Search(graph, cluster, cost, "torchtitan")
-    full_ac = _every_block(block_units(graph).names)
+    names = block_units(graph).names
+    acs: list[tuple[str, Any]] = [("no AC", False), ("full AC", _every_block(names))]  # torchtitan's AC modes
+    if _selective_op(names):
+        acs.append(("selective op AC", SELECTIVE_OP))
     d = cluster.num_devices
     precision = precision_for(cluster, search.cost)
     for pp in _pp_degrees(cluster):
@@ -218,16 +233,16 @@ def place_torchtitan(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | N
         if pp > 1:
             ms = [m for m in ms if m in (pp, 2 * pp, 4 * pp)]
         for shard in shards:
-            for ac in (False, True):
+            for what, rc in acs:
                 for m in ms:
-                    search.run(f"pp={pp} x {shard} {dp} ({'full AC' if ac else 'no AC'}), {precision}, {m} micro-batches",
-                               st, devs, m, shard=shard, recompute=full_ac if ac else False, precision=precision)
+                    search.run(f"pp={pp} x {shard} {dp} ({what}), {precision}, {m} micro-batches",
+                               st, devs, m, shard=shard, recompute=rc, precision=precision)
     return search.best(f"no pipeline x FSDP combination over {d} devices fits")
 
 
 register(FunctionPlanner("fsdp", ("pipeline",), place_fsdp,
                          summary="FSDP2 over every device, one unit per block (torchtitan defaults)"))
 register(FunctionPlanner("fsdp+ac", ("pipeline",), place_fsdp_ac,
-                         summary="FSDP2 with activation checkpointing (full or every second block)"))
+                         summary="FSDP2 with activation checkpointing (full, every second block or op-level selective)"))
 register(FunctionPlanner("torchtitan", ("pipeline",), place_torchtitan,
                          summary="torchtitan's pipeline stages x FSDP/HSDP, AC, 1F1B"))

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from autoplace.capability import runtime_problems
-from autoplace.parallel import NO_BF16_KINDS, StageOptions
+from autoplace.parallel import NO_BF16_KINDS, SELECTIVE_OP, StageOptions
 from autoplace.placement import Placement, PlacementError
 from autoplace.planners import budget as _budget
 from autoplace.pipeline_rules import SPECS, schedule_problems
@@ -390,7 +390,9 @@ def _stage_option_sets(plan: Placement, rank_devices: int, over: bool, precision
     out: list[dict[str, Any]] = []
     if plan.shard or plan.recompute or plan.precision:
         o = StageOptions.of(plan)
-        own = dict(shard=o.shard[0], recompute=any(bool(r) for r in o.recompute), precision=o.precision[0],
+        # unit lists name the old stages' units: re-cut, they become every unit; a policy stays
+        rc: Any = SELECTIVE_OP if all(r == SELECTIVE_OP for r in o.recompute) else any(bool(r) for r in o.recompute)
+        own = dict(shard=o.shard[0], recompute=rc, precision=o.precision[0],
                    reshard_after_forward=o.reshard_after_forward[0] if o.sharded(0) else None)
         if own["shard"] == "ddp" or rank_devices > 1:
             out.append(own)

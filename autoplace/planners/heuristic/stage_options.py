@@ -21,6 +21,9 @@ given (:mod:`autoplace.parallel` names the options):
   memory, found by bisection on the count. All stages bisect together: a stage's memory depends
   on its own options, so one simulation answers every stage's probe; the chosen combination is
   simulated again as a whole.
+  Where memory is short and the model has blocks, also op-level selective recompute of every
+  block (``"selective-op"``, torchtitan's ``selective_ac_option="op"``: matmul outputs saved,
+  the cheap ops recomputed), which may fit at less recomputation than whole blocks.
 
 The objective is the simulated step time among the variants that fit; recompute is used only
 where memory needs it (it always costs a forward). Every variant is checked by the plan's rules
@@ -45,7 +48,7 @@ import numpy as np
 
 from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, stage_units
-from autoplace.parallel import StageOptions, default_reshard, hsdp_shape
+from autoplace.parallel import SELECTIVE_OP, StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES, stage_ranks
 from autoplace.placement import Placement, PlacementError
 from autoplace.capability import runtime_problems
@@ -148,15 +151,16 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
     out: list[Variant] = []
     seen: dict[tuple[Any, ...], Variant | None] = {}
 
-    def run(m: int, shard: str, rs: bool, ks: tuple[int, ...]) -> Variant | None:
-        key = (m, shard, rs, ks)
+    def run(m: int, shard: str, rs: bool, ks: tuple[int, ...], selective: bool = False) -> Variant | None:
+        key = (m, shard, rs, ks, selective)
         if key in seen:
             return seen[key]
         if len(out) >= max_evals or _stop(any(not v.oom for v in out)):
             return None
         seen[key] = None
         prec = "bf16" if bf16 and shard != "ddp" else "fp32"
-        rc = [k > 0 if multi else space.recompute(s, k) for s, k in enumerate(ks)]
+        rc: Any = (SELECTIVE_OP if selective else
+                   [k > 0 if multi else space.recompute(s, k) for s, k in enumerate(ks)])
         p = Placement.pipeline(graph, cluster, st, devs, microbatches=m, schedule=schedule, planner=planner,
                                validate=False, shard=shard, recompute=rc, precision=prec,
                                reshard_after_forward=rs if shard != "ddp" else None, virtual_stages=n_virtual,
@@ -206,6 +210,7 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
                     (lo if o else hi)[s] = mid[s]
         return run(m, shard, rs, tuple(hi)) or full
 
+    has_blocks = any(u.rsplit(".", 1)[-1].isdigit() for b in space.blocks for u in b)
     per_shard = max(max_evals // len(shards), 1)
     for shard in shards:
         limit = len(out) + per_shard
@@ -217,6 +222,10 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
                     break
                 v = fit_recompute(m, shard, rs)
                 plain_fit = plain_fit or (v is not None and not v.oom and not any(v.placement.recompute))
+                if v is not None and any(v.placement.recompute) and has_blocks:
+                    # memory is short: op-level selective recompute of every block (torchtitan's
+                    # "op" policy) saves the matmul outputs, so it may fit at less recompute
+                    run(m, shard, rs, tuple(0 for _ in devs), selective=True)
                 if n_st > 1 and plain_fit:
                     break  # a pipeline that fits keeps its units gathered: freeing them only adds gathers
             if plain_fit and n_st == 1:
