@@ -268,8 +268,9 @@ class VocabPair:
     parallel output layer, Shoeybi et al. 2019, section 3; torchtitan's ``RowwiseParallel`` on
     ``tok_embeddings`` and ``ColwiseParallel`` on ``output``): each device holds ``vocab / t``
     rows of the table (and of the head's weight, tied or not); the embedding's output is
-    all-reduced in forward, the head's logits all-gathered in forward (the loss reads them whole)
-    and its input gradient all-reduced in backward."""
+    all-reduced in forward, the head's logits stay split by vocabulary into the loss (loss
+    parallelism: torch's ``loss_parallel`` cross-entropy, three per-token all-reduces in forward)
+    and its input gradient is all-reduced in backward."""
 
     embedding: int
     head: int

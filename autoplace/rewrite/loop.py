@@ -272,8 +272,12 @@ def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *
         (lambda r: f"rank {r} (replica {r % replicas} of {replicas})")
     links = Links(limits, members, members, [r for r in members if r != rank], {r: what(r) for r in members},
                   collectives, gate_group, p2p)
+    from .tensor_parallel import loss_parallel_heads, vocab_parallel_loss
+
+    lp = bool(loss_parallel_heads(stage))  # the logits split by vocabulary: the loss runs on them (loss parallel)
+    loss = vocab_parallel_loss(model_output_loss(gm, loss_fn)) if lp else model_output_loss(gm, loss_fn)
     runner = LoopRunner(rank=rank, replica=replica, replicas=replicas, microbatches=plan.microbatches,
-                        batch_size=batch, stage_module=stage, module=module, loss_fn=model_output_loss(gm, loss_fn),
+                        batch_size=batch, stage_module=stage, module=module, loss_fn=loss,
                         kind=kind, scale_grads=scale_grads, dp_group=dp_group, units=units, timeouts=limits,
                         predicted_step_s=predicted_step_s, batch_norms=batch_norms, links=links)
     if not sharded and replicas > 1 and tp > 1:
@@ -281,4 +285,5 @@ def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *
         runner.averaged = (params, dp_group, torch.bfloat16 if bf16 else None)
     if summed:
         runner.tp_summed = ([stage.get_parameter(n) for n in summed], mesh.get_group("tp"))
+    runner.loss_parallel = lp
     return runner

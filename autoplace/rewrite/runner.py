@@ -19,6 +19,7 @@ import torch.fx
 from . import batchnorm
 from .errors import PipelineError, PipelineTimeoutError
 from .liveness import Timeouts
+from .tensor_parallel import loss_parallel_context
 
 if TYPE_CHECKING:
     from .links import Links
@@ -51,6 +52,9 @@ class PipelineRunner(torch.nn.Module):
     """This stage's module (a GraphModule): the user's parameters under their original names."""
     module: torch.nn.Module
     """What the schedule runs: ``stage_module``, wrapped by the stage hook (DDP when replicas > 1)."""
+    loss_parallel: bool = False
+    """A stage of this rank leaves its LM head's logits split by vocabulary: every kind's step runs
+    its loss and backward under torch's ``loss_parallel()`` (:mod:`autoplace.rewrite.tensor_parallel`)."""
 
     def __init__(self, *, rank: int, stage_index: int, num_stages: int, replica: int, replicas: int,
                  microbatches: int, batch_size: int, stage_module: torch.nn.Module, module: torch.nn.Module,
@@ -192,7 +196,8 @@ class PipelineRunner(torch.nn.Module):
         for layer in self.batch_norms:
             layer.discard()
         try:
-            losses = self._run(inputs, target)
+            with loss_parallel_context(self.loss_parallel):
+                losses = self._run(inputs, target)
             self._finish_grads()
             batchnorm.commit(self.batch_norms)
             loss = self._batch_loss(losses) if losses is not None else None

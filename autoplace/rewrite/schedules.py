@@ -68,7 +68,7 @@ from .links import Links
 from .liveness import Timeouts
 from .runner import PipelineRunner, sum_tied_grads
 from .stage_setup import check_batch, move_to, require_distributed, runner_options, stage_io, tie_groups, wait_groups
-from .tensor_parallel import apply_tensor_parallel
+from .tensor_parallel import apply_tensor_parallel, loss_parallel_heads, vocab_parallel_loss
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
 
@@ -407,7 +407,8 @@ def build_schedule_runner(
             stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                         group=pp_group))
         modules.append(mod)
-    loss = model_output_loss(gm, loss_fn)
+    lp = any(loss_parallel_heads(mod) for mod in modules)  # logits split by vocabulary (loss parallel)
+    loss = vocab_parallel_loss(model_output_loss(gm, loss_fn)) if lp else model_output_loss(gm, loss_fn)
     sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if not SPECS[schedule].multi_stage
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
     tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
@@ -423,6 +424,7 @@ def build_schedule_runner(
                                                                *([bn_group] if bn_group is not None else [])],
                          gate_group, p2p)
     runner.links.stages = list(stages)
+    runner.loss_parallel = lp
     return runner
 
 

@@ -33,10 +33,20 @@ Vocabulary split (Megatron-LM's vocab-parallel embedding and output layer; torch
 ``tok_embeddings`` and ``output``): when the module holds both a token embedding and the LM head
 over the same vocabulary (:func:`vocab_modules`, the rule of :func:`autoplace.tp_rules.vocab_pairs`,
 so the simulator charges what runs), the embedding is ``RowwiseParallel`` (a vocabulary shard per
-rank, its output all-reduced) and the head ``ColwiseParallel`` with replicated logits (all-gathered:
-the user's loss reads them whole); a tied weight (GPT-2's) is one ``Shard(0)`` DTensor for both.
+rank, its output all-reduced) and the head ``ColwiseParallel`` whose logits stay split by vocabulary
+(a DTensor placed ``Shard(-1)``); a tied weight (GPT-2's) is one ``Shard(0)`` DTensor for both.
 Not with sequence parallelism, and not when a pipeline boundary separates the two (a tied weight
 across stages is summed by the runner on its plain parameter): both stay whole then.
+
+Loss parallelism (torchtitan's default with TP, ``parallelism.disable_loss_parallel = false``): the
+user's ``loss_fn`` gets those sharded logits and runs under torch's
+``torch.distributed.tensor.parallel.loss_parallel()``, forward and backward, so cross-entropy
+(``F.cross_entropy``, ``nll_loss`` of ``log_softmax``; reshapes, slices and ``.float()`` before it
+are fine) reduces three floats per token over the group instead of gathering B x S x V logits
+on every rank. :func:`loss_parallel_heads` says whether a module runs it; :func:`vocab_parallel_loss`
+wraps ``loss_fn`` (a loss that fails on the DTensor is a :class:`TensorParallelError` naming the fix;
+its replicated result is handed on as a plain tensor) and :func:`loss_parallel_context` is the
+context the runner steps in (:meth:`autoplace.rewrite.runner.PipelineRunner.step`).
 
 The module keeps its parameters' names; the sharded ones become DTensors (``p.full_tensor()``
 gathers one). The user's model is changed in place (``parallelize_module`` does so, and the
@@ -45,8 +55,9 @@ reshapes are rewritten in its graph); pass a copy to keep the original.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
@@ -57,7 +68,8 @@ from .sequence_parallel import sequence_parallel_rewrite
 from ..tp_rules import LinearPair
 
 __all__ = ["TensorParallelError", "FusedColwiseParallel", "tp_layout", "whole_blocks", "fused_columns",
-           "localize_heads", "apply_tensor_parallel", "vocab_modules"]
+           "localize_heads", "apply_tensor_parallel", "vocab_modules", "loss_parallel_heads", "loss_parallel_context",
+           "vocab_parallel_loss"]
 
 class TensorParallelError(AutoplaceError, ValueError):
     """A tensor-parallel layout does not fit the module; the message names the module and the fix."""
@@ -278,14 +290,65 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
                 plan[path] = (FusedColwiseParallel(fused[path], input_layouts=Shard(1)) if path in fused
                               else ColwiseParallel(input_layouts=Shard(1)))
     vocab = vocab_modules(module, t) if not sequence_parallel else []
-    for emb, head in vocab:  # torchtitan's tok_embeddings / output styles; the loss reads whole logits
+    for emb, head in vocab:  # torchtitan's tok_embeddings / output styles, with loss parallelism
         plan[emb] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        plan[head] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        plan[head] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
     tied = [(emb, head) for emb, head in vocab if names[emb].weight is names[head].weight]
     out = parallelize_module(module, mesh, plan)
     for emb, head in tied:  # both shard the V x h table by rows (Shard(0)): one parameter again
         module.get_submodule(head).weight = module.get_submodule(emb).weight
+    if vocab:
+        module.meta[_LOSS_PARALLEL] = [head for _, head in vocab]
     return out
+
+
+_LOSS_PARALLEL = "autoplace_loss_parallel"
+
+
+def loss_parallel_heads(module: torch.nn.Module) -> list[str]:
+    """The LM heads of ``module`` whose logits :func:`apply_tensor_parallel` left split by
+    vocabulary (empty: its loss reads plain tensors and needs no loss parallelism)."""
+    meta = getattr(module, "meta", None)
+    return list(meta.get(_LOSS_PARALLEL, [])) if isinstance(meta, dict) else []
+
+
+def loss_parallel_context(on: bool) -> Any:
+    """torch's ``loss_parallel()`` context when ``on`` (a stage of this rank holds a vocabulary-split
+    head), else a null context; the loss's forward and its backward both run inside it."""
+    if not on:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def vocab_parallel_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``loss_fn`` for logits split by vocabulary (see the module docstring): it runs on the
+    DTensor; a replicated DTensor result (cross-entropy's under ``loss_parallel``) is handed on as
+    its local tensor, the same on every rank (its backward stays the DTensor's), any other placement
+    made whole. On plain outputs it is ``loss_fn``."""
+
+    def loss(output: Any, target: Any, **kwargs: Any) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+        from torch.utils._pytree import tree_leaves
+
+        if not any(isinstance(x, DTensor) for x in tree_leaves(output)):
+            return loss_fn(output, target, **kwargs)
+        try:
+            got = loss_fn(output, target, **kwargs)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise TensorParallelError(
+                f"loss_fn raised on the LM head's logits, which tensor parallelism leaves split by vocabulary over "
+                f"the TP group (a DTensor placed Shard(-1); loss parallelism, torchtitan's default): {first}. "
+                "torch's loss_parallel() computes F.cross_entropy (and nll_loss of log_softmax) on them, after "
+                "reshapes, slices and .float(): write the loss that way, or plan with tp=1 or sequence_parallel=True, "
+                "which keep the vocabulary whole") from e
+        if isinstance(got, DTensor):
+            return got.to_local() if all(p.is_replicate() for p in got.placements) else got.full_tensor()
+        return got
+
+    return loss
 
 
 def vocab_modules(module: torch.nn.Module, t: int) -> list[tuple[str, str]]:

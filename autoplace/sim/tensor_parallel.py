@@ -43,6 +43,17 @@ weights; small, latency-bound), the all-gather of a region value read outside it
 norm's output before the model's head) and of the gradient of a whole value read in it (the
 first residual).
 
+Vocabulary split with loss parallelism (Megatron-LM's parallel cross-entropy; torchtitan's default
+``loss_parallel``, torch's ``torch.distributed.tensor.parallel.loss_parallel``): when one stage
+holds the token embedding and the LM head (:func:`vocab_inside`), both run at 1/t with a 1/t share
+of the table; the embedding's output is all-reduced (whole), the head's logits stay sharded on the
+vocabulary, so they and the loss's fp32 terms (log-softmax, the gradients of the log-probabilities
+and of the logits) are a 1/t share per device (:class:`TPShare` ``act``, :func:`tp_activation_bytes`),
+and the loss's compute is charged to the head at 1/t. Per micro-batch the cross-entropy all-reduces
+three values per token in forward (the max logit, the sum of exponentials, the target's logit; torch's
+``_log_softmax`` and ``nll_loss_forward`` handlers, fp32: one float per token each) and nothing in
+backward; the head's input gradient is all-reduced in backward as a column's.
+
 :func:`~autoplace.tp_rules.linear_pairs` (in :mod:`autoplace.tp_rules`, re-exported here) finds
 the blocks (MLP and attention, fused q/k/v projections as one column; attention with per-head
 parameters and other splits of a column are left whole, :func:`~autoplace.tp_rules.tp_refusals`
@@ -68,7 +79,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LinearPair", "Collective", "TPShare", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
            "tp_share", "tp_activation_bytes", "sequence_region", "sp_runtime_collectives",
-           "sp_runtime_seconds", "ELEMENTWISE", "PER_TOKEN"]
+           "sp_runtime_seconds", "vocab_inside", "LOSS_ALL_REDUCES", "ELEMENTWISE", "PER_TOKEN"]
+
+LOSS_ALL_REDUCES = 3
+"""Forward all-reduces of loss parallelism's cross-entropy per micro-batch (max logit, sum of
+exponentials, target logit, one float per token each; none in backward), what torch's
+``loss_parallel`` handlers run (counted in ``tests/rewrite/test_tp_vocab.py``)."""
 
 _REGION_KINDS = PER_TOKEN | {"mean", "sum"}
 """The op graph keeps no reduction dimensions: a mean or sum reached from a row is taken to be
@@ -158,10 +174,13 @@ class Collective:
 
 
 def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
-                   *, sequence_parallel: bool = False, value_scale: float = 1.0, tp: int = 0) -> list[Collective]:
-    """The collectives one micro-batch of the ops ``ops`` runs (see the module docstring), their
-    bytes ``value_scale`` x the traced ones; with ``tp`` also those of the vocabulary split
-    (:func:`vocab_inside`, which depends on the degree)."""
+                   *, tp: int, sequence_parallel: bool = False, value_scale: float = 1.0) -> list[Collective]:
+    """The collectives one micro-batch of the ops ``ops`` runs over a TP group of ``tp`` (see the
+    module docstring), their bytes ``value_scale`` x the traced ones (the loss's in fp32); the
+    degree is required: the vocabulary split (:func:`vocab_inside`) depends on it."""
+    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
+        raise ValueError(f"tp_collectives: tp is {tp!r}; it must be the TP group's degree, a whole number >= 1 "
+                         "(the vocabulary split depends on it): pass the number of devices of the TP group")
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -184,14 +203,15 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
                     for ph, k in (("forward", "all_gather"), ("backward", "reduce_scatter"))]
         else:  # each column's input gradient (the first block's input is whole under SP too)
             out += [Collective("backward", "all_reduce", x, name, p.column) for p, x in zip(ps, into)]
-    t = int(tp) if tp else 0
-    for v in vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel) if t else []:
-        # the embedding's partial sums; the head's logits gathered and its input gradient summed
+    for v in vocab_inside(graph, mask, int(tp), sequence_parallel=sequence_parallel):
+        # the embedding's partial sums; the loss's per-token max, sum of exponentials and target logit
+        # (fp32, one float per token: the traced fp32 logits' bytes over the vocabulary); the head's
+        # input gradient summed
         g_in = float(graph.edge_bytes[edst == v.head].max(initial=0.0)) / microbatches * value_scale
+        per_token = float(graph.out_bytes[v.head]) / v.vocab / microbatches
         out += [Collective("forward", "all_reduce", float(graph.out_bytes[v.embedding]) / microbatches * value_scale,
                            v.embedding_path, v.embedding),
-                Collective("forward", "all_gather", float(graph.out_bytes[v.head]) / microbatches * value_scale,
-                           v.head_path, v.head),
+                *[Collective("forward", "all_reduce", per_token, v.head_path, v.head)] * LOSS_ALL_REDUCES,
                 Collective("backward", "all_reduce", g_in, v.head_path, v.head)]
     return out
 
@@ -282,14 +302,17 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     for the ops ``ops``: inside a block the columns' and the ops-between outputs are a 1/t share
     (the row's output is whole: all-reduced); with ``sequence_parallel`` the row's output (reduce-
     scattered) and the outputs of the sequence-parallel region (:func:`sequence_region`) too;
-    ``value_scale`` x the traced bytes."""
+    ``value_scale`` x the traced bytes; the LM head's logits, split by vocabulary
+    (:func:`vocab_inside`), a 1/t share too (loss parallelism)."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
-    scale = _scales(graph, mask, blocks, t, sequence_parallel)  # a vocabulary split's outputs are whole
+    scale = _scales(graph, mask, blocks, t, sequence_parallel)
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
+    for v in vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel):  # the embedding's output whole,
+        scale[v.head] = 1.0 / t  # the logits sharded on the vocabulary (loss parallelism)
     return float((graph.out_bytes * scale)[mask].sum()) * value_scale
 
 
@@ -305,7 +328,8 @@ class TPShare(NamedTuple):
     params: np.ndarray
     """parameter bytes per device over the op's: 1/t for a pair's ops, else 1."""
     act: np.ndarray
-    """bytes of the op's output one TP device keeps over the traced ones (a row's output whole without SP)."""
+    """bytes of the op's output one TP device keeps over the traced ones (a row's output whole without SP;
+    the vocabulary-split head's logits, and the loss terms the stage prices on them, at 1/t)."""
     fwd: np.ndarray
     """seconds of the TP collectives one micro-batch runs in the op's forward (a row's all-reduce)."""
     bwd: np.ndarray
@@ -333,9 +357,9 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
     act = work.copy()
     if not sequence_parallel:
         act[list(blocks)] = 1.0
-    for v in vocab:  # a vocabulary shard of the table; the embedding's output and the logits are whole
-        params[[v.embedding, v.head]] = 1.0 / t
-        act[[v.embedding, v.head]] = 1.0
+    for v in vocab:  # a vocabulary shard of the table; the embedding's output whole (all-reduced), the
+        params[[v.embedding, v.head]] = 1.0 / t  # logits and the loss's terms on them a vocabulary shard
+        act[v.embedding], act[v.head] = 1.0, 1.0 / t
     fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
     if t > 1 and (inside or vocab):
         lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)

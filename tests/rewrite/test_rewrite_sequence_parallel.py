@@ -57,7 +57,7 @@ def test_planned_sp_tp2_equals_the_unsplit_model(tmp_path: Path) -> None:
         plan = Placement.from_dict(got[case][0]["plan"])
         graph = autoplace.trace(tm.build(name), (tm.batch(8, 0)[0],))
         ops = np.arange(graph.num_nodes)
-        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, ops, plan.microbatches,
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, ops, plan.microbatches, tp=plan.tp,
                                                                         sequence_parallel=plan.sequence_parallel))
         comms = got[case][0]["comms"]
         ran = {f"{k.split()[0]} {DTENSOR[k.split()[1]]}": v for k, v in comms.items() if k.split()[1] in DTENSOR}

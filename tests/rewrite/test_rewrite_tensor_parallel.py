@@ -118,7 +118,7 @@ def test_tp2_with_sequence_parallelism_equals_the_unsplit_model(tmp_path: Path) 
              "all_gather_into_tensor": "all_gather"}
     for name, parts in got.items():
         graph = autoplace.trace(tm.build("gpt-qkv" if name == "gpt" else "llama"), (tm.batch(8, 0)[0],))
-        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1,
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2,
                                                                         sequence_parallel=True))
         # the blocks' collectives (DTensor's) are the simulator's; the rewrite's own (allgather_, allreduce_:
         # the cut before the head, the norms' weight gradients) are not charged

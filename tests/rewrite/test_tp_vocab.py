@@ -1,7 +1,9 @@
 """Vocabulary-parallel embedding and LM head under tensor parallelism (torchrun, gloo on CPU):
 GPT-2 (tied head) and Llama (untied) sharded over 2 ranks train like the unsplit model to 1e-5,
-the tied weight stays one parameter, and the collectives torch runs are those the simulator
-charges (:func:`autoplace.sim.tensor_parallel.tp_collectives` with the vocabulary split)."""
+the tied weight stays one parameter, the logits stay split by vocabulary into the loss (loss
+parallelism, torch's ``loss_parallel``: no logits all-gather), a loss that cannot run on them is
+refused with the fix, and the collectives torch runs are those the simulator charges
+(:func:`autoplace.sim.tensor_parallel.tp_collectives` with the vocabulary split)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 
 import autoplace
 import pipeline_workers as pw
-from autoplace.sim.tensor_parallel import tp_collectives
+from autoplace.sim.tensor_parallel import LOSS_ALL_REDUCES, tp_collectives
 from autoplace.tp_rules import vocab_pairs
 
 CHILD = Path(__file__).with_name("vocab_child.py")
@@ -41,5 +43,10 @@ def test_tp2_vocab_parallel_embedding_and_head_equal_the_unsplit_model(tmp_path:
                    for k, v in r["comms"].items()}
             assert ran == dict(charged)
             assert r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (case, r)
-        # the split adds the embedding's and the head's collectives to the blocks' ones
-        assert charged["forward all_gather"] == 1
+            assert r["heads"] == [split[0].head_path]  # the logits left split: the runners step in loss_parallel
+            assert "loss_fn raised on the LM head's logits" in r["refused"] and "tp=1" in r["refused"], r["refused"]
+        # the split adds the embedding's all-reduce, the loss's three and the head's input gradient's; the
+        # logits are never gathered
+        assert LOSS_ALL_REDUCES == 3 and "forward all_gather" not in charged
+        without = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(split[0].head), 1, tp=2))
+        assert charged["forward all_reduce"] - without["forward all_reduce"] == 1 + LOSS_ALL_REDUCES

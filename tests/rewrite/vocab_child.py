@@ -4,8 +4,10 @@ Each case: a zoo model (GPT-2 with its tied LM head, or Llama with an untied one
 torch.fx and sharded over both ranks by ``apply_tensor_parallel`` (the blocks from the op graph;
 the embedding and head split by vocabulary by the rewrite itself); 4 SGD steps beside the unsplit
 model on the same batches; saves the losses, the largest loss and (gathered) parameter
-differences, the vocabulary split it made, whether a tied weight is still one parameter, and the
-collectives of the first step by phase and kind (CommDebugMode), to OUT/<id>-rank<r>.pt."""
+differences, the vocabulary split it made, whether a tied weight is still one parameter, the heads
+left split for loss parallelism, the error a loss that cannot run on split logits raised, and the
+collectives of the first step by phase and kind (CommDebugMode; the loss's with the forward), to
+OUT/<id>-rank<r>.pt."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_workers as pw  # noqa: E402
 
 import autoplace  # noqa: E402
-from autoplace.rewrite.tensor_parallel import apply_tensor_parallel, tp_layout, vocab_modules  # noqa: E402
+from autoplace.rewrite.tensor_parallel import (TensorParallelError, apply_tensor_parallel, loss_parallel_context,  # noqa: E402
+                                               loss_parallel_heads, tp_layout, vocab_modules, vocab_parallel_loss)
 from autoplace.tp_rules import linear_pairs  # noqa: E402
 
 STEPS = 4
@@ -56,9 +59,19 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     tied = [getattr(gm.get_submodule(e), "weight") is getattr(gm.get_submodule(h), "weight") for e, h in vocab]
     opt, ref_opt = torch.optim.SGD(gm.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     losses, ref_losses, comms = [], [], {}
+    heads = loss_parallel_heads(gm)
+    loss_fn = vocab_parallel_loss(_loss)  # the runners' loss: on the logits split by vocabulary
+    with loss_parallel_context(bool(heads)):  # a loss that does not run on them says how to fix it
+        try:
+            vocab_parallel_loss(lambda o, y: (o.softmax(-1)[..., 0] - y.float()).square().mean())(gm(_batch(0)[0]), _batch(0)[1])
+            refused = ""
+        except TensorParallelError as e:
+            refused = str(e)
     for step in range(STEPS):
         x, y = _batch(step)
-        loss, counted = pw.counted_step(lambda: gm(x), lambda o: _loss(o, y))
+        with loss_parallel_context(bool(heads)):  # forward, loss and backward, as the runners step
+            # the loss's collectives counted with the forward (the simulator's phase: before any backward)
+            loss, counted = pw.counted_step(lambda: loss_fn(gm(x), y), lambda lo: lo)
         if step == 0:
             comms = counted
         opt.step()
@@ -71,7 +84,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
         ref_losses.append(r.item())
     want = dict(ref.named_parameters())
     got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in gm.named_parameters()}
-    torch.save({"losses": losses, "vocab": vocab, "tied": tied, "comms": comms,
+    torch.save({"losses": losses, "vocab": vocab, "tied": tied, "comms": comms, "heads": heads, "refused": refused,
                 "sharded": sorted(n for n, p in gm.named_parameters() if hasattr(p, "full_tensor")),
                 "loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses)),
                 "param_err": max((got[n] - want[n].detach()).abs().max().item() for n in got)},

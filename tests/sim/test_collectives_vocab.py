@@ -22,13 +22,12 @@ def _gpt2(vocab: int) -> autoplace.OpGraph:
 def test_a_stage_with_the_embedding_and_the_head_lists_the_vocabulary_collectives() -> None:
     # GPT-2 (2 blocks, tied wte/lm_head), one stage of 2 replicas x tp=2, 1 micro-batch (batch 2):
     # 4 + 4 all-reduces of the blocks (one per row output, one per column's input gradient, c_attn
-    # one fused column) and the split's wte all-reduce, lm_head input-gradient all-reduce and
-    # logits all-gather: 10 all-reduces, 1 all-gather
+    # one fused column) and the split's wte all-reduce, lm_head input-gradient all-reduce and the
+    # loss's three (loss parallelism: max, sum of exponentials, target logit; no logits all-gather)
     g, c = _gpt2(256), Cluster.from_devices(["cpu"] * 4)
     p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]], microbatches=1, tp=2)
     lists = step_collectives(g, c, p)
-    assert collective_counts(lists[0]) == {("all_reduce", (0, 1)): 4 + 4 + 2, ("all_gather", (0, 1)): 1,
-                                           ("all_reduce", (0, 2)): 1}
+    assert collective_counts(lists[0]) == {("all_reduce", (0, 1)): 4 + 4 + 2 + 3, ("all_reduce", (0, 2)): 1}
     # the DDP bucket holds a TP device's parameters: the pairs' and the table's 1/2 (the simulator's share)
     share = tp_share(g, c, np.arange(g.num_nodes), [0, 1], 1)
     assert share.params[g.module_paths.index("wte")] == 0.5

@@ -149,7 +149,7 @@ def test_attention_collectives_hand_computed(t: int) -> None:
     pairs = linear_pairs(g)
     before = dataclasses.replace(pairs[0], column=0, row=0, between=())  # a block at op 0, outside the ops taken
     kinds = Counter((x.phase, x.kind) for x in tp_collectives(g, np.arange(1, 7), 2, [before, *pairs],
-                                                                 sequence_parallel=True))
+                                                                 sequence_parallel=True, tp=t))
     assert kinds == {("forward", "reduce_scatter"): 1, ("backward", "all_gather"): 1,
                      ("forward", "all_gather"): 3, ("backward", "reduce_scatter"): 3}
 

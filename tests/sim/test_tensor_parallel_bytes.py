@@ -29,7 +29,7 @@ def test_collectives_and_activations_scale_with_the_value_bytes() -> None:
     # two all-reduces (fc2's output, fc's input gradient) of 16 x 128 / 2 micro-batches = 1024 B: 1 x bytes / 1e3 B/s
     assert tp_stage_cost(g, c, ops, [0, 1], np.ones(5), 2 * np.ones(5), 2)[2] == pytest.approx(2 * 1.024)
     assert tp_stage_cost(g, c, ops, [0, 1], np.ones(5), 2 * np.ones(5), 2, value_scale=0.5)[2] == pytest.approx(1.024)
-    assert [x.nbytes for x in tp_collectives(g, ops, 2, value_scale=0.5)] == [512.0, 512.0]
+    assert [x.nbytes for x in tp_collectives(g, ops, 2, value_scale=0.5, tp=2)] == [512.0, 512.0]
     full = tp_activation_bytes(g, ops, 2)
     assert tp_activation_bytes(g, ops, 2, value_scale=0.5) == pytest.approx(full / 2)
     f32 = sp_runtime_seconds(g, c, ops, [0, 1], 2)

@@ -1,5 +1,5 @@
-"""The vocabulary split's cost: the embedding and the LM head at 1/t with their collectives when
-one stage holds both; whole (as the runtime leaves them) when a boundary separates them, under
+"""The vocabulary split's cost: the embedding and the LM head at 1/t with their collectives, the
+logits at 1/t (loss parallelism), when one stage holds both; whole (as the runtime leaves them) when a boundary separates them, under
 sequence parallelism, or when t does not divide the vocabulary."""
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ def test_vocab_split_only_when_one_stage_holds_embedding_and_head() -> None:
     n = g.num_nodes
     share = tp_share(g, c, np.arange(n), [0, 1], 1)
     assert share.work[v.embedding] == share.work[v.head] == share.params[v.embedding] == 0.5
-    assert share.act[v.embedding] == share.act[v.head] == 1.0  # outputs all-reduced / gathered: whole
+    # the embedding's output all-reduced (whole); the logits, and the loss's fp32 terms the stage prices on
+    # them, split by vocabulary (loss parallelism): a 1/t share
+    assert share.act[v.embedding] == 1.0 and share.act[v.head] == 0.5
     assert share.fwd[v.embedding] > 0 and share.fwd[v.head] > 0 and share.bwd[v.head] > 0
     first, last = np.arange(n // 2), np.arange(n // 2, n)
     for ops in (first, last):  # a boundary between them: both whole, no vocabulary collective
