@@ -76,6 +76,13 @@ the graph was profiled on (elsewhere it is the plain CostModel):
     each all-reduce call of a replicated stage (DDP: a first bucket of 1 MiB, then 25 MiB
     buckets) adds what one all-reduce adds to a computation on both ranks
     (:func:`autoplace.online.host_probe.busy_allreduce`), charged once per step with the update.
+``fsdp_s``
+    what FSDP's runtime (``fully_shard`` per unit over gloo) adds to a step of a sharded stage
+    beyond its compute and the link-priced gathers and reduce-scatters: per step, per unit (+ per
+    unit with resharding) and per parameter byte, measured by
+    :func:`autoplace.online.host_probe_fsdp.fsdp_overhead` and charged by the online tuner's
+    simulator (:func:`autoplace.online.kinds.kind_evaluate`); the simulator's sharded path does
+    not read it.
 ``update``
     Adam's step measured over copies of the parameters and split over ops by a per-tensor and
     a per-byte cost (single-tensor Adam on a CPU launches about ten kernels per tensor: the
@@ -177,6 +184,9 @@ class HostCostModel(CostModel):
     """the share of the waits charged with ``busy_set_s``."""
     busy_allreduce_s: float = 0.0
     """wall seconds each all-reduce call of a replicated stage adds (``host_probe.busy_allreduce``)."""
+    fsdp_s: Mapping[str, float] = field(default_factory=dict)
+    """FSDP's wall seconds beyond compute and link per sharded stage: ``per_step_s``, ``per_unit_s``,
+    ``reshard_per_unit_s``, ``per_byte_s`` (``host_probe_fsdp.fsdp_overhead``; read by the online tuner)."""
     fitted_action_s: float = 0.0
     """a per-action constant fitted to measured pipeline steps (0: none fitted; see
     ``benchmarks/fidelity_cpu.py`` for what it is fitted on and held out from)."""

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .host_probe_fsdp import fsdp_step_overhead_s
 from ..parallel import StageOptions
 from ..placement import Placement
 from ..planners.candidate import PipelinePlan, candidate_key, candidate_of, evaluate_candidate
@@ -84,10 +85,14 @@ def kind_key(cand: Any) -> bytes:
 
 
 def kind_evaluate(sim: "Simulator", cand: Any) -> "Evaluation":
-    """The simulator's evaluation of a candidate, its stage options included."""
+    """The simulator's evaluation of a candidate, its stage options included; a sharded stage's
+    step also pays the host's measured FSDP residual where the cost model carries one
+    (``fsdp_s``: :func:`autoplace.online.host_probe_fsdp.fsdp_step_overhead_s`)."""
     if isinstance(cand, KindPlan) and cand.options is not None:
-        return sim.evaluate_pipeline(cand.stage_of_node, cand.stage_devices, int(cand.microbatches),
-                                     schedule=str(cand.schedule), options=cand.options)
+        ev = sim.evaluate_pipeline(cand.stage_of_node, cand.stage_devices, int(cand.microbatches),
+                                   schedule=str(cand.schedule), options=cand.options)
+        extra = fsdp_step_overhead_s(getattr(sim.cost, "fsdp_s", {}), sim.graph, cand)
+        return ev._replace(step_time_s=ev.step_time_s + extra) if extra else ev
     return evaluate_candidate(sim, PipelinePlan(*cand[:4]) if isinstance(cand, KindPlan) else cand)
 
 
