@@ -32,7 +32,6 @@ import platform
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ from autoplace.sim.ddp import bn_sync_collectives, graph_bn_channels  # noqa: E4
 
 from fidelity_cpu import MODELS  # noqa: E402
 from fidelity_cpu_predict import host_cost  # noqa: E402
-from online import own_session  # noqa: E402
+from online import worker  # noqa: E402
 
 BN_MODELS = ("resnet18", "inception_v3")
 MODES = ("sync", "local")
@@ -64,20 +63,6 @@ MODES = ("sync", "local")
 
 def say(msg: str) -> None:
     print(msg, flush=True)
-
-
-def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    own_session()
-    try:
-        result = run(rank, payload)
-    except Exception:
-        result = {"error": traceback.format_exc()}
-        print(f"rank {rank} failed:\n{result['error']}", flush=True)
-    if rank == 0:
-        Path(out).write_text(json.dumps(result))
 
 
 class _AllReduces(TorchDispatchMode):
@@ -188,7 +173,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "rank0.json")
             payload = {"model": name, "config": MODELS[name], "rounds": rounds, "steps": steps}
-            mp.spawn(worker, args=(2, free_port(), payload, out), nprocs=2, join=True)
+            mp.spawn(worker, args=(run, 2, free_port(), payload, out), nprocs=2, join=True)
             got = json.loads(Path(out).read_text())
         if "error" in got:
             raise SystemExit(f"{name}: {got['error']}")

@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -102,19 +102,29 @@ def own_session() -> None:
             pass
 
 
-def worker(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> None:
+def worker(rank: int, run: Callable[[int, dict[str, Any]], dict[str, Any]], world: int, port: int,
+           payload: dict[str, Any], out: str) -> None:
+    """One of ``world`` gloo workers spawned on this host (``torch.multiprocessing.spawn(worker,
+    args=(run, world, port, payload, out))``): the process group's environment, one intra-op
+    thread, a session of its own (:func:`own_session`), then ``run(rank, payload)``; rank 0 writes
+    its result (or the traceback of its failure, under ``"error"``) as JSON to ``out``. ``run`` is
+    the script's own (a module-level function, so spawn can pickle it)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     own_session()
-    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
     try:
-        result = run(rank, args, say)
+        result = run(rank, payload)
     except Exception:
         result = {"error": traceback.format_exc()}
         print(f"rank {rank} failed:\n{result['error']}", flush=True)
     if rank == 0:
         Path(out).write_text(json.dumps(result))
+
+
+def run_saying(rank: int, args: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run` with rank 0 printing its progress (what :func:`worker` runs for this script)."""
+    return run(rank, args, (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None))
 
 
 def run(rank: int, args: dict[str, Any], say: Any) -> dict[str, Any]:
@@ -278,7 +288,7 @@ def write(result: dict[str, Any], out: Path, load: tuple[float, float], args: di
 
 def spawn(args: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """The benchmark's two gloo workers with ``args`` (rank 0 writes its result to ``tmp``): the result."""
-    mp.spawn(worker, args=(2, free_port(), args, str(tmp)), nprocs=2, join=True)
+    mp.spawn(worker, args=(run_saying, 2, free_port(), args, str(tmp)), nprocs=2, join=True)
     result = json.loads(tmp.read_text())
     tmp.unlink()
     if "error" in result:

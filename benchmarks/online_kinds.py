@@ -8,8 +8,10 @@ Per model (the 4 of benchmarks/fidelity_cpu.py at its sizes, and zoo models outs
 1. **Before training, as a user gets it**: a fresh profile (autoplace.cost.profile: CPU clock,
    two batch sizes, the loss and Adam's step), the host terms of this machine's host probe (the
    one stored in benchmarks/results/fidelity_cpu.json, measured by autoplace.online.host_probe;
-   probed terms only, none of fidelity_cpu's fitted constants), and ``plan("best")``'s pick for 2
-   processes (``runnable_pipeline_plan``, what ``wrap(mode="pipeline")`` runs), plus the
+   probed terms only, none of fidelity_cpu's fitted constants; plus FSDP's host residual, probed
+   by autoplace.online.host_probe_fsdp on synthetic stacks and stored in
+   benchmarks/results/online_kinds_fsdp_probe.json, which only the tuner's simulator reads), and
+   ``plan("best")``'s pick for 2 processes (``runnable_pipeline_plan``, what ``wrap(mode="pipeline")`` runs), plus the
    planner's best plain 2-stage pipeline (its cut is the centre of the candidates' cuts).
 2. **Candidates** (autoplace.online.kinds.kind_candidates): DDP, FSDP (one stage sharded over
    both ranks, one micro-batch, no resharding after forward: the form plan("best") picks), and
@@ -24,7 +26,9 @@ Per model (the 4 of benchmarks/fidelity_cpu.py at its sizes, and zoo models outs
    (``OnlineConfig(search="ppo")``, PPO over the candidates, and ``search="topk"``, the
    learning-free control, the same trials; between two trials ``--between`` ordinary training
    steps on the best plan so far keep its time current under the machine's load, so a trial is
-   compared with the best as measured minutes apart at most), recording the kept plan and the calibrated
+   compared with the best as measured minutes apart at most; then ``--confirm`` trials in final
+   rounds between the best and its 2 fastest measured rivals, the best's steps between them, which
+   decide on all their steps pooled: OnlineConfig.confirm), recording the kept plan and the calibrated
    simulator's error over all candidates; then **alternating A/B rounds** over the 3 fastest of the
    all-candidates pass and every kept plan (one block of steps of each per round, order rotated):
    the measured best is the fastest there, and kept / best is read there.
@@ -50,7 +54,6 @@ import platform
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +71,15 @@ import autoplace  # noqa: E402
 from autoplace import OpGraph, Placement  # noqa: E402
 from autoplace.cost.host import host_cluster  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
-from autoplace.online.kinds import (kind_candidates, kind_label, kind_of, pipeline_cut_share,  # noqa: E402
-                                    split_at_share)
+from autoplace.online.kinds import (kind_candidates, kind_evaluate, kind_label, kind_of,  # noqa: E402
+                                    pipeline_cut_share, split_at_share)
 from autoplace.online.search import candidate_key  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
+from autoplace.sim import Simulator  # noqa: E402
 
 from fidelity_cpu import MODELS as FIDELITY  # noqa: E402
 from fidelity_cpu_predict import host_cost  # noqa: E402
-from online import own_session  # noqa: E402
+from online import worker  # noqa: E402
 import online_kinds_report as report  # noqa: E402
 
 OUTSIDE: dict[str, dict[str, Any]] = {  # small configs, widened to steps of tens of ms here
@@ -130,8 +134,8 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     graph = _fresh_profile(wl, repeats=profile_repeats, loss_fn=wl.loss_fn, target=wl.target,
                            small_batch=max(wl.batch_size // 4, 1))
     prof_s = time.perf_counter() - t0
-    cost, cl = host_cost(probe), cluster_of(probe)
-    pick = runnable_pipeline_plan(graph, cl, 2, cost=cost)
+    cost, cl = kinds_cost(probe), cluster_of(probe)
+    pick = runnable_pipeline_plan(graph, cl, 2, cost=cost)  # the simulator alone (it does not read fsdp_s)
     pipe_pick = make_plan(graph, cl, mode="pipeline", cost=cost, accept=_plain_two_stage)
     centre = pipeline_cut_share(graph, pipe_pick.stage_of_node)
     cands = kind_candidates(graph, cl, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES)
@@ -165,12 +169,54 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
                 keys.append(k)
             starts[label] = keys.index(k)
     sims = [float(autoplace.simulate(graph, c, cl, cost=cost, timeline=False).step_time_s) for c in cands]
+    tuner_sim = Simulator(graph, cl, cost)  # what the tuner predicts with before calibrating: with FSDP's term
+    tuned = [float(kind_evaluate(tuner_sim, kind_of(c)).step_time_s) for c in cands]
     return {"model": name, "config": dict(wl.config), "ops": graph.num_nodes, "profile_s": prof_s,
             "graph": graph.to_dict(), "candidates": [c.to_dict() for c in cands],
-            "labels": [kind_label(kind_of(c)) for c in cands], "predicted_s": sims, "starts": starts,
+            "labels": [kind_label(kind_of(c)) for c in cands], "predicted_s": tuned, "predicted_sim_s": sims,
+            "starts": starts,
             "pick": pick.describe(), "pick_predicted_s": float(autoplace.simulate(graph, pick, cl, cost=cost,
                                                                                  timeline=False).step_time_s),
             "pipeline_pick": pipe_pick.describe(), "centre_share": centre, "start_note": note}
+
+
+def kinds_cost(probe: dict[str, Any]) -> Any:
+    """fidelity_cpu's host cost model of the probe, with FSDP's measured residual (``probe["fsdp_s"]``,
+    :mod:`autoplace.online.host_probe_fsdp`; none when absent)."""
+    return dataclasses.replace(host_cost(probe), fsdp_s={k: v for k, v in probe.get("fsdp_s", {}).items()
+                                                         if isinstance(v, float)})
+
+
+def _fsdp_worker(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
+    from autoplace.online.host_probe_fsdp import fsdp_overhead
+    from autoplace.rewrite.runtime import init_distributed
+
+    init_distributed(timeout_s=300)
+    return fsdp_overhead(rank, latency_s=payload["latency_s"], bandwidth=payload["bandwidth"], repeats=20)
+
+
+def fsdp_terms(probe: dict[str, Any], path: Path, mode: str) -> dict[str, Any]:
+    """FSDP's residual on this machine (module doc of autoplace.online.host_probe_fsdp): the stored
+    one at ``path`` (``mode="stored"``; probed and stored when missing), probed again (``"new"``), or
+    none (``"off"``)."""
+    import torch.multiprocessing as mp
+
+    if mode == "off":
+        return {}
+    if mode == "stored" and path.exists():
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        load = os.getloadavg()[0]
+        mp.spawn(worker, args=(_fsdp_worker, 2, free_port(), {"latency_s": probe["latency_s"],
+                                                              "bandwidth": probe["bandwidth"]}, out), nprocs=2, join=True)
+        got = json.loads(Path(out).read_text())
+    if "error" in got:
+        raise RuntimeError(f"the FSDP probe failed: {got['error']}")
+    got["source"] = (f"probed {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load:.1f} at "
+                     "the start")
+    path.write_text(json.dumps(got, indent=1))
+    return got
 
 
 def cluster_of(probe: dict[str, Any]) -> Any:
@@ -178,20 +224,6 @@ def cluster_of(probe: dict[str, Any]) -> Any:
 
 
 # ---- the two processes -------------------------------------------------------------------------
-
-def worker(rank: int, world: int, port: int, payload: dict[str, Any], out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    own_session()
-    try:
-        result = run(rank, payload)
-    except Exception:
-        result = {"error": traceback.format_exc()}
-        print(f"rank {rank} failed:\n{result['error']}", flush=True)
-    if rank == 0:
-        Path(out).write_text(json.dumps(result))
-
 
 def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     from autoplace.graph.trace import trace_module
@@ -208,7 +240,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"rank {rank} traced {traced.graph.hash}; the profile is of {graph.hash}")
     traced = dataclasses.replace(traced, graph=graph)  # the profile taken before training: what the tuner's simulator starts from
     probe = payload["probe"]
-    cl, cost = cluster_of(probe), host_cost(probe)
+    cl, cost = cluster_of(probe), kinds_cost(probe)
     cands = [Placement.from_dict(d) for d in m["candidates"]]
     keys = [candidate_key(kind_of(c)) for c in cands]
     opt = torch.optim.Adam(wl.model.parameters(), lr=1e-5)
@@ -252,7 +284,8 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
             pipe.apply_plan(cands[start_idx])
             cfg = OnlineConfig(trials=args["trials"], steps_per_trial=args["trial_steps"], warmup_steps=1,
                                every_n_steps=args["between"], step_quantile=QUANTILE, search=search,
-                               seed=args["seed"], confirm=args.get("confirm", 0))
+                               seed=args["seed"], confirm=args.get("confirm", 0),
+                               confirm_top=args.get("confirm_top", 3))
             pipe.tune(cfg, cands)
             steps = 0
             while pipe.phase != "done" and steps < 500:
@@ -302,7 +335,7 @@ def run_model(m: dict[str, Any], probe: dict[str, Any], args: dict[str, Any]) ->
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(worker, args=(2, free_port(), {"model": m, "probe": probe, "args": args}, out), nprocs=2,
+        mp.spawn(worker, args=(run, 2, free_port(), {"model": m, "probe": probe, "args": args}, out), nprocs=2,
                  join=True)
         got = json.loads(Path(out).read_text())
     if "error" in got:
@@ -317,12 +350,18 @@ def main() -> None:
     ap.add_argument("--starts", choices=("best", "all"), default="all",
                     help="all: also fidelity_cpu's 5 multi-process plans as starts of its 4 models")
     ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--confirm", type=int, default=2, help="OnlineConfig.confirm: re-measurements of the "
-                    "best's closest rival after the trials (live trials too)")
+    ap.add_argument("--confirm", type=int, default=6, help="OnlineConfig.confirm: trials in the final rounds "
+                    "between the best and its --confirm-top - 1 fastest rivals, which decide on pooled steps (live "
+                    "trials too: 6 + 6 trials of 1 + 3 steps are 4.8%% of 1,000 steps)")
+    ap.add_argument("--confirm-top", type=int, default=3, help="OnlineConfig.confirm_top")
     ap.add_argument("--between", type=int, default=4,
                     help="OnlineConfig.every_n_steps: training steps on the best plan between two trials (its "
                          "estimate kept current under the machine's load; not trials)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
+                    help="folder of online_kinds.json and .md (a subset run: give another folder)")
+    ap.add_argument("--fsdp-probe", choices=("stored", "new", "off"), default="stored",
+                    help="FSDP's host residual (autoplace.online.host_probe_fsdp): the one stored in "
+                         "benchmarks/results/online_kinds_fsdp_probe.json (probed when missing), probed again, or off")
     ap.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
     ap.add_argument("--append", action="store_true", help="keep the models already in <out>/online_kinds.json "
                     "and measure the others")
@@ -331,7 +370,8 @@ def main() -> None:
         report.write(json.loads((a.out / "online_kinds.json").read_text()), a.out)
         return
     torch.set_num_threads(1)
-    args = {"quick": a.quick, "trials": a.trials, "trial_steps": 2 if a.quick else 3, "between": a.between, "confirm": a.confirm, "passes": 1 if a.quick else 2,
+    args = {"quick": a.quick, "trials": a.trials, "trial_steps": 2 if a.quick else 3, "between": a.between, "confirm": a.confirm,
+            "confirm_top": a.confirm_top, "passes": 1 if a.quick else 2,
             "brute_steps": 2 if a.quick else 3, "ab_rounds": 2 if a.quick else 4, "ab_steps": 2 if a.quick else 4,
             "seed": 0, "starts": a.starts, "top": 3}
     done: list[dict[str, Any]] = []
@@ -340,12 +380,17 @@ def main() -> None:
     names = a.models or (["gpt2", "alexnet"] if a.quick else ["gpt2", "resnet18", *OUTSIDE, "gnmt4-unrolled",
                                                                 "inception_v3"])
     probe = json.loads((ROOT / "benchmarks" / "results" / "fidelity_cpu.json").read_text())["models"][0]["probe"]
+    fsdp = fsdp_terms(probe, ROOT / "benchmarks" / "results" / "online_kinds_fsdp_probe.json", a.fsdp_probe)
+    probe = {**probe, "fsdp_s": {k: v for k, v in fsdp.items() if k != "rows" and isinstance(v, float)}}
     res: dict[str, Any] = {"command": "python benchmarks/online_kinds.py" + (" --quick" if a.quick else "")
                            + (f" --starts {a.starts}" if a.starts != "all" else "")
                            + (f" --models {' '.join(a.models)}" if a.models else "")
                            + (f" --trials {a.trials}" if a.trials != 6 else "")
                            + (f" --between {a.between}" if a.between != 4 else "")
-                           + (f" --confirm {a.confirm}" if a.confirm != 2 else ""),
+                           + (f" --confirm {a.confirm}" if a.confirm != 6 else "")
+                           + (f" --confirm-top {a.confirm_top}" if a.confirm_top != 3 else "")
+                           + (f" --fsdp-probe {a.fsdp_probe}" if a.fsdp_probe != "stored" else ""),
+                           "fsdp_probe": fsdp,
                            "args": args, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                      "torch": torch.__version__},
                            "loadavg_start": os.getloadavg(), "models": done}
