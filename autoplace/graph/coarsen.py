@@ -24,6 +24,13 @@ Edge bytes: the bytes of the distinct values the destination op reads from the s
 (a value read by several members of one op crosses once). Reads of ``edgeless`` values
 (trainable parameters that several ops share: the tracer records those as a tied group
 instead) make no edge.
+
+Metadata reads (:func:`metadata_reads`): an op that reads only a value holding no tensor (a
+size, a shape) of another op's tensor gets an edge of 0 bytes, which is what a model-parallel
+rewrite moves (a Python number). A pipeline rewrite cannot send a number between processes: it
+recomputes the value in the reading stage from the tensor it derives from, so that tensor
+crosses every stage boundary between them (and, being an input of the stage, its gradient comes
+back). :func:`metadata_reads` lists those tensors per op pair, for the pipeline simulators.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-__all__ = ["ROLES", "Coarsening", "coarsen"]
+__all__ = ["ROLES", "Coarsening", "coarsen", "metadata_reads"]
 
 ROLES = ("op", "view", "source", "sink")
 
@@ -130,3 +137,44 @@ def coarsen(roles: Sequence[str], inputs: Sequence[Sequence[int]], value_bytes: 
     edges = np.array(keys, dtype=np.int64).reshape(-1, 2)
     ebytes = np.array([pair_bytes[k] for k in keys], dtype=np.float64)
     return Coarsening(tuple(heads), tuple(anchor), tuple(tuple(m) for m in members), edges, ebytes)
+
+
+def metadata_reads(op_of: Sequence[int], inputs: Sequence[Sequence[int]], value_bytes: Sequence[float], *,
+                   static: Collection[int], resident: Collection[int] = ()) -> list[tuple[int, int, float]]:
+    """``(src op, dst op, bytes)``, sorted: tensors of op ``src`` that op ``dst`` reads only
+    through values holding no tensor, beyond what the edge ``src -> dst`` already carries.
+
+    ``static``: the fine nodes whose value holds no tensor (``x.size(0)``, ``x.shape``,
+    arithmetic on them); ``resident``: nodes every stage has of its own (``get_attr``: the
+    parameters and buffers a stage module holds; placeholders that are not tensors). As the
+    pipeline rewrite does it (:mod:`autoplace.rewrite.pipeline`), a node that holds a tensor
+    recomputes every static value it reads, through chains of static values, from the tensors
+    they derive from; each such tensor ``t`` is then read by the reader's op, once per op,
+    unless that op reads ``t`` directly (then the edge counts it already) or makes it.
+    ``op_of`` is :attr:`Coarsening.op_of`, the rest as :func:`coarsen` takes them."""
+    stat = set(int(i) for i in static)
+    res = set(int(i) for i in resident)
+    behind: dict[int, frozenset[int]] = {}
+    for i in sorted(stat):  # fine order: a static node's inputs come before it
+        acc: set[int] = set()
+        for j in inputs[i]:
+            if j in stat:
+                acc |= behind[j]
+            elif j not in res:
+                acc.add(j)
+        behind[i] = frozenset(acc)
+    direct = {(j, op_of[i]) for i, ins in enumerate(inputs) for j in ins}
+    extra: dict[tuple[int, int], float] = {}
+    seen: set[tuple[int, int]] = set()
+    for i, ins in enumerate(inputs):
+        if i in stat:
+            continue
+        dst = op_of[i]
+        for j in ins:
+            for t in sorted(behind.get(j, ())):
+                src = op_of[t]
+                if src == dst or (t, dst) in direct or (t, dst) in seen:
+                    continue
+                seen.add((t, dst))
+                extra[(src, dst)] = extra.get((src, dst), 0.0) + float(value_bytes[t])
+    return [(s, d, b) for (s, d), b in sorted(extra.items()) if b > 0]

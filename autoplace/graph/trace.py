@@ -46,7 +46,7 @@ from torch.fx.graph import _PyTreeCodeGen
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_unflatten
 
 from .capture import ExampleInputs, export_trace, fx_trace, leaf_sets, split_inputs, untraceable
-from .coarsen import coarsen
+from .coarsen import coarsen, metadata_reads
 from .heads import fused_parts, head_counts
 from .ir import OpGraph
 from .propagate import NodeStats, TraceError, propagate
@@ -238,6 +238,10 @@ def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: st
     keys = sorted(pairs)
     edges = np.array(keys, dtype=np.int64).reshape(-1, 2)
     edge_bytes = np.array([pairs[k] for k in keys], dtype=np.float64)
+    # tensors an op reads only through sizes: what a pipeline boundary between them carries
+    static = [i for i, n in enumerate(nodes) if not stats[n.name].has_tensor and n.op not in ("placeholder", "get_attr")]
+    resident = [i for i, n in enumerate(nodes) if n.op == "get_attr" or (n.op == "placeholder" and not stats[n.name].has_tensor)]
+    reads = metadata_reads(c.op_of, inputs, sizes, static=static, resident=resident)
 
     head_nodes = [nodes[h] for h in c.heads]
     graph = OpGraph(
@@ -256,7 +260,8 @@ def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: st
         tied=tuple(tied),
         batch_size=batch_size,
         name=name,
-        meta={"traced_with": method, "fx_nodes": len(nodes)},
+        meta={"traced_with": method, "fx_nodes": len(nodes),
+              **({"metadata_reads": [[a, b, x] for a, b, x in reads]} if reads else {})},
     )
     op_of_fx = {n.name: c.op_of[i] for i, n in enumerate(nodes)}
     return graph, op_of_fx

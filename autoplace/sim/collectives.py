@@ -29,8 +29,10 @@ their bytes (whole tensors), read from the facts the simulator prices:
 - BatchNorm statistics (``cost.batch_norm == "sync"``, the runtime's default), on every stage with
   replicas (DDP or sharded): :func:`~.ddp.bn_sync_collectives` over the replicas of each TP index;
 - point-to-point: per boundary between virtual stages on different ranks and micro-batch, one
-  send of the boundary's bytes (:func:`~.stages.boundary_bytes`, ``1/(M d)`` of them) forward
-  and one back, from each replica's first device to the next rank's (:mod:`.multistage`'s links).
+  send of the boundary's bytes (:func:`~.stages.boundary_bytes` over :func:`~.stages.stage_edges`:
+  a tensor read only for its size crosses too, ``1/(M d)`` of them) forward and one back, from
+  every device of each replica to its counterpart on the next rank, TP ranks included
+  (:func:`~.multistage.boundary_flows`, :mod:`.multistage`'s links).
 
 What is not listed because the simulator does not price it: tied parameters' moves (the
 simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
@@ -38,7 +40,7 @@ the runtime's bookkeeping (a step's liveness gate, the loss
 averaged over replicas) and what runs once (DDP's bucket rebuild in its second step). Duplicated from the simulator
 (not exposed there): the 1/tp parameter share of a pair (or a vocabulary-split table and head) inside one
 stage (:mod:`.multistage`'s ``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
-:func:`~.sharding.sharded_step`, the replica sender of :mod:`.multistage`'s boundary links.
+:func:`~.sharding.sharded_step`.
 """
 
 from __future__ import annotations
@@ -50,11 +52,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 import numpy as np
 
 from ..graph.units import block_units, stage_units
-from ..parallel import StageOptions
+from ..parallel import SELECTIVE_OP, StageOptions, recomputed_units
 from ..pipeline_rules import stage_ranks
 from .ddp import bn_sync_collectives, ddp_sync, graph_bn_channels
 from .fsdp_stage import ShardedStage, recompute_skips
-from .stages import boundary_bytes, stage_groups
+from .multistage import boundary_flows
+from .stages import boundary_bytes, stage_edges, stage_groups
 from .tensor_parallel import (Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share,
                               vocab_inside)
 
@@ -169,11 +172,12 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                 if inside:
                     per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside, value_scale=vs)
             again = _recomputed(graph, st, opts.recompute[at(s)]) & ~recompute_skips(graph, unit)
+            kept = _SAC_KEPT if opts.recompute[at(s)] == SELECTIVE_OP else ()  # saved by op-level checkpointing
             for j in range(d):
                 for dev in tp_group(r, j):
                     for c in per_mb:
                         out.add(dev, c.kind, "tp", tp_group(r, j), m, m * c.nbytes, "tensor_parallel.tp_collectives")
-                        if c.phase == "forward" and c.op >= 0 and again[c.op]:  # the checkpointed forward, again
+                        if c.phase == "forward" and c.op >= 0 and again[c.op] and c.kind not in kept:  # run again
                             out.add(dev, c.kind, "tp", tp_group(r, j), m, m * c.nbytes,
                                     "tensor_parallel.tp_collectives recomputed")
         if d > 1 and not opts.sharded(at(s)):
@@ -197,15 +201,22 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
     return out.done()
 
 
+_SAC_KEPT = ("reduce_scatter",)
+"""Collective kinds whose outputs op-level selective checkpointing saves (``_c10d_functional::
+reduce_scatter_tensor`` is in :data:`~autoplace.graph.memory_facts.SAC_SAVE`), so its recompute
+does not run them again; the all-reduces and all-gathers it runs again."""
+
+
 def _recomputed(graph: "OpGraph", st: np.ndarray, rc: object) -> np.ndarray:
-    """(N,) whether each op is in a unit a stage recomputes (``rc``: the stage's recompute option,
-    True for every unit or the unit names), as :class:`~.fsdp_stage.ShardedStage` reads it."""
+    """(N,) whether each op is in a unit a stage recomputes (``rc``: the stage's recompute option:
+    True for every unit, ``"selective-op"`` every block, op by op, or the unit names), as
+    :class:`~.fsdp_stage.ShardedStage` reads it (:func:`~autoplace.parallel.recomputed_units`)."""
     units = block_units(graph)
     unit = stage_units(units, st)
-    if rc is True:
-        return unit >= 0
-    names = set(rc) if isinstance(rc, (tuple, list, set, frozenset)) else set()
-    return np.array([u >= 0 and units.names[u] in names for u in unit.tolist()], dtype=bool)
+    if rc is False or rc is None or not units.names:
+        return np.zeros(graph.num_nodes, dtype=bool)
+    chosen, _ = recomputed_units(rc, list(units.names))  # type: ignore[arg-type]
+    return (unit >= 0) & chosen[np.maximum(unit, 0)]
 
 
 def _ddp_buckets(p_op: np.ndarray) -> int:
@@ -272,16 +283,13 @@ def _p2p(graph: "OpGraph", st: np.ndarray, k: int, m: int, parts: int, rank_of: 
     """Boundary sends and receives: forward from stage s to s + 1, the gradient back (:mod:`.multistage`)."""
     if k < 2:
         return
-    i64 = np.int64
-    bnd = boundary_bytes(st, graph.succ_ptr.astype(i64), graph.succ_eid.astype(i64),
-                         np.array(graph.edges[:, 1], dtype=i64), np.array(graph.edge_bytes, dtype=np.float64), k)
+    bnd = boundary_bytes(st, *stage_edges(graph), k)
     for s in range(k - 1):
         ra, rc = int(rank_of[s]), int(rank_of[s + 1])
         if bnd[s] <= 0 or ra == rc:
             continue
         each = scale[s] * float(bnd[s]) / parts
-        for j in range(d):
-            a, b = groups[ra][j * t], groups[rc][j * t]
+        for a, b in boundary_flows(groups, ra, rc, t, d):  # every TP rank of every replica
             for src, dst in ((a, b), (b, a)):
                 out.add(src, "send", "pp", (src, dst), m, m * each, "stages.boundary_bytes")
                 out.add(dst, "recv", "pp", (src, dst), m, m * each, "stages.boundary_bytes")

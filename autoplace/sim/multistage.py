@@ -35,7 +35,10 @@ replicas (all ranks the same ``d``; ``stage_devices[r]`` lists ``d x tp`` device
 on ``[j tp, (j + 1) tp)``, so replica ``j`` of every rank forms pipeline ``j``). Each replica
 runs ``B / (M d)`` samples per micro-batch (op times at ``batch_fraction = 1/(M d)``, each
 op on its slowest replica's device); replica ``j`` of rank r sends to replica ``j`` of rank
-r + 1 (transfers of ``bytes / (M d)`` in parallel: the slowest of the d pairs' links). Each stage's gradients are averaged over its
+r + 1, and with TP every TP rank of it to its counterpart (each holds the whole boundary value,
+as the runtime sends it; :func:`boundary_flows`): ``d x tp`` transfers of ``bytes / (M d)`` at
+once, at the slowest of their links, sends between hosts sharing the hosts' network cards
+(:func:`flows_link`); each pair's link is busy for it (``link_busy_s``, ``comm_s``). Each stage's gradients are averaged over its
 rank's replicas once per step, as the runtime does it (:mod:`autoplace.rewrite.stage_replicas`),
 in DDP buckets (:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group,
 the network when the replicas span hosts), and the rank waits for them before its next action
@@ -74,12 +77,13 @@ from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import OrderTimes, actions, bubble_fraction, simulate_order
 from .stage_cost import op_times, stage_costs
-from .stages import boundary_bytes, stage_groups
+from .stages import boundary_bytes, stage_edges, stage_groups
 
 if TYPE_CHECKING:
+    from ..cluster import Cluster
     from .simulator import Simulator
 
-__all__ = ["multistage_step", "stage_times"]
+__all__ = ["multistage_step", "stage_times", "boundary_flows", "flows_link"]
 
 
 def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
@@ -96,12 +100,38 @@ def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, micr
             np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k), np.bincount(st, p_op, minlength=k))
 
 
-def _slowest(lat: np.ndarray, inv_bw: np.ndarray, pairs: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """(largest latency, largest inverse bandwidth) over the device pairs (a pair on one device: free)."""
+def boundary_flows(groups: Sequence[Sequence[int]], ra: int, rc: int, tp: int, replicas: int) -> list[tuple[int, int]]:
+    """The (from, to) device pairs of one boundary transfer from rank ``ra`` to rank ``rc``, as the
+    runtime sends it: replica ``j`` to replica ``j``, and inside it every TP rank to the TP rank of
+    its index (each holds the whole boundary value and runs its own PipelineStage), so
+    ``replicas x tp`` sends of the same bytes at once."""
+    return [(int(groups[ra][j * tp + i]), int(groups[rc][j * tp + i])) for j in range(replicas) for i in range(tp)]
+
+
+def flows_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray,
+               flows: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(largest latency, largest inverse bandwidth) of concurrent sends of equal bytes over the
+    device pairs ``flows`` (a pair on one device: free). Each pair has its own link (the cluster's
+    matrix), except between hosts: the sends leaving one host share its network cards
+    (:attr:`~autoplace.cluster.Device.host_nics`, one where not stated, as
+    :meth:`~autoplace.cluster.Cluster.rails` counts them), and so do those entering one, so a
+    send between hosts runs at its link's rate times ``min(1, cards / sends)`` at either end."""
+    host = [d.host for d in cluster.devices]
+    cards = [max(int(d.host_nics), 1) for d in cluster.devices]
+    out_n: dict[int, int] = {}
+    in_n: dict[int, int] = {}
+    for i, j in flows:
+        if i != j and host[i] != host[j]:
+            out_n[host[i]] = out_n.get(host[i], 0) + 1
+            in_n[host[j]] = in_n.get(host[j], 0) + 1
     lt = inv = 0.0
-    for i, j in pairs:
-        if i != j:
-            lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]))
+    for i, j in flows:
+        if i == j:
+            continue
+        share = 1.0
+        if host[i] != host[j]:
+            share = max(1.0, out_n[host[i]] / cards[i], in_n[host[j]] / cards[j])
+        lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]) * share)
     return lt, inv
 
 
@@ -144,18 +174,18 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     dev_rank = np.array([g[0] for g in groups], dtype=np.int64)
     order = actions(schedule, p, v, m)
     split = SPECS[schedule].split_backward
-    bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, k)
+    bnd = boundary_bytes(st, *stage_edges(sim.graph, sim.cost.value_scale), k)
     cost = stage_costs(sim, st, groups, rank_of, order, m, t_deg, split, bnd, options=options,
                     sequence_parallel=sequence_parallel)
     nb = max(k - 1, 1)
     cf, cb = np.zeros(nb), np.zeros(nb)
     for s in range(k - 1):
         ra, rc = int(rank_of[s]), int(rank_of[s + 1])
-        if bnd[s] > 0 and ra != rc:  # replica j of one rank sends to replica j of the next
+        if bnd[s] > 0 and ra != rc:  # every device of one rank sends to its counterpart of the next
             nbytes = bnd[s] * cost.send[s]
-            lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[ra][j * t_deg], groups[rc][j * t_deg]) for j in range(d)])
+            lt, inv = flows_link(sim.cluster, tables.lat, tables.inv_bw, boundary_flows(groups, ra, rc, t_deg, d))
             cf[s] = lt + nbytes / parts * inv
-            lt, inv = _slowest(tables.lat, tables.inv_bw, [(groups[rc][j * t_deg], groups[ra][j * t_deg]) for j in range(d)])
+            lt, inv = flows_link(sim.cluster, tables.lat, tables.inv_bw, boundary_flows(groups, rc, ra, t_deg, d))
             cb[s] = lt + nbytes / parts * inv
     t: OrderTimes = simulate_order(order, rank_of, cost.f, cost.b, cost.w if split else None, cf=cf, cb=cb, act=cost.act,
                                    microbatches=m, tail=cost.tail if cost.tail.any() else None,
@@ -220,8 +250,9 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     events: list[Event] = []
     for src, dst, s, mb, x0, x1 in t.sends.tolist():
         i, j = int(dev_rank[int(src)]), int(dev_rank[int(dst)])
-        link_busy[i, j] += x1 - x0
-        comm += x1 - x0
+        for a, c in boundary_flows(groups, int(src), int(dst), t_deg, d):  # each pair's link is busy
+            link_busy[a, c] += x1 - x0
+            comm += x1 - x0
         events.append(Event(f"link {i}->{j}", i, "send", int(s), int(mb) if mb >= 0 else -int(mb) - 1, x0, x1))
     for r_from, r_to, x0, x1 in tied_moves:
         i, j = int(dev_rank[r_from]), int(dev_rank[r_to])

@@ -89,7 +89,7 @@ from numba import njit
 from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_op_seconds, ddp_buckets, group_link, ring_link
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, schedule_actions
-from .stages import boundary_bytes, link_events
+from .stages import boundary_bytes, link_events, stage_edges
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -365,9 +365,10 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
     rails = any(d.host_nics for d in sim.cluster.devices)  # else the slowest link of each group, as ddp_buckets finds
     ddp = (float(sim.cost.grad_scale()),
            np.array([ring_link(sim.cluster, t.lat, t.inv_bw, g)[1] for g in groups]) if rails else None)
-    out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid, t.edst,
-                     t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first,
-                     t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
+    crossing = stage_edges(sim.graph, sim.cost.value_scale)  # the graph's edges and its size-only reads
+    out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, *crossing, t.lat, t.inv_bw,
+                     t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first, t.tied_bytes, t.capacity,
+                     m_count, DDP_BUCKET_BYTES, b_op, *ddp)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- host terms (autoplace.cost.host.HostCostModel.message_overhead_s; CPU processes only) -------
@@ -379,9 +380,9 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         reps = np.array([len(g) for g in groups])
         f_rep += np.repeat(extra[0], reps)
         b_rep += np.repeat(extra[1], reps)
-        out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, t.succ_ptr, t.succ_eid,
-                         t.edst, t.ebytes, t.lat, t.inv_bw, t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of,
-                         t.tied_first, t.tied_bytes, t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
+        out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, *crossing, t.lat, t.inv_bw,
+                         t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first, t.tied_bytes,
+                         t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
         (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
          last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- end of host terms ----------------------------------------------------------------------------

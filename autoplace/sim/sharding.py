@@ -65,7 +65,7 @@ from .fsdp_stage import ring_allgather, ring_allreduce, two_stream
 from .stage_cost import action_seconds, sharded_fixed_bytes, sharded_stages
 from .pipeline import flush_order, simulate_flush
 from .result import Evaluation, Event, PipelineOutcome, SimResult
-from .stages import boundary_bytes, link_events
+from .stages import boundary_bytes, stage_edges, link_events
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -106,7 +106,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
         f_act[s], b_act[s] = action_seconds(x, m_count)
 
     # the schedule
-    bnd = boundary_bytes(st, tables.succ_ptr, tables.succ_eid, tables.edst, tables.ebytes, n_st)
+    bnd = boundary_bytes(st, *stage_edges(sim.graph, sim.cost.value_scale), n_st)
     nb = max(n_st - 1, 1)
     cf = np.zeros(nb)
     cb = np.zeros(nb)

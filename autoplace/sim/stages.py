@@ -5,6 +5,12 @@
   produced at or before stage s and read after it is relayed through every stage between (as
   the rewrite does), so it counts on each boundary it crosses, once, with the largest
   ``edge_bytes`` among its readers beyond it.
+- :func:`stage_edges`: the edges :func:`boundary_bytes` reads: the graph's, plus the tensors an
+  op reads only through their sizes (``graph.meta["metadata_reads"]``,
+  :func:`autoplace.graph.coarsen.metadata_reads`): the pipeline rewrite recomputes a size in the
+  stage that reads it, so the tensor crosses (and its gradient comes back), while a
+  model-parallel step moves only the number (the graph's 0-byte edge). Every pipeline path
+  (:mod:`.pipeline`, :mod:`.multistage`, :mod:`.sharding`, :mod:`.collectives`) reads these.
 - :func:`link_events`: the end of a 1F1B/GPipe step's full result, shared by :mod:`.pipeline`
   and :mod:`.sharding`: every boundary transfer of every micro-batch and every tied-parameter
   move, as timeline events, link busy time and communication seconds.
@@ -12,14 +18,21 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import weakref
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from numba import njit
 
 from .result import Event
 
-__all__ = ["stage_groups", "boundary_bytes", "link_events"]
+if TYPE_CHECKING:
+    from ..graph.ir import OpGraph
+
+__all__ = ["stage_groups", "boundary_bytes", "stage_edges", "link_events"]
+
+StageEdges = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_EDGES: "weakref.WeakKeyDictionary[OpGraph, dict[float, StageEdges]]" = weakref.WeakKeyDictionary()
 
 
 def stage_groups(stage_devices: Sequence[int | Sequence[int]]) -> list[list[int]]:
@@ -56,6 +69,36 @@ def boundary_bytes(stage: np.ndarray, succ_ptr: np.ndarray, succ_eid: np.ndarray
             out[s] += tmp[s]
             tmp[s] = 0.0
     return out
+
+
+def stage_edges(graph: "OpGraph", scale: float = 1.0) -> StageEdges:
+    """``(succ_ptr, succ_eid, edst, ebytes)`` of the edges a stage boundary carries (the
+    arguments :func:`boundary_bytes` takes after the stages): each edge of the graph with its
+    ``edge_bytes``, plus the bytes of ``graph.meta["metadata_reads"]`` on the pair they name (an
+    edge of its own where the graph has none), times ``scale`` (the cost model's
+    ``value_scale``). Cached per graph and scale; int64 / float64, contiguous and writeable, as
+    the compiled kernels take them."""
+    per = _EDGES.setdefault(graph, {})
+    got = per.get(float(scale))
+    if got is not None:
+        return got
+    n = graph.num_nodes
+    pairs: dict[tuple[int, int], float] = {(int(a), int(b)): float(x)
+                                           for (a, b), x in zip(graph.edges.tolist(), graph.edge_bytes.tolist())}
+    for a, b, x in graph.meta.get("metadata_reads", ()):
+        if not (0 <= int(a) < int(b) < n) or not float(x) >= 0:
+            raise ValueError(f"graph {graph.name!r}: metadata read {[a, b, x]} is not (src < dst < {n} ops, bytes >= 0); "
+                             "it comes from autoplace.trace: trace the model again")
+        pairs[(int(a), int(b))] = pairs.get((int(a), int(b)), 0.0) + float(x)
+    keys = sorted(pairs)
+    src = np.array([k[0] for k in keys], dtype=np.int64)
+    edst = np.array([k[1] for k in keys], dtype=np.int64)
+    ebytes = np.array([pairs[k] for k in keys], dtype=np.float64) * float(scale)
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(succ_ptr, src + 1, 1)
+    got = (np.cumsum(succ_ptr), np.arange(len(keys), dtype=np.int64), edst, ebytes)  # keys are sorted by source
+    per[float(scale)] = got
+    return got
 
 
 def link_events(groups: Sequence[Sequence[int]], bnd: np.ndarray, microbatches: int, xf_start: np.ndarray,

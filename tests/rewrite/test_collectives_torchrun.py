@@ -46,6 +46,11 @@ MORE = [  # PP2 x TP2 (its FSDP option has one replica to shard over); sequence 
      "reshard_after_forward": True, "microbatches": 4},
     {"id": "i1f1b_fsdp2_reshard", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "interleaved-1f1b", "shard": "fsdp",
      "reshard_after_forward": True, "microbatches": 4},
+    # op-level selective recompute with TP: the checkpointed blocks' forward all-reduces run again,
+    # with sequence parallelism their reduce-scatters do not (saved), their all-gathers do
+    {"id": "pp2_tp2_selective", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "recompute": "selective-op"},
+    {"id": "tp2_sp_selective_ddp2", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe",
+     "sequence_parallel": True, "recompute": "selective-op"},
 ]
 # ZBV (and every schedule that splits the backward) with FSDP stages that reshard after forward lost
 # weight gradients (3 reduce-scatters where 6 were due): the runtime's rules now refuse it
@@ -74,11 +79,6 @@ _FSDP_ACTIONS = ("the simulator's FSDP stage in a pipeline (stage_cost.action_se
                  "forward and every backward action with reshard_after_forward; torch's PipelineStage keeps them "
                  "gathered after the first backward (M + 1 gathers per unit in GPipe and 1F1B, not 2M), and the "
                  "multi-stage schedules' UNSHARD/RESHARD actions give other counts again")
-_SIZE_READ = ("a stage boundary cut inside attention: the next stage reads only the size of the first norm's "
-              "output (x.size(0), an op-graph edge of 0 bytes), and the runtime sends the whole tensor (and its "
-              "gradient back): one micro-batch share of it more per micro-batch than the simulator charges")
-_TP_COPY = ("the simulator charges one boundary transfer per replica (from its first TP device, "
-            "multistage's links); the runtime sends the replicated boundary value from every TP rank")
 _SP_SIZES = ("sequence parallelism: the runtime gathers a region value once per size read (Attention.forward "
              "reads x.size(0) and x.size(1) of the norm's output), the op graph has one edge for both and "
              "tensor_parallel.sp_runtime_collectives counts one gather")
@@ -90,16 +90,10 @@ _SP_STAGES = ("sequence parallelism in a pipeline: the runtime rewrites each sta
               "(1 more all-gather per micro-batch on stage 0)")
 DISAGREE: dict[str, dict[str, str]] = {
     "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
-    "pp2_tp2_sp": {**dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
-                   **dict.fromkeys(("send", "recv"), _TP_COPY)},
-    "i1f1b_recompute_dp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
-    "zbv_fsdp2": dict.fromkeys(("send", "recv"), _SIZE_READ),
-    "pp2_tp2": dict.fromkeys(("send", "recv"), _TP_COPY),
-    "pp2_tp2_dp2": dict.fromkeys(("send", "recv"), _TP_COPY),
-    "pp2_tp2_dp2_i1f1b": dict.fromkeys(("send", "recv"), _TP_COPY + "; and " + _SIZE_READ),
+    "tp2_sp_selective_ddp2": {"all_gather": _SP_SIZES + " (and its recompute runs that extra gather again)"},
+    "pp2_tp2_sp": dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
     "pp2_fsdp2_1f1b_reshard": dict.fromkeys(("all_gather",), _FSDP_ACTIONS),
-    "i1f1b_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS, "send": _SIZE_READ, "recv": _SIZE_READ},
-    "zbv_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS, "send": _SIZE_READ, "recv": _SIZE_READ},
+    "i1f1b_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS},
 }
 """case -> kind -> why the simulator's model and the runtime differ on it (findings); asserted to
 differ on some rank, so a fix on either side shows up here."""
