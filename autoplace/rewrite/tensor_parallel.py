@@ -35,8 +35,12 @@ over the same vocabulary (:func:`vocab_modules`, the rule of :func:`autoplace.tp
 so the simulator charges what runs), the embedding is ``RowwiseParallel`` (a vocabulary shard per
 rank, its output all-reduced) and the head ``ColwiseParallel`` whose logits stay split by vocabulary
 (a DTensor placed ``Shard(-1)``); a tied weight (GPT-2's) is one ``Shard(0)`` DTensor for both.
-Not with sequence parallelism, and not when a pipeline boundary separates the two (a tied weight
-across stages is summed by the runner on its plain parameter): both stay whole then.
+Not when a pipeline boundary separates the two (a tied weight across stages is summed by the runner
+on its plain parameter): both stay whole then. With sequence parallelism the embedding comes before
+any row (its output whole, as the first block's input) and the head reads the last norm's output,
+which the sequence-parallel rewrite gathers whole: both split as without it (torchtitan instead
+reduce-scatters the embedding's output to a sequence shard and all-gathers the head's input in
+``ColwiseParallel``).
 
 Loss parallelism (torchtitan's default with TP, ``parallelism.disable_loss_parallel = false``): the
 user's ``loss_fn`` gets those sharded logits and runs under torch's
@@ -277,6 +281,7 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             else RowwiseParallel()
     if isinstance(module, torch.fx.GraphModule):
         localize_heads(module, layout, t)
+    vocab = vocab_modules(module, t)  # before sequence parallelism's rewrite adds its gathers
     if sequence_parallel:
         if not isinstance(module, torch.fx.GraphModule):
             raise TensorParallelError(f"sequence parallelism rewrites the module's graph; {type(module).__name__} is "
@@ -289,7 +294,6 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             elif path in cols:
                 plan[path] = (FusedColwiseParallel(fused[path], input_layouts=Shard(1)) if path in fused
                               else ColwiseParallel(input_layouts=Shard(1)))
-    vocab = vocab_modules(module, t) if not sequence_parallel else []
     for emb, head in vocab:  # torchtitan's tok_embeddings / output styles, with loss parallelism
         plan[emb] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         plan[head] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
@@ -342,8 +346,8 @@ def vocab_parallel_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., t
                 f"loss_fn raised on the LM head's logits, which tensor parallelism leaves split by vocabulary over "
                 f"the TP group (a DTensor placed Shard(-1); loss parallelism, torchtitan's default): {first}. "
                 "torch's loss_parallel() computes F.cross_entropy (and nll_loss of log_softmax) on them, after "
-                "reshapes, slices and .float(): write the loss that way, or plan with tp=1 or sequence_parallel=True, "
-                "which keep the vocabulary whole") from e
+                "reshapes, slices and .float(): write the loss that way, or plan with tp=1, or put the "
+                "LM head in another pipeline stage than the token embedding: both keep the vocabulary whole") from e
         if isinstance(got, DTensor):
             return got.to_local() if all(p.is_replicate() for p in got.placements) else got.full_tensor()
         return got

@@ -139,9 +139,10 @@ def _blocks_inside(mask: np.ndarray, pairs: Sequence[LinearPair]) -> dict[int, l
 
 def vocab_inside(graph: "OpGraph", mask: np.ndarray, t: int, *, sequence_parallel: bool = False) -> list[VocabPair]:
     """The embedding/head pairs (:func:`~autoplace.tp_rules.vocab_pairs`) TP splits by vocabulary
-    in the ops ``mask``: both in it, ``t`` dividing the vocabulary, without sequence parallelism
-    (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel`, does the same)."""
-    if t <= 1 or sequence_parallel:
+    in the ops ``mask``: both in it, ``t`` dividing the vocabulary, with or without sequence
+    parallelism (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel`, does
+    the same: the embedding's output whole, the head's input gathered by the rewrite)."""
+    if t <= 1:
         return []
     return [v for v in vocab_pairs(graph, np.nonzero(mask)[0]) if v.vocab % t == 0]
 

@@ -24,7 +24,8 @@ CHILD = Path(__file__).with_name("vocab_child.py")
 
 @pytest.mark.slow
 def test_tp2_vocab_parallel_embedding_and_head_equal_the_unsplit_model(tmp_path: Path) -> None:
-    cases = [{"id": "gpt2", "model": "gpt2"}, {"id": "llama", "model": "llama"}]
+    cases = [{"id": "gpt2", "model": "gpt2"}, {"id": "llama", "model": "llama"},
+             {"id": "gpt2-sp", "model": "gpt2", "sp": True}, {"id": "llama-sp", "model": "llama", "sp": True}]
     pw.launch_cases(CHILD, tmp_path, 2, cases, 300)
     import vocab_child as vc
 
@@ -33,20 +34,25 @@ def test_tp2_vocab_parallel_embedding_and_head_equal_the_unsplit_model(tmp_path:
         model = vc._model(case["model"])
         graph = autoplace.trace(model, (vc._batch(0)[0],))
         split = vocab_pairs(graph)
-        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2))
+        sp = bool(case.get("sp"))
+        charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2,
+                                                                        sequence_parallel=sp))
         for r in ranks:
             # the rewrite splits what the simulator's rule finds
             assert r["vocab"] == [(v.embedding_path, v.head_path) for v in split] and len(split) == 1
             assert r["tied"] == [case["model"] == "gpt2"]  # a tied table stays one (sharded) parameter
             assert f"{split[0].embedding_path}.weight" in r["sharded"]
+            # DTensor's and the loss's collectives (with SP the rewrite's own, allgather_ and allreduce_, are
+            # sp_runtime_collectives', test_rewrite_sequence_parallel's check)
             ran = {k.replace("_into_tensor", "").replace("reduce_scatter_tensor", "reduce_scatter"): v
-                   for k, v in r["comms"].items()}
+                   for k, v in r["comms"].items() if not k.endswith("_")}
             assert ran == dict(charged)
             assert r["loss_err"] <= 1e-5 and r["param_err"] <= 1e-5, (case, r)
             assert r["heads"] == [split[0].head_path]  # the logits left split: the runners step in loss_parallel
             assert "loss_fn raised on the LM head's logits" in r["refused"] and "tp=1" in r["refused"], r["refused"]
         # the split adds the embedding's all-reduce, the loss's three and the head's input gradient's; the
         # logits are never gathered
-        assert LOSS_ALL_REDUCES == 3 and "forward all_gather" not in charged
-        without = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(split[0].head), 1, tp=2))
-        assert charged["forward all_reduce"] - without["forward all_reduce"] == 1 + LOSS_ALL_REDUCES
+        without = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(split[0].head), 1, tp=2,
+                                                                        sequence_parallel=sp))
+        assert LOSS_ALL_REDUCES == 3 and charged["forward all_reduce"] - without["forward all_reduce"] == 1 + 3
+        assert charged["forward all_gather"] == without["forward all_gather"]  # (SP's column gathers only)

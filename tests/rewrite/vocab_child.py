@@ -2,7 +2,8 @@
 
 Each case: a zoo model (GPT-2 with its tied LM head, or Llama with an untied one) traced with
 torch.fx and sharded over both ranks by ``apply_tensor_parallel`` (the blocks from the op graph;
-the embedding and head split by vocabulary by the rewrite itself); 4 SGD steps beside the unsplit
+the embedding and head split by vocabulary by the rewrite itself; with the case's ``sp``, sequence
+parallelism too); 4 SGD steps beside the unsplit
 model on the same batches; saves the losses, the largest loss and (gathered) parameter
 differences, the vocabulary split it made, whether a tied weight is still one parameter, the heads
 left split for loss parallelism, the error a loss that cannot run on split logits raised, and the
@@ -55,7 +56,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     layout = tp_layout(linear_pairs(autoplace.trace(model, (x0,))))
     gm = torch.fx.symbolic_trace(model)
     vocab = vocab_modules(gm, world)
-    apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)))
+    apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)), sequence_parallel=bool(case.get("sp")))
     tied = [getattr(gm.get_submodule(e), "weight") is getattr(gm.get_submodule(h), "weight") for e, h in vocab]
     opt, ref_opt = torch.optim.SGD(gm.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     losses, ref_losses, comms = [], [], {}

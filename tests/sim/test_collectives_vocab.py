@@ -36,13 +36,23 @@ def test_a_stage_with_the_embedding_and_the_head_lists_the_vocabulary_collective
     assert dp.nbytes < 0.75 * float(np.sum(g.param_bytes))
 
 
-@pytest.mark.parametrize("vocab, sp", [(255, False), (256, True)])
-def test_no_vocabulary_collectives_where_the_runtime_keeps_the_table_whole(vocab: int, sp: bool) -> None:
-    # tp=2 does not divide 255; sequence parallelism leaves the table whole (rewrite.tensor_parallel)
-    g, c = _gpt2(vocab), Cluster.from_devices(["cpu"] * 2)
-    p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1]], microbatches=1, tp=2,
-                           sequence_parallel=sp)
-    counts = collective_counts(step_collectives(g, c, p)[0])
-    assert ("all_gather", (0, 1)) not in counts or sp  # SP gathers its regions, not the logits
-    if not sp:
-        assert counts == {("all_reduce", (0, 1)): 4 + 4}
+def test_no_vocabulary_collectives_where_the_runtime_keeps_the_table_whole() -> None:
+    # tp=2 does not divide 255 (rewrite.tensor_parallel.vocab_modules leaves the table whole)
+    g, c = _gpt2(255), Cluster.from_devices(["cpu"] * 2)
+    p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1]], microbatches=1, tp=2)
+    assert collective_counts(step_collectives(g, c, p)[0]) == {("all_reduce", (0, 1)): 4 + 4}
+
+
+def test_the_split_under_sequence_parallelism_adds_the_same_all_reduces() -> None:
+    # with SP the table and head split as without it (the embedding before any row, the head after the
+    # rewrite's gather): the embedding's, the loss's three and the head's input gradient's all-reduces
+    c = Cluster.from_devices(["cpu"] * 2)
+    got = {}
+    for vocab in (255, 256):
+        g = _gpt2(vocab)
+        p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1]], microbatches=1, tp=2,
+                               sequence_parallel=True)
+        got[vocab] = collective_counts(step_collectives(g, c, p)[0])
+    assert got[256][("all_reduce", (0, 1))] - got[255][("all_reduce", (0, 1))] == 1 + 3 + 1
+    assert {k: v for k, v in got[256].items() if k[0] != "all_reduce"} == \
+        {k: v for k, v in got[255].items() if k[0] != "all_reduce"}

@@ -1,0 +1,31 @@
+"""Loss parallelism in the simulator's memory: with the vocabulary split (one stage holding GPT-2's
+tied table and head, tp=2), each device keeps half of the logits and half of the loss's fp32 terms
+(cross-entropy's log-softmax, the gradients of the log-probabilities and of the logits:
+LOSS_SAVED + LOSS_EXTRA_GRAD + 1 = 3 x the logits in an FSDP stage; the logits alone in the plain
+stage), so its peak is that much below the same model whose vocabulary t does not divide (4095:
+table, logits and loss whole). Without the division the gap is the table's share only (~1.5 MiB
+here against 24 MiB)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autoplace
+from autoplace import Cluster, Placement
+from autoplace.cost.memory import LOSS_EXTRA_GRAD, LOSS_SAVED
+
+
+def _peak_and_logits(vocab: int, options: dict) -> tuple[float, float]:
+    wl = autoplace.zoo.build("gpt2", small=True, seed=0, vocab_size=vocab, seq_len=64, batch_size=16, device="meta")
+    g = autoplace.trace(wl.model, wl.example_inputs)
+    c = Cluster.from_devices(["cpu"] * 2)
+    p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1]], microbatches=1, tp=2, **options)
+    return float(autoplace.simulate(g, p, c).peak_memory_bytes.max()), float(g.out_bytes[g.module_paths.index("lm_head")])
+
+
+@pytest.mark.parametrize("options, terms", [({}, 1.0), ({"shard": "fsdp"}, LOSS_SAVED + LOSS_EXTRA_GRAD + 1.0)])
+def test_a_tp_device_keeps_its_share_of_the_logits_and_the_loss_terms(options: dict, terms: float) -> None:
+    split, logits = _peak_and_logits(4096, options)
+    whole, _ = _peak_and_logits(4095, options)  # tp=2 does not divide 4095: no split
+    assert whole - split >= terms * logits / 2
