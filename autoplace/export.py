@@ -239,6 +239,8 @@ def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
     }
     if plan.tp > 1:  # torchtitan's default is True
         par["enable_sequence_parallel"] = bool(plan.sequence_parallel)
+    # loss parallelism has no switch in torchtitan 0.3.0 (on with TP, its vocab-sharded cross-entropy), as
+    # autoplace runs it where its TP splits the vocabulary (rewrite.tensor_parallel): nothing to write
     ra = _one(opts.reshard_after_forward, "reshard-after-forward settings")
     par["fsdp_reshard_after_forward"] = "default" if ra == default_reshard(ranks) else ("always" if ra else "never")
     batch = int(_need(facts, "batch_size", "its batch size"))
