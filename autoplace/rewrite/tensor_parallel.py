@@ -301,7 +301,7 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
     out = parallelize_module(module, mesh, plan)
     for emb, head in tied:  # both shard the V x h table by rows (Shard(0)): one parameter again
         module.get_submodule(head).weight = module.get_submodule(emb).weight
-    if vocab:
+    if vocab and isinstance(module, torch.fx.GraphModule):
         module.meta[_LOSS_PARALLEL] = [head for _, head in vocab]
     return out
 

@@ -112,17 +112,17 @@ def test_tensor_parallel_all_reduces_per_block_and_microbatch() -> None:
     # micro-batch one forward all-reduce per row (wo, w2) and one backward per column (wq, wk, wv,
     # w1, w3): 2 x 2 x 7 = 28 over the TP group; and the vocabulary split (the one stage holds
     # tok_embeddings and the bias-free output head): per micro-batch the embedding's and the head's
-    # input-gradient all-reduce (2 x 2 = 4) and the logits' all-gather (2); with two replicas of that
+    # input-gradient all-reduce (2 x 2 = 4) and the loss's three (loss parallelism, 2 x 3); with two replicas of that
     # group each replica's TP group runs them, and a DDP bucket per step goes across the replicas
     # of each TP index
     wl = autoplace.zoo.build("llama", small=True, seed=0, vocab_size=32, seq_len=8, n_heads=4, n_kv_heads=2, dim=32)
     g = autoplace.trace(wl.model, wl.example_inputs)
     c = Cluster.from_devices(["cpu"] * 4)
     p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1]], microbatches=2, tp=2)
-    assert _counts(step_collectives(g, c, p), 1) == {("all_reduce", (0, 1)): 28 + 4, ("all_gather", (0, 1)): 2}
+    assert _counts(step_collectives(g, c, p), 1) == {("all_reduce", (0, 1)): 28 + 4 + 6}
     p = Placement.pipeline(g, c, np.zeros(g.num_nodes, dtype=int), [[0, 1, 2, 3]], microbatches=2, tp=2)
     lists = step_collectives(g, c, p)
-    assert _counts(lists, 2) == {("all_reduce", (2, 3)): 28 + 4, ("all_gather", (2, 3)): 2, ("all_reduce", (0, 2)): 1}
+    assert _counts(lists, 2) == {("all_reduce", (2, 3)): 28 + 4 + 6, ("all_reduce", (0, 2)): 1}
     assert {e.dim for e in lists[2]} == {"tp", "dp"}
     _members_agree(lists)
 

@@ -99,13 +99,16 @@ def test_a_bf16_tp_all_reduce_moves_half_the_bytes_of_an_fp32_one() -> None:
     rows = sorted({p.row for p in linear_pairs(G)})
     m = 2
     ar32 = sum(float(G.out_bytes[r]) / m for r in rows)  # t = 2: 2 (t-1)/t = 1
-    # and the vocabulary split's: the embedding's all-reduce, the logits' all-gather ((t-1)/t = 1/2)
-    ar32 += sum(float(G.out_bytes[v.embedding]) / m + 0.5 * float(G.out_bytes[v.head]) / m for v in vocab_pairs(G))
+    # and the vocabulary split's: the embedding's all-reduce and the loss's three of one fp32 per token (loss
+    # parallelism; fp32 in bf16 too: the logits leave the stage in fp32)
+    loss = sum(3 * float(G.out_bytes[v.head]) / v.vocab / m for v in vocab_pairs(G))
+    ar32 += sum(float(G.out_bytes[v.embedding]) / m for v in vocab_pairs(G)) + loss
     slow, fast = _cluster(bandwidth=1e9), _cluster(bandwidth=2e9)
     d32 = _f_b(slow, shard="fsdp")[0] - _f_b(fast, shard="fsdp")[0]
     d16 = _f_b(slow, shard="fsdp", precision="bf16")[0] - _f_b(fast, shard="fsdp", precision="bf16")[0]
     assert d32 == pytest.approx(ar32 / 1e9 - ar32 / 2e9, rel=1e-9)
-    assert d16 == pytest.approx(d32 / 2, rel=1e-9)
+    d_loss = loss / 1e9 - loss / 2e9
+    assert d16 == pytest.approx((d32 - d_loss) / 2 + d_loss, rel=1e-9)
     # the default options (DDP, fp32) take the same TP term: the rows' all-reduces in the forward
     assert _f_b(slow)[0] - _f_b(fast)[0] == pytest.approx(d32, rel=1e-9)
 
