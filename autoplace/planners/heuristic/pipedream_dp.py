@@ -43,7 +43,9 @@ How this code applies it, and where it departs:
 - **Memory**: one replica holds its stage's parameters, gradients and optimizer state and
   ``share / r`` of its activations and received tensors at the full batch, ``share = 1`` first
   (every micro-batch live: safe for GPipe and 1F1B), then 1/2, 1/4, 1/8 when nothing fits (1F1B
-  with enough micro-batches).
+  with enough micro-batches). When none of the DP's plans fits in the simulator (its estimate
+  is short of the simulator's), the DP runs again on less memory (the closest plan's excess, at
+  least 2% less, up to ``MEMORY_ROUNDS`` times).
 - **Synchronous schedules**: PipeDream's objective is the steady-state throughput of its
   asynchronous pipeline. autoplace trains with flushes (GPipe or 1F1B), where a pipeline of S
   stages also pays a bubble, and the DP's objective misjudges plans (it ignores the bubble and
@@ -81,6 +83,7 @@ from autoplace.pipeline_rules import SCHEDULES
 from autoplace.placement import Placement
 from ..registry import FunctionPlanner, register
 from .by_hand import device_orders
+from .chain import Chain, compress, live_tensors
 from ..memory import MemoryEstimate, no_fit
 from ..judge import Choice, Judge
 from .stage_options import improve, placement_of, starts
@@ -89,73 +92,10 @@ if TYPE_CHECKING:
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
 
-__all__ = ["Chain", "compress", "solve", "place_pipedream_dp", "StagePlan", "microbatch_grid"]
+__all__ = ["Chain", "compress", "live_tensors", "solve", "place_pipedream_dp", "StagePlan", "microbatch_grid"]
 
 # The synchronous schedules this planner chooses between (flushes, replicated stages allowed) are
 # autoplace.pipeline_rules.SCHEDULES, the one-stage-per-rank rows of the schedule table.
-
-
-@dataclass(frozen=True)
-class Chain:
-    """The graph as a chain of blocks: block b is ops ``bounds[b]:bounds[b+1]`` (topological order)."""
-
-    bounds: np.ndarray
-    """(B+1,) op positions of the block boundaries, 0 first and N last."""
-    cut_bytes: np.ndarray
-    """(B+1,) bytes of the live tensors crossing each boundary (0 at both ends)."""
-    width: int
-    """most live tensors crossing a kept boundary (the compression width)."""
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.bounds.shape[0] - 1)
-
-
-def live_tensors(graph: "OpGraph") -> tuple[np.ndarray, np.ndarray]:
-    """(N+1,) live tensor count and bytes crossing each position p (between ops p-1 and p)."""
-    n = graph.num_nodes
-    count = np.zeros(n + 2)
-    nbytes = np.zeros(n + 2)
-    if graph.num_edges:
-        src, dst = graph.edges[:, 0], graph.edges[:, 1]
-        last = np.full(n, -1, dtype=np.int64)
-        np.maximum.at(last, src, dst)
-        big = np.zeros(n)
-        np.maximum.at(big, src, graph.edge_bytes)
-        has = last >= 0
-        s, e = np.nonzero(has)[0], last[has]
-        np.add.at(count, s + 1, 1.0)
-        np.add.at(count, e + 1, -1.0)
-        np.add.at(nbytes, s + 1, big[has])
-        np.add.at(nbytes, e + 1, -big[has])
-    return np.cumsum(count)[: n + 1].round().astype(np.int64), np.maximum(np.cumsum(nbytes)[: n + 1], 0.0)
-
-
-def compress(graph: "OpGraph", work: np.ndarray, *, min_candidates: int, max_blocks: int) -> Chain:
-    """Branch compression: keep the narrowest cuts of the topological order (see module docs)."""
-    n = graph.num_nodes
-    count, nbytes = live_tensors(graph)
-    inner = np.arange(1, n)
-    if inner.size == 0:
-        return Chain(np.array([0, n]), np.zeros(2), 0)
-    widths = np.sort(np.unique(count[inner]))
-    width = int(widths[-1])
-    for c in widths.tolist():
-        if int((count[inner] <= c).sum()) >= min(min_candidates, inner.size):
-            width = int(c)
-            break
-    cand = inner[count[inner] <= width]
-    if cand.size > max_blocks - 1:
-        cum = np.concatenate([[0.0], np.cumsum(work)])
-        targets = cum[-1] * np.arange(1, max_blocks) / max_blocks
-        pos = np.searchsorted(cum[cand], targets).clip(0, cand.size - 1)
-        alt = (pos - 1).clip(0, cand.size - 1)
-        nearer = np.abs(cum[cand[alt]] - targets) < np.abs(cum[cand[pos]] - targets)
-        cand = np.unique(np.where(nearer, cand[alt], cand[pos]))
-    bounds = np.concatenate([[0], cand, [n]]).astype(np.int64)
-    cut = nbytes[bounds].copy()
-    cut[0] = cut[-1] = 0.0
-    return Chain(bounds, cut, width)
 
 
 @dataclass(frozen=True)
@@ -202,10 +142,14 @@ class _Groups:
             self.in_lat[g0] = max(lat[g0 - 1, g0], lat[g0, g0 - 1])
 
 
+MEMORY_ROUNDS = 8
+"""DP rounds at less memory when none of the DP's plans fits in the simulator (see place_pipedream_dp)."""
+
+
 def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, static: np.ndarray,
           act: np.ndarray, cluster: Cluster, order: list[int], *, act_share: float = 1.0,
           overlap_allreduce: bool = False, max_replicas: int | None = None, duplex: bool = True,
-          alternatives: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          alternatives: np.ndarray | None = None, memory_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PipeDream's DP over the chain and the ordered devices.
 
     ``work_by_r[r]``: (N, D) per-step seconds of each op for one of r replicas (cluster columns);
@@ -217,6 +161,8 @@ def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, st
     ``max_replicas``: most replicas of a stage (the batch size: every replica needs a sample).
     ``duplex``: a cut costs ``C_k`` (activations and gradients go opposite ways on a full-duplex
     link, the simulator's model) rather than PipeDream's ``2 C_k``.
+    ``memory_scale``: the share of each device's memory the DP may fill (below 1 where the
+    simulator found the DP's memory estimate short).
     ``alternatives``: a (D+1,) int array filled with, for the whole chain on all D devices and
     each replica count r of the last stage, the first block k of the best such last stage (-1
     where none fits): the DP's runners-up, one per replica count.
@@ -238,7 +184,7 @@ def solve(chain: Chain, work_by_r: dict[int, np.ndarray], params: np.ndarray, st
     alt = alternatives if alternatives is not None else np.full(d + 1, -1, dtype=np.int64)
     cap = d if max_replicas is None else max(1, min(d, int(max_replicas)))
     return _dp(wc, cum(params), cum(static), cum(act), chain.cut_bytes.astype(np.float64), g.bw_min, g.lat_max,
-               g.mem_min, g.in_bw, g.in_lat, float(act_share), bool(overlap_allreduce), homogeneous, cap,
+               g.mem_min * float(memory_scale), g.in_bw, g.in_lat, float(act_share), bool(overlap_allreduce), homogeneous, cap,
                1.0 if duplex else 2.0, alt)
 
 
@@ -408,7 +354,11 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         return min((c.step_time_s for c in choices if not c.oom), default=np.inf)
 
     plans: dict[StagePlan, None] = {}
-    for share in (1.0, 0.5, 0.25, 0.125):  # activations kept per replica, as a share of the full batch
+    capacity = judge.sim.capacity
+
+    def dp_round(share: float, scale: float) -> None:
+        """The DP's plans at activation ``share`` and memory ``scale`` (every device order, both
+        all-reduce rules and cut prices), the new ones simulated."""
         new: dict[StagePlan, None] = {}
         for order in device_orders(judge):
             for overlap in (False, True):
@@ -416,7 +366,7 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
                     alt = np.full(d + 1, -1, dtype=np.int64)
                     A, bk, br = solve(chain, work_by_r, graph.param_bytes, mem.static, mem.act, cluster, order,
                                       act_share=share, overlap_allreduce=overlap, max_replicas=max_r,
-                                      duplex=duplex, alternatives=alt)
+                                      duplex=duplex, alternatives=alt, memory_scale=scale)
                     for m in range(1, d + 1):
                         if not np.isfinite(A[nb, m]):
                             continue
@@ -436,8 +386,22 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         scored = sorted((fastest(evaluate(p, options(p), ("1f1b",))), k) for k, p in enumerate(fresh))
         for _, k in scored[:3]:
             evaluate(fresh[k], options(fresh[k]), ("gpipe",))
-        if judge.best() is not None:
+
+    # Activations kept per replica, as a share of the full batch: every micro-batch live first,
+    # then less (1F1B with enough micro-batches). Where none of the DP's plans fits in the
+    # simulator, the DP's memory estimate fell short of the simulator's: the DP runs again on the
+    # memory left after the closest plan's excess, at most MEMORY_ROUNDS times (without this, a
+    # wide Llama on 4 A100s found a plan at 230 MiB per device and none at 238.8 or 245 MiB).
+    scale = 1.0
+    for _ in range(MEMORY_ROUNDS):
+        for share in (1.0, 0.5, 0.25, 0.125):
+            dp_round(share, scale)
+            if judge.best() is not None:
+                break
+        over = min((float(np.max(c.peak_memory_bytes / capacity)) for c in judge.tried if c.oom), default=np.inf)
+        if judge.best() is not None or not np.isfinite(over) or over <= 1.0:
             break
+        scale *= min(0.99 / over, 0.98)  # at least 2% less: the DP's plans change in steps
 
     def research(plan: StagePlan) -> Choice | None:
         """The plan's fastest fitting (micro-batches, schedule) over the whole grid."""
