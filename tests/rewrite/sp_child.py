@@ -30,7 +30,8 @@ from autoplace import Cluster  # noqa: E402
 from autoplace.graph.trace import trace_module  # noqa: E402
 from autoplace.placement import Placement  # noqa: E402
 from autoplace.planners.heuristic.sequence_parallel import sp_choice  # noqa: E402
-from autoplace.rewrite.tensor_parallel import apply_tensor_parallel, tp_layout  # noqa: E402
+from autoplace.rewrite.tensor_parallel import (apply_tensor_parallel, loss_parallel_context,  # noqa: E402
+                                               loss_parallel_heads, tp_layout, vocab_parallel_loss)
 from autoplace.sim import simulator_for  # noqa: E402
 from autoplace.tp_rules import linear_pairs  # noqa: E402
 
@@ -75,10 +76,13 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
         apply_tensor_parallel(gm, tp_layout(pairs), init_device_mesh("cpu", (plan.tp,)),
                               sequence_parallel=plan.sequence_parallel)
         modules: list[torch.nn.Module] = [gm]
+        heads = bool(loss_parallel_heads(gm))  # logits split by vocabulary: the loss as the runners run it
+        loss_fn = vocab_parallel_loss(tm.loss)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-            loss = tm.loss(gm(x), y)
-            loss.backward()
+            with loss_parallel_context(heads):
+                loss = loss_fn(gm(x), y)
+                loss.backward()
             return loss
     else:
         assert plan.stage_of_node is not None
@@ -103,8 +107,8 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
         if k == 0 and via == "apply":  # the collectives of the first step; forward counted alone in a second pass
             with CommDebugMode() as count:
                 loss = step(x, y)
-            with CommDebugMode() as fwd:
-                tm.loss(gm(x), y)
+            with CommDebugMode() as fwd, loss_parallel_context(heads):
+                loss_fn(gm(x), y)
             f = _counts(fwd)
             comms = {f"forward {a}": b for a, b in f.items()}
             comms |= {f"backward {a}": b - f.get(a, 0) for a, b in _counts(count).items() if b - f.get(a, 0)}
