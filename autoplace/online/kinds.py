@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..sim import Evaluation, Simulator
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
-           "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options"]
+           "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s"]
 
 
 class KindPlan(NamedTuple):
@@ -85,15 +85,44 @@ def kind_key(cand: Any) -> bytes:
 
 
 def kind_evaluate(sim: "Simulator", cand: Any) -> "Evaluation":
-    """The simulator's evaluation of a candidate, its stage options included; a sharded stage's
-    step also pays the host's measured FSDP residual where the cost model carries one
-    (``fsdp_s``: :func:`autoplace.online.host_probe_fsdp.fsdp_step_overhead_s`)."""
+    """The simulator's evaluation of a candidate, its stage options included; on a host cost model,
+    plus the measured wall terms the simulator does not charge: a sharded stage's FSDP residual
+    (``fsdp_s``: :func:`autoplace.online.host_probe_fsdp.fsdp_step_overhead_s`) and a replicated
+    stage's BatchNorm sync calls (:func:`bn_sync_wall_s`)."""
+    extra = bn_sync_wall_s(sim, cand)
     if isinstance(cand, KindPlan) and cand.options is not None:
         ev = sim.evaluate_pipeline(cand.stage_of_node, cand.stage_devices, int(cand.microbatches),
                                    schedule=str(cand.schedule), options=cand.options)
-        extra = fsdp_step_overhead_s(getattr(sim.cost, "fsdp_s", {}), sim.graph, cand)
-        return ev._replace(step_time_s=ev.step_time_s + extra) if extra else ev
-    return evaluate_candidate(sim, PipelinePlan(*cand[:4]) if isinstance(cand, KindPlan) else cand)
+        extra += fsdp_step_overhead_s(getattr(sim.cost, "fsdp_s", {}), sim.graph, cand)
+    else:
+        ev = evaluate_candidate(sim, PipelinePlan(*cand[:4]) if isinstance(cand, KindPlan) else cand)
+    return ev._replace(step_time_s=ev.step_time_s + extra) if extra else ev
+
+
+def bn_sync_wall_s(sim: "Simulator", cand: Any) -> float:
+    """Wall seconds the BatchNorm statistics' all-reduces of a replicated stage (DDP or FSDP, the
+    runtime's ``batch_norm="sync"``: :func:`autoplace.sim.ddp.bn_sync_collectives` counts them, 80 a
+    step on ResNet-18) add beyond the link the simulator prices them on: each one gloo call, costing
+    what the host probe's ``busy_allreduce_s`` measured one all-reduce call adds to a step while
+    both ranks compute (the cost model's; 0 on a cost model without it). The slowest stage's.
+    Without it the runtime's DDP on ResNet-18 was predicted 34 ms and measured 136 ms on 2 CPU
+    processes (benchmarks/results/online_kinds.md at 2362 s)."""
+    per_call = float(getattr(sim.cost, "busy_allreduce_s", 0.0))
+    if not per_call or getattr(sim.cost, "batch_norm", "sync") != "sync" or not isinstance(cand, tuple) \
+            or len(cand) < 4 or not isinstance(cand[1], tuple):
+        return 0.0
+    from ..sim.ddp import bn_sync_collectives, graph_bn_channels
+
+    st, sd, m = np.asarray(cand[0]), cand[1], int(cand[2])
+    ch = graph_bn_channels(sim.graph)
+    if not ch.any():
+        return 0.0
+    worst = 0.0
+    for s, devs in enumerate(sd):
+        if len(devs) > 1:  # (a recomputed layer's second forward syncs again: not counted here)
+            calls, _ = bn_sync_collectives(np.where(st == s, ch, 0.0), m)
+            worst = max(worst, per_call * calls)
+    return worst
 
 
 def kind_placement(graph: "OpGraph", cluster: "Cluster", cand: Any, *, planner: str = "online") -> Placement:
