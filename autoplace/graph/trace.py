@@ -20,6 +20,9 @@ trainable parameter the ops that share it form a ``tied`` group (their gradients
 planner should keep them together; reads of it make no edges). A shared buffer or constant
 is read-only data instead: each later holder gets an edge from the first one carrying its
 bytes (the copy it needs), so the graph never ties, say, every layer that reads one mask.
+An op that reads another's tensor only through its size gets an edge of the size's bytes (a
+number: what a model-parallel step moves); the tensor itself, which a pipeline boundary between
+them carries, is in ``meta["metadata_reads"]`` (:func:`~autoplace.graph.coarsen.metadata_reads`).
 
 :func:`trace_module` returns a :class:`Traced`: the fx ``GraphModule`` that runs the model,
 the op graph, and ``op_of_fx``, which op every fx node was folded into. That is what the
