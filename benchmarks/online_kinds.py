@@ -306,6 +306,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
                 row["calibrated_s"] = [s.predict(kind_of(c)) for c in cands]
                 row["uncalibrated_s"] = [s.predict(kind_of(c), calibrated=False) for c in cands]
                 row["calibration"] = s.calibration.to_dict()
+                row["final_s"] = {kind_label(f): s.final_s.get(candidate_key(f)) for f in s.finalists or ()}
             runs.append(row)
     tune_s = time.perf_counter() - t1
     loads.append(os.getloadavg()[0])

@@ -178,7 +178,7 @@ def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
     graph, cluster = _graph()
     cands = [candidate_of(c) for c in kind_candidates(graph, cluster)]
 
-    def run(rival_blocks: list[list[float]]) -> tuple[TuningSearch, Any]:
+    def run(rival_blocks: list[list[float]], best_blocks: list[float] | None = None) -> tuple[TuningSearch, Any]:
         cfg = OnlineConfig(trials=2, confirm=len(rival_blocks), confirm_top=2, search="topk", calibrate=False,
                            step_quantile=0.25)
         s = TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
@@ -191,8 +191,8 @@ def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
         s.record(b, [12e-3] * 3)  # the trials are done: the start stays best, a is its rival
         assert s.finalists is not None and [candidate_key(c) for c in s.finalists] == [candidate_key(cands[0]),
                                                                                        candidate_key(a)]
-        for block in rival_blocks:
-            for t in (10e-3, 10e-3, 10e-3):  # the best's steps between two trials
+        for i, block in enumerate(rival_blocks):
+            for t in [(best_blocks or [10e-3] * 3)[i]] * 3:  # the best's steps between two trials
                 s.observe_best(t)
             rival = s.next_candidate()
             assert candidate_key(rival) == candidate_key(a)
@@ -203,7 +203,12 @@ def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
     s, a = run([[8.5e-3, 8.5e-3, 12e-3], [13e-3] * 3, [13e-3] * 3])  # one fluke block, then slower
     assert s.best_key == candidate_key(cands[0]) and s.final_s[candidate_key(a)] > s.final_s[s.best_key]
     s, a = run([[9e-3] * 3, [9.2e-3] * 3, [9.1e-3] * 3])  # steadily faster: it takes the best's place
-    assert s.best_key == candidate_key(a) and s.best_s == pytest.approx(9.0e-3)
+    assert s.best_key == candidate_key(a) and s.best_s == pytest.approx(10e-3 * (0.9 * 0.92 * 0.91) ** (1 / 3))
+    # the load swings: one quiet moment falls on a block of the best (6 ms), none on the rival's; the
+    # rival is 5% faster than the best's blocks around each of its own, so it must win (the steps
+    # pooled would keep the best: its quiet block gives it the lowest quantile)
+    s, a = run([[7.36e-3] * 3, [7.36e-3] * 3, [9.5e-3] * 3], best_blocks=[10e-3, 6e-3, 10e-3])
+    assert s.best_key == candidate_key(a)
 
 
 def test_fsdp_candidate_keys_apart_from_ddp_and_simulates_as_its_placement() -> None:
