@@ -23,7 +23,7 @@ calibration, and switch back unless it beat the best by ``min_gain``. Steps on t
 placement between trials are timed too and keep its estimate current (so a candidate is
 compared with the best under today's load, not the load at the start). After ``trials``
 trials (and ``confirm`` more in final rounds between the best few, interleaved with the best's
-steps, which decide on all their steps pooled) the best measured placement stays and its plan is
+steps, each rival block compared with the best's around it) the best measured placement stays and its plan is
 saved to ``save_path``.
 
 **The hook.** The tuner is a step hook: the placed module runs each forward through
@@ -136,10 +136,10 @@ class OnlineConfig:
     """after the ``trials``, this many more trials in **final rounds**: the best and its
     ``confirm_top - 1`` fastest measured rivals, the rivals measured in turn, each trial followed by
     ``every_n_steps`` steps of the best (measured too; with ``every_n_steps=0`` the best takes its
-    turn as a trial). The plan kept is the one whose steps pooled over these rounds have the lowest
-    ``step_quantile``: a best that won one noisy trial must stay ahead in interleaved measurements
-    under the load of the moment (what ``benchmarks/online_kinds.py`` judges by). Each counts as a
-    live trial."""
+    turn as a trial). Each rival block is compared with the best's blocks around it, so the load of
+    the moment cancels; the fastest by those ratios is kept (:mod:`autoplace.online.search`): a best
+    that won one noisy trial must stay ahead in interleaved measurements. Each counts as a live
+    trial."""
     confirm_top: int = 3
     """plans in the final rounds: the best and the fastest measured others (see ``confirm``)."""
     calibrate: bool = True
