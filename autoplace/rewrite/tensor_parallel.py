@@ -343,11 +343,10 @@ def vocab_parallel_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., t
         except Exception as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise TensorParallelError(
-                f"loss_fn raised on the LM head's logits, which tensor parallelism leaves split by vocabulary over "
-                f"the TP group (a DTensor placed Shard(-1); loss parallelism, torchtitan's default): {first}. "
-                "torch's loss_parallel() computes F.cross_entropy (and nll_loss of log_softmax) on them, after "
-                "reshapes, slices and .float(): write the loss that way, or plan with tp=1, or put the "
-                "LM head in another pipeline stage than the token embedding: both keep the vocabulary whole") from e
+                "loss_fn cannot run on the LM head's logits split by vocabulary over the TP group (a Shard(-1) "
+                "DTensor: loss parallelism): compute it with F.cross_entropy on them (reshapes, slices, .float() "
+                f"before it are fine), or plan with tp=1 or the head in another stage than the embedding; torch said: "
+                f"{first}") from e
         if isinstance(got, DTensor):
             return got.to_local() if all(p.is_replicate() for p in got.placements) else got.full_tensor()
         return got

@@ -206,15 +206,22 @@ def train_and_record(runner: Any, name: str, steps: int) -> dict[str, Any]:
 def counted_step(forward: Any, loss_of: Any) -> tuple[torch.Tensor, dict[str, int]]:
     """One forward (``forward()``) and backward (of ``loss_of(output)``) under CommDebugMode: the
     loss and the collectives by phase and kind (``{"forward all_reduce": 4, "backward ...": ...}``;
-    a backward kind only where the backward ran some)."""
+    a backward kind only where the backward ran some). The loss's collectives count with the forward
+    (the simulator's phase); logits left split by vocabulary (a DTensor output) run the loss and the
+    backward as autoplace's runners do (torch's ``loss_parallel``, rewrite.tensor_parallel)."""
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
+    from torch.utils._pytree import tree_leaves
+
+    from autoplace.rewrite.tensor_parallel import loss_parallel_context, vocab_parallel_loss
 
     count = CommDebugMode()
     with count:
         out = forward()
-        fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
-        loss = loss_of(out)
-        loss.backward()
+        with loss_parallel_context(any(isinstance(x, DTensor) for x in tree_leaves(out))):
+            loss = vocab_parallel_loss(lambda o, _: loss_of(o))(out, None)
+            fwd = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
+            loss.backward()
     total = {str(k).split(".")[-1]: v for k, v in count.get_comm_counts().items()}
     comms = {f"forward {k}": v for k, v in fwd.items()}
     comms |= {f"backward {k}": v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}

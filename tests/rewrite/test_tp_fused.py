@@ -61,11 +61,10 @@ def test_tp2_fused_qkv_equals_the_unsplit_model(tmp_path: Path) -> None:
         assert _ran(got[name][0]["comms"]) == dict(charged), (name, got[name][0]["comms"], charged)
     # gpt2 (2 blocks of attention + MLP): per block one forward all-reduce of each row output, per
     # column (c_attn is one, fused) one input-gradient all-reduce: 4 + 4; and the vocabulary split
-    # (wte and the tied lm_head in one module): wte's forward all-reduce, the logits' all-gather,
-    # lm_head's input-gradient all-reduce. chunk (2 attention blocks, a fused qkv each; its head
-    # has a bias, so no vocabulary split): 2 + 2.
-    assert _ran(got["gpt2"][0]["comms"]) == {"forward all_reduce": 4 + 1, "forward all_gather": 1,
-                                             "backward all_reduce": 4 + 1}
+    # (wte and the tied lm_head in one module): wte's forward all-reduce, the loss's three (loss
+    # parallelism, counted with the forward), lm_head's input-gradient all-reduce. chunk (2 attention
+    # blocks, a fused qkv each; its head has a bias, so no vocabulary split): 2 + 2.
+    assert _ran(got["gpt2"][0]["comms"]) == {"forward all_reduce": 4 + 1 + 3, "backward all_reduce": 4 + 1}
     assert _ran(got["chunk"][0]["comms"]) == {"forward all_reduce": 2, "backward all_reduce": 2}
     for name, fused in (("gpt2", "h.0.attn.c_attn"), ("chunk", "attn.0.qkv")):
         for r in got[name]:
@@ -86,7 +85,7 @@ def test_fused_qkv_with_sequence_parallelism_in_a_pipeline_and_with_ddp(tmp_path
     model, x = _gpt2()
     graph = autoplace.trace(model, (x,))
     charged = Counter(f"{c.phase} {c.kind}" for c in tp_collectives(graph, np.arange(graph.num_nodes), 1, tp=2,
-                                                                    sequence_parallel=True))  # no vocab split
+                                                                    sequence_parallel=True))  # the vocab split's too
     ran = _ran(sp[0]["comms"])
     assert ran == dict(charged), (ran, charged)  # the fused column gathers its input once, as one column
     four = _launch(tmp_path / "four", 4, [{"id": "pp", "model": "gpt2", "pp": 2},

@@ -41,6 +41,11 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
 
 
+def _bad_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A loss torch's loss_parallel cannot run on vocabulary-split logits (a softmax read by index)."""
+    return (out.softmax(-1)[..., 0] - y.float()).square().mean()
+
+
 def _model(name: str) -> torch.nn.Module:
     if name == "gpt2":
         return autoplace.zoo.build("gpt2", small=True, seed=0, vocab_size=VOCAB, seq_len=SEQ, n_positions=SEQ).model
@@ -53,7 +58,8 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     model = _model(case["model"])
     ref = copy.deepcopy(model)
     x0, _ = _batch(0)
-    layout = tp_layout(linear_pairs(autoplace.trace(model, (x0,))))
+    pairs = linear_pairs(autoplace.trace(model, (x0,)))
+    layout = tp_layout(pairs)
     gm = torch.fx.symbolic_trace(model)
     vocab = vocab_modules(gm, world)
     apply_tensor_parallel(gm, layout, init_device_mesh("cpu", (world,)), sequence_parallel=bool(case.get("sp")))
@@ -61,18 +67,16 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     opt, ref_opt = torch.optim.SGD(gm.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     losses, ref_losses, comms = [], [], {}
     heads = loss_parallel_heads(gm)
-    loss_fn = vocab_parallel_loss(_loss)  # the runners' loss: on the logits split by vocabulary
     with loss_parallel_context(bool(heads)):  # a loss that does not run on them says how to fix it
         try:
-            vocab_parallel_loss(lambda o, y: (o.softmax(-1)[..., 0] - y.float()).square().mean())(gm(_batch(0)[0]), _batch(0)[1])
+            vocab_parallel_loss(_bad_loss)(gm(_batch(0)[0]), _batch(0)[1])
             refused = ""
         except TensorParallelError as e:
             refused = str(e)
     for step in range(STEPS):
         x, y = _batch(step)
-        with loss_parallel_context(bool(heads)):  # forward, loss and backward, as the runners step
-            # the loss's collectives counted with the forward (the simulator's phase: before any backward)
-            loss, counted = pw.counted_step(lambda: loss_fn(gm(x), y), lambda lo: lo)
+        # the loss on the split logits under loss_parallel, its collectives with the forward (counted_step)
+        loss, counted = pw.counted_step(lambda: gm(x), lambda o: _loss(o, y))
         if step == 0:
             comms = counted
         opt.step()
@@ -83,9 +87,22 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
         ref_opt.zero_grad()
         losses.append(loss.item())
         ref_losses.append(r.item())
+    runner_refused = ""
+    if case.get("runner"):  # the runners' path: a loss that cannot run on the split logits fails with the fix
+        from autoplace.rewrite.schedules import build_schedule_runner
+
+        fresh = torch.fx.symbolic_trace(_model(case["model"]))
+        runner = build_schedule_runner(fresh, {n.name: 0 for n in fresh.graph.nodes}, example_inputs=(x0,),
+                                       microbatches=1, loss_fn=_bad_loss, schedule="gpipe", virtual_stages=1,
+                                       tp=world, tp_pairs=[(q.column_path, q.row_path) for q in pairs])
+        try:
+            runner.step(x0, target=_batch(0)[1])
+        except Exception as e:  # PipelineError: the step's first line, the rewrite's message
+            runner_refused = str(e)
     want = dict(ref.named_parameters())
     got = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in gm.named_parameters()}
     torch.save({"losses": losses, "vocab": vocab, "tied": tied, "comms": comms, "heads": heads, "refused": refused,
+                "runner_refused": runner_refused,
                 "sharded": sorted(n for n, p in gm.named_parameters() if hasattr(p, "full_tensor")),
                 "loss_err": max(abs(a - b) for a, b in zip(losses, ref_losses)),
                 "param_err": max((got[n] - want[n].detach()).abs().max().item() for n in got)},
