@@ -14,6 +14,7 @@ import pytest
 import autoplace
 from autoplace import Cluster, Placement
 from autoplace.cost.memory import LOSS_EXTRA_GRAD, LOSS_SAVED
+from autoplace.sim.tensor_parallel import LOSS_ALL_REDUCES, tp_collectives
 
 
 def _peak_and_logits(vocab: int, options: dict) -> tuple[float, float]:
@@ -29,3 +30,17 @@ def test_a_tp_device_keeps_its_share_of_the_logits_and_the_loss_terms(options: d
     split, logits = _peak_and_logits(4096, options)
     whole, _ = _peak_and_logits(4095, options)  # tp=2 does not divide 4095: no split
     assert whole - split >= terms * logits / 2
+
+
+def test_the_loss_all_reduces_carry_one_fp32_per_token_and_the_degree_is_required() -> None:
+    wl = autoplace.zoo.build("gpt2", small=True, seed=0, vocab_size=256, seq_len=8, batch_size=4)
+    g = autoplace.trace(wl.model, wl.example_inputs)
+    head = g.module_paths.index("lm_head")
+    ops = np.arange(g.num_nodes)
+    at_head = [c for c in tp_collectives(g, ops, 2, tp=2, value_scale=0.5) if c.op == head and c.phase == "forward"]
+    # 4 x 8 tokens over 2 micro-batches, 4 bytes each, in fp32 whatever the activations' dtype; no logits gather
+    assert [(c.kind, c.nbytes) for c in at_head] == [("all_reduce", 4 * 8 / 2 * 4.0)] * LOSS_ALL_REDUCES
+    with pytest.raises(ValueError, match="tp is 0"):
+        tp_collectives(g, ops, 2, tp=0)
+    with pytest.raises(TypeError):
+        tp_collectives(g, ops, 2)  # type: ignore[call-arg]
