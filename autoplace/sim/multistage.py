@@ -38,7 +38,8 @@ op on its slowest replica's device); replica ``j`` of rank r sends to replica ``
 r + 1, and with TP every TP rank of it to its counterpart (each holds the whole boundary value,
 as the runtime sends it; :func:`boundary_flows`): ``d x tp`` transfers of ``bytes / (M d)`` at
 once, at the slowest of their links, sends between hosts sharing the hosts' network cards
-(:func:`flows_link`); each pair's link is busy for it (``link_busy_s``, ``comm_s``). Each stage's gradients are averaged over its
+(:func:`~.stages.flows_link`); each pair's link is busy for it (``link_busy_s``, ``comm_s``).
+Each stage's gradients are averaged over its
 rank's replicas once per step, as the runtime does it (:mod:`autoplace.rewrite.stage_replicas`),
 in DDP buckets (:func:`~.ddp.ddp_sync`: a ring over the slowest link inside the replica group,
 the network when the replicas span hosts), and the rank waits for them before its next action
@@ -77,13 +78,12 @@ from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import OrderTimes, actions, bubble_fraction, simulate_order
 from .stage_cost import op_times, stage_costs
-from .stages import boundary_bytes, stage_edges, stage_groups
+from .stages import boundary_bytes, flows_link, stage_edges, stage_groups
 
 if TYPE_CHECKING:
-    from ..cluster import Cluster
     from .simulator import Simulator
 
-__all__ = ["multistage_step", "stage_times", "boundary_flows", "flows_link"]
+__all__ = ["multistage_step", "stage_times", "boundary_flows"]
 
 
 def stage_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
@@ -106,33 +106,6 @@ def boundary_flows(groups: Sequence[Sequence[int]], ra: int, rc: int, tp: int, r
     its index (each holds the whole boundary value and runs its own PipelineStage), so
     ``replicas x tp`` sends of the same bytes at once."""
     return [(int(groups[ra][j * tp + i]), int(groups[rc][j * tp + i])) for j in range(replicas) for i in range(tp)]
-
-
-def flows_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray,
-               flows: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """(largest latency, largest inverse bandwidth) of concurrent sends of equal bytes over the
-    device pairs ``flows`` (a pair on one device: free). Each pair has its own link (the cluster's
-    matrix), except between hosts: the sends leaving one host share its network cards
-    (:attr:`~autoplace.cluster.Device.host_nics`, one where not stated, as
-    :meth:`~autoplace.cluster.Cluster.rails` counts them), and so do those entering one, so a
-    send between hosts runs at its link's rate times ``min(1, cards / sends)`` at either end."""
-    host = [d.host for d in cluster.devices]
-    cards = [max(int(d.host_nics), 1) for d in cluster.devices]
-    out_n: dict[int, int] = {}
-    in_n: dict[int, int] = {}
-    for i, j in flows:
-        if i != j and host[i] != host[j]:
-            out_n[host[i]] = out_n.get(host[i], 0) + 1
-            in_n[host[j]] = in_n.get(host[j], 0) + 1
-    lt = inv = 0.0
-    for i, j in flows:
-        if i == j:
-            continue
-        share = 1.0
-        if host[i] != host[j]:
-            share = max(1.0, out_n[host[i]] / cards[i], in_n[host[j]] / cards[j])
-        lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]) * share)
-    return lt, inv
 
 
 def _inflight(order: tuple, n_stages: int) -> np.ndarray:

@@ -29,7 +29,8 @@ Replicated stages (data parallel inside a stage, as in PipeDream's planner)
     A stage on r devices gives each replica 1/r of every micro-batch: op times at
     ``batch_fraction = 1/(M r)``, and the stage's action takes as long as its slowest replica.
     Between stages of r and r' replicas each micro-batch's bytes are split in max(r, r') equal
-    shards sent in parallel over the slowest link between the two groups (plus its latency).
+    shards sent in parallel over the slowest link between the two groups (plus its latency);
+    shards between hosts share the hosts' network cards (:func:`autoplace.sim.stages.card_share`).
     The gradients are all-reduced with a ring (Patarasuk and Yuan, JPDC 2009) per DDP bucket:
     ``ring(B) = 2 (r - 1) / r x B / slowest bandwidth in the group + 2 (r - 1) x largest
     latency``. DDP's buckets (Li et al., VLDB 2020; gradient accumulation syncs only on the last
@@ -89,7 +90,7 @@ from numba import njit
 from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_op_seconds, ddp_buckets, group_link, ring_link
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, schedule_actions
-from .stages import boundary_bytes, link_events, stage_edges
+from .stages import boundary_bytes, card_share, link_events, shard_flows, stage_edges
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -215,7 +216,8 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
                succ_ptr: np.ndarray, succ_eid: np.ndarray, edst: np.ndarray, ebytes: np.ndarray,
                lat: np.ndarray, inv_bw: np.ndarray, out_bytes: np.ndarray, param_bytes: np.ndarray,
                opt_factor: float, tied_of: np.ndarray, tied_first: np.ndarray, tied_bytes: np.ndarray,
-               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray, grad_scale: float = 1.0,
+               capacity: np.ndarray, n_mb: int, bucket_bytes: float, b_op: np.ndarray, cards: np.ndarray,
+               grad_scale: float = 1.0,
                ring_inv: np.ndarray | None = None) -> tuple[Any, ...]:
     n_st = stage_ptr.shape[0] - 1
     n_dev = lat.shape[0]
@@ -240,9 +242,9 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
         if bnd[s] > 0:
             shard = bnd[s] / n_mb / max(reps[s], reps[s + 1])
             lt, inv = group_link(stage_ptr, stage_dev, s, s + 1, lat, inv_bw)
-            cf[s] = lt + shard * inv
+            cf[s] = lt + shard * inv * cards[0, s]
             lt, inv = group_link(stage_ptr, stage_dev, s + 1, s, lat, inv_bw)
-            cb[s] = lt + shard * inv
+            cb[s] = lt + shard * inv * cards[1, s]
 
     ok, f_start, b_start, xf_start, xf_end, xb_start, xb_end = simulate_flush(order, f_act, b_act, cf, cb)
     t_fb = 0.0
@@ -366,9 +368,13 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
     ddp = (float(sim.cost.grad_scale()),
            np.array([ring_link(sim.cluster, t.lat, t.inv_bw, g)[1] for g in groups]) if rails else None)
     crossing = stage_edges(sim.graph, sim.cost.value_scale)  # the graph's edges and its size-only reads
+    cards = np.ones((2, max(n_st - 1, 1)))  # sends between hosts share the hosts' network cards
+    for s in range(n_st - 1):
+        cards[0, s] = card_share(sim.cluster, shard_flows(groups[s], groups[s + 1]))
+        cards[1, s] = card_share(sim.cluster, shard_flows(groups[s + 1], groups[s]))
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, *crossing, t.lat, t.inv_bw,
                      t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first, t.tied_bytes, t.capacity,
-                     m_count, DDP_BUCKET_BYTES, b_op, *ddp)
+                     m_count, DDP_BUCKET_BYTES, b_op, cards, *ddp)
     (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
      last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- host terms (autoplace.cost.host.HostCostModel.message_overhead_s; CPU processes only) -------
@@ -382,7 +388,7 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         b_rep += np.repeat(extra[1], reps)
         out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, *crossing, t.lat, t.inv_bw,
                          t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first, t.tied_bytes,
-                         t.capacity, m_count, DDP_BUCKET_BYTES, b_op, *ddp)
+                         t.capacity, m_count, DDP_BUCKET_BYTES, b_op, cards, *ddp)
         (step, peak, excess, t_fb, f_act, b_act, bnd, f_start, b_start, xf_start, xf_end, xb_start, xb_end,
          last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end) = out
     # -- end of host terms ----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from .fsdp_stage import ring_allgather, ring_allreduce, two_stream
 from .stage_cost import action_seconds, sharded_fixed_bytes, sharded_stages
 from .pipeline import flush_order, simulate_flush
 from .result import Evaluation, Event, PipelineOutcome, SimResult
-from .stages import boundary_bytes, stage_edges, link_events
+from .stages import boundary_bytes, card_share, link_events, shard_flows, stage_edges
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -116,10 +116,12 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
             shard_bytes = bnd[s] * sa.send / m_count / max(sa.n, sb.n)
             pairs = [(i, j) for i in sa.devs for j in sb.devs if i != j]
             back = [(j, i) for i, j in pairs]
+            # sends between hosts share the hosts' network cards (stages.card_share)
+            fw, bw = (card_share(sim.cluster, shard_flows(x, y)) for x, y in ((sa.devs, sb.devs), (sb.devs, sa.devs)))
             cf[s] = max((sim.lat[i, j] for i, j in pairs), default=0.0) + shard_bytes * max(
-                (sim.inv_bw[i, j] for i, j in pairs), default=0.0)
+                (sim.inv_bw[i, j] for i, j in pairs), default=0.0) * fw
             cb[s] = max((sim.lat[i, j] for i, j in back), default=0.0) + shard_bytes * max(
-                (sim.inv_bw[i, j] for i, j in back), default=0.0)
+                (sim.inv_bw[i, j] for i, j in back), default=0.0) * bw
     order, inflight = flush_order(n_st, m_count, schedule)
     if loop:
         arrays, (c_start, c_end, g_end, r_end, x_end, end) = runs[0]

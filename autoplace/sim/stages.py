@@ -11,6 +11,8 @@
   stage that reads it, so the tensor crosses (and its gradient comes back), while a
   model-parallel step moves only the number (the graph's 0-byte edge). Every pipeline path
   (:mod:`.pipeline`, :mod:`.multistage`, :mod:`.sharding`, :mod:`.collectives`) reads these.
+- :func:`flows_link`, :func:`card_share`: concurrent boundary sends between hosts share the
+  hosts' network cards (every pipeline path prices its sends through them).
 - :func:`link_events`: the end of a 1F1B/GPipe step's full result, shared by :mod:`.pipeline`
   and :mod:`.sharding`: every boundary transfer of every micro-batch and every tied-parameter
   move, as timeline events, link busy time and communication seconds.
@@ -27,9 +29,10 @@ from numba import njit
 from .result import Event
 
 if TYPE_CHECKING:
+    from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["stage_groups", "boundary_bytes", "stage_edges", "link_events"]
+__all__ = ["stage_groups", "boundary_bytes", "stage_edges", "flows_link", "card_share", "shard_flows", "link_events"]
 
 StageEdges = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _EDGES: "weakref.WeakKeyDictionary[OpGraph, dict[float, StageEdges]]" = weakref.WeakKeyDictionary()
@@ -99,6 +102,50 @@ def stage_edges(graph: "OpGraph", scale: float = 1.0) -> StageEdges:
     got = (np.cumsum(succ_ptr), np.arange(len(keys), dtype=np.int64), edst, ebytes)  # keys are sorted by source
     per[float(scale)] = got
     return got
+
+
+def _shares(cluster: "Cluster", flows: Sequence[tuple[int, int]]) -> list[float]:
+    """Per send of ``flows``: 1 on its own link (inside a host, or a pair on one device), else
+    ``max(1, sends leaving its host / cards there, sends entering its host / cards there)``."""
+    host = [d.host for d in cluster.devices]
+    out_n: dict[int, int] = {}
+    in_n: dict[int, int] = {}
+    for i, j in flows:
+        if i != j and host[i] != host[j]:
+            out_n[host[i]] = out_n.get(host[i], 0) + 1
+            in_n[host[j]] = in_n.get(host[j], 0) + 1
+    cards = [max(int(d.host_nics), 1) for d in cluster.devices]
+    return [1.0 if i == j or host[i] == host[j] else
+            max(1.0, out_n[host[i]] / cards[i], in_n[host[j]] / cards[j]) for i, j in flows]
+
+
+def card_share(cluster: "Cluster", flows: Sequence[tuple[int, int]]) -> float:
+    """How much slower than its link the slowest of the concurrent sends ``flows`` (device pairs,
+    equal bytes) runs: every pair has its own link (the cluster's matrix), except between hosts,
+    where the sends leaving one host share its network cards
+    (:attr:`~autoplace.cluster.Device.host_nics`; one where not stated, as
+    :meth:`~autoplace.cluster.Cluster.rails` counts them), and so do those entering one. 1 when
+    no host's cards carry more sends than it has."""
+    return max(_shares(cluster, flows), default=1.0)
+
+
+def flows_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray,
+               flows: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(largest latency, largest inverse bandwidth) of the concurrent sends ``flows`` of equal
+    bytes, each on its own link slowed by its share of the hosts' cards (:func:`card_share`);
+    a pair on one device is free."""
+    lt = inv = 0.0
+    for (i, j), share in zip(flows, _shares(cluster, flows)):
+        if i != j:
+            lt, inv = max(lt, float(lat[i, j])), max(inv, float(inv_bw[i, j]) * share)
+    return lt, inv
+
+
+def shard_flows(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int]]:
+    """The sends between a stage of replicas ``a`` and the next of replicas ``b`` in the
+    GPipe/1F1B paths (:mod:`.pipeline`, :mod:`.sharding`): each micro-batch split in
+    ``max(len(a), len(b))`` shards, shard q from ``a[q % len(a)]`` to ``b[q % len(b)]``."""
+    return [(int(a[q % len(a)]), int(b[q % len(b)])) for q in range(max(len(a), len(b)))]
 
 
 def link_events(groups: Sequence[Sequence[int]], bnd: np.ndarray, microbatches: int, xf_start: np.ndarray,

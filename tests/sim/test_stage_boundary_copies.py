@@ -5,7 +5,8 @@ measures it under torchrun):
   whole, forward and its gradient back, on every pipeline path (sim.stages.stage_edges) and in
   step_collectives; a model-parallel step still moves only the number;
 - with TP every TP rank sends its copy of the boundary value over its own link
-  (multistage.boundary_flows); sends between hosts share the hosts' network cards (flows_link);
+  (multistage.boundary_flows); sends between hosts share the hosts' network cards
+  (stages.flows_link, card_share), on every pipeline path;
 - op-level selective recompute (``"selective-op"``) runs a checkpointed block's forward TP
   all-reduces again, as full recompute does.
 """
@@ -22,8 +23,8 @@ from sim_helpers import cluster, graph
 import autoplace
 from autoplace import Cluster, Device, Link, Placement
 from autoplace.sim.collectives import collective_counts, step_collectives
-from autoplace.sim.multistage import boundary_flows, flows_link
-from autoplace.sim.stages import boundary_bytes, stage_edges
+from autoplace.sim.multistage import boundary_flows
+from autoplace.sim.stages import boundary_bytes, card_share, flows_link, shard_flows, stage_edges
 
 MB = 1e6
 BW = 1e9
@@ -126,6 +127,25 @@ def test_sends_between_hosts_share_their_cards() -> None:
     assert flows_link(_hosts(2), lat, inv, two)[1] == pytest.approx(1 / BW)  # a card each
     assert flows_link(_hosts(0), lat, inv, [(0, 1), (2, 3)])[1] == pytest.approx(1 / BW)  # inside hosts: own links
     assert flows_link(_hosts(0), lat, inv, [(0, 2)])[1] == pytest.approx(1 / BW)
+
+
+@pytest.mark.parametrize("schedule,v,shard", [("1f1b", 1, None), ("1f1b", 1, "fsdp"), ("interleaved-1f1b", 2, None)])
+def test_replicas_sending_between_hosts_share_the_cards_on_every_path(schedule: str, v: int, shard: str | None) -> None:
+    """Two ranks of two replicas, one rank a host: the two replicas' sends leave one host at once;
+    with one card each takes twice its link's time, with two cards its link's time."""
+    assert shard_flows([0, 1], [2, 3]) == [(0, 2), (1, 3)] and shard_flows([0], [2, 3]) == [(0, 2), (0, 3)]
+    assert card_share(_hosts(1), [(0, 2), (1, 3)]) == 2.0 and card_share(_hosts(2), [(0, 2), (1, 3)]) == 1.0
+    n = 8
+    g = _chain(n, size_read=None)
+    st = [i * 2 * v // n for i in range(n)]
+    opts = {"shard": shard} if shard else {}
+    comm = {}
+    for nics in (1, 2):
+        c = _hosts(nics)
+        plan = Placement.pipeline(g, c, st, [[0, 1], [2, 3]], microbatches=2, schedule=schedule, virtual_stages=v,
+                                  **opts)
+        comm[nics] = autoplace.simulate(g, plan, c).comm_s
+    assert comm[1] == pytest.approx(2 * comm[2]), comm
 
 
 def _tp_graph():
