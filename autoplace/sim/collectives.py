@@ -9,7 +9,8 @@ their bytes (whole tensors), read from the facts the simulator prices:
 
 - tensor parallelism: per virtual stage and micro-batch, :func:`~.tensor_parallel.tp_collectives`
   of the stage's ops (the forward ones of a recomputed unit twice: its checkpoint runs them again, but for
-  those :func:`~.fsdp_stage.recompute_skips` names) (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
+  those :func:`~.fsdp_stage.recompute_skips` names; under ``"selective-op"`` every block is such a
+  unit and its reduce-scatters, which op-level checkpointing saves, run once) (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
   of the pairs inside the stage, as :mod:`.multistage` adds them), over the stage's TP group, at
   ``1/(M d)`` of the batch; with the vocabulary split of a stage holding both the token embedding
   and the LM head (:func:`~.tensor_parallel.vocab_inside`) also its three collectives;
