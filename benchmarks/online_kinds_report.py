@@ -150,10 +150,13 @@ def write(res: dict[str, Any], out: Path) -> None:
                   "Fitted on synthetic linear stacks only (autoplace.online.host_probe_fsdp.fsdp_overhead, "
                   f"{t.get('source', '')}: per step {t.get('per_step_s', 0) * 1e3:.2f} ms, per unit "
                   f"{t.get('per_unit_s', 0) * 1e3:.2f} ms (+{t.get('reshard_per_unit_s', 0) * 1e3:.2f} ms resharding), "
-                  f"per MB {t.get('per_byte_s', 0) * 1e9:.2f} ms); reported here on every model's FSDP candidates, "
-                  "none of which it saw. The simulator alone is what plan('best') picks by.", "",
-                  format_table(["model", "plan", "simulator alone (ms)", "with the FSDP term (ms)", "measured (ms)",
-                                "measured / alone", "measured / with term"],
+                  f"per parameter tensor {t.get('per_tensor_s', 0) * 1e3:.2f} ms, per MB "
+                  f"{t.get('per_byte_s', 0) * 1e9:.2f} ms); reported here on every model's FSDP candidates, none of "
+                  "which it saw. 'With the host terms' also charges the BatchNorm statistics' all-reduces of a "
+                  "replicated stage at the host probe's busy_allreduce_s per call (autoplace.online.kinds."
+                  "bn_sync_wall_s; BatchNorm models only). The simulator alone is what plan('best') picks by.", "",
+                  format_table(["model", "plan", "simulator alone (ms)", "with the host terms (ms)", "measured (ms)",
+                                "measured / alone", "measured / with terms"],
                                [[a, b, f"{p * 1e3:.1f}", f"{q * 1e3:.1f}", f"{r * 1e3:.1f}", f"{r / p:.2f}",
                                  f"{r / q:.2f}"] for a, b, p, q, r in fsdp], markdown=True), ""]
     for m in res["models"]:
