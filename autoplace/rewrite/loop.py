@@ -33,15 +33,16 @@ import torch.distributed as dist
 import torch.fx
 
 from ..parallel import StageOptions, hsdp_shape
-from . import batchnorm, liveness
+from . import batchnorm
 from .errors import ShardedRunError
 from .launch import default_device
 from .links import Links
 from .liveness import Timeouts
-from .model_output import model_output_loss, pipeline_module
+from .model_output import pipeline_module
+from .options import RunnerOptions
 from .pipeline import propagate_fake, split_with_boundaries
 from .runner import PipelineRunner, share
-from .stage_setup import move_to, runner_options, wait_groups
+from .stage_setup import move_to, wait_groups
 from .units import outline_units, shard_stage, unit_of_fx
 
 if TYPE_CHECKING:
@@ -198,18 +199,16 @@ def _adopt_new_nodes(gm: torch.fx.GraphModule, unit_of: dict[str, str],
 
 
 def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, example_inputs: Sequence[Any],
-                      loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], device: str | torch.device | None = None,
-                      scale_grads: bool = True, timeouts: Any = None, predicted_step_s: float | None = None,
-                      batch_norm: str = "sync") -> LoopRunner:
+                      options: RunnerOptions, device: str | torch.device | None = None) -> LoopRunner:
     """This rank's :class:`LoopRunner` for a one-stage plan (one stage, no virtual stages) of any
-    shard kind, precision, recompute and ``tp`` (see the module docstring). Call it on every rank
-    after ``init_distributed``; the caller checked the plan
-    (:func:`autoplace.rewrite.compose.build_runner`)."""
+    shard kind, precision, recompute and ``tp`` (see the module docstring), with the runner
+    ``options`` (:class:`~autoplace.rewrite.options.RunnerOptions`). Call it on every rank after
+    ``init_distributed``; the caller checked the plan (:func:`autoplace.rewrite.compose.build_runner`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     assert plan.stage_devices is not None and plan.stage_of_node is not None
     opts = StageOptions.of(plan)
-    limits = runner_options(batch_norm, timeouts)
+    limits = options.limits
     device = default_device(device)
     tp = max(int(plan.tp), 1)
     kind = opts.shard[0]
@@ -226,16 +225,12 @@ def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *
     rank, world = dist.get_rank(), dist.get_world_size()
     replica = rank // tp
     members = list(range(world))
-    bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, [members], 0)
-    if tp > 1 and batchnorm.has_batch_norm(stage):
-        raise ShardedRunError(f"this plan ({plan.describe()}) is tensor-parallel (tp={tp}) and the model has "
-                              "BatchNorm layers, whose statistics TP ranks would count twice: use tp=1 (data "
-                              "parallelism over every rank keeps whole-batch statistics)")
-    bn_group = liveness.group(members, bounds[0]) if replicas > 1 and batch_norm == "sync" and \
-        batchnorm.has_batch_norm(stage) else None
+    bounds, p2p, gate_group = wait_groups(limits, options.predicted_step_s, [members], 0)
+    options.refuse_tp_batch_norm([stage], tp, f"this plan ({plan.describe()})", error=ShardedRunError)
+    bn_group = options.batch_norm_group([members], [batchnorm.has_batch_norm(stage)], 0, bounds[0])
     # before the units are outlined: they then hold the converted layers
-    batch_norms = batchnorm.convert(stage, mode=batch_norm, microbatches=plan.microbatches, replicas=replicas,
-                                    batch_size=batch, stage_index=0, group=bn_group)
+    batch_norms = options.convert(stage, stage_index=0, microbatches=plan.microbatches, replicas=replicas,
+                                  batch_size=batch, group=bn_group)
     shape, names = mesh_spec([s[::tp] for s in plan.stage_devices], cluster, kind, replicas)
     if tp > 1:
         mesh = init_device_mesh(device.type, (*shape, tp), mesh_dim_names=(*names, "tp"))
@@ -272,18 +267,13 @@ def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *
         (lambda r: f"rank {r} (replica {r % replicas} of {replicas})")
     links = Links(limits, members, members, [r for r in members if r != rank], {r: what(r) for r in members},
                   collectives, gate_group, p2p)
-    from .tensor_parallel import loss_parallel_heads, vocab_parallel_loss
-
-    lp = bool(loss_parallel_heads(stage))  # the logits split by vocabulary: the loss runs on them (loss parallel)
-    loss = vocab_parallel_loss(model_output_loss(gm, loss_fn)) if lp else model_output_loss(gm, loss_fn)
+    loss, lp = options.loss(gm, [stage])
     runner = LoopRunner(rank=rank, replica=replica, replicas=replicas, microbatches=plan.microbatches,
-                        batch_size=batch, stage_module=stage, module=module, loss_fn=loss,
-                        kind=kind, scale_grads=scale_grads, dp_group=dp_group, units=units, timeouts=limits,
-                        predicted_step_s=predicted_step_s, batch_norms=batch_norms, links=links)
+                        batch_size=batch, stage_module=stage, module=module, loss_fn=loss, kind=kind,
+                        dp_group=dp_group, units=units, batch_norms=batch_norms, links=links, **options.runner_args())
     if not sharded and replicas > 1 and tp > 1:
         params = list({id(p): p for p in stage.parameters() if p.requires_grad}.values())
         runner.averaged = (params, dp_group, torch.bfloat16 if bf16 else None)
     if summed:
         runner.tp_summed = ([stage.get_parameter(n) for n in summed], mesh.get_group("tp"))
-    runner.loss_parallel = lp
-    return runner
+    return options.finish(runner, lp)

@@ -59,20 +59,20 @@ import torch.distributed as dist
 import torch.fx
 
 from ..pipeline_rules import MULTI_SCHEDULES, SPECS, schedule_problems, stage_ranks, torch_schedule_class
-from .model_output import model_output_loss
 from .pipeline import propagate_fake, split_with_boundaries
-from . import batchnorm, liveness
+from . import batchnorm
 from .errors import PipelineError
 from .launch import default_device
 from .links import Links
 from .liveness import Timeouts
+from .options import RunnerOptions
 from .runner import PipelineRunner, sum_tied_grads
-from .stage_setup import check_batch, move_to, require_distributed, runner_options, stage_io, tie_groups, wait_groups
-from .tensor_parallel import apply_tensor_parallel, loss_parallel_heads, vocab_parallel_loss
+from .stage_setup import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
+from .tensor_parallel import apply_tensor_parallel
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
 
-__all__ = ["MultiStageRunner", "StageData", "build_schedule_runner", "MULTI_SCHEDULES"]
+__all__ = ["MultiStageRunner", "StageData", "build_schedule_runner", "schedule_runner", "MULTI_SCHEDULES"]
 
 
 class MultiStageRunner(PipelineRunner):
@@ -296,7 +296,23 @@ def build_schedule_runner(
     (every stage has ops in a validated plan), else 1. ``sequence_parallel``: with ``tp > 1``, the
     per-token ops between a stage's row and its next columns run on each TP rank's share of the
     sequence (:mod:`autoplace.rewrite.sequence_parallel`; the plan's ``sequence_parallel``).
+    ``loss_fn``, ``scale_grads``, ``timeouts``, ``predicted_step_s`` and ``batch_norm`` are the
+    runner options (:class:`~autoplace.rewrite.options.RunnerOptions`), resolved once here and
+    applied by :func:`schedule_runner`, which :func:`autoplace.rewrite.compose.build_runner` calls.
     """
+    require_distributed()
+    return schedule_runner(gm, stage_of_fx, options=RunnerOptions.of(
+        loss_fn, batch_norm=batch_norm, timeouts=timeouts, predicted_step_s=predicted_step_s, scale_grads=scale_grads),
+        example_inputs=example_inputs, microbatches=microbatches, schedule=schedule, virtual_stages=virtual_stages,
+        device=device, tp=tp, tp_pairs=tp_pairs, dp=dp, sequence_parallel=sequence_parallel, data=data)
+
+
+def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *, options: RunnerOptions,
+                    example_inputs: Sequence[torch.Tensor], microbatches: int, schedule: str, virtual_stages: int,
+                    device: str | torch.device | None = None, tp: int = 1, tp_pairs: Sequence[tuple[str, str]] = (),
+                    dp: int | None = None, sequence_parallel: bool = False,
+                    data: StageData | None = None) -> MultiStageRunner:
+    """:func:`build_schedule_runner` with the runner ``options`` resolved (one object for every runner kind)."""
     require_distributed()
     if schedule not in SPECS:
         raise PipelineError(f"schedule is {schedule!r}; it must be one of {tuple(SPECS)}")
@@ -322,12 +338,10 @@ def build_schedule_runner(
         raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
                             "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
                             "there) or one micro-batch")
-    if has_bn and tp > 1:
-        raise PipelineError(f"tp={tp} and the model has BatchNorm layers, whose statistics the ranks of a TP group "
-                            "would count twice: use tp=1")
+    options.refuse_tp_batch_norm([gm], tp, f"this pipeline (schedule {schedule!r})")
     shard = data.options.shard[0] if data is not None else "ddp"
     mesh, rank, replica, dp_group, dp_mesh = _mesh(ranks, dp, tp, shard, data)
-    limits = runner_options(batch_norm, timeouts)
+    limits = options.limits
     device = default_device(device)
     batch = check_batch(example_inputs, microbatches * dp,
                         f"microbatches = {microbatches}" + (f" x replicas = {dp}" if dp > 1 else ""))
@@ -348,14 +362,11 @@ def build_schedule_runner(
     # replica's) pipeline ranks exchange activations; BatchNorm statistics of a pipeline rank's
     # replicas meet on a group of their own (no TP here: refused above).
     columns = [[r * cols + j for r in range(ranks)] for j in range(cols)]
-    bounds, p2p, gate_group = wait_groups(limits, predicted_step_s, columns, tp_index)
-    bn_group = None
-    if has_bn and dp > 1 and batch_norm == "sync":
-        for r in range(ranks):
-            if any(batchnorm.has_batch_norm(split.stages[k]) for k in range(k_count) if rank_of[k] == r):
-                g = liveness.group([r * cols + j for j in range(cols)], bounds[0])
-                if r == rank:
-                    bn_group = g
+    bounds, p2p, gate_group = wait_groups(limits, options.predicted_step_s, columns, tp_index)
+    bn_group = options.batch_norm_group(
+        [[r * cols + j for j in range(cols)] for r in range(ranks)],
+        [has_bn and any(batchnorm.has_batch_norm(split.stages[k]) for k in range(k_count) if rank_of[k] == r)
+         for r in range(ranks)], rank, bounds[0])
 
     from torch.distributed.pipelining import PipelineStage  # a second to import: when a pipeline is built
 
@@ -383,8 +394,8 @@ def build_schedule_runner(
                 apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
         move_to(mod, device)
         # whole-batch BatchNorm statistics, before the units are outlined (they then hold the new layers)
-        batch_norms.extend(batchnorm.convert(mod, mode=batch_norm, microbatches=microbatches, replicas=dp,
-                                             batch_size=batch, stage_index=k, group=bn_group))
+        batch_norms.extend(options.convert(mod, stage_index=k, microbatches=microbatches, replicas=dp,
+                                           batch_size=batch, group=bn_group))
         inputs, outputs = stage_io(gm, split, values, micro, k, device, boundary)
         at = k if data is None or data.options.num_stages == k_count else int(rank_of[k])  # options per rank
         sharded = data is not None and data.options.sharded(at)
@@ -407,16 +418,14 @@ def build_schedule_runner(
             stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                         group=pp_group))
         modules.append(mod)
-    lp = any(loss_parallel_heads(mod) for mod in modules)  # logits split by vocabulary (loss parallel)
-    loss = vocab_parallel_loss(model_output_loss(gm, loss_fn)) if lp else model_output_loss(gm, loss_fn)
+    loss, lp = options.loss(gm, modules)
     sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if not SPECS[schedule].multi_stage
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
     tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
     runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
-                              stage_modules=modules, schedule=sched, scale_grads=scale_grads, tied=tied,
-                              timeouts=limits, predicted_step_s=predicted_step_s, replica=replica, replicas=dp,
-                              dp_group=dp_group, units=units, batch_norms=batch_norms)
+                              stage_modules=modules, schedule=sched, tied=tied, replica=replica, replicas=dp,
+                              dp_group=dp_group, units=units, batch_norms=batch_norms, **options.runner_args())
     runner.links = Links(limits, range(world), columns[tp_index],
                          [r * cols + tp_index for r in _neighbours(rank_of, mine, rank)],
                          _peer_names(rank_of, ranks, tp, dp), [*({id(g): g for _, g in tied}.values()),
@@ -424,8 +433,7 @@ def build_schedule_runner(
                                                                *([bn_group] if bn_group is not None else [])],
                          gate_group, p2p)
     runner.links.stages = list(stages)
-    runner.loss_parallel = lp
-    return runner
+    return options.finish(runner, lp)
 
 
 def _neighbours(rank_of: Sequence[int], mine: Sequence[int], rank: int) -> list[int]:

@@ -84,11 +84,11 @@ def _reach(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> _Reached:
     def schedule_builder(gm: Any, stage_of_fx: Any, **kw: Any) -> None:
         raise _Reached("schedule", kw)
 
-    def loop_builder(*args: Any, **kw: Any) -> None:  # the loop builder's first step: its runner options
-        raise _Reached("loop", {})
+    def loop_builder(*args: Any, **kw: Any) -> None:  # the table's one-stage entry (build_loop_runner, checked below)
+        raise _Reached("loop", kw)
 
-    monkeypatch.setattr(schedules, "build_schedule_runner", schedule_builder)
-    monkeypatch.setattr(loop, "runner_options", loop_builder)
+    monkeypatch.setattr(schedules, "schedule_runner", schedule_builder)
+    monkeypatch.setitem(compose.BUILDERS, True, loop_builder)  # type: ignore[index]
     with pytest.raises(_Reached) as got:
         wrap_pipeline(model, ["cpu"] * world, cluster=_cluster(world),
                       example_inputs=(x,), plan=plan, loss_fn=tm.loss, timeout_s=60.0, batch_norm="local")
@@ -109,12 +109,16 @@ def test_every_multi_stage_plan_reaches_the_one_schedule_builder(case: dict[str,
     if options:
         assert kw["data"].options.shard[0] == case.get("shard", "ddp"), case
         assert kw["data"].options.precision[0] == case.get("precision", "fp32"), case
-    assert kw["batch_norm"] == "local" and kw["timeouts"] == 60.0 and kw["predicted_step_s"] > 0, kw
+    opts = kw["options"]
+    assert opts.batch_norm == "local" and opts.limits.bound_s(1, None) == 60.0 and opts.predicted_step_s > 0, opts
 
 
 @pytest.mark.parametrize("case", ONE, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_every_one_stage_plan_runs_the_loop(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _reach(case, monkeypatch).builder == "loop", case
+    got = _reach(case, monkeypatch)
+    assert got.builder == "loop", case
+    opts = got.kwargs["options"]  # the same runner options as the schedule builder's
+    assert opts.batch_norm == "local" and opts.limits.bound_s(1, None) == 60.0 and opts.predicted_step_s > 0, opts
 
 
 def test_the_composition_has_two_shapes_chosen_by_one_predicate() -> None:
