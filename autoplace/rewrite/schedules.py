@@ -15,9 +15,10 @@ the simulator simulates (``tests/sim/test_sim_schedules.py`` checks them equal).
 
 Gradients equal the unsplit model's on the full batch when the loss is a mean over the batch
 (``scale_grads=True``) and nothing couples samples across micro-batches. BatchNorm does: under
-GPipe and 1F1B without TP its layers keep whole-batch running statistics, replicas synchronised
-(:mod:`autoplace.rewrite.batchnorm`, ``batch_norm=``); the other schedules refuse it with that
-advice. Parameters used by stages on different ranks (a tied
+every schedule without TP its layers keep whole-batch running statistics, committed once a step
+whatever the order of the micro-batches and stages, replicas synchronised per micro-batch
+(:mod:`autoplace.rewrite.batchnorm`, ``batch_norm=``; ``tests/rewrite/test_rewrite_bn_virtual.py``:
+interleaved-1f1b, zbv, looped-bfs and zb-h1 against the unsplit model). Parameters used by stages on different ranks (a tied
 embedding and output projection) have their gradients summed over those ranks after the step;
 stages on one rank share the Parameter object, so its gradient accumulates there already (and
 the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
@@ -282,7 +283,7 @@ def build_schedule_runner(
     those, the same work), ``interleaved-1f1b``, ``looped-bfs``, ``zb-h1``, ``zbv``, ``dualpipev``.
     ``batch_norm``: ``"sync"`` or ``"local"``, as for
     :func:`~autoplace.rewrite.runtime.build_pipeline_runner` (:mod:`autoplace.rewrite.batchnorm`;
-    with one stage per rank, gpipe or 1f1b, and no TP). ``tp``: tensor-parallel degree; the world is then a
+    any schedule, no TP). ``tp``: tensor-parallel degree; the world is then a
     (pipeline ranks x tp) DeviceMesh ("pp", "tp"), global rank ``r x tp + j`` runs pipeline rank r's
     stages as TP rank j, and every (column path, row path) of ``tp_pairs`` that lies inside one
     stage is sharded over the "tp" dimension (:mod:`autoplace.rewrite.tensor_parallel`; the
@@ -334,10 +335,6 @@ def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *,
     if problems:
         raise PipelineError("; ".join(problems))
     has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in gm.modules())
-    if has_bn and (schedule not in ("gpipe", "1f1b") or virtual_stages != 1):
-        raise PipelineError(f"the model has BatchNorm layers; schedule {schedule!r} would take their statistics per "
-                            "micro-batch: use the 1f1b or gpipe schedule (autoplace keeps whole-batch statistics "
-                            "there) or one micro-batch")
     options.refuse_tp_batch_norm([gm], tp, f"this pipeline (schedule {schedule!r})")
     shard = data.options.shard[0] if data is not None else "ddp"
     mesh, rank, replica, dp_group, dp_mesh = _mesh(ranks, dp, tp, shard, data)
