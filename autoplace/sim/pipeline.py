@@ -330,6 +330,25 @@ def _pipe_core(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, f_r
             last_b_start, ar_time, ready_all, mv_from, mv_to, mv_start, mv_end)
 
 
+def _boundary_cards(sim: "Simulator", groups: list[list[int]]) -> np.ndarray:
+    """(2, S - 1) :func:`~autoplace.sim.stages.card_share` of every boundary's replica shards,
+    forward and back; cached per simulator and stage groups (planners try many stage cuts on one
+    set of groups)."""
+    cache: dict[tuple[tuple[int, ...], ...], np.ndarray] = sim.__dict__.setdefault("_boundary_cards", {})
+    key = tuple(tuple(g) for g in groups)
+    got = cache.get(key)
+    if got is None:
+        n_st = len(groups)
+        got = np.ones((2, max(n_st - 1, 1)))
+        for s in range(n_st - 1 if len(set(sim.cluster.hosts)) > 1 else 0):
+            got[0, s] = card_share(sim.cluster, shard_flows(groups[s], groups[s + 1]))
+            got[1, s] = card_share(sim.cluster, shard_flows(groups[s + 1], groups[s]))
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = got
+    return got
+
+
 def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
                *, result: bool, timeline: bool = True) -> PipelineOutcome:
     """Simulate one GPipe or 1F1B step of stages ``st`` (int64, validated) on device groups
@@ -368,10 +387,7 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
     ddp = (float(sim.cost.grad_scale()),
            np.array([ring_link(sim.cluster, t.lat, t.inv_bw, g)[1] for g in groups]) if rails else None)
     crossing = stage_edges(sim.graph, sim.cost.value_scale)  # the graph's edges and its size-only reads
-    cards = np.ones((2, max(n_st - 1, 1)))  # sends between hosts share the hosts' network cards
-    for s in range(n_st - 1):
-        cards[0, s] = card_share(sim.cluster, shard_flows(groups[s], groups[s + 1]))
-        cards[1, s] = card_share(sim.cluster, shard_flows(groups[s + 1], groups[s]))
+    cards = _boundary_cards(sim, groups)  # sends between hosts share the hosts' network cards
     out = _pipe_core(st, stage_ptr, stage_dev, f_rep, b_rep, u_rep, order, inflight, *crossing, t.lat, t.inv_bw,
                      t.out_bytes, t.param_bytes, t.opt_factor, t.tied_of, t.tied_first, t.tied_bytes, t.capacity,
                      m_count, DDP_BUCKET_BYTES, b_op, cards, *ddp)

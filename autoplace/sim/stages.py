@@ -104,17 +104,28 @@ def stage_edges(graph: "OpGraph", scale: float = 1.0) -> StageEdges:
     return got
 
 
+def _hosts_cards(cluster: "Cluster") -> tuple[list[int], list[int]]:
+    """Every device's host and its host's network cards (one where not stated), computed once
+    per cluster (kept in its ``__dict__``, as its cached ``fingerprint`` is)."""
+    got = cluster.__dict__.get("_hosts_cards")
+    if got is None:
+        got = cluster.__dict__["_hosts_cards"] = ([int(d.host) for d in cluster.devices],
+                                                   [max(int(d.host_nics), 1) for d in cluster.devices])
+    return got
+
+
 def _shares(cluster: "Cluster", flows: Sequence[tuple[int, int]]) -> list[float]:
     """Per send of ``flows``: 1 on its own link (inside a host, or a pair on one device), else
     ``max(1, sends leaving its host / cards there, sends entering its host / cards there)``."""
-    host = [d.host for d in cluster.devices]
+    host, cards = _hosts_cards(cluster)
+    if not flows or all(host[i] == host[j] for i, j in flows):
+        return [1.0] * len(flows)
     out_n: dict[int, int] = {}
     in_n: dict[int, int] = {}
     for i, j in flows:
         if i != j and host[i] != host[j]:
             out_n[host[i]] = out_n.get(host[i], 0) + 1
             in_n[host[j]] = in_n.get(host[j], 0) + 1
-    cards = [max(int(d.host_nics), 1) for d in cluster.devices]
     return [1.0 if i == j or host[i] == host[j] else
             max(1.0, out_n[host[i]] / cards[i], in_n[host[j]] / cards[j]) for i, j in flows]
 
