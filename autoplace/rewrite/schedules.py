@@ -18,11 +18,12 @@ Gradients equal the unsplit model's on the full batch when the loss is a mean ov
 every schedule without TP its layers keep whole-batch running statistics, committed once a step
 whatever the order of the micro-batches and stages, replicas synchronised per micro-batch
 (:mod:`autoplace.rewrite.batchnorm`, ``batch_norm=``; ``tests/rewrite/test_rewrite_bn_virtual.py``:
-interleaved-1f1b, zbv, looped-bfs and zb-h1 against the unsplit model). Parameters used by stages on different ranks (a tied
-embedding and output projection) have their gradients summed over those ranks after the step;
-stages on one rank share the Parameter object, so its gradient accumulates there already (and
-the runner, not torch, divides it by the micro-batches: torch divides per stage, so twice for a
-parameter two stages of one rank share, as ZBV's first and last stages do with a tied head).
+interleaved-1f1b, zbv, looped-bfs and zb-h1 against the unsplit model). Parameters used by
+stages on different ranks (a tied embedding and output projection) have their gradients summed
+over those ranks after the step; stages on one rank share the Parameter object, so its gradient
+accumulates there already (and the runner, not torch, divides it by the micro-batches: torch
+divides per stage, so twice for a parameter two stages of one rank share, as ZBV's first and last
+stages do with a tied head).
 
 Data-parallel replicas (``dp > 1``, pp x dp as torchtitan composes them): the world is a
 ("pp", "dp") DeviceMesh, global rank ``r x dp + j`` runs pipeline rank r's stages as replica j on

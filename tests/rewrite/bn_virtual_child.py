@@ -4,9 +4,10 @@ bn_plans_child's BatchNorm CNN, float32, 3 SGD steps under a pipeline whose rank
 stages or split the backward (interleaved-1f1b, zbv, looped-bfs, zb-h1), 2 micro-batches, and on
 every rank the unsplit model as such a pipeline trains it (batch_norm="sync"): the gradients of
 the micro-batches accumulated (each normalised by its own statistics, over all its replicas), each
-BatchNorm's running statistics updated once a step from all the samples it saw in the step. Each rank writes OUT/<case>-rank<r>.json:
-its losses, the reference's, the largest parameter and running-statistics differences after the
-steps, the plan it ran and how many BatchNorm layers it converted.
+BatchNorm's running statistics updated once a step from all the samples it saw in the step.
+Each rank writes OUT/<case>-rank<r>.json: its losses, the reference's, the largest parameter and
+running-statistics differences after the steps, the plan it ran and how many BatchNorm layers it
+converted.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ These schedules used to be refused for a BatchNorm model; the runner's BatchNorm
 running statistics committed once a step, replicas synchronised per micro-batch,
 :mod:`autoplace.rewrite.batchnorm`) does not depend on the schedule's order. Checked against the
 unsplit model trained as such a pipeline trains it (bn_virtual_child.py): the losses, the parameters
-and the running statistics after 3 steps within 1e-5.
+and the running statistics after 3 steps within 1e-5. And the collectives of a counted step equal
+the simulator's (:func:`autoplace.sim.collectives.step_collectives`), through
+test_collectives_torchrun.py's harness (bn_collectives_child.py), the BatchNorm statistics'
+all-reduces of every virtual stage among them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+import pipeline_workers as pw
+import test_collectives_torchrun as tc
 
 CHILD = Path(__file__).with_name("bn_virtual_child.py")
+COLLECTIVES = Path(__file__).with_name("bn_collectives_child.py")
 TOL = 1e-5
 
 
@@ -54,3 +62,27 @@ def test_batch_norm_under_looped_bfs_and_zb_h1(tmp_path: Path) -> None:
     got = _launch(tmp_path, ["looped-bfs", "zb-h1"])
     for case, rows in got.items():
         _check(case, rows)
+
+
+def _collectives(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
+    pw.launch_cases(COLLECTIVES, tmp_path, ranks, cases, timeout=600)
+    got = {c["id"]: [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)] for c in cases}
+    tc._check(got)  # per rank, every (kind, group) count equal to the simulator's
+    for case, parts in got.items():
+        for rank, part in enumerate(parts):  # the BatchNorm statistics were among the compared collectives
+            assert any(any("rewrite/batchnorm.py" in c for c in e["origin"]) for e in part["steps"][-1]["events"]), \
+                (case, rank)
+
+
+def test_batch_norm_collectives_of_virtual_stages_equal_the_simulators(tmp_path: Path) -> None:
+    # one pipeline rank of two virtual stages, two replicas: both stages' statistics over one group
+    _collectives(tmp_path, 2, [{"id": "pipebn_i1f1b_dp2", "model": "bn", "pp": 1, "v": 2,
+                                "schedule": "interleaved-1f1b"},
+                               {"id": "pipebn_zbv_dp2", "model": "bn", "pp": 1, "v": 2, "schedule": "zbv"}])
+
+
+@pytest.mark.slow
+def test_batch_norm_collectives_of_pp2_x_dp2_virtual_stages_equal_the_simulators(tmp_path: Path) -> None:
+    _collectives(tmp_path, 4, [{"id": "pipebn_pp2_i1f1b_dp2", "model": "bn", "pp": 2, "v": 2,
+                                "schedule": "interleaved-1f1b"},
+                               {"id": "pipebn_pp2_zbv_dp2", "model": "bn", "pp": 2, "v": 2, "schedule": "zbv"}])
