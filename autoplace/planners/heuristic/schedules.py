@@ -280,7 +280,9 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     devs = [d for g in plan.stage_devices for d in g] if replicated else [g[0] for g in plan.stage_devices]
     reasons = []
     if any("BatchNorm" in k for k in graph.kinds):
-        reasons.append("the graph has BatchNorm (the multi-stage runner would take its statistics per micro-batch)")
+        reasons.append("the graph has BatchNorm (the runtime runs it under every schedule, but the simulator's "
+                       "multi-stage path does not price its statistics sync on DDP stages yet: a plan chosen "
+                       "there would rest on a missing cost)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
         notes.append("the plan's per-stage options are tried on the multi-stage shapes as one setting for every "
                      "rank (recompute of every unit where the plan recomputes any)")
