@@ -102,6 +102,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from ..graph.carried import carried_edges
 from .analytic import CostModel
 
 if TYPE_CHECKING:
@@ -401,11 +402,14 @@ def messages_per_boundary(graph: "OpGraph", stage_of_node: np.ndarray, n_stages:
     :func:`tensors_per_boundary`: torch's schedules post the tensors of one action together
     (``batch_isend_irecv``) and wait on them once, so a receiver is woken about once per producing
     op, not once per tensor (charged per tensor, GNMT-4 unrolled's 21 tensors put its GPipe M2
-    at 3x its measured step in a trial run of ``benchmarks/fidelity_cpu.py``)."""
+    at 3x its measured step in a trial run of ``benchmarks/fidelity_cpu.py``). The pairs are those a
+    boundary carries (:func:`autoplace.graph.carried.carried_edges`): an op whose tensor a later
+    stage reads only through its size sends it too (the graph's 0-byte edge names most such pairs)."""
     out = np.zeros(max(n_stages - 1, 1), dtype=int)
-    if not graph.num_edges:
+    pairs, _ = carried_edges(graph)
+    if not pairs.shape[0]:
         return out
-    src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    src, dst = pairs[:, 0], pairs[:, 1]
     st = np.asarray(stage_of_node)
     for s in range(n_stages - 1):
         cross = (st[src] <= s) & (st[dst] > s)

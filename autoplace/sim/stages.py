@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from numba import njit
 
+from ..graph.carried import carried_edges
 from .result import Event
 
 if TYPE_CHECKING:
@@ -86,20 +87,12 @@ def stage_edges(graph: "OpGraph", scale: float = 1.0) -> StageEdges:
     if got is not None:
         return got
     n = graph.num_nodes
-    pairs: dict[tuple[int, int], float] = {(int(a), int(b)): float(x)
-                                           for (a, b), x in zip(graph.edges.tolist(), graph.edge_bytes.tolist())}
-    for a, b, x in graph.meta.get("metadata_reads", ()):
-        if not (0 <= int(a) < int(b) < n) or not float(x) >= 0:
-            raise ValueError(f"graph {graph.name!r}: metadata read {[a, b, x]} is not (src < dst < {n} ops, bytes >= 0); "
-                             "it comes from autoplace.trace: trace the model again")
-        pairs[(int(a), int(b))] = pairs.get((int(a), int(b)), 0.0) + float(x)
-    keys = sorted(pairs)
-    src = np.array([k[0] for k in keys], dtype=np.int64)
-    edst = np.array([k[1] for k in keys], dtype=np.int64)
-    ebytes = np.array([pairs[k] for k in keys], dtype=np.float64) * float(scale)
+    pairs, pair_bytes = carried_edges(graph)
+    src, edst = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+    ebytes = pair_bytes * float(scale)
     succ_ptr = np.zeros(n + 1, dtype=np.int64)
     np.add.at(succ_ptr, src + 1, 1)
-    got = (np.cumsum(succ_ptr), np.arange(len(keys), dtype=np.int64), edst, ebytes)  # keys are sorted by source
+    got = (np.cumsum(succ_ptr), np.arange(len(edst), dtype=np.int64), edst, ebytes)  # pairs are sorted by source
     per[float(scale)] = got
     return got
 

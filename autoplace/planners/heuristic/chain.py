@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoplace.graph.carried import carried_edges
+
 if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
 
@@ -23,7 +25,8 @@ class Chain:
     bounds: np.ndarray
     """(B+1,) op positions of the block boundaries, 0 first and N last."""
     cut_bytes: np.ndarray
-    """(B+1,) bytes of the live tensors crossing each boundary (0 at both ends)."""
+    """(B+1,) bytes of the live tensors crossing each boundary (0 at both ends), with those read
+    beyond it only through their sizes (see :func:`live_tensors`)."""
     width: int
     """most live tensors crossing a kept boundary (the compression width)."""
 
@@ -33,16 +36,21 @@ class Chain:
 
 
 def live_tensors(graph: "OpGraph") -> tuple[np.ndarray, np.ndarray]:
-    """(N+1,) live tensor count and bytes crossing each position p (between ops p-1 and p)."""
+    """(N+1,) live tensor count and bytes crossing each position p (between ops p-1 and p): an
+    op's output is live from the op to its last reader, at the largest bytes any reader takes,
+    over the pairs a stage boundary carries (:func:`autoplace.graph.carried.carried_edges`): a
+    tensor a later op reads only through its size stays live, whole, until that op (the pipeline
+    rewrite sends it, as the simulator prices it)."""
     n = graph.num_nodes
     count = np.zeros(n + 2)
     nbytes = np.zeros(n + 2)
-    if graph.num_edges:
-        src, dst = graph.edges[:, 0], graph.edges[:, 1]
+    pairs, pair_bytes = carried_edges(graph)
+    if pairs.shape[0]:
+        src, dst = pairs[:, 0], pairs[:, 1]
         last = np.full(n, -1, dtype=np.int64)
         np.maximum.at(last, src, dst)
         big = np.zeros(n)
-        np.maximum.at(big, src, graph.edge_bytes)
+        np.maximum.at(big, src, pair_bytes)
         has = last >= 0
         s, e = np.nonzero(has)[0], last[has]
         np.add.at(count, s + 1, 1.0)

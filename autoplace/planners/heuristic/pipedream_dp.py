@@ -20,7 +20,8 @@ How this code applies it, and where it departs:
   into one node, ``Graph.compress_branches``, and runs the DP over the states of its antichain
   DAG). Here stage boundaries are allowed only at *narrow cuts* of the topological order: the
   positions crossed by the fewest live tensors (a tensor is live from its producer to its last
-  reader). The smallest width ``c`` with at least ``max(4 D, 32)`` such positions is kept, so
+  reader, counting one that reads it only through its size, as the pipeline rewrite sends it
+  whole: :func:`.chain.live_tensors`; the cut's bytes include it). The smallest width ``c`` with at least ``max(4 D, 32)`` such positions is kept, so
   every fork-join region wider than ``c`` (an Inception module, a NASNet cell's branches)
   collapses into one chain element, whole. With more than ``max_blocks`` candidates, those
   nearest to equal steps of cumulative compute are kept. Every prefix of a topological order is
