@@ -54,6 +54,11 @@ the network when the replicas span hosts), and the rank waits for them before it
   runtime all-reduces them in torch's ``REDUCE_GRAD`` action right after the stage's last ``W``:
   every bucket after that backward, one after another.
 
+With ``CostModel.batch_norm == "sync"`` (the runtime's default) every forward and backward (its
+input-gradient part) of a replicated stage also waits for its BatchNorm layers' statistics rings
+over the rank's replicas (:func:`~.stage_cost.bn_sync_seconds`, :func:`~.ddp.bn_sync_op_seconds`:
+what :mod:`.pipeline` charges a GPipe/1F1B stage and :mod:`.fsdp_stage` a stage with options).
+
 Memory per device: its rank's whole (or TP-sharded) stages' parameters, gradients and optimizer
 state plus one replica's activations.
 

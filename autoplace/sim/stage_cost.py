@@ -14,7 +14,9 @@ recomputed unit's backward).
   their all-reduces, each in the phase of its op (and with sequence parallelism its region and
   the rewrite's collectives: :func:`~.tensor_parallel.tp_share`, the one TP term of both regimes); DDP all-reduces in buckets during the last backward (or after it
   with a split backward or with TP: the runtime's ``ReplicatedStage`` averages a TP stage's
-  replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`.
+  replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`; with ``CostModel.batch_norm == "sync"``
+  every forward and backward action also waits for its BatchNorm layers' statistics rings over
+  the replicas (:func:`bn_sync_seconds`, as :mod:`.pipeline` and :mod:`.fsdp_stage` charge them).
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
   stage's FSDP units, Zhao et al. VLDB 2023) on its rank's devices, as torch.distributed.pipelining
   runs an FSDP stage module (:func:`action_seconds`): every forward and backward action gathers
@@ -45,7 +47,7 @@ import numpy as np
 
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
-from .ddp import ddp_sync, ring_link
+from .ddp import bn_channels, bn_sync_op_seconds, ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from .schedules import Action
     from .simulator import Simulator
 
-__all__ = ["StageCosts", "stage_costs", "op_times", "ddp_tails", "action_seconds", "sharded_fixed_bytes",
+__all__ = ["StageCosts", "stage_costs", "op_times", "ddp_tails", "bn_sync_seconds", "action_seconds", "sharded_fixed_bytes",
            "options_of_stages", "sharded_stages", "resident_ratio"]
 
 
@@ -163,6 +165,31 @@ def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]],
             ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv, grad_scale=gs)
         tail[s] = max(ready - float(last_s[s]), 0.0)
     return tail, ar
+
+
+def bn_sync_seconds(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
+                    tp: int) -> np.ndarray:
+    """(K,) seconds every forward action of each virtual stage adds for its BatchNorm layers'
+    synchronised statistics (each backward adds the same, in its input-gradient part): with
+    ``CostModel.batch_norm == "sync"`` and ``d > 1`` replicas, :func:`~.ddp.bn_sync_op_seconds`
+    over the stage's ops with its rank's replicas, over the slowest link of each TP index's replica
+    group (as :class:`~.fsdp_stage.ShardedStage` prices a stage with options and :mod:`.pipeline`
+    a GPipe/1F1B stage). Zeros without replicas or BatchNorm."""
+    k = rank_of.shape[0]
+    out = np.zeros(k)
+    if sim.cost.batch_norm != "sync":
+        return out
+    channels = bn_channels(sim)
+    tables = sim.tables
+    for s in range(k):
+        grp = list(groups[int(rank_of[s])])
+        d = len(grp) // tp
+        ch = channels[st == s]
+        if d <= 1 or not ch.any():
+            continue
+        links = [ring_link(sim.cluster, tables.lat, tables.inv_bw, grp[i::tp]) for i in range(tp)]
+        out[s] = float(bn_sync_op_seconds(ch, d, max(x[0] for x in links), max(x[1] for x in links)).sum())
+    return out
 
 
 def last_backward_is_weight(order: tuple[tuple["Action", ...], ...], n_stages: int, microbatches: int) -> np.ndarray:
@@ -325,7 +352,8 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
                                                    [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
                                                    sequence_parallel=sequence_parallel,
                                                    replicas=[groups[r][::t_deg] for r in rank_of] if d > 1 else None)
-    f, b = np.bincount(st, f_op, minlength=k) + tp_ar[0], np.bincount(st, b_op, minlength=k) + tp_ar[1]
+    bn = bn_sync_seconds(sim, st, groups, rank_of, t_deg) if d > 1 else np.zeros(k)  # blocking, in F and in I
+    f, b = np.bincount(st, f_op, minlength=k) + tp_ar[0] + bn, np.bincount(st, b_op, minlength=k) + tp_ar[1] + bn
     w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
                      np.bincount(st, p_op, minlength=k))
     out_b = np.bincount(st, sim.tables.out_bytes, minlength=k)
