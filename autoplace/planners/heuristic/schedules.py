@@ -33,10 +33,10 @@ side (``devs[i d: (i + 1) d]``: inside a host when the hosts are contiguous) or 
 ("dp", "pp") mesh). Micro-batches where ``d x M`` divides the batch (the runtime's equal
 shares). The simulator says which is faster.
 
-Not offered (the runtime could not run them, or would change the model's arithmetic): any
-multi-stage schedule when the graph has BatchNorm (per-micro-batch statistics; the 1f1b/gpipe
-runner keeps whole-batch ones), shapes the schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves
-a stage without ops. Each skipped family is named in the result's notes.
+Not offered (the runtime could not run them, or would change the model's arithmetic): shapes the
+schedule refuses (micro-batches not in whole rounds of ``P``), and ``v`` that leaves a stage
+without ops. BatchNorm graphs get every schedule (the runtime runs them since 1dd8f8d; the
+simulator charges the statistics sync of replicated stages on every path, :mod:`autoplace.sim.ddp`). Each skipped family is named in the result's notes.
 
 Stage options on the shapes, TP shapes included (FSDP over a rank's replicas of its TP group:
 torchtitan's 2-D; the simulator prices them, :mod:`autoplace.sim.stage_cost`):
@@ -279,10 +279,6 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     replicated = plan.tp == 1 and any(len(g) > 1 for g in plan.stage_devices)
     devs = [d for g in plan.stage_devices for d in g] if replicated else [g[0] for g in plan.stage_devices]
     reasons = []
-    if any("BatchNorm" in k for k in graph.kinds):
-        reasons.append("the graph has BatchNorm (the runtime runs it under every schedule, but the simulator's "
-                       "multi-stage path does not price its statistics sync on DDP stages yet: a plan chosen "
-                       "there would rest on a missing cost)")
     if plan.shard or plan.recompute or plan.precision or plan.reshard_after_forward:
         notes.append("the plan's per-stage options are tried on the multi-stage shapes as one setting for every "
                      "rank (recompute of every unit where the plan recomputes any)")
