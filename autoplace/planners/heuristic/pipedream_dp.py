@@ -44,9 +44,10 @@ How this code applies it, and where it departs:
 - **Memory**: one replica holds its stage's parameters, gradients and optimizer state and
   ``share / r`` of its activations and received tensors at the full batch, ``share = 1`` first
   (every micro-batch live: safe for GPipe and 1F1B), then 1/2, 1/4, 1/8 when nothing fits (1F1B
-  with enough micro-batches). When none of the DP's plans fits in the simulator (its estimate
-  is short of the simulator's), the DP runs again on less memory (the closest plan's excess, at
-  least 2% less, up to ``MEMORY_ROUNDS`` times).
+  with enough micro-batches). When no plan fits in the simulator after every step below, the
+  stage-options pass included (the DP's estimate is short of the simulator's), the DP runs again
+  on less memory (the closest plan's excess, at least 2% less, up to ``MEMORY_ROUNDS`` rounds in
+  all).
 - **Synchronous schedules**: PipeDream's objective is the steady-state throughput of its
   asynchronous pipeline. autoplace trains with flushes (GPipe or 1F1B), where a pipeline of S
   stages also pays a bubble, and the DP's objective misjudges plans (it ignores the bubble and
@@ -389,20 +390,14 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
             evaluate(fresh[k], options(fresh[k]), ("gpipe",))
 
     # Activations kept per replica, as a share of the full batch: every micro-batch live first,
-    # then less (1F1B with enough micro-batches). Where none of the DP's plans fits in the
-    # simulator, the DP's memory estimate fell short of the simulator's: the DP runs again on the
-    # memory left after the closest plan's excess, at most MEMORY_ROUNDS times (without this, a
-    # wide Llama on 4 A100s found a plan at 230 MiB per device and none at 238.8 or 245 MiB).
-    scale = 1.0
-    for _ in range(MEMORY_ROUNDS):
+    # then less (1F1B with enough micro-batches).
+    def shares(scale: float) -> None:
         for share in (1.0, 0.5, 0.25, 0.125):
             dp_round(share, scale)
             if judge.best() is not None:
                 break
-        over = min((float(np.max(c.peak_memory_bytes / capacity)) for c in judge.tried if c.oom), default=np.inf)
-        if judge.best() is not None or not np.isfinite(over) or over <= 1.0:
-            break
-        scale *= min(0.99 / over, 0.98)  # at least 2% less: the DP's plans change in steps
+
+    shares(1.0)
 
     def research(plan: StagePlan) -> Choice | None:
         """The plan's fastest fitting (micro-batches, schedule) over the whole grid."""
@@ -445,6 +440,18 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
     # fitting or not, and on balanced pipelines of equal replicas: sharded plans where DDP does not fit or is slower
     option_evals = improve(judge, starts(judge, chain.bounds, block_work, device_orders(judge)[0]),
                            planner="pipedream-dp") if stage_options else 0
+    # Last resort, where nothing fits, sharded or recomputed stages included: the DP's memory
+    # estimate fell short of the simulator's, so the DP runs again on the memory left after the
+    # closest plan's excess, at most MEMORY_ROUNDS - 1 more times (without this, a wide Llama on 4
+    # A100s found a plan at 230 MiB per device and none at 238.8 or 245 MiB). Only then: the rounds
+    # cost DP solves and simulations that a search which found a plan would lose its budget to.
+    scale = 1.0
+    for _ in range(MEMORY_ROUNDS - 1):
+        over = min((float(np.max(c.peak_memory_bytes / capacity)) for c in judge.tried if c.oom), default=np.inf)
+        if judge.best() is not None or not np.isfinite(over) or over <= 1.0:
+            break
+        scale *= min(0.99 / over, 0.98)  # at least 2% less: the DP's plans change in steps
+        shares(scale)
     chosen = judge.best()
     if chosen is None:
         raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
