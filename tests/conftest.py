@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,16 @@ def pipedream_path(name: str) -> Path:
 @pytest.fixture(params=PROFILES)
 def pipedream_profile(request: pytest.FixtureRequest) -> Path:
     return pipedream_path(request.param)
+
+
+@pytest.fixture()
+def one_process(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group for the test (destroyed after it)."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

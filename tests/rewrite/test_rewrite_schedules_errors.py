@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.fx
 
 import pipeline_workers as pw
 import rewrite_models as rm
 from autoplace.rewrite.runtime import PipelineError
 from autoplace.rewrite.schedules import MultiStageRunner, build_schedule_runner
-
-
-@pytest.fixture()
-def one_process(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _build(name: str = "gpt", stages: int = 2, **kw: object):  # type: ignore[no-untyped-def]

@@ -13,12 +13,10 @@ loss is the sum of the micro-batches' losses, the unsplit model's)."""
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import autoplace
@@ -29,16 +27,6 @@ from autoplace.rewrite.options import RunnerOptions
 OPTION_ARGS = {"loss_fn", "batch_norm", "timeouts", "predicted_step_s", "scale_grads"}
 APPLY = sorted(n for n, f in vars(RunnerOptions).items() if callable(f) and not n.startswith("_"))
 """The methods that apply an option (every public method but the constructor ``of``)."""
-
-
-@pytest.fixture()
-def one_process(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _model() -> nn.Module:
