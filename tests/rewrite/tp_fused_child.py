@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_workers as pw  # noqa: E402
+import tp_models as tm  # noqa: E402
 
 import autoplace  # noqa: E402
 from autoplace import zoo  # noqa: E402
@@ -95,20 +96,6 @@ def reference(model: nn.Module) -> tuple[list[float], dict[str, torch.Tensor]]:
         opt.zero_grad()
         losses.append(loss.item())
     return losses, {k: v.detach().clone() for k, v in ref.state_dict().items()}
-
-
-def _train(runner: Any) -> list[float]:
-    """STEPS SGD steps (lr 0.1) of a pipeline ``runner`` on ``batch``: the losses this rank saw."""
-    opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        x, y = batch(step)
-        loss = runner.step(x, target=y)
-        opt.step()
-        opt.zero_grad()
-        if loss is not None:
-            losses.append(float(loss.item()))
-    return losses
 
 
 def _checkpoint_errors(gm: nn.Module, want: dict[str, torch.Tensor], path: Path, world: int) -> dict[str, float]:
@@ -184,13 +171,13 @@ def run(case: dict[str, Any], rank: int, world: int, out: Path) -> None:
         runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
                                 loss_fn=loss_fn, timeout_s=120, progress=False)
         modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
-        losses = _train(runner)
+        losses = tm.train_runner(runner, STEPS, batch)
     else:
         runner = build_schedule_runner(gm, pw.contiguous_stages(gm, case["pp"]), example_inputs=(x0,), microbatches=2,
                                        loss_fn=loss_fn, schedule="1f1b", virtual_stages=1, tp=world // case["pp"],
                                        tp_pairs=[(p.column_path, p.row_path) for p in pairs])
         modules = list(runner.stage_modules)
-        losses = _train(runner)
+        losses = tm.train_runner(runner, STEPS, batch)
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
               for mod in modules for n, p in mod.named_parameters()}
     rec |= {"losses": losses, "sharded": sorted({n for mod in modules for n, p in mod.named_parameters()

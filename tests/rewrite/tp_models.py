@@ -6,7 +6,7 @@ batch; ``loss`` is next-token cross-entropy."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -95,14 +95,15 @@ def reference(model: nn.Module, steps: int) -> tuple[list[float], dict[str, torc
     return losses, {n: p.detach() for n, p in ref.named_parameters()}
 
 
-def train_runner(runner: Any, steps: int) -> list[float]:
-    """``steps`` SGD steps (lr 0.1) of a pipeline ``runner`` on :func:`batch` (size 8, seed =
-    step), as :func:`reference` trains the unsplit model: the losses this rank saw (the last
-    stage's ranks see them)."""
+def train_runner(runner: Any, steps: int, data: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
+                 ) -> list[float]:
+    """``steps`` SGD steps (lr 0.1) of a pipeline ``runner`` on ``data(step)`` (default
+    :func:`batch` of size 8, seed = step), as :func:`reference` trains the unsplit model: the
+    losses this rank saw (the last stage's ranks see them)."""
     opt = torch.optim.SGD(list(runner.parameters()), lr=0.1)
     losses = []
     for step in range(steps):
-        x, y = batch(8, step)
+        x, y = data(step) if data is not None else batch(8, step)
         loss = runner.step(x, target=y)
         opt.step()
         opt.zero_grad()
