@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 
 from .errors import AutoplaceError
-from .graph.units import block_units, stage_module_paths
+from .graph.units import block_units, is_block, stage_module_paths
 from .parallel import SELECTIVE_OP, StageOptions, default_reshard, hsdp_shape
 from .pipeline_rules import SPECS, stage_ranks
 
@@ -69,10 +69,6 @@ def stage_modules(plan: "Placement", graph: "OpGraph") -> list[list[str]]:
     """Per stage, the module paths that make it (:func:`autoplace.graph.units.stage_module_paths`)."""
     assert plan.stage_of_node is not None
     return stage_module_paths(graph, plan.stage_of_node)
-
-
-def _is_block(name: str) -> bool:
-    return name.rsplit(".", 1)[-1].isdigit()
 
 
 # ---- the facts an export needs, kept in the plan file ----------------------------------------
@@ -111,7 +107,7 @@ def export_facts(plan: "Placement", graph: "OpGraph", cluster: "Cluster | None" 
         except AutoplaceError as e:
             facts["device_map_error"] = str(e)
     if module is not None:
-        classes = sorted({type(module.get_submodule(u)).__name__ for u in block_units(graph).names if _is_block(u)})
+        classes = sorted({type(module.get_submodule(u)).__name__ for u in block_units(graph).names if is_block(u)})
         if classes:
             facts["block_classes"] = classes
     return facts
@@ -187,13 +183,13 @@ def _whole_blocks(plan: "Placement", facts: Mapping[str, Any], opts: StageOption
     per_stage = facts.get("stage_modules")
     if not per_stage:
         raise ExportError(f"the plan recomputes named blocks and does not record which modules each stage holds; {_REPLAN}")
-    blocks = [u for stage in per_stage for u in stage if _is_block(u)]
+    blocks = [u for stage in per_stage for u in stage if is_block(u)]
     ranks = stage_ranks(plan.schedule, plan.num_stages, plan.virtual_stages) if plan.virtual_stages > 1 \
         else tuple(range(len(per_stage)))  # the rank (the options' index) of every stage
     chosen: set[str] = set()
     for s, r in enumerate(opts.recompute):
         stages = [k for k, rank in enumerate(ranks) if rank == s]
-        chosen |= {u for k in stages for u in per_stage[k] if _is_block(u)} if r is True else set(r or ())
+        chosen |= {u for k in stages for u in per_stage[k] if is_block(u)} if r is True else set(r or ())
     if chosen >= set(blocks):  # every block, named one by one: torchtitan's full AC
         return True
     if not chosen:

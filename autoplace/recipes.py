@@ -43,7 +43,7 @@ import numpy as np
 
 from .capability import runtime_problems
 from .errors import AutoplaceError
-from .graph.units import block_units
+from .graph.units import block_units, is_block
 from .placement import Placement
 from .planners.heuristic.fsdp import block_stages
 from .planners.heuristic.stage_options import precision_for
@@ -87,7 +87,7 @@ class Recipe:
 
 
 def _blocks(graph: "OpGraph") -> list[str]:
-    return [u for u in block_units(graph).names if u.rsplit(".", 1)[-1].isdigit()]
+    return [u for u in block_units(graph).names if is_block(u)]
 
 
 def _host_size(cluster: "Cluster") -> int:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.graph.units import block_units, stage_module_paths
+from autoplace.graph.units import block_units, is_block, stage_module_paths
 from autoplace.parallel import SELECTIVE_OP, StageOptions, hsdp_shape
 from autoplace.placement import Placement
 from .. import budget as _budget
@@ -62,7 +62,7 @@ def block_stages(graph: "OpGraph", pp: int) -> np.ndarray | None:
     outside blocks follow their inputs (the embedding in the first stage, the head in the last).
     None when there are fewer blocks than stages or the cut would go back along an edge."""
     units = block_units(graph)
-    blocks = [k for k, name in enumerate(units.names) if name.rsplit(".", 1)[-1].isdigit()]
+    blocks = [k for k, name in enumerate(units.names) if is_block(name)]
     if len(blocks) < pp:
         return None
     stage_of_unit = {u: i * pp // len(blocks) for i, u in enumerate(blocks)}
@@ -181,20 +181,20 @@ def _every_block(names: tuple[str, ...]) -> list[str] | bool:
     """Every block, as torchtitan's ``activation_checkpoint.mode="full"`` wraps each transformer
     block (not the embedding, final norm or output projection); True (every unit) when the
     model has no blocks."""
-    blocks = [u for u in names if u.rsplit(".", 1)[-1].isdigit()]
+    blocks = [u for u in names if is_block(u)]
     return blocks if blocks else True
 
 
 def _every_second_block(names: tuple[str, ...]) -> list[str]:
     """The 2nd, 4th, ... block, as torchtitan's selective layer AC "2" picks them (it counts from 1)."""
-    blocks = [u for u in names if u.rsplit(".", 1)[-1].isdigit()]
+    blocks = [u for u in names if is_block(u)]
     return blocks[1::2]
 
 
 def _selective_op(names: tuple[str, ...]) -> str | bool:
     """Every block op by op (torchtitan's ``selective_ac_option="op"``: matmul outputs saved, the
     rest recomputed); False (no variant) when the model has no blocks."""
-    return SELECTIVE_OP if any(u.rsplit(".", 1)[-1].isdigit() for u in names) else False
+    return SELECTIVE_OP if any(is_block(u) for u in names) else False
 
 
 def place_fsdp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" = None, seed: int = 0) -> Placement:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.graph.units import block_units, stage_units
+from autoplace.graph.units import block_units, is_block, stage_units
 from autoplace.parallel import SELECTIVE_OP, StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES, stage_ranks
 from autoplace.placement import Placement, PlacementError
@@ -98,7 +98,7 @@ class _Space:
         owned: list[list[str]] = [[] for _ in devices]
         for u in sorted({int(x) for x in su.tolist() if x >= 0}):
             owned[int(st[int(np.argmax(su == u))])].append(units.names[u])
-        blocks = [[u for u in own if u.rsplit(".", 1)[-1].isdigit()] for own in owned]
+        blocks = [[u for u in own if is_block(u)] for own in owned]
         self.owned = owned
         self.blocks = [b if b else own for b, own in zip(blocks, owned)]  # no block: any unit
 
@@ -210,7 +210,7 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
                     (lo if o else hi)[s] = mid[s]
         return run(m, shard, rs, tuple(hi)) or full
 
-    has_blocks = any(u.rsplit(".", 1)[-1].isdigit() for b in space.blocks for u in b)
+    has_blocks = any(is_block(u) for b in space.blocks for u in b)
     per_shard = max(max_evals // len(shards), 1)
     for shard in shards:
         limit = len(out) + per_shard
