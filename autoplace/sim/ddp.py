@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .simulator import Simulator
 
 __all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link", "ring_link", "bn_channels", "graph_bn_channels",
-           "bn_sync_op_seconds", "bn_sync_collectives", "BN_SYNC_ELEMENT_BYTES"]
+           "bn_sync_op_seconds", "bn_sync_group_seconds", "bn_sync_collectives", "BN_SYNC_ELEMENT_BYTES"]
 
 DDP_BUCKET_BYTES = 25.0 * 2**20
 """DistributedDataParallel's default gradient bucket (``bucket_cap_mb=25``)."""
@@ -194,6 +194,15 @@ def bn_sync_op_seconds(channels: np.ndarray, replicas: int, lat: float, inv_bw: 
     nbytes = BN_SYNC_ELEMENT_BYTES * (2.0 * ch + 1.0)  # both rings' bytes
     out = 2.0 * (r - 1) / r * nbytes * inv_bw + 2.0 * 2.0 * (r - 1) * lat
     return np.where(ch > 0, out, 0.0)
+
+
+def bn_sync_group_seconds(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray, channels: np.ndarray,
+                          devices: Sequence[int], tp: int = 1) -> np.ndarray:
+    """:func:`bn_sync_op_seconds` for a stage on ``devices`` (``tp`` TP ranks per replica, the
+    replicas of TP index i being ``devices[i::tp]``): the statistics of each TP index reduce over
+    its replicas, every ring at the slowest of those groups' links (:func:`ring_link`)."""
+    links = [ring_link(cluster, lat, inv_bw, list(devices)[i::tp]) for i in range(tp)]
+    return bn_sync_op_seconds(channels, len(devices) // tp, max(x[0] for x in links), max(x[1] for x in links))
 
 
 def bn_sync_collectives(channels: np.ndarray, microbatches: int, *, recomputed: np.ndarray | None = None

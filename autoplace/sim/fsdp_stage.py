@@ -74,7 +74,7 @@ from numba import njit
 from ..graph.units import block_units
 from ..cost.memory import LOSS_EXTRA_GRAD, LOSS_SAVED, facts_of, grad_alive, saved_per_op, selective_saves
 from ..parallel import StageOptions, hsdp_shape, recomputed_units
-from .ddp import bn_channels, bn_sync_op_seconds, ring_link
+from .ddp import bn_channels, bn_sync_group_seconds, ring_link
 
 if TYPE_CHECKING:
     from ..graph.ir import OpGraph
@@ -324,8 +324,7 @@ class ShardedStage:
         ch = bn_channels(sim)[nodes]
         if not ch.any():
             return
-        links = [ring_link(sim.cluster, sim.lat, sim.inv_bw, self.devs[i::self.t]) for i in range(self.t)]
-        per_op = bn_sync_op_seconds(ch, self.n, max(x[0] for x in links), max(x[1] for x in links))
+        per_op = bn_sync_group_seconds(sim.cluster, sim.lat, sim.inv_bw, ch, self.devs, self.t)
         extra = np.zeros(len(self.f))
         np.add.at(extra, item, per_op)
         self.f = self.f + extra

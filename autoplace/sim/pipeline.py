@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import njit
 
-from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_op_seconds, ddp_buckets, group_link, ring_link
+from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_group_seconds, ddp_buckets, group_link, ring_link
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, schedule_actions
 from .stages import boundary_bytes, card_share, link_events, shard_flows, stage_edges
@@ -377,8 +377,7 @@ def flush_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microb
         channels = bn_channels(sim)
         for s, grp in enumerate(groups):
             if len(grp) > 1 and channels[st == s].any():
-                lt, inv = ring_link(sim.cluster, t.lat, t.inv_bw, grp)
-                bn_s = float(bn_sync_op_seconds(channels[st == s], len(grp), lt, inv).sum())
+                bn_s = float(bn_sync_group_seconds(sim.cluster, t.lat, t.inv_bw, channels[st == s], grp).sum())
                 f_rep[stage_ptr[s]:stage_ptr[s + 1]] += bn_s
                 b_rep[stage_ptr[s]:stage_ptr[s + 1]] += bn_s
     order, inflight = flush_order(n_st, m_count, schedule)

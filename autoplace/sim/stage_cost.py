@@ -47,7 +47,7 @@ import numpy as np
 
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
-from .ddp import bn_channels, bn_sync_op_seconds, ddp_sync, ring_link
+from .ddp import bn_channels, bn_sync_group_seconds, ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
@@ -187,8 +187,7 @@ def bn_sync_seconds(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[
         ch = channels[st == s]
         if d <= 1 or not ch.any():
             continue
-        links = [ring_link(sim.cluster, tables.lat, tables.inv_bw, grp[i::tp]) for i in range(tp)]
-        out[s] = float(bn_sync_op_seconds(ch, d, max(x[0] for x in links), max(x[1] for x in links)).sum())
+        out[s] = float(bn_sync_group_seconds(sim.cluster, tables.lat, tables.inv_bw, ch, grp, tp).sum())
     return out
 
 
