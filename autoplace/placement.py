@@ -277,24 +277,34 @@ class Placement:
             return f"model-parallel placement{who} of {n} ops over {len(self.devices_used())} devices ({per})"
         assert self.stage_of_node is not None and self.stage_devices is not None
         ranks = self.stage_of_node
-        if self.virtual_stages != 1 and self.schedule in ALL_SCHEDULES:  # ops per rank, over its virtual stages
-            ranks = np.asarray(stage_ranks(self.schedule, self.num_stages, self.virtual_stages))[self.stage_of_node]
+        v = int(self.virtual_stages)
+        if v != 1 and self.schedule in ALL_SCHEDULES:  # ops per rank, over its virtual stages
+            ranks = np.asarray(stage_ranks(self.schedule, self.num_stages, v))[self.stage_of_node]
         sizes = np.bincount(ranks, minlength=self.num_stages)
-        stages = ", ".join(f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
-                           for k, devs in enumerate(self.stage_devices))
         opts = describe_options(self)
         micro = f"{self.microbatches} micro-batch{'es' if self.microbatches != 1 else ''}"
-        if self.num_stages == 1 and self.tp == 1:  # no pipeline: one stage, whole or over its replicas
+        tp = (f", tensor parallel x{self.tp}" if self.tp != 1 else "") + (
+            " with sequence parallelism" if self.sequence_parallel else "")
+        if self.num_stages * v == 1:  # one stage in all: no pipeline schedule, its data-parallel loop
             devs = self.stage_devices[0]
+            shard = self.shard[0] if self.shard else "ddp"
+            replicas = len(devs) // max(int(self.tp), 1)
             kind = ("single-device" if len(devs) == 1 else
-                    {"fsdp": "FSDP", "hsdp": "HSDP"}.get(self.shard[0] if self.shard else "ddp", "data-parallel"))
+                    "tensor-parallel" if replicas == 1 and shard == "ddp" else
+                    {"fsdp": "FSDP", "hsdp": "HSDP"}.get(shard, "data-parallel"))
+            if self.tp != 1 and kind != "tensor-parallel":
+                kind += f" x TP (tp={self.tp}, {replicas} replica{'s' if replicas != 1 else ''})"
             return (f"{kind} placement{who} of {n} ops: one stage on {len(devs)} device{'s' if len(devs) != 1 else ''} "
-                    f"[{'+'.join(map(str, devs))}], {micro}" + (f", {opts}" if opts else ""))
-        return (f"pipeline placement{who} of {n} ops: {self.num_stages} stages ({stages}), "
-                f"{micro}, {self.schedule}"
-                + (f" with {self.virtual_stages} virtual stages per rank" if self.virtual_stages != 1 else "")
-                + (f", tensor parallel x{self.tp}" if self.tp != 1 else "")
-                + (" with sequence parallelism" if self.sequence_parallel else "")
+                    f"[{'+'.join(map(str, devs))}], {micro}" + tp + (f", {opts}" if opts else ""))
+        if v == 1:
+            shape = f"{self.num_stages} stages (" + ", ".join(
+                f"s{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops" for k, devs in enumerate(self.stage_devices)) + ")"
+        else:  # stage_devices are the pipeline ranks, each running v stages
+            p_ = self.num_stages
+            shape = (f"{p_ * v} stages on {p_} pipeline rank{'s' if p_ != 1 else ''}, {v} virtual stages each ("
+                     + ", ".join(f"r{k}[{'+'.join(map(str, devs))}]: {sizes[k]} ops"
+                                 for k, devs in enumerate(self.stage_devices)) + ")")
+        return (f"pipeline placement{who} of {n} ops: {shape}, {micro}, {self.schedule}" + tp
                 + (f", {opts}" if opts else ""))
 
     def summary(self) -> str:
