@@ -17,13 +17,13 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypedDict
 
 import numpy as np
 
 from ..errors import AutoplaceError
 
-__all__ = ["OpGraph", "GraphError"]
+__all__ = ["OpGraph", "GraphError", "GraphMeta"]
 
 _FLOAT_FIELDS = (
     "edge_bytes",
@@ -34,6 +34,48 @@ _FLOAT_FIELDS = (
     "fwd_time_s",
     "bwd_time_s",
 )
+
+
+class GraphMeta(TypedDict, total=False):
+    """What an :class:`OpGraph` carries beside its arrays, from the layer that builds it to the
+    layers that read it: every key, its type and who writes it. Stored as a plain dict (so a
+    graph saved as JSON loads as before), typed so that a misspelt key or a wrong value is a
+    mypy error where it is read or written."""
+
+    # autoplace.graph.trace
+    traced_with: str
+    """how the model was captured: ``"fx"`` (symbolic trace) or ``"export"`` (torch.export)."""
+    fx_nodes: int
+    """fx nodes before coarsening."""
+    metadata_reads: list[list[float]]
+    """``[src, dst, bytes]``: ``dst`` reads only sizes of a tensor ``src`` holds
+    (:func:`autoplace.graph.coarsen.metadata_reads`); a pipeline cut between them carries it whole."""
+    heads: dict[str, int]
+    """attention projections' head counts (:mod:`autoplace.graph.heads`), for tensor parallelism."""
+    fused: dict[str, int]
+    """fused q/k/v projections' part counts (:func:`autoplace.graph.heads.fused_parts`)."""
+    memory: dict[str, Any]
+    """what one step keeps alive (:mod:`autoplace.graph.memory_facts`, read by
+    :mod:`autoplace.cost.memory`)."""
+    memory_error: str
+    """why the memory facts could not be measured (then the simulator sums op outputs)."""
+    # autoplace.cost.profile
+    profile: dict[str, Any]
+    """a measured profile's whole-step terms (:mod:`autoplace.cost.profile`, read by
+    :mod:`autoplace.cost.host`)."""
+    # autoplace.cli
+    tracer_stamp: str
+    """the tracer version a cached zoo graph was traced with."""
+    # autoplace.graph.pipedream
+    source: str
+    format: str
+    descriptions: list[str]
+    input_load_time_s: dict[str, float]
+    batch_size_source: str
+    flops_estimated: str
+    flops_unestimated: dict[str, int]
+    in_place: list[str]
+    """layers whose output is their input's storage (``ReLU(inplace)``): no activation bytes."""
 
 
 class GraphError(AutoplaceError, ValueError):
@@ -90,7 +132,7 @@ class OpGraph:
     batch_size: int = 1
     name: str = ""
     profiled_on: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: GraphMeta = field(default_factory=lambda: GraphMeta())
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -116,6 +158,11 @@ class OpGraph:
         set_(self, "module_paths", tuple(str(s) for s in self.module_paths))
         set_(self, "members", tuple(tuple(str(m) for m in ms) for ms in self.members))
         set_(self, "tied", tuple(tuple(int(i) for i in g) for g in self.tied))
+        unknown = sorted(set(self.meta) - GraphMeta.__optional_keys__)
+        if unknown:
+            raise GraphError(f"OpGraph.meta has keys {unknown} that no layer reads; the keys are GraphMeta's "
+                             f"({', '.join(sorted(GraphMeta.__optional_keys__))}): add a new one there, typed, "
+                             "with who writes and who reads it")
         set_(self, "meta", dict(self.meta))
         if len(self.module_paths) != n or len(self.members) != n:
             raise GraphError(

@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProfileError
-from .ir import OpGraph
+from .ir import GraphMeta, OpGraph
 from .pipedream_layers import DTYPE_BYTES, Layer, in_place, ints, layer_args, layer_flops
 
 __all__ = ["load_pipedream", "ProfileError"]
@@ -307,7 +307,7 @@ def load_pipedream(path: str | Path, *, batch_size: int | None = None, profiled_
     fwd_s = np.array([layer.fwd_ms for layer in nodes]) / 1e3
     load = {nodes[i].id: float(fwd_s[i]) for i in inputs}
     fwd_s[inputs] = 0.0
-    meta: dict[str, Any] = {
+    meta: GraphMeta = {
         "source": str(p),
         "format": "pipedream",
         "descriptions": [layer.description for layer in nodes],
