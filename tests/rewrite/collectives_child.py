@@ -27,6 +27,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bn_plans_child as bn  # noqa: E402
+import compose_child as cc  # noqa: E402
 import pipeline_workers as pw  # noqa: E402
 import tp_models as tm  # noqa: E402
 
@@ -135,14 +136,13 @@ class Counted(CommDebugMode):
 
 
 def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Placement:
-    """compose_child.py's plan by hand (``pp`` ranks of ``dp x tp`` devices, contiguous stages),
-    with ``reshard_after_forward`` too when the case sets it."""
+    """compose_child.py's plan by hand (``pp`` ranks of ``dp x tp`` devices, contiguous stages, on
+    ``hosts`` hosts), with ``reshard_after_forward`` and ``sequence_parallel`` too when the case sets them."""
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per, k, n = world // pp, pp * v, graph.num_nodes
     opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel")
             if f in case}
-    return autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
-                                        [i * k // n for i in range(n)],
+    return autoplace.Placement.pipeline(graph, cc.cluster_for(case, world), [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case["schedule"],
                                         virtual_stages=v, tp=tp, **opts)
@@ -153,9 +153,10 @@ def _gpt(case: dict, world: int) -> tuple[Any, ...]:
     x0, _ = tm.batch(8, 0)
     graph = autoplace.trace(model, (x0,))
     plan = plan_for(case, graph, world)
+    cluster = cc.cluster_for(case, world)
     runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
-                            loss_fn=tm.loss, timeout_s=120, progress=False)
-    return runner, plan, graph, autoplace.Cluster.from_devices(["cpu"] * world), lambda k: tm.batch(8, k)
+                            loss_fn=tm.loss, timeout_s=120, progress=False, cluster=cluster)
+    return runner, plan, graph, cluster, lambda k: tm.batch(8, k)
 
 
 def _bn(case: dict, world: int) -> tuple[Any, ...]:

@@ -2,9 +2,11 @@
 
 A user's script for composed plans: each case is a plan by hand (``Placement.pipeline`` with
 ``pp`` ranks of ``dp x tp`` devices, a schedule, virtual stages and stage options: shard kind,
-recompute, precision), run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps
-beside the unsplit model on the same batches. Saves, per rank, the losses, the largest loss and
-(gathered) parameter differences from the unsplit model, and its FSDP units to OUT/<id>-rank<r>.pt."""
+recompute, precision; ``hosts``: the devices on that many hosts, as HSDP replicates across them),
+run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps beside the unsplit model
+on the same batches. Saves, per rank, the losses, the largest loss and (gathered) parameter
+differences from the unsplit model, its FSDP units and the (dim names, shape) of the meshes of its
+DTensor parameters to OUT/<id>-rank<r>.pt."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import bn_plans_child as bn  # noqa: E402
 import pipeline_workers as pw  # noqa: E402
 import tp_models as tm  # noqa: E402
 
@@ -22,13 +25,19 @@ import autoplace  # noqa: E402
 STEPS = 5
 
 
+def cluster_for(case: dict, world: int) -> autoplace.Cluster:
+    """``world`` CPU devices, on ``case["hosts"]`` hosts (contiguous runs, for HSDP) or one."""
+    if case.get("hosts", 1) > 1:
+        return bn.cluster(world, case["hosts"])
+    return autoplace.Cluster.from_devices(["cpu"] * world)
+
+
 def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Placement:
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per = world // pp
     k, n = pp * v, graph.num_nodes
     opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward") if f in case}
-    return autoplace.Placement.pipeline(graph, autoplace.Cluster.from_devices(["cpu"] * world),
-                                        [i * k // n for i in range(n)],
+    return autoplace.Placement.pipeline(graph, cluster_for(case, world), [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case["schedule"],
                                         virtual_stages=v, tp=tp, **opts)
@@ -41,7 +50,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
     graph = autoplace.trace(model, (x0,))
     plan = plan_for(case, graph, world)
     runner = autoplace.wrap(model, ["cpu"] * world, mode="pipeline", plan=plan, example_inputs=(x0,),
-                            loss_fn=tm.loss, timeout_s=120, progress=False)
+                            loss_fn=tm.loss, timeout_s=120, progress=False, cluster=cluster_for(case, world))
     losses = tm.train_runner(runner, STEPS)
     modules = list(getattr(runner, "stage_modules", [runner.stage_module]))
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
@@ -50,7 +59,9 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                 "loss_err": max([abs(a - b) for a, b in zip(losses, want_losses)] or [0.0]),
                 "param_err": max((params[n].float() - want[n]).abs().max().item() for n in params) if params else 0.0,
                 "checked": sorted(params), "stages": list(getattr(runner, "stage_indices", [runner.stage_index])),
-                "sharded": sorted(n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor"))},
+                "sharded": sorted(n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")),
+                "meshes": sorted({(tuple(p.device_mesh.mesh_dim_names or ()), tuple(p.device_mesh.shape))
+                                  for mod in modules for p in mod.parameters() if hasattr(p, "device_mesh")})},
                out / f"{case['id']}-rank{rank}.pt")
 
 
