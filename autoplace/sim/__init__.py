@@ -5,18 +5,17 @@
     Simulator(graph, cluster).evaluate(dev)        -> Evaluation, the fast path planners call
 
 Semantics: :mod:`.model_parallel` (one op per device at a time, transfers per link direction,
-memory, tied parameters), :mod:`.pipeline` (stages, micro-batches, GPipe and 1F1B, replicated
+memory, tied parameters), :mod:`.multistage` (stages, micro-batches, every schedule, replicated
 stages with all-reduce), :mod:`.bounds` (the lower bound).
 
-Layout: :mod:`.simulator` (the Simulator, and ``pipeline_step``, which validates a pipeline
-and dispatches it), :mod:`.tables` (its per-graph tables, the value every kernel reads),
-:mod:`.model_parallel`, :mod:`.pipeline` (GPipe / 1F1B with default stage options),
-:mod:`.ddp` (DDP buckets inside replicated stages), :mod:`.stages` (what the pipeline paths
-share: stage groups, boundary bytes, link events), :mod:`.stage_cost` (every stage's cost after
-TP, recompute, precision and sharding, read by the two paths below), :mod:`.sharding` with
-:mod:`.fsdp_stage` (GPipe / 1F1B with FSDP / HSDP, recompute, bf16), :mod:`.multistage` (virtual
-stages, split backward, tensor parallelism, stage options) over :mod:`.schedules` (orders) and
-:mod:`.order_sim` (running them),
+Layout: :mod:`.simulator` (the Simulator, and ``pipeline_step``, which validates a pipeline),
+:mod:`.tables` (its per-graph tables, the value every kernel reads), :mod:`.model_parallel`,
+:mod:`.multistage` (the one pipeline step: every schedule, GPipe and 1F1B included, with or
+without stage options and tensor parallelism) over :mod:`.schedules` (orders) and
+:mod:`.order_sim` (running them), :mod:`.stage_cost` (every stage's cost after TP, recompute,
+precision and sharding), :mod:`.ddp` (DDP buckets inside replicated stages), :mod:`.stages`
+(stage groups, boundary bytes, boundary links), :mod:`.sharding` with :mod:`.fsdp_stage` (one
+FSDP / HSDP stage's own loop, and the items every sharded stage is priced from),
 :mod:`.tensor_parallel` (TP cost), :mod:`.bounds`, :mod:`.result` (SimResult, Evaluation,
 Event), :mod:`.plot`, :mod:`.warmup`. The plan rules the simulator checks are
 :mod:`autoplace.pipeline_rules` and :mod:`autoplace.tp_rules`, below it and below

@@ -7,8 +7,10 @@ a bucket is ready when the backward of its last op ends; the buckets are reduced
 another in that order, each a ring (Patarasuk and Yuan, JPDC 2009) ``2 (r - 1) / r x B /
 slowest bandwidth in the group + 2 (r - 1) x largest latency``, starting at max(ready, previous
 bucket's end); the gradients are ready when the last bucket is reduced (and not before the
-backward ends). :func:`ddp_buckets` is the compiled form for every stage of :mod:`.pipeline`,
-:func:`ddp_sync` the same rule for one stage (:mod:`.sharding`'s DDP stages).
+backward ends). :func:`ddp_bucket_plan` gives every stage's buckets for the order executor,
+which runs them inside the stage's last backward (:mod:`.order_sim`); :func:`ddp_sync` is the
+same rule for one stage whose buckets all follow its backward (split schedules, TP replicas) and
+the collective counts of :mod:`.collectives`.
 
 Gradient bytes: buckets are filled with the parameters' (fp32) gradient bytes, as DDP builds them;
 what each ring moves is ``grad_scale`` x that (``CostModel.grad_scale()``: 1/2 when gradients are
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .simulator import Simulator
 
-__all__ = ["DDP_BUCKET_BYTES", "ddp_buckets", "ddp_sync", "group_link", "ring_link", "bn_channels", "graph_bn_channels",
+__all__ = ["DDP_BUCKET_BYTES", "ddp_bucket_plan", "ddp_sync", "ring_link", "bn_channels", "graph_bn_channels",
            "bn_sync_op_seconds", "bn_sync_group_seconds", "bn_sync_collectives", "BN_SYNC_ELEMENT_BYTES"]
 
 DDP_BUCKET_BYTES = 25.0 * 2**20
@@ -53,30 +55,26 @@ for every input dtype (``BatchStatsNorm``'s compute dtype)."""
 
 
 @njit(cache=True)
-def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray,
-                last_b_start: np.ndarray, b_act: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray,
-                lat: np.ndarray, inv_bw: np.ndarray, bucket_bytes: float,
-                grad_scale: float = 1.0, ring_inv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(gradients ready, all-reduce seconds) per stage, with DDP's buckets (Li et al., "PyTorch
-    Distributed", VLDB 2020, section 3.2): walking the last backward in reverse topological order,
-    parameters fill buckets of ``bucket_bytes``; a bucket is ready when the backward of its last
-    op ends; buckets are all-reduced one after another in that order (one communication stream),
-    each a ring with its own latency term, moving ``grad_scale`` x the bucket's bytes, at the
-    inverse bandwidth ``ring_inv[s]`` when given (:func:`ring_link`: multi-rail), else the slowest
-    link of the stage's group. Stages on one device: ready when the backward ends."""
+def ddp_bucket_plan(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray, lat: np.ndarray,
+                    inv: np.ndarray, bucket_bytes: float, grad_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every replicated stage's DDP buckets (Li et al., "PyTorch Distributed", VLDB 2020, section
+    3.2), for the order executor to run inside the stage's last backward
+    (:func:`autoplace.sim.order_sim.simulate_order`): walking the ops in reverse topological order,
+    parameters fill buckets of ``bucket_bytes``; a bucket is ready ``offset`` seconds into the
+    backward (the backward times ``b_op`` of the ops walked so far; -1 for the last, partial
+    bucket: when the backward ends) and its ring takes ``2 (r - 1) / r x bytes x grad_scale[s] x
+    inv[s] + 2 (r - 1) x lat[s]`` (``reps[s]`` = r replicas, ``lat``/``inv`` the group's link,
+    :func:`ring_link`). Returns (K + 1,) pointers into the stage-sorted (offset, seconds) arrays."""
     n_st = reps.shape[0]
+    n = st.shape[0]
+    b_stage = np.empty(n + n_st, np.int64)
+    b_off = np.empty(n + n_st)
+    b_sec = np.empty(n + n_st)
     t = np.zeros(n_st)
     fill = np.zeros(n_st)
-    free = np.zeros(n_st)
-    ar_time = np.zeros(n_st)
-    inv = np.zeros(n_st)
-    lt = np.zeros(n_st)
-    for s in range(n_st):
-        if reps[s] > 1:
-            lt[s], inv[s] = group_link(stage_ptr, stage_dev, s, s, lat, inv_bw)
-            if ring_inv is not None:
-                inv[s] = ring_inv[s]
-    for i in range(st.shape[0] - 1, -1, -1):
+    count = np.zeros(n_st + 1, np.int64)
+    k = 0
+    for i in range(n - 1, -1, -1):
         s = st[i]
         r = reps[s]
         if r <= 1:
@@ -84,28 +82,35 @@ def ddp_buckets(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps:
         t[s] += b_op[i]
         fill[s] += param_bytes[i]
         if fill[s] >= bucket_bytes:
-            ring = 2.0 * (r - 1) / r * fill[s] * grad_scale * inv[s] + 2.0 * (r - 1) * lt[s]
-            free[s] = max(free[s], last_b_start[s] + t[s]) + ring
-            ar_time[s] += ring
+            b_stage[k], b_off[k] = s, t[s]
+            b_sec[k] = 2.0 * (r - 1) / r * fill[s] * grad_scale[s] * inv[s] + 2.0 * (r - 1) * lat[s]
+            count[s + 1] += 1
+            k += 1
             fill[s] = 0.0
-    ready = last_b_start + b_act
     for s in range(n_st):
         r = reps[s]
-        if r > 1:
-            if fill[s] > 0:  # the last bucket: ready when the backward ends
-                ring = 2.0 * (r - 1) / r * fill[s] * grad_scale * inv[s] + 2.0 * (r - 1) * lt[s]
-                free[s] = max(free[s], ready[s]) + ring
-                ar_time[s] += ring
-            ready[s] = max(ready[s], free[s])
-    return ready, ar_time
+        if r > 1 and fill[s] > 0:
+            b_stage[k], b_off[k] = s, -1.0
+            b_sec[k] = 2.0 * (r - 1) / r * fill[s] * grad_scale[s] * inv[s] + 2.0 * (r - 1) * lat[s]
+            count[s + 1] += 1
+            k += 1
+    ptr = np.cumsum(count)
+    off = np.empty(k)
+    sec = np.empty(k)
+    put = ptr[:-1].copy()
+    for q in range(k):  # stage by stage, each stage's buckets in the order they fill
+        s = b_stage[q]
+        off[put[s]], sec[put[s]] = b_off[q], b_sec[q]
+        put[s] += 1
+    return ptr, off, sec
 
 
 def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: float, b_act: float, lat: float,
              inv_bw: float, bucket_bytes: float = DDP_BUCKET_BYTES, *, grad_scale: float = 1.0) -> tuple[float, float]:
     """(gradients ready, all-reduce seconds) of one replicated DDP stage whose ops, in topological
     order, have backward times ``b_op`` and parameter bytes ``p_op``: the bucket rule of
-    :func:`ddp_buckets` for one stage (the sharded path's DDP stages use it), each ring moving
-    ``grad_scale`` x its bucket's bytes."""
+    :func:`ddp_bucket_plan` for one stage as one number, each ring moving ``grad_scale`` x its
+    bucket's bytes."""
     r = int(replicas)
     ready = last_b_start + b_act
     if r <= 1:
@@ -124,21 +129,6 @@ def ddp_sync(b_op: np.ndarray, p_op: np.ndarray, replicas: int, last_b_start: fl
         free = max(free, ready) + ring
         ar += ring
     return max(ready, free), ar
-
-
-@njit(cache=True)
-def group_link(stage_ptr: np.ndarray, stage_dev: np.ndarray, a: int, b: int, lat: np.ndarray,
-               inv_bw: np.ndarray) -> tuple[float, float]:
-    """(largest latency, largest inverse bandwidth) over links from stage a's devices to stage b's."""
-    lt = 0.0
-    inv = 0.0
-    for x in range(stage_ptr[a], stage_ptr[a + 1]):
-        for y in range(stage_ptr[b], stage_ptr[b + 1]):
-            i, j = stage_dev[x], stage_dev[y]
-            if i != j:
-                lt = max(lt, lat[i, j])
-                inv = max(inv, inv_bw[i, j])
-    return lt, inv
 
 
 def ring_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray, devices: Sequence[int]) -> tuple[float, float]:

@@ -13,16 +13,20 @@ stages on different ranks costs ``latency + bytes / bandwidth`` per micro-batch 
 ordered pair of ranks (stages on one rank pass values for free: ZBV's turn of the V).
 Bubble: ``1 - busy / (P x end of the last action)``.
 
-Replicated ranks (``tail``): a stage's last backward (its M-th ``B`` or ``W``, counted together
-as torch counts them for ``last_backward``) lasts ``tail[k]`` seconds longer: the gradient
-all-reduce of a DDP-wrapped stage that outlives its last backward, which DDP's reducer waits for
-before the backward returns (:func:`autoplace.sim.ddp.ddp_sync`), or torch's ``REDUCE_GRAD``
-action after it (FSDP stages, TP replicas, split backwards). The wait is not compute (not in
-``busy``). Where it is inside the backward (``tail_in_backward[k]``: DDP) the stage's gradient
-send leaves after it, as torch sends after the backward; a ``REDUCE_GRAD`` runs after the
-backward's send is issued (``_add_send_recv`` puts ``SEND_B`` right after the ``B``;
-``Schedule1F1B`` reduces after its last send), so the previous stage gets its gradient at the
-backward's end and only this rank waits.
+Replicated ranks: a stage's last backward (its M-th ``B`` or ``W``, counted together as torch
+counts them for ``last_backward``) carries its gradient synchronisation, in one of two forms.
+DDP's buckets (``buckets``, :func:`autoplace.sim.ddp.ddp_bucket_plan`) run inside it: each
+bucket's ring starts when the bucket is ready (its offset into the backward, or the backward's
+end) and the previous ring is done, and the backward ends when the last ring does, for its
+gradient send too. That is torch's order: ``backward_maybe_with_nosync`` runs the stage's last
+backward without ``no_sync``, DDP's reducer launches each bucket's all-reduce from its autograd
+hooks and, in ``finalize_backward`` (queued at the end of the backward pass), waits for every
+bucket's work before ``backward`` returns; the schedule issues ``SEND_B`` only after that
+(``get_bwd_send_ops`` follows ``backward_one_chunk``), so the previous stage gets its last
+gradient after the reduction. ``tail[k]`` is the other form: seconds after the backward's end
+that the rank waits (torch's ``REDUCE_GRAD``: FSDP stages, TP replicas, split backwards), past
+the backward's send (``_add_send_recv`` puts ``SEND_B`` right after the ``B``; ``Schedule1F1B``
+reduces after its last send), so only this rank waits. Neither wait is compute (not in ``busy``).
 
 Activation memory per schedule: walking a rank's order, ``F(k, m)`` adds stage k's activations
 of one micro-batch (its ops' outputs and its received inputs), ``B`` frees them, ``I`` frees the
@@ -42,7 +46,7 @@ from numba import njit
 if TYPE_CHECKING:
     from .schedules import Action
 
-__all__ = ["OrderTimes", "simulate_order", "bubble_fraction", "weight_fraction", "encode"]
+__all__ = ["OrderTimes", "simulate_order", "run_order", "bubble_fraction", "weight_fraction", "encode"]
 
 _KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
 
@@ -90,11 +94,17 @@ class OrderTimes(NamedTuple):
 
 
 @njit(cache=True)
-def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t: np.ndarray, w_t: np.ndarray,
-         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, keep: np.ndarray, n_mb: int,
-         tail: np.ndarray, tail_in_b: np.ndarray) -> tuple[Any, ...]:
+def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, w_t: np.ndarray,
+         cf: np.ndarray, cb: np.ndarray, act: np.ndarray, n_mb: int,
+         tail: np.ndarray, bk_ptr: np.ndarray, bk_off: np.ndarray, bk_sec: np.ndarray) -> tuple[Any, ...]:
     n_rank, length, _ = enc.shape
     n_st = rank_of.shape[0]
+    i_t = b - w_t
+    keep = np.zeros(n_st)
+    for s in range(n_st):
+        if b[s] > 0:
+            keep[s] = w_t[s] / b[s]
+    rank_end = np.zeros(n_rank)
     f_arr = np.full((n_st, n_mb), -1.0)
     b_arr = np.full((n_st, n_mb), -1.0)
     f_done = np.full((n_st, n_mb), -1.0)
@@ -140,12 +150,21 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
                 out = en  # when the action's output leaves (its send)
                 if kind == 1 or kind == 3:
                     n_back[s] += 1
-                    if n_back[s] == n_mb and tail[s] > 0.0:
-                        en += tail[s]
-                        if tail_in_b[s] > 0.0:
+                    if n_back[s] == n_mb:
+                        if bk_ptr[s + 1] > bk_ptr[s]:  # DDP's buckets, inside the backward
+                            ring = 0.0
+                            for q in range(bk_ptr[s], bk_ptr[s + 1]):
+                                ready_q = st + bk_off[q] if bk_off[q] >= 0.0 else en
+                                ring = max(ring, ready_q) + bk_sec[q]
+                            if ring > en:
+                                en = ring
                             out = en
+                        if tail[s] > 0.0:  # REDUCE_GRAD, after the send
+                            en += tail[s]
                 start[r, ptr[r]] = st
                 finish[r, ptr[r]] = en
+                if en > rank_end[r]:
+                    rank_end[r] = en
                 free[r] = en
                 busy[r] += dur
                 if kind == 0:
@@ -187,42 +206,45 @@ def _sim(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, i_t
             if ptr[r] < length and enc[r, ptr[r], 0] >= 0:
                 finished = False
         if finished:
-            return True, start, finish, busy, peak, sends[:n_send]
+            return True, start, finish, rank_end, busy, peak, sends[:n_send]
         if not progress:
-            return False, start, finish, busy, peak, sends[:n_send]
+            return False, start, finish, rank_end, busy, peak, sends[:n_send]
 
 
 def simulate_order(order: tuple[tuple[Action, ...], ...], rank_of: tuple[int, ...] | np.ndarray,
                    f: np.ndarray, b: np.ndarray, w: np.ndarray | None = None, *, cf: np.ndarray | None = None,
                    cb: np.ndarray | None = None, act: np.ndarray | None = None,
                    microbatches: int | None = None, tail: np.ndarray | None = None,
-                   tail_in_backward: np.ndarray | None = None) -> OrderTimes:
+                   buckets: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> OrderTimes:
     """Run the ranks' orders over per-stage times: ``f[k]``, ``b[k]`` (a full backward) and
     ``w[k]`` (its weight-gradient part; I takes ``b - w``), ``cf[k]``/``cb[k]`` the transfer of
     one micro-batch over boundary k|k+1 forward/back, ``act[k]`` stage k's activation bytes of
-    one micro-batch, ``tail[k]`` the seconds stage k's last backward waits for its gradient
-    all-reduce (replicated ranks), inside the backward (before its send) where
-    ``tail_in_backward[k]`` (DDP's reducer; default: every stage), else after the send (torch's
-    ``REDUCE_GRAD``)."""
+    one micro-batch; the gradient synchronisation of replicated stages (module docstring):
+    ``buckets`` = (K + 1 pointers, offsets, seconds) of DDP's buckets inside each stage's last
+    backward (:func:`~autoplace.sim.ddp.ddp_bucket_plan`), ``tail[k]`` the seconds its rank waits
+    after that backward's send (``REDUCE_GRAD``)."""
     enc = encode(order)
     k = len(rank_of)
     fz = np.ascontiguousarray(f, dtype=np.float64)
     bz = np.ascontiguousarray(b, dtype=np.float64)
     wz = np.zeros(k) if w is None else np.ascontiguousarray(w, dtype=np.float64)
-    iz = bz - wz
     nb = max(k - 1, 1)
     cfz = np.zeros(nb) if cf is None else np.ascontiguousarray(cf, dtype=np.float64)
     cbz = np.zeros(nb) if cb is None else np.ascontiguousarray(cb, dtype=np.float64)
     az = np.zeros(k) if act is None else np.ascontiguousarray(act, dtype=np.float64)
-    keep = np.where(bz > 0, wz / np.where(bz > 0, bz, 1.0), 0.0)
     m = int(microbatches if microbatches is not None else 1 + max(a.microbatch for r in order for a in r))
-    ok, start, finish, busy, peak, sends = _sim(enc, np.asarray(rank_of, dtype=np.int64), fz, bz, iz, wz, cfz, cbz,
-                                                az, keep, m, np.zeros(k) if tail is None else
-                                                np.ascontiguousarray(tail, dtype=np.float64),
-                                                np.ones(k) if tail_in_backward is None else
-                                                np.ascontiguousarray(tail_in_backward, dtype=np.float64))
-    valid = enc[:, :, 0] >= 0
-    rank_end = np.where(valid, finish, 0.0).max(axis=1) if enc.shape[1] else np.zeros(len(order))
+    bk = (np.zeros(k + 1, dtype=np.int64), np.zeros(0), np.zeros(0)) if buckets is None else buckets
+    return run_order(enc, np.asarray(rank_of, dtype=np.int64), fz, bz, wz, cfz, cbz, az, m,
+                     np.zeros(k) if tail is None else np.ascontiguousarray(tail, dtype=np.float64), bk)
+
+
+def run_order(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray, w: np.ndarray, cf: np.ndarray,
+              cb: np.ndarray, act: np.ndarray, microbatches: int, tail: np.ndarray,
+              buckets: tuple[np.ndarray, np.ndarray, np.ndarray]) -> OrderTimes:
+    """:func:`simulate_order` over an :func:`encode`-d order and float64 arrays (the hot path's
+    entry: no conversions)."""
+    ok, start, finish, rank_end, busy, peak, sends = _sim(enc, rank_of, f, b, w, cf, cb, act, int(microbatches),
+                                                          tail, *buckets)
     return OrderTimes(bool(ok), float(rank_end.max(initial=0.0)), rank_end, busy, start, finish, peak, sends)
 
 

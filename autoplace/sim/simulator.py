@@ -7,7 +7,7 @@ placement, computed once, and the three ways to score a placement.
     sim.run(placement)                                 # a full SimResult with its timeline
 
 ``evaluate`` and ``run`` call the same compiled simulation (:mod:`.model_parallel`,
-:mod:`.pipeline`), so they agree exactly. A Simulator is not thread-safe to build but is
+:mod:`.multistage`), so they agree exactly. A Simulator is not thread-safe to build but is
 safe to call from several threads (each call allocates its own scratch).
 """
 
@@ -25,7 +25,6 @@ from ..pipeline_rules import SCHEDULES, pipeline_problems
 from .bounds import lower_bound_of
 from .model_parallel import mp_evaluate, mp_run
 from .multistage import multistage_step
-from .pipeline import flush_step
 from .result import Evaluation, Event, PipelineOutcome, SimResult, device_labels
 from .sharding import sharded_step, stage_options
 from .stages import stage_groups
@@ -82,53 +81,38 @@ def _saved_bytes(graph: "OpGraph") -> np.ndarray:
     return np.where(np.isin(np.array(graph.names), list(names)), 0.0, graph.out_bytes)
 
 
-def _check(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
-           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
-           schedule: str, tp: int = 1) -> tuple[np.ndarray, list[list[int]]]:
-    st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
-    if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
-        st = st.copy()
-    groups = stage_groups(stage_devices)
-    t = sim.tables
-    problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule, every_stage_used=False,
-                                 edge_ends=(t.esrc, t.edst), tp=int(tp))
-    if problems:
-        raise PlacementError(problems)
-    return st, groups
-
-
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                   *, result: bool, timeline: bool = True, options: StageOptions | None = None,
                   virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
-    timeline when ``timeline``). GPipe and 1F1B with the default stage options are
-    :mod:`.pipeline`'s (its compiled kernel, kept for speed and for figures unchanged since);
-    with ``options`` (the stages' shard, recompute and precision, :mod:`autoplace.parallel`) that
-    are not the default, :mod:`.sharding`'s (one FSDP/HSDP stage there with any ``tp``: FSDP's
-    own loop, as the runtime runs torchtitan's 2-D); schedules past gpipe and 1f1b
-    (``virtual_stages`` per rank, split backward, with or without options) and other tensor
-    parallelism (``tp``, with ``sequence_parallel``: :mod:`.tensor_parallel`) run on
-    :mod:`.multistage`'s order executor.
-    Every per-stage cost under options is :mod:`.stage_cost`'s."""
+    timeline when ``timeline``). Every schedule (GPipe and 1F1B too, ``virtual_stages`` per rank,
+    split backward), with or without ``options`` (the stages' shard, recompute and precision,
+    :mod:`autoplace.parallel`) and tensor parallelism (``tp``, with ``sequence_parallel``:
+    :mod:`.tensor_parallel`) runs on :mod:`.multistage`'s order executor, every per-stage cost
+    being :mod:`.stage_cost`'s; one FSDP/HSDP stage alone runs FSDP's own loop (with any ``tp``:
+    torchtitan's 2-D, as the runtime runs it), :mod:`.sharding`."""
     if sequence_parallel and int(tp) < 2:
         raise PlacementError([f"sequence_parallel is True with tp={tp}; sequence parallelism shards the sequence "
                               "over a tensor-parallel group, so it needs tp >= 2: pass the group's tp or "
                               "sequence_parallel=False"])
-    # one FSDP/HSDP stage runs FSDP's own loop with any tp (torchtitan's 2-D), as the runtime runs it
-    loop = (schedule in SCHEDULES and int(virtual_stages) == 1 and len(stage_devices) == 1 and options is not None
-            and options.num_stages == 1 and options.sharded(0))
-    if schedule not in SCHEDULES or int(virtual_stages) != 1 or (int(tp) != 1 and not loop):
-        return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
-                               result=result, timeline=timeline, options=options, tp=tp,
-                               sequence_parallel=bool(sequence_parallel))
-    st, groups = _check(sim, stage_of_node, stage_devices, microbatches, schedule, tp)
-    if options is not None and not options.is_default:
-        opts = stage_options(options, len(groups))
-        assert opts is not None
+    opts = stage_options(options, len(stage_devices))
+    if (opts is not None and schedule in SCHEDULES and int(virtual_stages) == 1 and len(stage_devices) == 1
+            and opts.sharded(0)):
+        st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
+        if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
+            st = st.copy()
+        groups = stage_groups(stage_devices)
+        t = sim.tables
+        problems = pipeline_problems(sim.graph, sim.cluster, st, groups, microbatches, schedule,
+                                     every_stage_used=False, edge_ends=(t.esrc, t.edst), tp=int(tp))
+        if problems:
+            raise PlacementError(problems)
         return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline,
                             tp=int(tp), sequence_parallel=bool(sequence_parallel))
-    return flush_step(sim, st, groups, microbatches, schedule, result=result, timeline=timeline)
+    return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
+                           result=result, timeline=timeline, options=opts, tp=tp,
+                           sequence_parallel=bool(sequence_parallel))
 
 
 class Simulator:

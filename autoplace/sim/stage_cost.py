@@ -44,10 +44,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+from numba import njit
 
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
-from .ddp import bn_channels, bn_sync_group_seconds, ddp_sync, ring_link
+from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_group_seconds, ddp_bucket_plan, ddp_sync, ring_link
 from .fsdp_stage import ShardedStage, stage_op_times, two_stream
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from .schedules import Action
     from .simulator import Simulator
 
-__all__ = ["StageCosts", "stage_costs", "op_times", "ddp_tails", "bn_sync_seconds", "action_seconds", "sharded_fixed_bytes",
+__all__ = ["StageCosts", "stage_costs", "Layout", "layout", "bn_sync_seconds", "action_seconds", "sharded_fixed_bytes",
            "options_of_stages", "sharded_stages", "resident_ratio"]
 
 
@@ -72,7 +73,8 @@ class StageCosts(NamedTuple):
     u: np.ndarray
     """update seconds (the stage's share of its rank's update)."""
     tail: np.ndarray
-    """seconds the stage's last backward waits for its gradient synchronisation past its end."""
+    """seconds the stage's rank waits after its last backward for its gradient synchronisation
+    (torch's ``REDUCE_GRAD``: FSDP/HSDP reductions, TP replicas' and split backwards' DDP buckets)."""
     sync: np.ndarray
     """gradient synchronisation seconds (all-reduce, reduce-scatter)."""
     act: np.ndarray
@@ -87,84 +89,156 @@ class StageCosts(NamedTuple):
     """bytes per device that exist while one recomputed unit's backward runs."""
     send: np.ndarray
     """bytes each stage sends per fp32 byte of its boundary (1/2 from a bf16 stage)."""
-    tail_in_backward: np.ndarray | None = None
-    """(K,) 1 where ``tail`` is inside the last backward, before its send (DDP's reducer), 0 where
-    it is torch's ``REDUCE_GRAD`` after the send (:func:`~.order_sim.simulate_order`); None: all 1."""
+    buckets: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """DDP's buckets run inside each stage's last backward (:func:`~.ddp.ddp_bucket_plan`: K + 1
+    pointers, offsets, seconds; :func:`~.order_sim.simulate_order`)."""
+    replica: np.ndarray | None = None
+    """(3, R) forward, backward and update seconds of every replica of every stage
+    (:class:`Layout`'s flat order; default options), of which ``f``, ``b``, ``u`` are the slowest;
+    None where every replica takes the stage's times."""
 
 
-def op_times(sim: "Simulator", st: np.ndarray, dev_of_stage: np.ndarray, microbatches: int,
-             tp_groups: Sequence[Sequence[int]] | None, *, sequence_parallel: bool,
-             replicas: Sequence[Sequence[int]] | None = None,
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(N,) forward, backward, weight-gradient, update seconds and parameter bytes per device of
-    every op on its stage's device (TP pairs, and with ``sequence_parallel`` the SP region, scaled by
-    1/tp), and (2, K) each stage's TP collectives in its forward and in its backward
-    (:func:`~.tensor_parallel.tp_share`: a row's output all-reduce in forward, a column's input-
-    gradient all-reduce in backward; with SP the rewrite's own collectives too).
-    ``replicas``: each stage's replicas' devices; an op then takes its slowest replica's time."""
-    k = dev_of_stage.shape[0]
-    tf, tb = sim.op_times(int(microbatches))
-    dev = dev_of_stage[st]
-    rows = np.arange(st.shape[0])
-    f_op, b_op, u_op = tf[rows, dev], tb[rows, dev], sim.upd[rows, dev]
-    if replicas is not None:
-        for s in range(k):
-            devs = np.asarray(replicas[s], dtype=np.int64)
-            ops = np.nonzero(st == s)[0]
-            if len(devs) > 1 and ops.size:
-                f_op[ops] = tf[np.ix_(ops, devs)].max(axis=1)
-                b_op[ops] = tb[np.ix_(ops, devs)].max(axis=1)
-                u_op[ops] = sim.upd[np.ix_(ops, devs)].max(axis=1)
-    w_op = b_op * weight_fraction(sim.graph.param_bytes)
-    p_op = np.asarray(sim.graph.param_bytes, dtype=np.float64)
-    ar = np.zeros((2, k))
-    if tp_groups is not None and len(tp_groups[0]) > 1:
-        # each stage's TP share (tensor_parallel.tp_share, as a stage with options prices it): a pair
-        # inside the stage (and with SP its region) at 1/tp, a pair's parameters at 1/tp (the SP region's
-        # norms stay whole), each collective in the forward or the backward of its op
-        pairs = linear_pairs(sim.graph)
-        work, scale = np.ones(st.shape[0]), np.ones(st.shape[0])
-        for s in range(k):
-            ops = np.nonzero(st == s)[0]
-            if not ops.size:
-                continue
-            share = tp_share(sim.graph, sim.cluster, ops, list(tp_groups[s]), int(microbatches), pairs,
-                             sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
-            work[ops], scale[ops] = share.work[ops], share.params[ops]
-            ar[:, s] = share.fwd[ops].sum(), share.bwd[ops].sum()
-        f_op, b_op, w_op, u_op, p_op = f_op * work, b_op * work, w_op * work, u_op * scale, p_op * scale
-    return f_op, b_op, w_op, u_op, p_op, ar
-
-
-def ddp_tails(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
-              last_op: np.ndarray, last_s: np.ndarray, p_op: np.ndarray, tp: int, *,
-              after: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(K,) seconds each virtual stage's last backward waits for its DDP all-reduce past its own
-    end, and (K,) its all-reduce seconds: :func:`~.ddp.ddp_sync` over the stage's ops
-    (``last_op`` their times in that last backward, ``last_s`` the action's length) with its
-    rank's replicas, over the slowest link inside each TP shard's replica group (multi-rail across
-    hosts, :func:`~.ddp.ring_link`), gradients in ``CostModel.grad_scale()`` bytes. ``after``: the
-    buckets are all-reduced after the backward, not during it (DDP): split schedules, and TP
-    replicas, which the runtime averages in torch's ``REDUCE_GRAD`` action
-    (:class:`autoplace.rewrite.stage_replicas.ReplicatedStage`)."""
-    k = rank_of.shape[0]
-    tail, ar = np.zeros(k), np.zeros(k)
-    tables = sim.tables
+@njit(cache=True)
+def _plain_costs(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, ri: np.ndarray, tf: np.ndarray,
+                 tb: np.ndarray, upd: np.ndarray, work: np.ndarray, scale: np.ndarray, param_bytes: np.ndarray,
+                 out_bytes: np.ndarray, host: np.ndarray, extra: np.ndarray, bn: np.ndarray, bnd: np.ndarray, m: int,
+                 split: bool,
+                 lat: np.ndarray, inv: np.ndarray, gs: np.ndarray, bucket_bytes: float,
+                 in_backward: bool) -> tuple:  # type: ignore[type-arg]
+    """Every stage's default-option costs in one pass (see :func:`stage_costs`): per replica
+    (flat index ``stage_ptr[s] + j``, device ``stage_dev[...]``) the sums of its ops' times at
+    ``1/(M r)`` of the batch (``tf[ri[s]]``, ``tb[ri[s]]``: the op times at the stage's replica
+    count) x ``work`` (TP share), update x ``scale``, plus ``host`` (3, K) per action and step;
+    each stage its slowest replica, plus ``extra`` (2, K: TP collectives) in F and in B and then
+    ``bn`` (K: BatchNorm rings) in both; the weight-gradient part (split schedules), parameter and activation bytes,
+    and DDP's buckets inside the last backward (``in_backward``) from each op's backward on the
+    stage's first replica."""
+    n = st.shape[0]
+    k = stage_ptr.shape[0] - 1
+    n_rep = stage_dev.shape[0]
+    f_rep, b_rep, u_rep = np.zeros(n_rep), np.zeros(n_rep), np.zeros(n_rep)
+    b_op, p_op = np.zeros(n), np.zeros(n)
+    w, p_stage, out_b = np.zeros(k), np.zeros(k), np.zeros(k)
+    for i in range(n):
+        s = st[i]
+        lo = stage_ptr[s]
+        q = ri[s]
+        b_op[i] = tb[q, i, stage_dev[lo]] * work[i]
+        for x in range(lo, stage_ptr[s + 1]):
+            d = stage_dev[x]
+            f_rep[x] += tf[q, i, d] * work[i]
+            b_rep[x] += tb[q, i, d] * work[i]
+            u_rep[x] += upd[i, d] * scale[i]
+        if split:
+            w[s] += b_op[i] * (0.5 if param_bytes[i] > 0 else 0.0)
+        p_op[i] = param_bytes[i] * scale[i]
+        p_stage[s] += p_op[i]
+        out_b[s] += out_bytes[i]
+    f, b, u, act = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
+    reps = np.zeros(k, np.int64)
+    rep = np.zeros((3, n_rep))
     for s in range(k):
-        grp = list(groups[int(rank_of[s])])
-        d = len(grp) // tp
-        if d <= 1:
-            continue
+        lo, hi = stage_ptr[s], stage_ptr[s + 1]
+        reps[s] = hi - lo
+        for x in range(lo, hi):
+            rep[0, x] = f_rep[x] + host[0, s]
+            rep[1, x] = b_rep[x] + host[1, s]
+            rep[2, x] = u_rep[x] + host[2, s]
+        f[s], b[s], u[s] = rep[0, lo], rep[1, lo], rep[2, lo]
+        for x in range(lo + 1, hi):
+            f[s] = max(f[s], rep[0, x])
+            b[s] = max(b[s], rep[1, x])
+            u[s] = max(u[s], rep[2, x])
+        f[s] = f[s] + extra[0, s] + bn[s]
+        b[s] = b[s] + extra[1, s] + bn[s]
+        for x in range(lo, hi):
+            rep[0, x] = rep[0, x] + extra[0, s] + bn[s]
+            rep[1, x] = rep[1, x] + extra[1, s] + bn[s]
+        recv = bnd[s - 1] if s > 0 else 0.0
+        act[s] = (out_b[s] + recv) / (m * reps[s])
+    if not in_backward:
+        reps[:] = 1
+    ptr, off, sec = ddp_bucket_plan(st, b_op, p_op, reps, lat, inv, bucket_bytes, gs)
+    sync = np.zeros(k)
+    for s in range(k):
+        for x in range(ptr[s], ptr[s + 1]):
+            sync[s] += sec[x]
+    return f, b, w, u, p_stage, p_op, out_b, act, rep, ptr, off, sec, sync
+
+
+def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int]], parts: np.ndarray, *,
+              sequence_parallel: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) each op's share of its work and of its parameters on a TP device, and (2, K) each
+    stage's TP collectives in its forward and in its backward (:func:`~.tensor_parallel.tp_share`:
+    a row's output all-reduce in forward, a column's input-gradient all-reduce in backward; with
+    sequence parallelism its region at 1/tp and the rewrite's own collectives too)."""
+    k = len(tp_groups)
+    pairs = linear_pairs(sim.graph)
+    work, scale, ar = np.ones(st.shape[0]), np.ones(st.shape[0]), np.zeros((2, k))
+    for s in range(k):
         ops = np.nonzero(st == s)[0]
-        links = [ring_link(sim.cluster, tables.lat, tables.inv_bw, grp[i::tp]) for i in range(tp)]  # multi-rail
-        lt, inv = max(x[0] for x in links), max(x[1] for x in links)
-        gs = sim.cost.grad_scale()
-        if after:  # every bucket ready when the backward ends
-            ready, ar[s] = ddp_sync(np.zeros(ops.size), p_op[ops], d, float(last_s[s]), 0.0, lt, inv, grad_scale=gs)
-        else:
-            ready, ar[s] = ddp_sync(last_op[ops], p_op[ops], d, 0.0, float(last_s[s]), lt, inv, grad_scale=gs)
-        tail[s] = max(ready - float(last_s[s]), 0.0)
-    return tail, ar
+        if not ops.size:
+            continue
+        share = tp_share(sim.graph, sim.cluster, ops, list(tp_groups[s]), int(parts[s]), pairs,
+                         sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
+        work[ops], scale[ops] = share.work[ops], share.params[ops]
+        ar[:, s] = share.fwd[ops].sum(), share.bwd[ops].sum()
+    return work, scale, ar
+
+
+class Layout(NamedTuple):
+    """What a plan's stage devices fix, whatever its cut: every virtual stage's replicas (the
+    first TP device of each: a device of each replica prices its ops) and their rings."""
+
+    reps: np.ndarray
+    """(K,) replicas of each stage."""
+    stage_ptr: np.ndarray
+    """(K + 1,) each stage's first replica in :attr:`stage_dev`."""
+    stage_dev: np.ndarray
+    """every stage's replicas' devices, stage by stage."""
+    lat: np.ndarray
+    """(K,) largest latency of each stage's replica rings (0 without replicas)."""
+    inv: np.ndarray
+    """(K,) their inverse bandwidth: over each TP index's replicas (``grp[i::tp]``) of the stage's
+    rank, the slowest (:func:`~.ddp.ring_link`, multi-rail across hosts)."""
+
+
+def layout(sim: "Simulator", groups: Sequence[Sequence[int]], rank_of: np.ndarray, tp: int) -> Layout:
+    """The :class:`Layout` of ranks ``groups`` (each ``d x tp`` devices) with stage k on rank
+    ``rank_of[k]``, cached per simulator (planners try many cuts on one set of groups)."""
+    cache: dict[tuple, Layout] = sim.__dict__.setdefault("_stage_layouts", {})
+    key = (tuple(tuple(g) for g in groups), rank_of.tobytes(), tp)
+    got = cache.get(key)
+    if got is None:
+        k = rank_of.shape[0]
+        replica_devs = [list(groups[r])[::tp] for r in rank_of.tolist()]
+        reps = np.array([len(x) for x in replica_devs], dtype=np.int64)
+        stage_ptr = np.zeros(k + 1, dtype=np.int64)
+        stage_ptr[1:] = np.cumsum(reps)
+        lt, inv = np.zeros(k), np.zeros(k)
+        for s, r in enumerate(rank_of.tolist()):
+            grp = list(groups[r])
+            if len(grp) // tp > 1:
+                links = [ring_link(sim.cluster, sim.tables.lat, sim.tables.inv_bw, grp[i::tp]) for i in range(tp)]
+                lt[s], inv[s] = max(x[0] for x in links), max(x[1] for x in links)
+        got = Layout(reps, stage_ptr, np.array([x for g in replica_devs for x in g], dtype=np.int64), lt, inv)
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = got
+    return got
+
+
+def _stacked_times(sim: "Simulator", m: int, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each distinct
+    replica count r of ``reps``, and (K,) each stage's index into them; cached per simulator."""
+    counts = tuple(sorted(set(reps.tolist())))
+    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_stacked_times", {})
+    got = cache.get((m, counts))
+    if got is None:
+        times = [sim.op_times(m * r) for r in counts]
+        got = cache[(m, counts)] = (np.stack([x[0] for x in times]), np.stack([x[1] for x in times]))
+    index = np.searchsorted(np.array(counts), reps) if len(counts) > 1 else np.zeros(reps.shape[0], dtype=np.int64)
+    return got[0], got[1], index
 
 
 def bn_sync_seconds(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
@@ -297,7 +371,9 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
     opts = options_of_stages(options, rank_of)
     stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m, tp=tp,
                             sequence_parallel=sequence_parallel)
-    f, b, w, u, tail, sync, act, params, gathered, remat, send, in_b = (np.zeros(k) for _ in range(12))
+    f, b, w, u, tail, sync, act, params, gathered, remat, send = (np.zeros(k) for _ in range(11))
+    b_all, p_all, reps, lat, inv, gs = (np.zeros(st.shape[0]), np.zeros(st.shape[0]), np.ones(k, dtype=np.int64),
+                                        np.zeros(k), np.zeros(k), np.ones(k))  # DDP stages' buckets
     weight_last = last_backward_is_weight(order, k, m) if split else np.zeros(k, dtype=bool)
     for s, x in enumerate(stages):
         f[s], b[s] = action_seconds(x, m)
@@ -311,14 +387,14 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
             params[s] = x.p_all / x.k
             gathered[s] = 2.0 * x.c * x.p_all
         else:
-            if x.n > 1:  # DDP buckets (during the last backward; after it with a split backward or TP)
-                gs = sim.cost.grad_scale(x.act_scale)
-                if split or x.t > 1:
-                    ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv, grad_scale=gs)
-                else:
-                    ready, sync[s] = ddp_sync(x.b_op, x.p_op, x.n, 0.0, last, x.lat, x.inv, grad_scale=gs)
-                    in_b[s] = 1.0  # DDP's reducer: the backward returns, and sends, after its buckets
+            if x.n > 1 and (split or x.t > 1):  # DDP buckets after the backward (REDUCE_GRAD)
+                ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv,
+                                          grad_scale=sim.cost.grad_scale(x.act_scale))
                 tail[s] = max(ready - last, 0.0)
+            elif x.n > 1:  # DDP's buckets inside the last backward
+                nodes = np.nonzero(st == s)[0]
+                b_all[nodes], p_all[nodes] = x.b_op, x.p_op
+                reps[s], lat[s], inv[s], gs[s] = x.n, x.lat, x.inv, sim.cost.grad_scale(x.act_scale)
             params[s] = x.p_all
         saved, _ = x.saved_activations()
         share = x.act_scale / (m * x.n)  # activations in 16 bits where the stage or the cost model computes in 16
@@ -327,48 +403,68 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
         act[s] = saved * share + recv + copies
         remat[s] = x.remat_bytes(share)
         send[s] = x.send
-    return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send, in_b)
+    buckets = ddp_bucket_plan(st, b_all, p_all, reps, lat, inv, DDP_BUCKET_BYTES, gs)
+    sync += np.bincount(np.repeat(np.arange(k), np.diff(buckets[0])), buckets[2], minlength=k)
+    return StageCosts(f, b, w, u, tail, sync, act, params, gathered, remat, send, buckets)
 
 
 def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
                 order: tuple[tuple["Action", ...], ...], microbatches: int, tp: int, split: bool,
-                bnd: np.ndarray, *, options: StageOptions | None = None,
-                sequence_parallel: bool = False) -> StageCosts:
+                bnd: np.ndarray, *, options: StageOptions | None = None, sequence_parallel: bool = False,
+                host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StageCosts:
     """Every virtual stage's costs (see the module docstring) for a schedule's ``order`` over
-    ranks ``groups`` (each ``d x tp`` devices), stage k on rank ``rank_of[k]``; ``bnd``: the
-    full-batch bytes crossing each boundary (:func:`~.stages.boundary_bytes`); ``options``: the
-    plan's per-rank stage options."""
+    ranks ``groups`` (each ``d x tp`` devices; ``d`` may differ between the ranks of a single-stage
+    schedule), stage k on rank ``rank_of[k]``; ``bnd``: the full-batch bytes crossing each
+    boundary (:func:`~.stages.boundary_bytes`); ``options``: the plan's per-rank stage options;
+    ``host``: seconds the runtime adds per stage to each forward, each backward and the update
+    (:meth:`autoplace.cost.host.HostCostModel.stage_overhead_s`; default options only)."""
     m = int(microbatches)
     if options is not None and not options.is_default:
         return _with_options(sim, st, groups, rank_of, order, m, split, options, bnd, max(int(tp), 1),
                              sequence_parallel)
     k = rank_of.shape[0]
     t_deg = max(int(tp), 1)
-    d = max(len(groups[0]) // t_deg, 1)  # replicas per rank (the rules make it the same on every rank)
-    parts = m * d
-    dev_of_stage = np.array([groups[int(r)][0] for r in rank_of], dtype=np.int64)
-    f_op, b_op, w_op, u_op, p_op, tp_ar = op_times(sim, st, dev_of_stage, parts,
-                                                   [groups[r][:t_deg] for r in rank_of] if t_deg > 1 else None,
-                                                   sequence_parallel=sequence_parallel,
-                                                   replicas=[groups[r][::t_deg] for r in rank_of] if d > 1 else None)
-    bn = bn_sync_seconds(sim, st, groups, rank_of, t_deg) if d > 1 else np.zeros(k)  # blocking, in F and in I
-    f, b = np.bincount(st, f_op, minlength=k) + tp_ar[0] + bn, np.bincount(st, b_op, minlength=k) + tp_ar[1] + bn
-    w, u, p_stage = (np.bincount(st, w_op, minlength=k), np.bincount(st, u_op, minlength=k),
-                     np.bincount(st, p_op, minlength=k))
-    out_b = np.bincount(st, sim.tables.out_bytes, minlength=k)
+    lay = layout(sim, groups, rank_of, t_deg)
+    reps = lay.reps
+    n = st.shape[0]
+    extra = np.zeros((2, k))
+    if t_deg > 1:
+        work, scale, extra = _tp_terms(sim, st, [groups[r][:t_deg] for r in rank_of.tolist()], m * reps,
+                                       sequence_parallel=sequence_parallel)
+    else:
+        work = scale = _ones(sim, n)
+    replicated = bool(reps.max(initial=1) > 1)
+    bn = bn_sync_seconds(sim, st, groups, rank_of, t_deg) if replicated else np.zeros(k)  # blocking, in F and I
+    tf, tb, ri = _stacked_times(sim, m, reps)
+    gs = np.full(k, float(sim.cost.grad_scale()))
+    after = split or t_deg > 1  # REDUCE_GRAD: every bucket after the last backward
+    f, b, w, u, p_stage, p_op, out_b, act, rep, *buckets, sync = _plain_costs(
+        st, lay.stage_ptr, lay.stage_dev, ri, tf, tb, sim.upd, work, scale, sim.tables.param_bytes,
+        sim.tables.out_bytes, np.zeros((3, k)) if host is None else np.array(host, dtype=np.float64), extra,
+        bn, bnd, m, split, lay.lat, lay.inv, gs, DDP_BUCKET_BYTES, not after)
     if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
         out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
                                               sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
                           for s in range(k)])
-    recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
-    act = (out_b + recv) / parts
-    tail, ar = np.zeros(k), np.zeros(k)
-    if d > 1:
+        recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
+        act = (out_b + recv) / (m * reps)
+    tail = np.zeros(k)
+    if replicated and after:
         weight_last = last_backward_is_weight(order, k, m)
-        last_op = np.where(weight_last[st], w_op, b_op)
-        tail, ar = ddp_tails(sim, st, groups, rank_of, last_op, np.where(weight_last, w, b), p_op, t_deg,
-                             after=split or t_deg > 1)
-    in_b = np.full(k, 0.0 if split or t_deg > 1 else 1.0)  # DDP's reducer, or REDUCE_GRAD after the send
-    return StageCosts(f, b, w if split else np.zeros(k), u, tail, ar, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k),
-                      in_b)
+        last = np.where(weight_last, w, b)
+        for s in np.nonzero(reps > 1)[0].tolist():
+            ops = np.nonzero(st == s)[0]
+            ready, sync[s] = ddp_sync(np.zeros(ops.size), p_op[ops], int(reps[s]), float(last[s]), 0.0,
+                                      float(lay.lat[s]), float(lay.inv[s]), grad_scale=float(gs[s]))
+            tail[s] = max(ready - float(last[s]), 0.0)
+    return StageCosts(f, b, w, u, tail, sync, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k), tuple(buckets),
+                      rep)
+
+
+def _ones(sim: "Simulator", n: int) -> np.ndarray:
+    """``n`` ones (every op's whole work and parameters: no TP), kept on the simulator."""
+    got = sim.__dict__.get("_ones")
+    if got is None or got.shape[0] != n:
+        got = sim.__dict__["_ones"] = np.ones(n)
+    return got

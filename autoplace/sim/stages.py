@@ -9,13 +9,10 @@
   op reads only through their sizes (``graph.meta["metadata_reads"]``,
   :func:`autoplace.graph.coarsen.metadata_reads`): the pipeline rewrite recomputes a size in the
   stage that reads it, so the tensor crosses (and its gradient comes back), while a
-  model-parallel step moves only the number (the graph's 0-byte edge). Every pipeline path
-  (:mod:`.pipeline`, :mod:`.multistage`, :mod:`.sharding`, :mod:`.collectives`) reads these.
+  model-parallel step moves only the number (the graph's 0-byte edge). The pipeline step
+  (:mod:`.multistage`) and :mod:`.collectives` read these.
 - :func:`flows_link`, :func:`card_share`: concurrent boundary sends between hosts share the
   hosts' network cards (every pipeline path prices its sends through them).
-- :func:`link_events`: the end of a 1F1B/GPipe step's full result, shared by :mod:`.pipeline`
-  and :mod:`.sharding`: every boundary transfer of every micro-batch and every tied-parameter
-  move, as timeline events, link busy time and communication seconds.
 """
 
 from __future__ import annotations
@@ -27,13 +24,12 @@ import numpy as np
 from numba import njit
 
 from ..graph.carried import carried_edges
-from .result import Event
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph.ir import OpGraph
 
-__all__ = ["stage_groups", "boundary_bytes", "stage_edges", "flows_link", "card_share", "shard_flows", "link_events"]
+__all__ = ["stage_groups", "boundary_bytes", "stage_edges", "flows_link", "card_share", "shard_flows"]
 
 StageEdges = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _EDGES: "weakref.WeakKeyDictionary[OpGraph, dict[float, StageEdges]]" = weakref.WeakKeyDictionary()
@@ -146,33 +142,7 @@ def flows_link(cluster: "Cluster", lat: np.ndarray, inv_bw: np.ndarray,
 
 
 def shard_flows(a: Sequence[int], b: Sequence[int]) -> list[tuple[int, int]]:
-    """The sends between a stage of replicas ``a`` and the next of replicas ``b`` in the
-    GPipe/1F1B paths (:mod:`.pipeline`, :mod:`.sharding`): each micro-batch split in
+    """The sends between a stage of replicas ``a`` and the next of replicas ``b`` without TP
+    (:mod:`.multistage`): each micro-batch split in
     ``max(len(a), len(b))`` shards, shard q from ``a[q % len(a)]`` to ``b[q % len(b)]``."""
     return [(int(a[q % len(a)]), int(b[q % len(b)])) for q in range(max(len(a), len(b)))]
-
-
-def link_events(groups: Sequence[Sequence[int]], bnd: np.ndarray, microbatches: int, xf_start: np.ndarray,
-                xf_end: np.ndarray, xb_start: np.ndarray, xb_end: np.ndarray,
-                moves: Sequence[tuple[int, int, float, float]], link_busy: np.ndarray,
-                events: list[Event]) -> float:
-    """Add the step's transfers to ``link_busy`` (D, D) and ``events`` and return their seconds:
-    per boundary s with bytes and micro-batch m, the forward send ``xf_*[s, m]`` from stage s's
-    first device to stage s+1's and the gradient ``xb_*[s, m]`` back; then each tied-parameter
-    move (from stage, to stage, start, end). Drawn on the link between the stages' first devices."""
-    comm = 0.0
-    for s in range(len(groups) - 1):
-        if bnd[s] == 0:
-            continue
-        a, b = groups[s][0], groups[s + 1][0]
-        for m in range(microbatches):
-            for x0, x1, i, j, who in ((xf_start[s, m], xf_end[s, m], a, b, s), (xb_start[s, m], xb_end[s, m], b, a, s + 1)):
-                link_busy[i, j] += x1 - x0
-                comm += x1 - x0
-                events.append(Event(f"link {i}->{j}", i, "send", who, m, float(x0), float(x1)))
-    for s_from, s_to, x0, x1 in moves:
-        i, j = groups[s_from][0], groups[s_to][0]
-        link_busy[i, j] += x1 - x0
-        comm += x1 - x0
-        events.append(Event(f"link {i}->{j}", i, "send", s_from, -1, x0, x1))
-    return comm

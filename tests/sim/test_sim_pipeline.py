@@ -14,7 +14,7 @@ from sim_helpers import MS, cluster, graph, random_dag
 import autoplace
 from autoplace import Cluster, Device, Link, OpGraph, Placement, PlacementError
 from autoplace.sim import Simulator
-from autoplace.sim.pipeline import schedule_actions
+from autoplace.sim.schedules import schedule_actions
 
 
 def _chain(s: int, fwd_ms: float = 2.0, bwd_ms: float = 4.0, **kw: object) -> OpGraph:

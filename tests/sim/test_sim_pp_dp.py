@@ -50,9 +50,12 @@ def test_each_stage_waits_for_its_all_reduce_after_its_last_backward() -> None:
     r = autoplace.simulate(g, p, c)
     assert r.allreduce_s == pytest.approx(1 * MS, rel=1e-12)
     assert r.step_time_s == pytest.approx((8 + 16 + 2) * MS + 2e6 * UPDATE_S_PER_BYTE, rel=1e-12)
-    bwd = [e for e in r.timeline if e.kind == "bwd"]
-    # stage 1's last backward (micro-batch 0) ends 1 ms late; stage 0's next backward starts after it
-    assert [round((e.end - e.start) / MS, 9) for e in bwd] == [4.0, 5.0, 4.0, 5.0]
+    bwd = [e for e in r.timeline if e.kind == "bwd" and e.device == 0]
+    # stage 1's last backward (8..12, 12..16 ms) waits 1 ms for its ring; stage 0's backwards start after it
+    assert [round(e.start / MS, 9) for e in bwd] == [8.0, 12.0, 17.0, 21.0]
+    assert [round((e.end - e.start) / MS, 9) for e in bwd] == [4.0] * 4  # the compute; the wait is the ring's
+    rings = sorted((round(e.start / MS, 9), round(e.end / MS, 9)) for e in r.events(kind="allreduce"))
+    assert rings == [(12.0, 17.0), (21.0, 26.0)]  # from the last backward's start to the ring's end
 
 
 def test_the_ring_runs_over_the_replicas_link() -> None:
