@@ -37,15 +37,11 @@ FOUR = [
     {"id": "bn_hsdp", "model": "bn", "shard": "hsdp"},
 ]
 MORE = [  # PP2 x TP2 (its FSDP option has one replica to shard over); sequence parallelism; FSDP stages
-    # of pipelines that reshard after forward (off by default in a pipeline) or not
+    # of a pipeline (those that reshard after forward: test_rewrite_pipeline_reshard.py)
     {"id": "pp2_tp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "shard": "fsdp", "microbatches": 4},
     {"id": "tp2_sp_ddp2", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe", "sequence_parallel": True},
     {"id": "pp2_tp2_sp", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "sequence_parallel": True},
     {"id": "pp2_fsdp2_gpipe", "model": "gpt-qkv", "pp": 2, "schedule": "gpipe", "shard": "fsdp", "microbatches": 4},
-    {"id": "pp2_fsdp2_1f1b_reshard", "model": "gpt-qkv", "pp": 2, "schedule": "1f1b", "shard": "fsdp",
-     "reshard_after_forward": True, "microbatches": 4},
-    {"id": "i1f1b_fsdp2_reshard", "model": "gpt-qkv", "pp": 2, "v": 2, "schedule": "interleaved-1f1b", "shard": "fsdp",
-     "reshard_after_forward": True, "microbatches": 4},
     # op-level selective recompute with TP: the checkpointed blocks' forward all-reduces run again,
     # with sequence parallelism their reduce-scatters do not (saved), their all-gathers do
     {"id": "pp2_tp2_selective", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "1f1b", "recompute": "selective-op"},
@@ -75,10 +71,6 @@ UNPRICED = {
 """[kind ]caller (autoplace's or torch's) -> training communication the runtime runs and the simulator
 misses: findings, asserted present in the cases that run them."""
 
-_FSDP_ACTIONS = ("the simulator's FSDP stage in a pipeline (stage_cost.action_seconds) gathers its units in every "
-                 "forward and every backward action with reshard_after_forward; torch's PipelineStage keeps them "
-                 "gathered after the first backward (M + 1 gathers per unit in GPipe and 1F1B, not 2M), and the "
-                 "multi-stage schedules' UNSHARD/RESHARD actions give other counts again")
 _SP_SIZES = ("sequence parallelism: the runtime gathers a region value once per size read (Attention.forward "
              "reads x.size(0) and x.size(1) of the norm's output), the op graph has one edge for both and "
              "tensor_parallel.sp_runtime_collectives counts one gather")
@@ -92,8 +84,6 @@ DISAGREE: dict[str, dict[str, str]] = {
     "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
     "tp2_sp_selective_ddp2": {"all_gather": _SP_SIZES + " (and its recompute runs that extra gather again)"},
     "pp2_tp2_sp": dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
-    "pp2_fsdp2_1f1b_reshard": dict.fromkeys(("all_gather",), _FSDP_ACTIONS),
-    "i1f1b_fsdp2_reshard": {"all_gather": _FSDP_ACTIONS},
 }
 """case -> kind -> why the simulator's model and the runtime differ on it (findings); asserted to
 differ on some rank, so a fix on either side shows up here."""

@@ -11,7 +11,7 @@ cross-host all-reduces of the replicated shards among them.
 - 8 processes (slow): replicate 2 x shard 2 x tp 2, the same with every block recomputed, and
   PP2 x (replicate 2 x shard 1) x TP2 (4 hosts of 2: each stage spans 2 hosts).
 
-Both checks run in one launch per test (hsdp_tp_child.py).
+Both checks run in one launch per test (checked_child.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pipeline_workers as pw
 import test_collectives_torchrun as tc
 import test_rewrite_compose as trc
 
-CHILD = Path(__file__).with_name("hsdp_tp_child.py")
+CHILD = Path(__file__).with_name("checked_child.py")
 
 FOUR = [{"id": "hsdp_r2s1_tp2", "model": "gpt-qkv", "pp": 1, "tp": 2, "schedule": "gpipe", "shard": "hsdp",
          "hosts": 2}]
@@ -45,19 +45,26 @@ def _mesh(case: dict, world: int) -> tuple[int, int, int]:
     return hosts, per // (hosts * case["tp"]), case["tp"]
 
 
-def _run(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
+def launch_checked(tmp_path: Path, ranks: int, cases: list[dict]) -> dict[str, list[dict]]:
+    """Launch ``cases`` on ``ranks`` processes (checked_child.py) and check both: transparency
+    (test_rewrite_compose.py's check: 5 steps, loss and parameters to 1e-5) and collectives
+    (test_collectives_torchrun.py's: CommDebugMode's counts per rank, kind and group equal the
+    simulator's; no case may be named in its DISAGREE). Returns each case's counted parts."""
     pw.launch_cases(CHILD, tmp_path, ranks, cases, timeout=1500)
-    trc._check(tmp_path, ranks, cases)  # transparency: 5 steps, loss and parameters to 1e-5
-    comm = {}
+    trc._check(tmp_path, ranks, cases)
+    comm = {c["id"]: [torch.load(tmp_path / f"{c['id']}-comm-rank{r}.pt") for r in range(ranks)] for c in cases}
+    assert not set(comm) & set(tc.DISAGREE)  # no disagreement named: every count must be equal
+    tc._check(comm)
+    return comm
+
+
+def _run(tmp_path: Path, ranks: int, cases: list[dict]) -> None:
+    comm = launch_checked(tmp_path, ranks, cases)
     for c in cases:
         parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(ranks)]
-        shape = _mesh(c, ranks)
+        shape = _mesh(c, ranks)  # the TP parameters are DTensors over the 3-D mesh
         assert all((("dp_replicate", "dp_shard", "tp"), shape) in p["meshes"] for p in parts), (c, parts[0]["meshes"])
-        comm[c["id"]] = [torch.load(tmp_path / f"{c['id']}-comm-rank{r}.pt") for r in range(ranks)]
-        assert c["id"] not in tc.DISAGREE  # no disagreement named: every count must be equal
-    tc._check(comm)  # collectives: CommDebugMode's counts per (kind, group) equal the simulator's
-    for c in cases:
-        rep, shard, tp = _mesh(c, ranks)
+        rep, shard, tp = shape
         for rank, part in enumerate(comm[c["id"]]):
             runtime, _, _, _ = tc.split(c["id"], part)
             # the replicated shards are all-reduced across the hosts, over this rank's (shard, tp) column

@@ -1,4 +1,5 @@
-"""Launched by test_rewrite_hsdp_tp.py as `torchrun --nproc-per-node P hsdp_tp_child.py OUT CASES_JSON`.
+"""Launched by test_rewrite_hsdp_tp.py and test_rewrite_pipeline_reshard.py as
+`torchrun --nproc-per-node P checked_child.py OUT CASES_JSON`.
 
 Each case twice in one launch: compose_child.py's script (5 SGD steps through ``autoplace.wrap``
 beside the unsplit model: OUT/<id>-rank<r>.pt) and collectives_child.py's (two warm-up steps,
