@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from .analytic import CostModel
 
 __all__ = ["measure", "attach", "StepMemory", "step_memory", "facts_of", "saved_per_op", "selective_saves",
-           "grad_alive", "FORMAT", "LOSS_SAVED", "LOSS_EXTRA_GRAD",
+           "grad_alive", "FORMAT", "LOSS_SAVED", "LOSS_EXTRA_GRAD", "LOSS_PARALLEL_EXTRA_GRAD",
            "SINGLE_TENSOR_ADAM_TEMPS", "RNN_WORKSPACE", "rnn_workspace_bytes"]
 
 LOSS_SAVED = 1.0
@@ -91,6 +91,14 @@ LOSS_SAVED = 1.0
 ``_log_softmax`` saves ``result``)."""
 LOSS_EXTRA_GRAD = 1.0
 """loss: the gradient of the log-probabilities beside the logits' gradient, 1 x the output."""
+LOSS_PARALLEL_EXTRA_GRAD = 3.0
+"""loss parallelism (torch's ``loss_parallel``, logits split by vocabulary over a TP group): the
+backward of cross-entropy is one function, ``_nll_loss_and_log_softmax_backward``
+(torch/distributed/tensor/parallel/loss.py), which computes ``(grad_input + torch.exp(x)) *
+grad_output`` with ``grad_input = torch.zeros_like(x)``: beside the saved log-probabilities ``x``
+it holds the zeros, ``exp(x)`` and their sum (then the sum and its product), 3 x the logits'
+fp32 bytes, where the plain path holds 2 (the gradients of the log-probabilities and of the
+logits: ``LOSS_EXTRA_GRAD`` + the logits' own)."""
 SINGLE_TENSOR_ADAM_TEMPS = 2.0
 """optimizer_temporaries of single-tensor Adam: ``exp_avg_sq.sqrt()`` and its quotient by
 ``bias_correction2_sqrt`` exist together, each the size of the parameter."""

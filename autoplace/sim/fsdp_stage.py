@@ -44,7 +44,8 @@ Activation memory (:meth:`ShardedStage.sweep`), from the graph's traced memory f
 (:mod:`autoplace.cost.memory`'s terms, per stage): the storages autograd saves, each once, freed
 at the backward of the earliest op that saved it; a 16-bit stage reads the facts of the bf16
 forward (its fp32 upcasts included); the activation gradients in flight; the loss's fp32
-log-softmax and gradients. The peak of one micro-batch is the top of that backward sweep; a graph
+log-softmax and gradients (under loss parallelism, a vocabulary-split head, the three buffers of
+torch's fused backward: :data:`~autoplace.cost.memory.LOSS_PARALLEL_EXTRA_GRAD`). The peak of one micro-batch is the top of that backward sweep; a graph
 without facts keeps every op's output (the plain sum). Checked against the runtime's stage on
 CPU: ``benchmarks/fidelity_memory_sharded.py``.
 
@@ -72,7 +73,8 @@ import numpy as np
 from numba import njit
 
 from ..graph.units import block_units
-from ..cost.memory import LOSS_EXTRA_GRAD, LOSS_SAVED, facts_of, grad_alive, saved_per_op, selective_saves
+from ..cost.memory import (LOSS_EXTRA_GRAD, LOSS_PARALLEL_EXTRA_GRAD, LOSS_SAVED, facts_of, grad_alive, saved_per_op,
+                           selective_saves)
 from ..parallel import StageOptions, hsdp_shape, recomputed_units
 from .ddp import bn_channels, bn_sync_group_seconds, ring_link
 
@@ -234,12 +236,13 @@ class ShardedStage:
             inputs[it] += x
         self.inputs = inputs
         self._activation_terms(sim, nodes, item, unit, tf[nodes, devs[0]] * (tp.work[nodes] if tp is not None else 1.0),
-                               tp.act if tp is not None else np.ones(g.num_nodes))
+                               tp.act if tp is not None else np.ones(g.num_nodes),
+                               tp.vocab_head if tp is not None else None)
         self._links(sim)
         self._bn_sync(sim, nodes, item)
 
     def _activation_terms(self, sim: "Simulator", nodes: np.ndarray, item: np.ndarray, unit: np.ndarray,
-                          t_op: np.ndarray, share_of: np.ndarray) -> None:
+                          t_op: np.ndarray, share_of: np.ndarray, vocab_head: np.ndarray | None = None) -> None:
         """Per op of the stage, from the graph's traced memory facts (:func:`~autoplace.cost.memory.facts_of`):
         the bytes autograd saves for it (each storage once), the loss's fp32 terms, the activation
         gradients alive during its backward, and per unit what op-level selective checkpointing
@@ -276,7 +279,12 @@ class ShardedStage:
         self.loss_op = LOSS_SAVED * outputs / self.act_scale
         grad = np.asarray(dyn["grad_bytes"], dtype=np.float64) * per
         own = np.where(outputs > 0, grad[nodes] * act_share, 0.0)  # the output's own gradient, in fp32 instead
-        self.grad_op = grad_alive(g, nodes, grad * share_of) - own + (LOSS_EXTRA_GRAD + 1.0) * outputs / self.act_scale
+        # its backward: the gradients of the log-probabilities and of the logits (2 x the fp32 logits), or
+        # under loss parallelism (a vocabulary-split head) torch's fused backward's three buffers
+        extra = np.full(nodes.size, LOSS_EXTRA_GRAD + 1.0)
+        if vocab_head is not None:
+            extra[vocab_head[nodes]] = LOSS_PARALLEL_EXTRA_GRAD
+        self.grad_op = grad_alive(g, nodes, grad * share_of) - own + extra * outputs / self.act_scale
         self.remat = self.act.copy()
         """bytes a recomputed unit makes again in its backward (op-level selective: less what it saved)."""
         if self.selective:
@@ -419,6 +427,86 @@ class ShardedStage:
         again = np.where(rc_op, (cum - before[self.item]) * part[self.item], 0.0)
         saved = float(alive[-1]) if alive.size else 0.0
         return saved, alive + again + self.grad_op
+
+    def grad_shards_done(self) -> np.ndarray:
+        """(ops,) fp32 gradient-shard bytes per device that exist during the backward of each op of
+        the stage in the step's first micro-batch: those of the units whose backward (and
+        reduce-scatter) is over by then, i.e. whose ops all come after it (the backward runs the ops
+        in reverse). The optimizer's ``zero_grad()`` (``set_to_none=True``, torch's default since
+        2.0) drops every gradient between steps, and FSDP2 makes a unit's sharded gradient from its
+        reduce-scatter output in the unit's post-backward (``foreach_reduce``); the root's come
+        last, with its reduce-scatter at the end of the backward (its unsharded gradients are
+        :meth:`loop_memory_terms`' ``2 c P_root``)."""
+        n_ops = self.item.shape[0]
+        k_units = len(self.p) - 2
+        first = np.full(len(self.p), n_ops, dtype=np.int64)
+        np.minimum.at(first, self.item, np.arange(n_ops))
+        done = np.zeros(n_ops + 1)
+        for j in range(1, k_units + 1):  # unit j's shards exist during the backward of every op before its first
+            if first[j] < n_ops:
+                done[: first[j]] += self.p[j]
+        return done[:n_ops] / self.k
+
+    def loop_peak_bytes(self, opt_factor: float, microbatches: int) -> float:
+        """Peak bytes per device of this stage in FSDP's own loop (one stage, ``microbatches`` of
+        gradient accumulation, :mod:`.sharding`'s first regime): the sum of :meth:`loop_memory_terms`."""
+        return float(sum(self.loop_memory_terms(opt_factor, microbatches).values()))
+
+    def loop_memory_terms(self, opt_factor: float, microbatches: int) -> dict[str, float]:
+        """The terms of :meth:`loop_peak_bytes`, bytes per device at the step's peak:
+
+            P (1 + opt) / k                      fp32 parameter shard and optimizer state
+            + gradient shards at the peak        (P / k in all; see below)
+            + 2 c P_root                         the root's gathered parameters and gradients
+            + c max(P_u + P_u+1)  (or c sum P_u without reshard_after_forward: all stay gathered)
+            + c max P_u                          one unit's unsharded gradient before its reduce-scatter
+            + activations at the peak            the :meth:`sweep` at 1/(M n) of the batch
+
+        The peak is the largest of: the first micro-batch's backward, op by op, each op's activations
+        beside the gradient shards made before it (:meth:`grad_shards_done`: at the
+        forward/backward boundary, where a language model's activations and loss terms peak, none);
+        from the second micro-batch on, the top of the sweep beside every shard; and the end of the
+        backward (every shard, no activation). Without memory facts: every shard beside the plain
+        sum's activations (an upper bound)."""
+        k = self.k
+        units = self.p[1:-1]
+        gathered = self.c * (units.sum() if not self.reshard else
+                             float((units[:-1] + units[1:]).max(initial=units.max(initial=0.0))))
+        terms = {"parameter shards and optimizer state": self.p_all * (1.0 + opt_factor) / k,
+                 "root gathered (parameters and gradients)": 2.0 * self.c * self.p_root,
+                 "units gathered": float(gathered),
+                 "one unit's unsharded gradient": self.c * float(units.max(initial=0.0))}
+        share = self.act_scale / (max(int(microbatches), 1) * self.n)
+        shards = self.p_all / k
+        saved, extra = self.saved_activations()
+        if not self.has_facts:
+            terms.update({"gradient shards at the peak": shards, "saved activations": saved * share,
+                          "backward beyond the saved activations": extra * share})
+            return terms
+        _, top = self.sweep()
+        done = self.grad_shards_done()
+        first = top * share + done
+        i = int(np.argmax(first)) if first.size else 0
+        cases = [(float(first[i]) if first.size else 0.0, float(done[i]) if done.size else 0.0,
+                  float(top[i]) * share if top.size else 0.0), (shards, shards, 0.0)]
+        if microbatches > 1:
+            cases.append((float(top.max(initial=0.0)) * share + shards, shards, float(top.max(initial=0.0)) * share))
+        _, g_at, act_at = max(cases, key=lambda c: c[0])
+        terms.update({"gradient shards at the peak": g_at, "saved activations": min(saved * share, act_at),
+                      "backward beyond the saved activations": max(act_at - saved * share, 0.0)})
+        return terms
+
+    def unsharded_bytes(self) -> float:
+        """Bytes per device a sharded stage in a pipeline keeps unsharded through the step: its
+        gathered parameters, ``c P`` (nothing reshards inside the step), and its gradients
+        accumulated unsharded over the micro-batches in the reduce dtype, ``cr P``.
+        torch.distributed.pipelining runs every backward of an FSDP stage module without gradient
+        sync (``_PipelineStageBase.backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``
+        until the last backward, whose post-backward reduce-scatters), and FSDP2 then keeps each
+        unsharded gradient upcast to its ``reduce_dtype`` (``FSDPParam.to_accumulated_grad_if_needed``,
+        ``unsharded_accumulated_grad``): 4 bytes a parameter under torchtitan's fp32 reduction
+        (``CostModel(reduce_dtype_bytes=4)``), ``c`` when the reduction runs in the compute dtype."""
+        return (self.c + self.cr) * self.p_all
 
     def param_copies(self) -> tuple[float, np.ndarray]:
         """A bf16 stage that is not sharded casts its fp32 parameters to bf16 on every forward

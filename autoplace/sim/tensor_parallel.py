@@ -335,6 +335,10 @@ class TPShare(NamedTuple):
     """seconds of the TP collectives one micro-batch runs in the op's forward (a row's all-reduce)."""
     bwd: np.ndarray
     """seconds of those in the op's backward (a column's input-gradient all-reduce)."""
+    vocab_head: np.ndarray | None = None
+    """True for the vocabulary-split LM heads (:func:`vocab_inside`), whose logits feed torch's
+    ``loss_parallel`` cross-entropy (its backward holds more logit-sized buffers than the plain one:
+    :data:`autoplace.cost.memory.LOSS_PARALLEL_EXTRA_GRAD`)."""
 
 
 def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], microbatches: int,
@@ -358,9 +362,11 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
     act = work.copy()
     if not sequence_parallel:
         act[list(blocks)] = 1.0
+    head = np.zeros(graph.num_nodes, dtype=bool)
     for v in vocab:  # a vocabulary shard of the table; the embedding's output whole (all-reduced), the
         params[[v.embedding, v.head]] = 1.0 / t  # logits and the loss's terms on them a vocabulary shard
         act[v.embedding], act[v.head] = 1.0, 1.0 / t
+        head[v.head] = True
     fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
     if t > 1 and (inside or vocab):
         lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
@@ -372,4 +378,4 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
         for c in cs:
             (fwd if c.phase == "forward" else bwd)[c.op] += (_ring if c.kind == "all_reduce" else _half_ring)(
                 c.nbytes, t, inv, lat)
-    return TPShare(t, work, params, act, fwd, bwd)
+    return TPShare(t, work, params, act, fwd, bwd, head)
