@@ -56,7 +56,8 @@ for every input dtype (``BatchStatsNorm``'s compute dtype)."""
 
 @njit(cache=True)
 def ddp_bucket_plan(st: np.ndarray, b_op: np.ndarray, param_bytes: np.ndarray, reps: np.ndarray, lat: np.ndarray,
-                    inv: np.ndarray, bucket_bytes: float, grad_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    inv: np.ndarray, bucket_bytes: float,
+                    grad_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every replicated stage's DDP buckets (Li et al., "PyTorch Distributed", VLDB 2020, section
     3.2), for the order executor to run inside the stage's last backward
     (:func:`autoplace.sim.order_sim.simulate_order`): walking the ops in reverse topological order,

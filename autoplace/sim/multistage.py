@@ -137,13 +137,13 @@ def _order(schedule: str, ranks: int, virtual_stages: int, microbatches: int) ->
 
 
 def _boundary_links(sim: "Simulator", groups: list[list[int]], rank_of: np.ndarray,
-                    tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    tp: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(2, K - 1) latency and inverse bandwidth of every boundary between ranks, forward and back
     (:func:`~.stages.flows_link` over the sends the runtime makes: :func:`~.stages.shard_flows`
-    without TP, :func:`boundary_flows` with it; zeros inside a rank), and (K - 1,) the shards each
-    micro-batch is cut into (the larger replica count of its two ranks). Cached per simulator
-    (planners try many cuts on one set of groups)."""
-    cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_boundary_links", {})
+    without TP, :func:`boundary_flows` with it; zeros inside a rank), (K - 1,) the shards each
+    micro-batch is cut into (the larger replica count of its two ranks), and every rank's devices
+    with their rank (flat). Cached per simulator (planners try many cuts on one set of groups)."""
+    cache: dict[tuple, tuple[np.ndarray, ...]] = sim.__dict__.setdefault("_boundary_links", {})
     key = (tuple(tuple(g) for g in groups), rank_of.tobytes(), tp)
     got = cache.get(key)
     if got is None:
@@ -159,8 +159,10 @@ def _boundary_links(sim: "Simulator", groups: list[list[int]], rank_of: np.ndarr
         reps = layout(sim, groups, rank_of, tp).reps
         if len(cache) > 4096:
             cache.clear()
-        got = cache[key] = (lt, inv, np.maximum(reps[:-1], reps[1:]))
-    return got
+        devs_all = np.array([d for g in groups for d in g], dtype=np.int64)
+        rank_idx = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+        got = cache[key] = (lt, inv, np.maximum(reps[:-1], reps[1:]), devs_all, rank_idx)
+    return got  # type: ignore[return-value]
 
 
 def _flows(groups: list[list[int]], ra: int, rc: int, tp: int) -> list[tuple[int, int]]:
@@ -186,7 +188,8 @@ def _host_terms(sim: "Simulator", st: np.ndarray, reps: np.ndarray, m: int, sche
     fw = sends[:, 3] >= 0
     xf_end[sends[fw, 2].astype(np.int64), sends[fw, 3].astype(np.int64)] = sends[fw, 5]
     xb_end[sends[~fw, 2].astype(np.int64) - 1, (-sends[~fw, 3] - 1).astype(np.int64)] = sends[~fw, 5]
-    return sim.cost.message_overhead_s(sim.graph, st, m, f_start, b_start, xf_end, xb_end, f, b)  # type: ignore[attr-defined]
+    cost = sim.cost
+    return cost.message_overhead_s(sim.graph, st, m, f_start, b_start, xf_end, xb_end, f, b)  # type: ignore[attr-defined]
 
 
 def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
@@ -224,7 +227,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         host = sim.cost.stage_overhead_s(sim.graph, st, reps, m, schedule)  # type: ignore[attr-defined]
     cost = stage_costs(sim, st, groups, rank_of, o.order, m, t_deg, o.split, bnd, options=options,
                        sequence_parallel=sequence_parallel, host=host)
-    lt, inv, most = _boundary_links(sim, groups, rank_of, t_deg)
+    lt, inv, most, devs_all, rank_idx = _boundary_links(sim, groups, rank_of, t_deg)
     # bytes of one shard of one micro-batch (bnd: full batch, in the cost model's dtype)
     shard = bnd * cost.send[:-1] / m / most if k > 1 else np.zeros(1)
     cf, cb = lt[0] + shard * inv[0], lt[1] + shard * inv[1]
@@ -269,22 +272,19 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             step = max(step, float(x1))
 
     # memory
-    peak = np.zeros(sim.num_devices)
+    def per_rank(x: np.ndarray) -> np.ndarray:  # a rank's stages summed (one stage per rank: itself)
+        return x if v == 1 else np.bincount(rank_of, x, minlength=p)
+
     if sim.memory is not None and t_deg == 1 and default:  # a replica's share: 1 / (M d) of the batch per micro-batch
-        per_stage = sim.memory.pipeline(st, [groups[r] for r in rank_of], o.inflight, m)
-        for r, per_rank in enumerate(np.bincount(rank_of, per_stage, minlength=p)):
-            peak[groups[r]] = per_rank
+        mem = per_rank(sim.memory.pipeline(st, [groups[r] for r in rank_of], o.inflight, m))
     else:
-        params = np.bincount(rank_of, cost.params, minlength=p)
-        gathered = np.bincount(rank_of, cost.gathered, minlength=p)
-        remat = np.zeros(p)  # one recomputed unit at a time
-        np.maximum.at(remat, rank_of, cost.remat)
-        mem = params * (2.0 + tables.opt_factor) + gathered + t.peak_act + remat
+        remat = cost.remat if v == 1 else np.array([cost.remat[rank_of == r].max() for r in range(p)])
+        mem = per_rank(cost.params) * (2.0 + tables.opt_factor) + per_rank(cost.gathered) + t.peak_act + remat
         for _, others, nbytes in holders:
             for r in others:
                 mem[r] += 2.0 * nbytes
-        for r, grp in enumerate(groups):  # every device of a TP group holds its parameter shard and its activation share
-            peak[grp] = mem[r]
+    peak = np.zeros(sim.num_devices)
+    peak[devs_all] = mem[rank_idx]  # every device of a rank holds its (TP) shard and its replica's activations
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())
     evaluation = Evaluation(step, peak, excess)
     if not result:

@@ -46,8 +46,8 @@ computes, so what is simulated is what runs):
   built for is not modelled (on these orders it gives ZBV's bubble with one more chunk of
   activations in flight).
 
-GPipe and 1F1B (one stage per rank) are here too (:func:`schedule_actions`, the orders
-:mod:`.pipeline` simulates). Which schedules exist and what shape each needs (virtual stages,
+GPipe and 1F1B (one stage per rank) are orders like the others (:func:`schedule_actions`).
+Which schedules exist and what shape each needs (virtual stages,
 micro-batches, the torch class) are plan rules: :data:`~autoplace.pipeline_rules.SPECS` and
 :func:`~autoplace.pipeline_rules.schedule_problems`, re-exported here. Running an order over
 per-stage times (split backward, transfers, activation memory) is :mod:`.order_sim`.

@@ -1,22 +1,26 @@
 """The cost of every pipeline stage after its transforms, in torchtitan's order: tensor
 parallelism, then recompute and precision, then data parallelism (DDP, FSDP, HSDP). One place
-for every per-stage term the order executor (:mod:`.multistage` over :mod:`.order_sim`) and the
-sharded GPipe/1F1B step (:mod:`.sharding`) read.
+for every per-stage term the order executor (:mod:`.multistage` over :mod:`.order_sim`) reads,
+for every schedule, GPipe and 1F1B included.
 
 :func:`stage_costs` gives, per virtual stage k of a schedule's order, a :class:`StageCosts`:
-action seconds (forward F, full backward B, its weight-gradient part W), update seconds, the
-seconds its last backward waits for its gradient synchronisation (``tail``), and its memory
-terms per device (fixed bytes; bytes one in-flight micro-batch holds; transient bytes of a
+action seconds (forward F, full backward B, its weight-gradient part W), update seconds, its
+gradient synchronisation (DDP's buckets inside its last backward, or the ``tail`` its rank waits
+after it), and its memory terms per device (fixed bytes; bytes one in-flight micro-batch holds; transient bytes of a
 recomputed unit's backward).
 
-- Default options (DDP, fp32, no recompute): op times at ``1/(M d)`` of the batch on the
-  slowest of the rank's ``d`` replicas; with ``tp > 1`` the column/row pairs at ``1/tp`` plus
+- Default options (DDP, fp32, no recompute): each replica's sum of its ops' times at ``1/(M d)``
+  of the batch (``d``: its rank's replicas), the stage taking the slowest replica's sum
+  (:func:`_plain_costs`), plus a host cost model's per-action and per-step terms where given;
+  with ``tp > 1`` the column/row pairs at ``1/tp`` plus
   their all-reduces, each in the phase of its op (and with sequence parallelism its region and
-  the rewrite's collectives: :func:`~.tensor_parallel.tp_share`, the one TP term of both regimes); DDP all-reduces in buckets during the last backward (or after it
-  with a split backward or with TP: the runtime's ``ReplicatedStage`` averages a TP stage's
-  replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`; with ``CostModel.batch_norm == "sync"``
-  every forward and backward action also waits for its BatchNorm layers' statistics rings over
-  the replicas (:func:`bn_sync_seconds`, as :mod:`.pipeline` and :mod:`.fsdp_stage` charge them).
+  the rewrite's collectives: :func:`~.tensor_parallel.tp_share`, the one TP term of both
+  regimes); DDP all-reduces in buckets during the last backward (or after it with a split
+  backward or with TP: the runtime's ``ReplicatedStage`` averages a TP stage's
+  replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`, each op's gradients ready at its
+  backward on the stage's first replica; with ``CostModel.batch_norm == "sync"`` every forward
+  and backward action also waits for its BatchNorm layers' statistics rings over the replicas
+  (:func:`bn_sync_seconds`, as :mod:`.fsdp_stage` charges a stage with options).
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
   stage's FSDP units, Zhao et al. VLDB 2023) on its rank's devices, as torch.distributed.pipelining
   runs an FSDP stage module (:func:`action_seconds`): every forward and backward action gathers
@@ -112,7 +116,9 @@ def _plain_costs(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r
     each stage its slowest replica, plus ``extra`` (2, K: TP collectives) in F and in B and then
     ``bn`` (K: BatchNorm rings) in both; the weight-gradient part (split schedules), parameter and activation bytes,
     and DDP's buckets inside the last backward (``in_backward``) from each op's backward on the
-    stage's first replica."""
+    stage's first replica. Returns (7, K) F, B, W, update seconds, parameter bytes, activation
+    bytes of one micro-batch and bucket seconds; (3, R) each replica's F, B and update seconds;
+    the buckets."""
     n = st.shape[0]
     k = stage_ptr.shape[0] - 1
     n_rep = stage_dev.shape[0]
@@ -163,7 +169,9 @@ def _plain_costs(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r
     for s in range(k):
         for x in range(ptr[s], ptr[s + 1]):
             sync[s] += sec[x]
-    return f, b, w, u, p_stage, p_op, out_b, act, rep, ptr, off, sec, sync
+    out = np.empty((7, k))
+    out[0], out[1], out[2], out[3], out[4], out[5], out[6] = f, b, w, u, p_stage, act, sync
+    return out, rep, ptr, off, sec
 
 
 def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int]], parts: np.ndarray, *,
@@ -247,8 +255,8 @@ def bn_sync_seconds(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[
     synchronised statistics (each backward adds the same, in its input-gradient part): with
     ``CostModel.batch_norm == "sync"`` and ``d > 1`` replicas, :func:`~.ddp.bn_sync_op_seconds`
     over the stage's ops with its rank's replicas, over the slowest link of each TP index's replica
-    group (as :class:`~.fsdp_stage.ShardedStage` prices a stage with options and :mod:`.pipeline`
-    a GPipe/1F1B stage). Zeros without replicas or BatchNorm."""
+    group (as :class:`~.fsdp_stage.ShardedStage` prices a stage with options). Zeros without
+    replicas or BatchNorm."""
     k = rank_of.shape[0]
     out = np.zeros(k)
     if sim.cost.batch_norm != "sync":
@@ -438,7 +446,7 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     tf, tb, ri = _stacked_times(sim, m, reps)
     gs = np.full(k, float(sim.cost.grad_scale()))
     after = split or t_deg > 1  # REDUCE_GRAD: every bucket after the last backward
-    f, b, w, u, p_stage, p_op, out_b, act, rep, *buckets, sync = _plain_costs(
+    (f, b, w, u, p_stage, act, sync), rep, *buckets = _plain_costs(
         st, lay.stage_ptr, lay.stage_dev, ri, tf, tb, sim.upd, work, scale, sim.tables.param_bytes,
         sim.tables.out_bytes, np.zeros((3, k)) if host is None else np.array(host, dtype=np.float64), extra,
         bn, bnd, m, split, lay.lat, lay.inv, gs, DDP_BUCKET_BYTES, not after)
@@ -451,6 +459,7 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
         act = (out_b + recv) / (m * reps)
     tail = np.zeros(k)
     if replicated and after:
+        p_op = sim.tables.param_bytes * scale
         weight_last = last_backward_is_weight(order, k, m)
         last = np.where(weight_last, w, b)
         for s in np.nonzero(reps > 1)[0].tolist():
