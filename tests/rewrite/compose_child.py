@@ -2,8 +2,8 @@
 
 A user's script for composed plans: each case is a plan by hand (``Placement.pipeline`` with
 ``pp`` ranks of ``dp x tp`` devices, a schedule, virtual stages and stage options: shard kind,
-recompute, precision; ``hosts``: the devices on that many hosts, as HSDP replicates across them),
-run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps beside the unsplit model
+recompute, precision, sequence parallelism; ``hosts``: the devices on that many hosts, as HSDP
+replicates across them), run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps beside the unsplit model
 on the same batches. Saves, per rank, the losses, the largest loss and (gathered) parameter
 differences from the unsplit model, its FSDP units and the (dim names, shape) of the meshes of its
 DTensor parameters to OUT/<id>-rank<r>.pt."""
@@ -36,7 +36,8 @@ def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Plac
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per = world // pp
     k, n = pp * v, graph.num_nodes
-    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward") if f in case}
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel")
+            if f in case}
     return autoplace.Placement.pipeline(graph, cluster_for(case, world), [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case["schedule"],
