@@ -14,7 +14,11 @@ the measured best of every sweep ranked first, per-GPU memory within 10% where p
 Two constants are fitted, on a part named before their errors were looked at (:func:`in_fit_part`:
 MosaicML llm-foundry's rows on H100): the cost model's ``tensor_sustained`` and
 ``tensor_size_half`` (:mod:`autoplace.cost.efficiency`), by ``--fit`` (mean |log| over a grid);
-the report gives the fit part and the held-out rest apart.
+the report gives the fit part and the held-out rest apart. Per-GPU memory: the publications give
+the CUDA caching allocator's peak reserved bytes (torchtitan's ``max_reserved``), the simulator the
+bytes tensors take; one ratio between them is fitted on :data:`MEMORY_FIT_ROWS` and applied to the
+other rows (:func:`fidelity_llm_report.memory_check`), and the report lists the predicted peak's
+terms of every one-stage row (:func:`memory_terms`).
 
     .venv/bin/python benchmarks/fidelity_llm.py [--only ID_SUBSTRING ...] [--no-write]
     .venv/bin/python benchmarks/fidelity_llm.py --fit     # the fit part over a grid; writes nothing
@@ -53,6 +57,18 @@ def in_fit_part(pub_key: str, spec: dict[str, Any]) -> bool:
     """The rows ``tensor_sustained`` is fitted on (stated before the fit): MosaicML llm-foundry's
     rows on H100. Held out: its A100 rows, torchtitan and Megatron-LM."""
     return pub_key == "mosaicml-llm-foundry" and spec["gpu"] == "H100"
+
+
+MEMORY_FIT_ROWS = ("tt-h100-llama31-8b-fsdp-8",)
+"""The published per-GPU memory figure the CUDA caching allocator's reserved-over-allocated ratio
+is fitted on (:func:`fidelity_llm_report.reserved_ratio`): torchtitan logs ``max_reserved``
+(``reserved_bytes.all.peak`` of ``torch.cuda.memory_stats``, torchtitan/metrics.py at 9dec370),
+the memory the allocator holds, while the simulator predicts the bytes tensors take. The
+8-GPU FSDP row (one host) is the fit part; every other published memory figure is held out."""
+
+
+def in_memory_fit_part(row_id: str) -> bool:
+    return row_id in MEMORY_FIT_ROWS
 
 
 class NotExpressible(Exception):
@@ -243,6 +259,27 @@ def simulate_row(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostMo
             "comm_s": float(r.comm_s), "allreduce_s": float(r.allreduce_s), "bubble_fraction": float(r.bubble_fraction)}
 
 
+def memory_terms(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostModel) -> dict[str, float] | None:
+    """GiB per device of each term of a one-stage FSDP row's predicted peak (FSDP's own loop:
+    :meth:`autoplace.sim.fsdp_stage.ShardedStage.loop_memory_terms`); None for pipelines and
+    unsharded plans (their terms are :mod:`autoplace.sim.stage_cost`'s per virtual stage)."""
+    if int(row["pp"]) != 1:
+        return None
+    from autoplace.parallel import StageOptions
+    from autoplace.sim import simulator_for
+    from autoplace.sim.stage_cost import sharded_stages
+    pl = plan_values(row, g, cluster)
+    assert pl.stage_of_node is not None and pl.stage_devices is not None
+    sim = simulator_for(g, cluster, cost)
+    x = sharded_stages(sim, np.asarray(pl.stage_of_node, dtype=np.int64), [list(pl.stage_devices[0])],
+                       StageOptions.of(pl), int(pl.microbatches), tp=int(pl.tp),
+                       sequence_parallel=bool(pl.sequence_parallel))[0]
+    if not x.sharded:
+        return None
+    terms = x.loop_memory_terms(float(sim.tables.opt_factor), int(pl.microbatches))
+    return {k: v / GiB for k, v in terms.items()}
+
+
 TERMS: list[tuple[str, dict[str, Any]]] = [
     ("network x100", {"net_scale": 100.0}),
     ("NVLink x100", {"intra_scale": 100.0}),
@@ -283,6 +320,7 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
                            "measured_value": row["measured"]["value"], "sweep": row.get("sweep")}
     if "memory_gib" in row["measured"]:
         out["measured_memory_gib"] = row["measured"]["memory_gib"]
+        out["memory_fit_part"] = in_memory_fit_part(row["id"])
     t0 = time.perf_counter()
     try:
         g = graphs.get(row["model"], int(row["global_batch"]))
@@ -298,16 +336,27 @@ def run_row(row: dict[str, Any], spec: dict[str, Any], graphs: Graphs, cost: Cos
             out["terms"] = terms(row, spec, g, cost, out["step_s"])
         if out["oom"]:
             out["note"] = "the simulator predicts OOM for a run that trained"
+        if "measured_memory_gib" in out:
+            out["memory_terms"] = _terms_or_why(row, g, cluster, cost)
     except (NotExpressible, autoplace.AutoplaceError) as e:
         out["not_expressible"] = str(e).splitlines()[0] if isinstance(e, NotExpressible) else str(e)
         out.update(nearest(row, g, cluster, cost))
         near_row, near_cost = out.pop("_plan", (None, None))
+        if "measured_memory_gib" in out and near_row is not None:
+            out["nearest_memory_terms"] = _terms_or_why(near_row, g, cluster, near_cost)
         if walk and int(row["gpus"]) <= WALK_MAX_GPUS and near_row is not None \
                 and abs(math.log(out["nearest_ratio"])) > math.log(BAND[1]):
             out["nearest_terms"] = terms(near_row, spec, g, near_cost, out["nearest_step_s"])
     except Exception as e:  # the simulator failing on a valid plan is reported as such
         out["not_expressible"] = f"simulator error: {type(e).__name__}: {e}"
     return out
+
+
+def _terms_or_why(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostModel) -> dict[str, float] | str | None:
+    try:
+        return memory_terms(row, g, cluster, cost)
+    except Exception as e:  # a diagnostic: its failure is reported, not fatal
+        return f"terms unavailable: {type(e).__name__}: {e}"
 
 
 def nearest(row: dict[str, Any], g: OpGraph, cluster: Cluster, cost: CostModel) -> dict[str, Any]:

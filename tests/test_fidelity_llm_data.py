@@ -137,3 +137,41 @@ def test_a_setting_outside_the_plan_space_is_recorded_not_dropped(F: Any) -> Non
     assert out.get("nearest_changes") and "nearest_ratio" in out  # the bf16-free nearest plan still simulates
     s = F.summarize([out], [{"publication": {"key": "t"}, "configurations": [_tiny_row()], "sweeps": []}])
     assert s["not_expressible"] == 1 and s["share_within_all_rows"] == 0.0 and not s["met"]["share_within"]
+
+
+def test_memory_compares_reserved_with_a_ratio_fitted_on_the_fit_part_only(F: Any) -> None:
+    from fidelity_llm_report import memory_check, reserved_ratio
+    rows = [{"id": "fit", "measured_memory_gib": 80.0, "peak_gib": 64.0, "memory_fit_part": True},
+            {"id": "held", "measured_memory_gib": 60.0, "peak_gib": 50.0, "memory_fit_part": False},
+            {"id": "refused", "measured_memory_gib": 70.0, "nearest_peak_gib": 56.0, "memory_fit_part": False},
+            {"id": "no-memory", "peak_gib": 10.0}]
+    assert reserved_ratio(rows) == pytest.approx(1.25)
+    m = memory_check(rows)
+    assert m["rows"] == 3 and m["per_row"]["held"]["reserved_gib"] == pytest.approx(62.5)
+    assert m["per_row"]["held"]["within"] and m["per_row"]["fit"]["within"]
+    # a refused row is not met, even where its nearest plan's figure is close (it is a diagnostic)
+    assert m["per_row"]["refused"]["nearest_reserved_over_measured"] == pytest.approx(1.0)
+    assert not m["per_row"]["refused"]["within"]
+    assert (m["within"], m["held_out"], m["held_out_expressible"], m["held_out_within"]) == (2, 2, 1, 1)
+    assert m["within_allocated_only"] == 0
+    # the held-out figures do not move the ratio; the fit part does
+    moved = [dict(r, measured_memory_gib=30.0) if r["id"] == "held" else r for r in rows]
+    assert reserved_ratio(moved) == pytest.approx(1.25) and not memory_check(moved)["per_row"]["held"]["within"]
+    assert reserved_ratio([dict(r, memory_fit_part=False) for r in rows]) is None
+    # the published memory rows name their fit part
+    assert F.in_memory_fit_part("tt-h100-llama31-8b-fsdp-8") and not F.in_memory_fit_part("tt-h100-llama31-8b-fsdp-128")
+
+
+def test_a_one_stage_fsdp_row_lists_the_terms_of_its_memory(F: Any) -> None:
+    pytest.importorskip("torch")
+    row = _tiny_row(pp=1, dp=8, shard="fsdp", precision="bf16", recompute="selective-op",
+                    measured={"metric": "tokens_per_s_per_gpu", "value": 1000.0, "where": "test", "memory_gib": 1.0})
+    out = F.run_row(row, SPEC, F.Graphs(), F.CostModel())
+    terms = out["memory_terms"]
+    assert isinstance(terms, dict) and terms["gradient shards at the peak"] >= 0.0
+    assert terms["saved activations"] > 0 and terms["parameter shards and optimizer state"] > 0
+    # the terms are the simulator's loop peak (at most the shards it still counts beside the peak)
+    assert sum(terms.values()) <= out["peak_gib"] * (1 + 1e-9)
+    assert out["peak_gib"] - sum(terms.values()) <= terms["parameter shards and optimizer state"]
+    pipeline = F.run_row(_tiny_row(measured=row["measured"]), SPEC, F.Graphs(), F.CostModel())
+    assert pipeline["memory_terms"] is None  # per virtual stage (stage_cost), not listed
