@@ -139,6 +139,25 @@ def test_ddp_buckets_overlap_the_gradients_made_early() -> None:
     assert r.allreduce_s == pytest.approx(2 * 10.02 * MS)  # both buckets, each with its latency
 
 
+def test_a_replicated_stage_sends_its_last_gradient_after_its_all_reduce() -> None:
+    # stage 0: one op of 2 ms forward, 4 ms backward on device 0; stage 1: _dp_graph's w and x on
+    # 2 replicas (x: 1 ms forward, 2 ms backward each), w's 1e8 parameter bytes one DDP bucket,
+    # ready when the backward ends. GPipe, M = 1, nothing crosses (0 bytes, no latency):
+    # stage 1 F [2, 3], B [3, 5]; ring 2(1)/2 x 1e8 / 1e10 = 10 ms [5, 15]. torch's DDP reducer
+    # waits for it before the backward returns and the schedule sends the gradient after that,
+    # so stage 0's backward runs [15, 19], then its update (none: no parameters): 19 ms; stage 1
+    # updates 1e8 x 1e-11 s = 1 ms after 15.
+    g = graph(3, [(0, 1), (1, 2)], [2, 0, 2], [4, 0, 4], param_bytes=[0, 1e8, 0], edge_bytes=[0.0, 0.0])
+    c = cluster(3, bandwidth=1e10)
+    r = autoplace.simulate(g, Placement.pipeline(g, c, [0, 1, 1], [[0], [1, 2]], microbatches=1, schedule="gpipe"),
+                           c)
+    (ar,) = r.events(kind="allreduce")
+    assert (ar.start, ar.end) == pytest.approx((3 * MS, 15 * MS))
+    (b0,) = [e for e in r.events(kind="bwd") if e.device == 0]
+    assert (b0.start, b0.end) == pytest.approx((15 * MS, 19 * MS))
+    assert r.step_time_s == pytest.approx(19 * MS)
+
+
 def test_data_parallel_memory_is_a_full_copy_per_device() -> None:
     # Every replica holds all 1e8 parameter bytes x 4 (params, grads, Adam moments) and half of
     # the 8 MB of activations; the unused devices hold nothing.
