@@ -83,7 +83,8 @@ if TYPE_CHECKING:
     from .simulator import Simulator
     from .tensor_parallel import TPShare
 
-__all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times", "recompute_skips"]
+__all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times", "recompute_skips",
+           "pipeline_rank_bytes"]
 
 
 def ring_allgather(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
@@ -528,6 +529,32 @@ class ShardedStage:
         activations at ``share`` of their traced bytes, and a bf16 DDP stage's parameter copies."""
         _, again = self.param_copies()
         return self.saved_activations()[1] * share + float(again.max(initial=0.0))
+
+
+def pipeline_rank_bytes(params: np.ndarray, gathered: np.ndarray, rank_of: np.ndarray, ranks: int,
+                        peak_act: np.ndarray, remat: np.ndarray, opt_factor: float) -> np.ndarray:
+    """(ranks,) peak bytes per device of each pipeline rank from its virtual stages' terms
+    (:class:`~.stage_cost.StageCosts`: ``params`` fp32 bytes per device, a sharded stage's shard;
+    ``gathered`` its unsharded bytes, 0 for a stage that is not sharded; ``rank_of`` each stage's
+    rank) and the rank's activation walk (``peak_act``) and largest recomputed unit (``remat``):
+
+        unsharded stages' P (2 + opt) + sharded stages' P/k (1 + opt) + their unsharded bytes
+        + max(peak_act + remat, sharded stages' P/k)
+
+    A sharded stage's gradient shards exist only after the step's last backward, whose
+    post-backward reduce-scatters the gradients accumulated unsharded until then
+    (:meth:`ShardedStage.unsharded_bytes`; ``zero_grad(set_to_none=True)`` drops them between
+    steps), when the activations are gone; an unsharded (DDP) stage keeps its gradients from its
+    first backward on, beside the activations of the micro-batches still in flight."""
+    sharded = np.asarray(gathered) > 0
+
+    def per_rank(x: np.ndarray) -> np.ndarray:
+        return np.bincount(np.asarray(rank_of), np.asarray(x, dtype=np.float64), minlength=ranks)
+
+    shard_p = per_rank(np.where(sharded, params, 0.0))
+    full_p = per_rank(np.where(sharded, 0.0, params))
+    return (full_p * (2.0 + opt_factor) + shard_p * (1.0 + opt_factor) + per_rank(gathered)
+            + np.maximum(np.asarray(peak_act) + np.asarray(remat), shard_p))
 
 
 SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})

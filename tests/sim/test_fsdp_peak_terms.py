@@ -116,3 +116,17 @@ def test_loss_parallel_backward_holds_three_logit_buffers(g: autoplace.OpGraph, 
     assert diff[v.head] == pytest.approx((LOSS_PARALLEL_EXTRA_GRAD - LOSS_EXTRA_GRAD - 1.0) * logits)
     assert np.count_nonzero(np.abs(diff) > 1e-9) == 1
     assert x.loop_peak_bytes(2.0, 1) > plain.loop_peak_bytes(2.0, 1)
+
+
+def test_a_pipeline_rank_holds_its_sharded_stages_gradient_shards_only_after_the_step() -> None:
+    from autoplace.sim.fsdp_stage import pipeline_rank_bytes
+    # rank 0: a sharded stage (shard 1e8 B, unsharded 4e8 B) and a DDP stage (2e8 B); rank 1: one sharded stage
+    params, gathered, rank_of = np.array([1e8, 2e8, 3e8]), np.array([4e8, 0.0, 6e8]), np.array([0, 0, 1])
+    peak_act, remat = np.array([5e8, 1e8]), np.array([1e7, 1e6])
+    got = pipeline_rank_bytes(params, gathered, rank_of, 2, peak_act, remat, 2.0)
+    # DDP 2e8 x 4 + shard 1e8 x 3 + 4e8 unsharded + activations 5.1e8 (no shard beside them)
+    assert got[0] == pytest.approx(8e8 + 3e8 + 4e8 + 5.1e8)
+    # the end of the step, when the activations are gone, is the larger for rank 1: every shard
+    assert got[1] == pytest.approx(3e8 * 3 + 6e8 + max(1.01e8, 3e8))
+    before = np.bincount(rank_of, params) * 4.0 + np.bincount(rank_of, gathered) + peak_act + remat
+    assert np.all(got < before)  # the rule before counted the shards beside the activations
