@@ -13,8 +13,8 @@ gradient all-gathered in backward), and a region value read outside it is all-ga
 (``_SeqGather``: the rank's share of the gradient in backward). Parameters used in the region
 (the norms' weights) see only the rank's tokens, so their gradients are summed over the group by
 a hook. The first block's input is computed whole (it comes before any row), as is everything
-before it. A size read of a region value (``x.size(1)`` for a reshape) is a reader outside the
-region: the value is gathered for it (right, at one more all-gather). In a pipeline each stage
+before it. A size read of a region value (``x.size(1)`` for a reshape) needs no gather: it is the
+share's size with the sequence ``t`` times longer (``_whole_size``). In a pipeline each stage
 module is rewritten alone: its region starts at its own rows, and what leaves the stage is
 gathered whole (its boundary carries whole sequences; ``tests/rewrite/test_rewrite_sequence_parallel.py``
 runs 2 stages x TP 2 with SP). Where this departs from the paper: the columns of one block each
@@ -136,6 +136,13 @@ def sequence_parallel_rewrite(gm: torch.fx.GraphModule, layout: dict[str, str], 
                 cut = gm.graph.call_module(name, (a,))
             n.replace_input_with(a, cut)
     for a, u in exits:
+        if _size_read(u, a):  # the whole value's size, from the share's: no gather
+            with gm.graph.inserting_before(u):
+                size = gm.graph.call_function(_whole_size, (a, t, *u.args[1:]) if u.op == "call_method" else (a, t),
+                                              dict(u.kwargs) if u.op == "call_method" else {})
+            u.replace_all_uses_with(size)
+            gm.graph.erase_node(u)
+            continue
         name = f"_sp_gather{k}"
         k += 1
         gm.add_module(name, _SeqGather(group, t, rank))
@@ -147,6 +154,25 @@ def sequence_parallel_rewrite(gm: torch.fx.GraphModule, layout: dict[str, str], 
     gm.graph.lint()
     gm.recompile()
     return sharded_cols
+
+
+def _size_read(u: torch.fx.Node, a: torch.fx.Node) -> bool:
+    """Whether ``u`` reads only the size of ``a``: ``a.size()``, ``a.size(d)`` (``d`` an int) or ``a.shape``."""
+    if not u.args or u.args[0] is not a:
+        return False
+    if u.op == "call_function" and u.target is getattr:
+        return len(u.args) == 2 and u.args[1] == "shape"
+    if u.op != "call_method" or u.target != "size":
+        return False
+    dims = [*u.args[1:], *u.kwargs.values()]
+    return len(dims) <= 1 and all(isinstance(d, int) for d in dims)
+
+
+def _whole_size(x: torch.Tensor, t: int, dim: int | None = None) -> Any:
+    """``x.size(dim)`` (``dim`` None: ``x.size()``) of the whole sequence ``x`` is the share of:
+    dimension 1 is ``t`` times the share's."""
+    whole = torch.Size([n * t if i == 1 else n for i, n in enumerate(x.shape)])
+    return whole if dim is None else whole[dim]
 
 
 def _summed(g: torch.Tensor, group: Any) -> torch.Tensor:
