@@ -246,7 +246,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                            f"{m} micro-batches")
 
     # update, tied parameters
-    u_rank = np.bincount(rank_of, cost.u, minlength=p)
+    u_rank = cost.u if v == 1 else np.bincount(rank_of, cost.u, minlength=p)
     ready = t.rank_end.copy()
     tied_moves: list[tuple[int, int, float, float]] = []
     holders: list[tuple[int, list[int], float]] = []

@@ -209,6 +209,12 @@ class Layout(NamedTuple):
     inv: np.ndarray
     """(K,) their inverse bandwidth: over each TP index's replicas (``grp[i::tp]``) of the stage's
     rank, the slowest (:func:`~.ddp.ring_link`, multi-rail across hosts)."""
+    counts: tuple[int, ...]
+    """the distinct replica counts, ascending."""
+    count_index: np.ndarray
+    """(K,) each stage's replica count's index in :attr:`counts`."""
+    replicated: bool
+    """whether any stage has replicas."""
 
 
 def layout(sim: "Simulator", groups: Sequence[Sequence[int]], rank_of: np.ndarray, tp: int) -> Layout:
@@ -229,24 +235,24 @@ def layout(sim: "Simulator", groups: Sequence[Sequence[int]], rank_of: np.ndarra
             if len(grp) // tp > 1:
                 links = [ring_link(sim.cluster, sim.tables.lat, sim.tables.inv_bw, grp[i::tp]) for i in range(tp)]
                 lt[s], inv[s] = max(x[0] for x in links), max(x[1] for x in links)
-        got = Layout(reps, stage_ptr, np.array([x for g in replica_devs for x in g], dtype=np.int64), lt, inv)
+        counts = tuple(sorted(set(reps.tolist())))
+        got = Layout(reps, stage_ptr, np.array([x for g in replica_devs for x in g], dtype=np.int64), lt, inv,
+                     counts, np.searchsorted(np.array(counts), reps), bool(reps.max(initial=1) > 1))
         if len(cache) > 4096:
             cache.clear()
         cache[key] = got
     return got
 
 
-def _stacked_times(sim: "Simulator", m: int, reps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each distinct
-    replica count r of ``reps``, and (K,) each stage's index into them; cached per simulator."""
-    counts = tuple(sorted(set(reps.tolist())))
+def _stacked_times(sim: "Simulator", m: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each replica count r
+    of ``counts``, cached per simulator."""
     cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_stacked_times", {})
     got = cache.get((m, counts))
     if got is None:
         times = [sim.op_times(m * r) for r in counts]
         got = cache[(m, counts)] = (np.stack([x[0] for x in times]), np.stack([x[1] for x in times]))
-    index = np.searchsorted(np.array(counts), reps) if len(counts) > 1 else np.zeros(reps.shape[0], dtype=np.int64)
-    return got[0], got[1], index
+    return got
 
 
 def bn_sync_seconds(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
@@ -441,13 +447,13 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
                                        sequence_parallel=sequence_parallel)
     else:
         work = scale = _ones(sim, n)
-    replicated = bool(reps.max(initial=1) > 1)
+    replicated = lay.replicated
     bn = bn_sync_seconds(sim, st, groups, rank_of, t_deg) if replicated else np.zeros(k)  # blocking, in F and I
-    tf, tb, ri = _stacked_times(sim, m, reps)
+    tf, tb = _stacked_times(sim, m, lay.counts)
     gs = np.full(k, float(sim.cost.grad_scale()))
     after = split or t_deg > 1  # REDUCE_GRAD: every bucket after the last backward
     (f, b, w, u, p_stage, act, sync), rep, *buckets = _plain_costs(
-        st, lay.stage_ptr, lay.stage_dev, ri, tf, tb, sim.upd, work, scale, sim.tables.param_bytes,
+        st, lay.stage_ptr, lay.stage_dev, lay.count_index, tf, tb, sim.upd, work, scale, sim.tables.param_bytes,
         sim.tables.out_bytes, np.zeros((3, k)) if host is None else np.array(host, dtype=np.float64), extra,
         bn, bnd, m, split, lay.lat, lay.inv, gs, DDP_BUCKET_BYTES, not after)
     if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
