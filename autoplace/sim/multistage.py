@@ -129,11 +129,10 @@ def _order(schedule: str, ranks: int, virtual_stages: int, microbatches: int) ->
                 most[a.stage] = max(most[a.stage], live[a.stage])
             elif a.kind in ("B", "W"):
                 live[a.stage] -= 1
-    out = _Order(order, encode(order), np.array(stage_ranks(schedule, ranks, virtual_stages), dtype=np.int64),
-                 most, SPECS[schedule].split_backward)
-    for x in (out.enc, out.rank_of, out.inflight):
-        x.setflags(write=False)
-    return out
+    # writable, as every caller of the compiled kernels passes them (a read-only array is another
+    # numba type: another compile); nothing writes to them
+    return _Order(order, encode(order), np.array(stage_ranks(schedule, ranks, virtual_stages), dtype=np.int64),
+                  most, SPECS[schedule].split_backward)
 
 
 def _boundary_links(sim: "Simulator", groups: list[list[int]], rank_of: np.ndarray,
