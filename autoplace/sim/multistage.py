@@ -262,7 +262,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
             tied_moves.append((r, owner, float(t.rank_end[r]), float(x1)))
             ready[owner] = max(ready[owner], x1)
     upd_end = ready + u_rank
-    step = float(upd_end.max(initial=0.0))
+    step = max(upd_end.tolist(), default=0.0)
     for owner, others, nbytes in holders:
         for r in others:
             a, c = dev_rank[owner], dev_rank[r]

@@ -245,7 +245,7 @@ def run_order(enc: np.ndarray, rank_of: np.ndarray, f: np.ndarray, b: np.ndarray
     entry: no conversions)."""
     ok, start, finish, rank_end, busy, peak, sends = _sim(enc, rank_of, f, b, w, cf, cb, act, int(microbatches),
                                                           tail, *buckets)
-    return OrderTimes(bool(ok), float(rank_end.max(initial=0.0)), rank_end, busy, start, finish, peak, sends)
+    return OrderTimes(bool(ok), max(rank_end.tolist(), default=0.0), rank_end, busy, start, finish, peak, sends)
 
 
 def bubble_fraction(t: OrderTimes) -> float:
