@@ -21,9 +21,10 @@ end) and the previous ring is done, and the backward ends when the last ring doe
 gradient send too. That is torch's order: ``backward_maybe_with_nosync`` runs the stage's last
 backward without ``no_sync``, DDP's reducer launches each bucket's all-reduce from its autograd
 hooks and, in ``finalize_backward`` (queued at the end of the backward pass), waits for every
-bucket's work before ``backward`` returns; the schedule issues ``SEND_B`` only after that
-(``get_bwd_send_ops`` follows ``backward_one_chunk``), so the previous stage gets its last
-gradient after the reduction. ``tail[k]`` is the other form: seconds after the backward's end
+bucket's work before ``backward`` returns (gloo: the process blocks; NCCL: the compute stream
+waits for the reduction, and a p2p send's stream for the compute stream); the schedule issues
+``SEND_B`` only after that (``get_bwd_send_ops`` follows ``backward_one_chunk``), so the previous
+stage gets its last gradient after the reduction. ``tail[k]`` is the other form: seconds after the backward's end
 that the rank waits (torch's ``REDUCE_GRAD``: FSDP stages, TP replicas, split backwards), past
 the backward's send (``_add_send_recv`` puts ``SEND_B`` right after the ``B``; ``Schedule1F1B``
 reduces after its last send), so only this rank waits. Neither wait is compute (not in ``busy``).
