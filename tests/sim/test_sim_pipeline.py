@@ -158,6 +158,26 @@ def test_a_replicated_stage_sends_its_last_gradient_after_its_all_reduce() -> No
     assert r.step_time_s == pytest.approx(19 * MS)
 
 
+def test_replica_j_sends_to_replica_j_on_its_own_link() -> None:
+    # 2 stages of 2 replicas (devices 0, 1 | 2, 3); the runtime's replica j of stage 0 sends its
+    # share to replica j of stage 1 (0 -> 2, 1 -> 3), so only those links carry the boundary: a
+    # slow link between 0 and 3 (or 1 and 2) changes nothing
+    g = _chain(2, out_bytes=[4e8, 0.0])
+    devs = [Device(f"cuda:{i}", "toy", 1e12, 1e12, 16 * 2**30, launch_overhead_s=0.0) for i in range(4)]
+
+    def link(slow: float):  # type: ignore[no-untyped-def]
+        return lambda i, j: Link("slow", slow, 0.0) if {i, j} in ({0, 3}, {1, 2}) else Link("fast", 1e10, 0.0)
+
+    p = Placement.pipeline(g, cluster(4), [0, 1], [[0, 1], [2, 3]], microbatches=2)
+    fast, slow = (Simulator(g, Cluster.from_links(devs, link(bw))).run(p).step_time_s for bw in (1e10, 1e7))
+    assert slow == fast
+    # 1F1B, M = 2: actions at 1/4 of the batch (F 0.5 ms, B 1 ms); 4e8 bytes a step, 1e8 per replica
+    # and micro-batch at 1e10 B/s: 10 ms each, one after another on each direction. Stage 0: F0
+    # [0, 0.5], F1 [0.5, 1]; sends [0.5, 10.5], [10.5, 20.5]. Stage 1: F0 [10.5, 11], B0 [11, 12],
+    # F1 [20.5, 21], B1 [21, 22]; gradients back [12, 22], [22, 32]. Stage 0: B0 [22, 23], B1 [32, 33].
+    assert fast == pytest.approx(33 * MS)
+
+
 def test_data_parallel_memory_is_a_full_copy_per_device() -> None:
     # Every replica holds all 1e8 parameter bytes x 4 (params, grads, Adam moments) and half of
     # the 8 MB of activations; the unused devices hold nothing.
