@@ -186,11 +186,14 @@ def _memory_section(rows: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
         names = list(dict.fromkeys(n for _, t, _ in walked for n in t))
         L += ["", "Terms of the predicted peak, GiB per device (one-stage FSDP rows: "
               "`ShardedStage.loop_memory_terms`; activations at 1/(M x replicas) of the batch, the loss's "
-              "fp32 log-softmax among the saved ones and its gradients beyond them):", "",
-              "| id | " + " | ".join(names) + " | sum |", "|---|" + "---|" * (len(names) + 1)]
+              "fp32 log-softmax among the saved ones and its gradients beyond them). Where their sum is below the "
+              "simulator's peak, the simulator's FSDP loop (sim/sharding.py) does not read them yet and still counts "
+              "every gradient shard beside the activations (`ShardedStage.loop_peak_bytes` is the sum):", "",
+              "| id | " + " | ".join(names) + " | sum | simulator's peak |", "|---|" + "---|" * (len(names) + 2)]
         for rid, t, near in walked:
+            r = next(x for x in rows if x["id"] == rid)
             L.append(f"| {rid}{' (nearest plan)' if near else ''} | " + " | ".join(_f(t.get(n), "{:.2f}") for n in names)
-                     + f" | {sum(t.values()):.2f} |")
+                     + f" | {sum(t.values()):.2f} | {_f(r.get('nearest_peak_gib' if near else 'peak_gib'), '{:.2f}')} |")
     return L
 
 
