@@ -51,8 +51,9 @@ the runtime checks it when it rewrites the views
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -131,13 +132,34 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent + ".")
 
 
+_T = TypeVar("_T")
+_PER_GRAPH: "weakref.WeakKeyDictionary[OpGraph, dict[str, Any]]" = weakref.WeakKeyDictionary()
+"""What this module finds in a graph, per graph: an OpGraph is a frozen value, and the simulator
+asks for the same graph's blocks and vocabulary pairs once per stage per evaluated plan (before
+this cache, rebuilding the adjacency took two thirds of pipeline-rl's 8-minute quick plan of
+the zoo's Llama on 2x8xH100-ib)."""
+
+
+def _memo(graph: "OpGraph", key: str, make: Callable[[], _T]) -> _T:
+    per = _PER_GRAPH.setdefault(graph, {})
+    if key not in per:
+        per[key] = make()
+    out: _T = per[key]
+    return out
+
+
 def _adjacency(graph: "OpGraph") -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    succ: dict[int, list[int]] = {}
-    pred: dict[int, list[int]] = {}
-    for s, d in graph.edges.tolist():
-        succ.setdefault(int(s), []).append(int(d))
-        pred.setdefault(int(d), []).append(int(s))
-    return succ, pred
+    """Successors and predecessors of every op (read-only: shared by every caller)."""
+
+    def make() -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+        succ: dict[int, list[int]] = {}
+        pred: dict[int, list[int]] = {}
+        for s, d in graph.edges.tolist():
+            succ.setdefault(int(s), []).append(int(d))
+            pred.setdefault(int(d), []).append(int(s))
+        return succ, pred
+
+    return _memo(graph, "adjacency", make)
 
 
 def _block(graph: "OpGraph", r: int, succ: dict[int, list[int]], pred: dict[int, list[int]]) -> TPBlock | None:
@@ -214,18 +236,26 @@ def _owns_parameters(graph: "OpGraph", i: int, parent: str) -> bool:
 
 def tp_blocks(graph: "OpGraph") -> tuple[TPBlock, ...]:
     """Every column/row block of ``graph`` (see the module docstring), refused ones included."""
-    succ, pred = _adjacency(graph)
-    out = []
-    for r in range(graph.num_nodes):
-        if graph.kinds[r] == "Linear":
-            b = _block(graph, r, succ, pred)
-            if b is not None:
-                out.append(b)
-    return tuple(out)
+
+    def make() -> tuple[TPBlock, ...]:
+        succ, pred = _adjacency(graph)
+        out = []
+        for r in range(graph.num_nodes):
+            if graph.kinds[r] == "Linear":
+                b = _block(graph, r, succ, pred)
+                if b is not None:
+                    out.append(b)
+        return tuple(out)
+
+    return _memo(graph, "blocks", make)
 
 
 def linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
     """One pair per column of every block that can be split (see the module docstring)."""
+    return _memo(graph, "pairs", lambda: _linear_pairs(graph))
+
+
+def _linear_pairs(graph: "OpGraph") -> tuple[LinearPair, ...]:
     out = []
     heads = graph.meta.get("heads", {}) if isinstance(graph.meta, dict) else {}
     fused = _fused(graph)
@@ -288,32 +318,51 @@ def vocab_pairs(graph: "OpGraph", ops: np.ndarray | None = None) -> tuple[VocabP
     table's bytes and the outputs' ratio (``rows x width`` and ``width / rows``) at the first
     parameter element size of 4, 2, 8 bytes that gives whole rows and a whole width (an fp32, a
     16-bit, an fp64 table: at 4 and 2 no other size gives a whole root)."""
-    succ, _ = _adjacency(graph)
-    kinds = graph.kinds
     inside = np.ones(graph.num_nodes, dtype=bool) if ops is None else np.zeros(graph.num_nodes, dtype=bool)
     if ops is not None:
         inside[np.asarray(ops)] = True
-    tied = {frozenset((int(g[0]), int(i))) for g in graph.tied for i in g[1:]}
-    paths = graph.module_paths
-    pb = np.asarray(graph.param_bytes, dtype=np.float64)
     out = []
-    for h in range(graph.num_nodes):
-        if kinds[h] != "Linear" or succ.get(h) or not inside[h]:
-            continue
-        for e in range(graph.num_nodes):
-            if kinds[e] != "Embedding" or not inside[e] or graph.out_bytes[e] <= 0:
-                continue
-            if frozenset((e, h)) in tied:  # one table, counted at its first user; the other owns nothing
-                table, same = max(pb[e], pb[h]), min(pb[e], pb[h]) == 0
-            else:
-                table, same = pb[e], pb[h] == pb[e] > 0
-            ratio = graph.out_bytes[h] / graph.out_bytes[e]  # vocab / width
-            rows = next((r for r in (np.sqrt(table / es * ratio) for es in (4.0, 2.0, 8.0))
-                         if r >= 1 and abs(r - round(r)) < 1e-6 and abs(r / ratio - round(r / ratio)) < 1e-6), 0.0)
-            if same and rows:
-                out.append(VocabPair(e, h, paths[e] if paths else "", paths[h] if paths else "", int(round(rows))))
-                break
+    for h, matches in _vocab_matches(graph):
+        if inside[h]:
+            found = next((p for p in matches if inside[p.embedding]), None)  # the first inside, as before
+            if found is not None:
+                out.append(found)
     return tuple(out)
+
+
+def _vocab_matches(graph: "OpGraph") -> tuple[tuple[int, tuple[VocabPair, ...]], ...]:
+    """Per head candidate (a Linear op with no successor), every embedding it pairs with, in op
+    order: :func:`vocab_pairs` keeps the first one among its ops."""
+
+    def make() -> tuple[tuple[int, tuple[VocabPair, ...]], ...]:
+        succ, _ = _adjacency(graph)
+        kinds = graph.kinds
+        tied = {frozenset((int(g[0]), int(i))) for g in graph.tied for i in g[1:]}
+        paths = graph.module_paths
+        pb = np.asarray(graph.param_bytes, dtype=np.float64)
+        out = []
+        for h in range(graph.num_nodes):
+            if kinds[h] != "Linear" or succ.get(h):
+                continue
+            matches = []
+            for e in range(graph.num_nodes):
+                if kinds[e] != "Embedding" or graph.out_bytes[e] <= 0:
+                    continue
+                if frozenset((e, h)) in tied:  # one table, counted at its first user; the other owns nothing
+                    table, same = max(pb[e], pb[h]), min(pb[e], pb[h]) == 0
+                else:
+                    table, same = pb[e], pb[h] == pb[e] > 0
+                ratio = graph.out_bytes[h] / graph.out_bytes[e]  # vocab / width
+                rows = next((r for r in (np.sqrt(table / es * ratio) for es in (4.0, 2.0, 8.0))
+                             if r >= 1 and abs(r - round(r)) < 1e-6 and abs(r / ratio - round(r / ratio)) < 1e-6), 0.0)
+                if same and rows:
+                    matches.append(VocabPair(e, h, paths[e] if paths else "", paths[h] if paths else "",
+                                             int(round(rows))))
+            if matches:
+                out.append((h, tuple(matches)))
+        return tuple(out)
+
+    return _memo(graph, "vocab", make)
 
 
 def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequence[LinearPair] = (),
