@@ -106,7 +106,8 @@ def plans(per_family: int = 30, seed: int = 0) -> Iterator[Plan]:
             g = dag()
             c = Cluster.preset(preset)
             sim = Simulator(g, c)
-            groups = [[0, 1], [2, 3]] if c.num_devices == 4 else [[0, 3], [1, 2], [4, 7], [5, 6]]
+            groups = [[0, 1], [2, 3]] if c.num_devices == 4 else \
+                [[0, 3], [1, 2], [4, 7], [5, 6]] if rng.random() < 0.5 else [[0, 1, 2, 3], [4, 5, 6, 7]]
             yield f"{preset} replicas", sim, cut(g.num_nodes, len(groups)), groups, 4, "1f1b", {}
             yield f"{preset} one device per stage", sim, cut(g.num_nodes, c.num_devices), \
                 [[d] for d in range(c.num_devices)], 8, "gpipe", {}
