@@ -79,7 +79,8 @@ SCHEDULES = tuple(k for k, spec in SPECS.items() if not spec.multi_stage)
 """The one-stage-per-rank schedules (the ones pipedream-dp and pipeline-rl search, in the order
 pipeline-rl's schedule action indexes them)."""
 MULTI_SCHEDULES = tuple(k for k, spec in SPECS.items() if spec.multi_stage)
-"""The schedules :mod:`autoplace.sim.schedules` simulates (gpipe and 1f1b: :mod:`autoplace.sim.pipeline`)."""
+"""The schedules a rank may hold several stages of (``virtual_stages``); every schedule, these and
+the one-stage ones, runs on :mod:`autoplace.sim.multistage`'s order executor."""
 
 
 def torch_schedule_class(schedule: str) -> type | None:

@@ -273,7 +273,7 @@ def published_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 # The simulator's terms that issue 11's comparison put in, each switched off in turn (the others
 # kept): what each one is worth on the published configurations. DDP's bucket schedule
-# (autoplace.sim.pipeline._ddp_buckets) has no switch; its effect, measured when it went in, is
+# (autoplace.sim.ddp.ddp_bucket_plan) has no switch; its effect, measured when it went in, is
 # in PUBLISHED_HISTORY.
 ABLATIONS: dict[str, tuple[Any, bool]] = {
     "all terms": (None, True),
