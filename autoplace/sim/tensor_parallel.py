@@ -187,8 +187,9 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
     pairs = linear_pairs(graph) if pairs is None else pairs
     edst, esrc = graph.edges[:, 1], graph.edges[:, 0]
     out: list[Collective] = []
-    first_row = min((p.row for p in pairs), default=graph.num_nodes)
-    for row, ps in _blocks_inside(mask, pairs).items():
+    blocks = _blocks_inside(mask, pairs)
+    first_row = min(blocks, default=graph.num_nodes)  # the runtime rewrites each stage alone: its own first row
+    for row, ps in blocks.items():
         inner = [i for p in ps for i in p.ops]
         name = ps[0].row_path
         out_b = float(graph.out_bytes[row]) / microbatches * value_scale
@@ -245,8 +246,11 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
             if not region[a] and a not in rows:
                 out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches * value_scale,
                                       path, u))
+    size_only = {(int(a), int(b)) for (a, b), x in zip(graph.edges.tolist(), graph.edge_bytes.tolist()) if x == 0}
+    for u in sorted(set(np.nonzero(region)[0].tolist()) | rows):  # a value read outside the region, a row's too
+        path = graph.module_paths[u] if graph.module_paths else ""
         users = graph.successors(u).tolist()
-        exits = [v for v in users if not (mask[v] and (region[v] or v in columns))]
+        exits = [v for v in users if not (mask[v] and (region[v] or v in columns)) and (u, v) not in size_only]
         out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path, u)] * (
             len(exits) + (not users))
     return out

@@ -71,22 +71,7 @@ UNPRICED = {
 """[kind ]caller (autoplace's or torch's) -> training communication the runtime runs and the simulator
 misses: findings, asserted present in the cases that run them."""
 
-_SP_SIZES = ("sequence parallelism: a size read of a region value (Attention.forward reads x.size(0) and x.size(1) "
-             "of the norm's output) needs no gather in the runtime (rewrite.sequence_parallel._whole_size: the "
-             "share's size, the sequence tp times longer; it gathered once per size read before), but the op graph "
-             "folds the size reads into a 0-byte edge to the attention and tensor_parallel.sp_runtime_collectives "
-             "counts one gather for that exit edge (1 more all-gather per micro-batch in the simulator)")
-_SP_STAGES = ("sequence parallelism in a pipeline: the runtime rewrites each stage alone, so the first block of "
-              "stage 1 takes a whole input (its q, k, v all-reduce their input gradients: per micro-batch 3 more "
-              "all-reduces, 3 fewer all-gathers and reduce-scatters), but tensor_parallel.tp_collectives finds the "
-              "first block among all the graph's pairs (multistage passes them all); and a stage ending at a row "
-              "sends that row's reduce-scattered output gathered whole, which sp_runtime_collectives does not count "
-              "(1 more all-gather per micro-batch on stage 0)")
-DISAGREE: dict[str, dict[str, str]] = {
-    "tp2_sp_ddp2": {"all_gather": _SP_SIZES},
-    "tp2_sp_selective_ddp2": {"all_gather": _SP_SIZES + " (2 with the recompute, which the simulator counts again)"},
-    "pp2_tp2_sp": dict.fromkeys(("all_gather", "all_reduce", "reduce_scatter"), _SP_STAGES),
-}
+DISAGREE: dict[str, dict[str, str]] = {}
 """case -> kind -> why the simulator's model and the runtime differ on it (findings); asserted to
 differ on some rank, so a fix on either side shows up here."""
 

@@ -145,13 +145,20 @@ def test_attention_collectives_hand_computed(t: int) -> None:
     half = (t - 1) / t * 1024 / 1e9 + (t - 1) * 1e-5
     assert comm_sp == pytest.approx(2 * half + 3 * ring)
     assert f_sp == pytest.approx(1 + 6 / t)
-    # a later block (a row before it): each column all-gathers its input and reduce-scatters its gradient
+    # a later block of the same stage (a row before it among the ops): each column all-gathers its input
+    # and reduce-scatters its gradient; the earlier block (a stand-in at op 0) is the stage's first
     pairs = linear_pairs(g)
-    before = dataclasses.replace(pairs[0], column=0, row=0, between=())  # a block at op 0, outside the ops taken
+    before = dataclasses.replace(pairs[0], column=0, row=0, between=())
+    kinds = Counter((x.phase, x.kind) for x in tp_collectives(g, np.arange(7), 2, [before, *pairs],
+                                                                 sequence_parallel=True, tp=t))
+    assert kinds == {("forward", "reduce_scatter"): 1 + 1, ("backward", "all_gather"): 1 + 1,
+                     ("backward", "all_reduce"): 1,  # the first block's column: its input is whole
+                     ("forward", "all_gather"): 3, ("backward", "reduce_scatter"): 3}
+    # a row before it in another stage does not count: the runtime rewrites each stage alone, so the
+    # stage's first block takes its input whole, as the first block above
     kinds = Counter((x.phase, x.kind) for x in tp_collectives(g, np.arange(1, 7), 2, [before, *pairs],
                                                                  sequence_parallel=True, tp=t))
-    assert kinds == {("forward", "reduce_scatter"): 1, ("backward", "all_gather"): 1,
-                     ("forward", "all_gather"): 3, ("backward", "reduce_scatter"): 3}
+    assert kinds == {("forward", "reduce_scatter"): 1, ("backward", "all_gather"): 1, ("backward", "all_reduce"): 3}
 
 
 @pytest.mark.parametrize("t", [2, 4])
