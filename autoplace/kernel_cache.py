@@ -1,7 +1,7 @@
 """Keep numba's on-disk kernel cache in step with the kernels' sources.
 
 numba keys a cached kernel by its own file's path and time stamp only. A kernel that calls a
-kernel of another file (the pipeline's ``_pipe_core`` calls :func:`autoplace.sim.ddp.ddp_buckets`)
+kernel of another file (the stage costs' compiled pass calls :func:`autoplace.sim.ddp.ddp_bucket_plan`)
 keeps the old callee's machine code after only the callee's file changed: in a working tree
 updated in place (a pull, an edit) the simulator then silently runs old code. So once per
 process, on import, this hashes the source of every autoplace module that defines a numba kernel
