@@ -516,7 +516,7 @@ class ShardedStage:
         :data:`SAVES_NO_WEIGHT`): (bytes one in-flight
         micro-batch keeps, ``c P`` of the items not recomputed; per item, the ``c P_u`` a
         recomputed unit casts again in its backward). Zero in fp32 and for a sharded stage (its
-        gathered bf16 parameters serve every micro-batch: :func:`~.stage_cost.sharded_fixed_bytes`)."""
+        gathered bf16 parameters serve every micro-batch: :meth:`unsharded_bytes`)."""
         if not self.bf16 or self.sharded:
             return 0.0, np.zeros(len(self.p))
         rc = np.zeros(len(self.p), dtype=bool)

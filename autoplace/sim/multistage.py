@@ -88,6 +88,7 @@ from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .order_sim import OrderTimes, bubble_fraction, encode, run_order
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, actions
+from .fsdp_stage import pipeline_rank_bytes
 from .stage_cost import layout, stage_costs
 from .stages import boundary_bytes, flows_link, shard_flows, stage_edges, stage_groups
 
@@ -278,7 +279,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         mem = per_rank(sim.memory.pipeline(st, [groups[r] for r in rank_of], o.inflight, m))
     else:
         remat = cost.remat if v == 1 else np.array([cost.remat[rank_of == r].max() for r in range(p)])
-        mem = per_rank(cost.params) * (2.0 + tables.opt_factor) + per_rank(cost.gathered) + t.peak_act + remat
+        mem = pipeline_rank_bytes(cost.params, cost.gathered, rank_of, p, t.peak_act, remat, tables.opt_factor)
         for _, others, nbytes in holders:
             for r in others:
                 mem[r] += 2.0 * nbytes

@@ -84,11 +84,14 @@ class Action(NamedTuple):
 # ---- orders --------------------------------------------------------------------------------
 
 
-def _order(num_stages: int, microbatches: int, schedule: str, stage: int) -> list[Action]:
-    m_count = microbatches
-    if schedule == "gpipe":
-        return ([Action(stage, "F", m) for m in range(m_count)]
-                + [Action(stage, "B", m) for m in range(m_count)])
+def _gpipe(stage: int, m_count: int) -> list[Action]:
+    """GPipe on one stage: every forward, then every backward."""
+    return [Action(stage, "F", m) for m in range(m_count)] + [Action(stage, "B", m) for m in range(m_count)]
+
+
+def _one_f_one_b(num_stages: int, m_count: int, stage: int) -> list[Action]:
+    """1F1B on one stage (torch's Schedule1F1B): ``min(M, S - s)`` forwards, then one backward and one
+    forward until the forwards are done, then the remaining backwards."""
     warmup = min(m_count, num_stages - stage)
     out = [Action(stage, "F", m) for m in range(warmup)]
     nxt = warmup
@@ -107,7 +110,7 @@ def schedule_actions(num_stages: int, microbatches: int, schedule: str = "1f1b")
     if num_stages < 1 or microbatches < 1:
         raise PlacementError([f"a pipeline needs at least one stage and one micro-batch; got {num_stages} stages "
                               f"and {microbatches} micro-batches"])
-    return tuple(tuple(_order(num_stages, microbatches, schedule, s)) for s in range(num_stages))
+    return tuple(tuple(ORDERS[schedule](num_stages, 1, microbatches, s)) for s in range(num_stages))
 
 
 def _depth_first(p: int, v: int, m: int, rank: int, zero_bubble: bool) -> list[Action]:
@@ -262,6 +265,8 @@ def _dualpipev(p: int, m: int, rank: int) -> list[Action]:
 
 
 ORDERS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+    "gpipe": lambda p, v, m, r: _gpipe(r, m),
+    "1f1b": lambda p, v, m, r: _one_f_one_b(p, m, r),
     "interleaved-1f1b": lambda p, v, m, r: _depth_first(p, v, m, r, False),
     "zb-h1": lambda p, v, m, r: _depth_first(p, v, m, r, True),
     "looped-bfs": _looped_bfs,
@@ -269,8 +274,9 @@ ORDERS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
     "dualpipev": lambda p, v, m, r: _dualpipev(p, m, r),
 }
 """The order of actions of rank ``r`` (``order(ranks, virtual_stages, microbatches, r)``) for every
-multi-stage schedule of :data:`autoplace.pipeline_rules.SPECS` (gpipe and 1f1b:
-:func:`schedule_actions`): with the table entry, all that adding a schedule takes."""
+schedule of :data:`autoplace.pipeline_rules.SPECS`, one-stage ones included: with the table entry,
+all that adding a schedule takes (the simulator's one executor, the runtime's schedule builder,
+the planners' offers and the exports read the rest from the entry)."""
 
 
 @lru_cache(maxsize=256)
@@ -281,11 +287,8 @@ def actions(schedule: str, ranks: int, virtual_stages: int, microbatches: int) -
         problems.append(f"a pipeline needs at least one rank and one micro-batch; got {ranks} and {microbatches}")
     if problems:
         raise PlacementError(problems)
-    p, v, m = ranks, virtual_stages, microbatches
-    if not SPECS[schedule].multi_stage:
-        return schedule_actions(p, m, schedule)
     order = ORDERS[schedule]
-    return tuple(tuple(order(p, v, m, r)) for r in range(p))
+    return tuple(tuple(order(ranks, virtual_stages, microbatches, r)) for r in range(ranks))
 
 
 def grid(order: tuple[tuple[Action, ...], ...]) -> str:

@@ -37,14 +37,20 @@ micro-batches; the gradients are ready when the last reduction ends, then the up
 Pipeline stages (torch.distributed.pipelining with an FSDP stage module: every backward runs
 without gradient sync and without resharding, and one reduction of all gradients follows the
 last backward, ``PipelineStage.perform_reduce_grad``). With ``reshard_after_forward`` every
-forward and backward action gathers its units (a forward right after a backward finds them
-still gathered in torch; charging it is an overestimate); without it only the step's first
+forward and backward action gathers its units (as the runtime runs it since c130cf4:
+:func:`autoplace.rewrite.schedules.reshard_every_action`); without it only the step's first
 forward gathers, spread here over the M forwards (so every action of a stage keeps one time,
 as the order executor needs). The gradients are ready at the last backward's end plus the
 reduce-scatters of every unit (and the cross-host all-reduces), not overlapped. Memory:
 
-    P (1 + 1 + opt) / k + c P + c P          shards, gathered parameters, unsharded gradients
-    + in-flight micro-batches x activations, as for every stage (:mod:`.multistage`)
+    P (1 + opt) / k + c P + cr P + max(activations, P / k)
+                                             shards and optimizer state, gathered parameters, gradients
+                                             accumulated unsharded in the reduce dtype, and the in-flight
+                                             micro-batches' activations or, after the last backward, the
+                                             gradient shards (:func:`~.fsdp_stage.pipeline_rank_bytes`)
+
+(``c P`` gathered is what a stage that keeps its units gathered holds; one that reshards after
+forward holds about two units at a time: an overestimate there, left for now).
 
 DDP stages in such a plan keep the default stages' rules (DDP's buckets inside the last
 backward, full copies), with recompute and bf16 changing their activations and op times.
@@ -96,14 +102,7 @@ def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], micr
 
     # memory
     opt = float(sim.tables.opt_factor)
-    saved, remat = x.saved_activations()
-    share = x.act_scale / (m_count * x.n)
-    units = x.p[1:-1]
-    mem = x.p_all * (2.0 + opt) / x.k
-    gathered = x.c * (units.sum() if not x.reshard else
-                      float((units[:-1] + units[1:]).max(initial=units.max(initial=0.0))))
-    mem += 2.0 * x.c * x.p_root + gathered + x.c * float(units.max(initial=0.0))
-    mem += saved * share + remat * share
+    mem = x.loop_peak_bytes(opt, m_count)
     peak = np.zeros(sim.num_devices)
     peak[x.devs] = mem
     excess = float(np.maximum(peak - sim.capacity, 0.0).sum())

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .schedules import Action
     from .simulator import Simulator
 
-__all__ = ["StageCosts", "stage_costs", "Layout", "layout", "bn_sync_seconds", "action_seconds", "sharded_fixed_bytes",
+__all__ = ["StageCosts", "stage_costs", "Layout", "layout", "bn_sync_seconds", "action_seconds",
            "options_of_stages", "sharded_stages", "resident_ratio"]
 
 
@@ -312,15 +312,6 @@ def action_seconds(x: ShardedStage, microbatches: int) -> tuple[float, float]:
     return f_act, b_act
 
 
-def sharded_fixed_bytes(x: ShardedStage, opt_factor: float) -> float:
-    """Bytes per device of a sharded stage in a pipeline that do not scale with micro-batches:
-    its fp32 shards of parameters, gradients and optimizer state, plus the gathered parameters
-    and the unsharded gradients (``c P`` each: nothing reshards inside the step)."""
-    mem = x.p_all * (2.0 + opt_factor) / x.k
-    mem += 2.0 * x.c * x.p_all
-    return mem
-
-
 def options_of_stages(options: StageOptions, rank_of: np.ndarray) -> StageOptions:
     """``options`` (one entry per rank) as one entry per virtual stage: a rank's options apply to
     every stage it holds (as the runtime applies them, :mod:`autoplace.rewrite.schedules`)."""
@@ -399,7 +390,7 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
             rs, xr = x.reduce_all()
             sync[s] = tail[s] = rs + xr
             params[s] = x.p_all / x.k
-            gathered[s] = 2.0 * x.c * x.p_all
+            gathered[s] = x.unsharded_bytes()
         else:
             if x.n > 1 and (split or x.t > 1):  # DDP buckets after the backward (REDUCE_GRAD)
                 ready, sync[s] = ddp_sync(np.zeros(x.b_op.size), x.p_op, x.n, last, 0.0, x.lat, x.inv,

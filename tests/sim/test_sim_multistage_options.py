@@ -58,15 +58,19 @@ SHAPES = [("zbv", 2), ("interleaved-1f1b", 2), ("zb-h1", 1), ("looped-bfs", 2)]
 
 @pytest.mark.parametrize("schedule,v", SHAPES)
 def test_fsdp_stages_hold_less_per_device_than_ddp(schedule: str, v: int) -> None:
-    # two ranks of 4 replicas: DDP keeps P (1 + 1 + 2) per device; FSDP its shards P (1 + 1 + 2) / 4
-    # plus the gathered parameters and unsharded gradients (P each): 3P < 4P
+    # two ranks of 4 replicas: DDP keeps P (1 + 1 + 2) per device; FSDP its parameter shards and
+    # optimizer state P (1 + 2) / 4, the gathered parameters and the gradients accumulated unsharded
+    # (P each), and the larger of the activations in flight and, once the last backward has
+    # reduce-scattered them, the gradient shards P / 4 (fsdp_stage.pipeline_rank_bytes): < 4P
     g, c = _blocks(8), cluster(8, bandwidth=1e10, latency=1e-5)
     ranks = [[0, 1, 2, 3], [4, 5, 6, 7]]
     ddp, fsdp = _run(g, c, schedule, v, ranks), _run(g, c, schedule, v, ranks, shard="fsdp")
     assert fsdp.peak_memory_bytes.max() < ddp.peak_memory_bytes.max() - 0.9e8 * 4
     params = 4 * 1e8 + 1e6  # rank 0's blocks and the root head (ZBV: its V holds both ends)
-    held = fsdp.peak_memory_bytes[0] - (params * 4 / 4 + 2 * params)
-    assert 0 < held < 1e9  # the rest is activations
+    held = fsdp.peak_memory_bytes[0] - (params * 3 / 4 + 2 * params)
+    act = ddp.peak_memory_bytes[0] - params * 4  # the same activations in flight under DDP
+    assert 0 < act < 1e9
+    assert held == pytest.approx(max(act, params / 4))  # not act + P / 4: the shards come after the activations
     assert fsdp.step_time_s != ddp.step_time_s
 
 
