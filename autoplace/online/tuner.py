@@ -150,12 +150,15 @@ class OnlineConfig:
     """where the best plan is written (JSON) when the trials are done; None: not saved."""
     seed: int = 0
     """seed of the policy's sampling and PPO's shuffles."""
-    search: str = "ppo"
-    """"ppo" (the learned tuner: PPO on live and simulated rewards) or "topk" (the learning-free
-    control: one pool of ``4 * screen_samples`` policy samples, never updated, measured in the
-    order of the calibrated simulator, re-ranked after every measurement; the fastest is kept).
-    "ppo" stays the default: over plan kinds on 2 CPU processes (benchmarks/online_kinds.py) the two
-    kept equally fast plans within this machine's noise, the sign of the difference flipping between runs."""
+    search: str = "topk"
+    """"topk" (the learning-free control: one pool of ``4 * screen_samples`` policy samples, never
+    updated, measured in the order of the calibrated simulator, re-ranked after every measurement;
+    the fastest is kept) or "ppo" (the learned tuner: PPO on live and simulated rewards). "topk" is
+    the default because it measured better: over plan kinds on 2 CPU processes with the machine
+    otherwise idle (benchmarks/online_kinds.py at 3950a79, 28 configurations, the same trials), it
+    kept a plan within 3% of the measured best in 27 where PPO did in 25, geometric mean kept/best
+    1.008 against 1.021, PPO better in none, worse in 3; on a loaded machine (load 8-10) the two
+    were level (18 and 18, PPO better in 8, worse in 7)."""
 
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("confirm", self.confirm >= 0, ">= 0"),

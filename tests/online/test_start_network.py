@@ -22,7 +22,7 @@ def _model() -> nn.Module:
 
 def test_online_policy_starts_from_the_mars_planners_network() -> None:
     x = torch.randn(4, 8)
-    cfg = OnlineConfig(trials=1, steps_per_trial=1, screen_samples=4, screen_top_k=1, prior_updates=0)
+    cfg = OnlineConfig(trials=1, steps_per_trial=1, screen_samples=4, screen_top_k=1, prior_updates=0, search="ppo")
     placed = autoplace.wrap(_model(), ["cpu", "cpu"], example_inputs=(x,), planner="mars", mode="model",
                             finetune="online", online=cfg, progress=False)
     assert placed.plan is not None and placed.plan.planner == "mars"
@@ -57,7 +57,7 @@ def test_a_fine_tuned_mars_plan_hands_its_trained_network_to_online_tuning(tmp_p
 def test_the_tuner_reaches_the_module_only_through_its_protocol() -> None:
     x = torch.randn(4, 8)
     placed = autoplace.wrap(_model(), ["cpu", "cpu"], example_inputs=(x,), planner="expert", mode="model",
-                            finetune="online", online=OnlineConfig(policy="independent", prior_updates=0),
+                            finetune="online", online=OnlineConfig(policy="independent", prior_updates=0, search="ppo"),
                             progress=False)
     assert isinstance(placed, Tunable)
     tuner = placed.tuner

@@ -73,7 +73,7 @@ def make_opt(kind: str, params: Any) -> torch.optim.Optimizer:
 
 def quick(**kw: Any) -> OnlineConfig:
     base: dict[str, Any] = dict(trials=4, steps_per_trial=2, warmup_steps=1, every_n_steps=2, screen_samples=16,
-                                screen_top_k=2, policy="independent", prior_updates=0)
+                                screen_top_k=2, policy="independent", prior_updates=0, search="ppo")
     base.update(kw)
     return OnlineConfig(**base)
 
