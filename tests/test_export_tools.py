@@ -75,7 +75,11 @@ def cases() -> dict[str, Case]:
     add("ddp + ac", Placement.pipeline(g, c4, whole, [[0, 1, 2, 3]], microbatches=1, recompute=True),
         accelerate="recomputes its blocks under DDP.*shard='fsdp'")
     # pipelines with one stage per rank
-    add("pipedream-dp (uneven replicas)", plan(g, c4, planner="pipedream-dp", mode="pipeline"),
+    # stages of 1 and 3 replicas (what pipedream-dp returned here until its judge charged the DDP send
+    # after the all-reduce; now it picks FSDP): written out so the refusal stays tested
+    uneven = np.array([0] * 4 + [1] * (g.num_nodes - 4))
+    add("pipeline (uneven replicas: 1 + 3)", Placement.pipeline(g, c4, uneven, [[0], [1, 2, 3]], microbatches=1,
+                                                                schedule="1f1b"),
         titan="same data-parallel shape", accelerate=not_pp)
     add("gpipe-uniform (a block cut in two)", plan(g, c4, planner="gpipe-uniform", mode="pipeline"),
         titan="has ops in stages .*cut between blocks", accelerate=not_pp)
@@ -116,7 +120,7 @@ LABELS = [
     "model-parallel (accelerate planner)", "model-parallel (blocks over 2 devices)",
     "model-parallel (expert: a module split)", "ddp (data-parallel planner)", "fsdp (fsdp planner)",
     "hsdp (torchtitan planner, 2 hosts)", "fsdp+ac (fsdp+ac planner: every 2nd block)",
-    "fsdp + full ac, bf16, 2 micro-batches", "ddp + ac", "pipedream-dp (uneven replicas)",
+    "fsdp + full ac, bf16, 2 micro-batches", "ddp + ac", "pipeline (uneven replicas: 1 + 3)",
     "gpipe-uniform (a block cut in two)", "gpipe (blocks, 4 ranks)", "1f1b (blocks, 4 ranks)", "zb-h1 (blocks, 4 ranks)",
     "pp x fsdp (2 stages x 2)", "pp x hsdp (2 stages x 2 hosts x 2)", "interleaved-1f1b v=2 (blocks)",
     "looped-bfs v=2 (blocks)", "zb-h1 v=2 (blocks)", "zbv v=2 (blocks)", "dualpipev v=2 (blocks)",

@@ -31,7 +31,7 @@ from .mixed_precision import cast_stage, full_precision, in_fp32
 if TYPE_CHECKING:
     from ..graph.trace import Traced
 
-__all__ = ["unit_of_fx", "outline_units", "shard_stage"]
+__all__ = ["unit_of_fx", "outline_units", "shard_stage", "reshard_every_action"]
 
 
 # ---- units as calls ---------------------------------------------------------------------------
@@ -228,3 +228,42 @@ def shard_stage(stage: torch.nn.Module, units: Sequence[str], mesh: Any, *, shar
                                    output_dtype=output_dtype) if bf16 else MixedPrecisionPolicy()
     fully_shard(stage, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=root_mp)
     return stage
+
+
+def reshard_every_action(stage: torch.nn.Module, order: Sequence[torch.nn.Module] = ()) -> None:
+    """Keep the FSDP units of ``stage`` (a ``fully_shard``-ed stage module: its FSDP submodules)
+    resharded after every backward too, as the plan's ``reshard_after_forward`` says and the
+    simulator charges it (:func:`autoplace.sim.stage_cost.action_seconds`: every forward and every
+    backward action gathers its units; the root once a step).
+
+    torch's ``PipelineStage.backward_maybe_with_nosync`` (2.13) calls
+    ``stage.set_reshard_after_backward(False)`` on every backward but a stage's last (recursively),
+    so a unit stays gathered from its first backward to the step's end: the next forward finds it
+    gathered (1F1B: M + 1 all-gathers of each unit a step instead of 2M, the multi-stage schedules'
+    UNSHARD actions other counts again) and its memory is held across micro-batches. Here that
+    call still applies to the root, which also stops resharding after forward (``fully_shard`` took
+    the plan's ``True``, which FSDP2 honours for a root given it explicitly): the root is gathered
+    once a step, as FSDP2's default root; the units reshard after every forward and backward.
+
+    ``order``: the units in forward order. Each prefetches the one before it in its backward, the
+    first only the root (gathered, or holding nothing): FSDP2's implicit backward prefetch reads
+    the forward order of the whole step, which it clears only after the last backward, so the
+    first unit of a micro-batch would prefetch the last unit of the micro-batch before, gathered
+    again for nothing once units reshard (1F1B, last stage: one more all-gather a step)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(stage, FSDPModule):
+        return
+    units = [m for m in stage.modules() if isinstance(m, FSDPModule) and m is not stage]
+    stage.set_reshard_after_forward(False, recurse=False)  # the root: gathered once, resharded after its last backward
+    own = type(stage).set_reshard_after_backward
+
+    def set_reshard_after_backward(reshard_after_backward: bool, *, recurse: bool = True) -> None:
+        own(stage, reshard_after_backward, recurse=recurse)
+        for u in units:
+            type(u).set_reshard_after_backward(u, True, recurse=False)
+
+    stage.set_reshard_after_backward = set_reshard_after_backward  # type: ignore[method-assign]
+    for before, unit in zip([stage, *order], order):
+        if isinstance(unit, FSDPModule) and isinstance(before, FSDPModule):
+            unit.set_modules_to_backward_prefetch([before])

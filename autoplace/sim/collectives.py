@@ -56,7 +56,8 @@ from ..graph.units import block_units, stage_units
 from ..parallel import SELECTIVE_OP, StageOptions, recomputed_units
 from ..pipeline_rules import stage_ranks
 from .ddp import bn_sync_collectives, ddp_sync, graph_bn_channels
-from .fsdp_stage import ShardedStage, recompute_skips
+from .fsdp_stage import ShardedStage
+from .stage_ops import recompute_skips
 from .multistage import boundary_flows
 from .stages import boundary_bytes, stage_edges, stage_groups
 from .tensor_parallel import (Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share,

@@ -32,7 +32,7 @@ ops; backward in reverse), each with a gather before it, a compute and a reduce 
     reduce-scatter j is issued when compute j ends and queues on the channel
 
 Recompute (activation checkpointing, Chen et al. 2016) of unit u: its backward item costs its
-forward again (less the TP collectives torch's checkpoint does not rerun: :func:`recompute_skips`)
+forward again (less the TP collectives torch's checkpoint does not rerun: :func:`~.stage_ops.recompute_skips`)
 plus its backward; it keeps only its inputs (the bytes entering it) instead of
 every activation it makes, and when its backward starts its activations exist again. Op-level
 selective recompute (``"selective-op"``, every block; torchtitan's ``selective_ac_option="op"``)
@@ -66,72 +66,23 @@ forward ones again), and the data-parallel rings run over the ``n`` replicas of 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-from numba import njit
 
 from ..graph.units import block_units
 from ..cost.memory import (LOSS_EXTRA_GRAD, LOSS_PARALLEL_EXTRA_GRAD, LOSS_SAVED, facts_of, grad_alive, saved_per_op,
                            selective_saves)
 from ..parallel import StageOptions, hsdp_shape, recomputed_units
 from .ddp import bn_channels, bn_sync_group_seconds, ring_link
+from .fsdp_streams import ring_allgather, ring_allreduce
+from .stage_ops import SAVES_NO_WEIGHT, recompute_skips
 
 if TYPE_CHECKING:
-    from ..graph.ir import OpGraph
     from .simulator import Simulator
     from .tensor_parallel import TPShare
 
-__all__ = ["ShardedStage", "ring_allgather", "ring_allreduce", "two_stream", "stage_op_times", "recompute_skips",
-           "pipeline_rank_bytes"]
-
-
-def ring_allgather(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
-    """Seconds of a ring all-gather (or reduce-scatter) of ``nbytes`` (the full tensor) over k peers."""
-    return 0.0 if k <= 1 else (k - 1) / k * nbytes * inv_bw + (k - 1) * lat
-
-
-def ring_allreduce(nbytes: float, k: int, inv_bw: float, lat: float) -> float:
-    """Seconds of a ring all-reduce of ``nbytes`` over k peers."""
-    return 0.0 if k <= 1 else 2.0 * (k - 1) / k * nbytes * inv_bw + 2.0 * (k - 1) * lat
-
-
-@njit(cache=True)
-def two_stream(gather: np.ndarray, compute: np.ndarray, reduce: np.ndarray, cross: np.ndarray):  # type: ignore[no-untyped-def]
-    """Run items on a compute stream and a FIFO communication channel (plus a cross-host
-    channel): see the module docstring. Returns (compute start, compute end, gather end,
-    reduce end, cross end, end of everything)."""
-    n = compute.shape[0]
-    c_start = np.zeros(n)
-    c_end = np.zeros(n)
-    g_end = np.zeros(n)
-    r_end = np.zeros(n)
-    x_end = np.zeros(n)
-    ch = 0.0
-    cx = 0.0
-    if n > 0 and gather[0] > 0:
-        ch = gather[0]
-        g_end[0] = ch
-    prev = 0.0
-    for j in range(n):
-        c_start[j] = max(prev, g_end[j])
-        c_end[j] = c_start[j] + compute[j]
-        prev = c_end[j]
-        if j + 1 < n and gather[j + 1] > 0:
-            s = max(ch, c_start[j])
-            ch = s + gather[j + 1]
-            g_end[j + 1] = ch
-        if reduce[j] > 0:
-            s = max(ch, c_end[j])
-            ch = s + reduce[j]
-            r_end[j] = ch
-            if cross[j] > 0:
-                s = max(cx, ch)
-                cx = s + cross[j]
-                x_end[j] = cx
-    end = max(prev, max(ch, cx))
-    return c_start, c_end, g_end, r_end, x_end, end
+__all__ = ["ShardedStage"]
 
 
 class ShardedStage:
@@ -529,80 +480,3 @@ class ShardedStage:
         activations at ``share`` of their traced bytes, and a bf16 DDP stage's parameter copies."""
         _, again = self.param_copies()
         return self.saved_activations()[1] * share + float(again.max(initial=0.0))
-
-
-def pipeline_rank_bytes(params: np.ndarray, gathered: np.ndarray, rank_of: np.ndarray, ranks: int,
-                        peak_act: np.ndarray, remat: np.ndarray, opt_factor: float) -> np.ndarray:
-    """(ranks,) peak bytes per device of each pipeline rank from its virtual stages' terms
-    (:class:`~.stage_cost.StageCosts`: ``params`` fp32 bytes per device, a sharded stage's shard;
-    ``gathered`` its unsharded bytes, 0 for a stage that is not sharded; ``rank_of`` each stage's
-    rank) and the rank's activation walk (``peak_act``) and largest recomputed unit (``remat``):
-
-        unsharded stages' P (2 + opt) + sharded stages' P/k (1 + opt) + their unsharded bytes
-        + max(peak_act + remat, sharded stages' P/k)
-
-    A sharded stage's gradient shards exist only after the step's last backward, whose
-    post-backward reduce-scatters the gradients accumulated unsharded until then
-    (:meth:`ShardedStage.unsharded_bytes`; ``zero_grad(set_to_none=True)`` drops them between
-    steps), when the activations are gone; an unsharded (DDP) stage keeps its gradients from its
-    first backward on, beside the activations of the micro-batches still in flight."""
-    sharded = np.asarray(gathered) > 0
-
-    def per_rank(x: np.ndarray) -> np.ndarray:
-        return np.bincount(np.asarray(rank_of), np.asarray(x, dtype=np.float64), minlength=ranks)
-
-    shard_p = per_rank(np.where(sharded, params, 0.0))
-    full_p = per_rank(np.where(sharded, 0.0, params))
-    return (full_p * (2.0 + opt_factor) + shard_p * (1.0 + opt_factor) + per_rank(gathered)
-            + np.maximum(np.asarray(peak_act) + np.asarray(remat), shard_p))
-
-
-SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
-"""Op kinds whose backward does not read their weight (``embedding_backward`` takes the indices and
-the table's size), so a bf16 copy cast for their forward is not kept for the backward."""
-SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
-"""Op kinds whose backward needs no saved tensor (autograd's AddBackward, SubBackward)."""
-
-
-def recompute_skips(graph: "OpGraph", unit: np.ndarray) -> np.ndarray:
-    """(N,) ops whose forward TP collective a recomputed unit does not run again: those followed,
-    inside their unit, only by ops that save nothing for backward (:data:`SAVES_NOTHING`).
-    ``torch.utils.checkpoint(use_reentrant=False)`` stops recomputing once the last tensor the
-    backward needs is saved again (its early stop, on by default), so a block's last row-parallel
-    output all-reduce, followed only by the residual add, runs once per micro-batch (measured:
-    tests/rewrite/test_collectives_fsdp_tp_loop.py)."""
-    out = np.zeros(graph.num_nodes, dtype=bool)
-    tail_free: dict[int, bool] = {}
-    kinds = graph.kinds
-    for i in range(graph.num_nodes - 1, -1, -1):  # ops of a unit in topological order, walked from its end
-        u = int(unit[i])
-        if u < 0:
-            continue
-        free = tail_free.get(u, True)
-        out[i] = free
-        tail_free[u] = free and kinds[i] in SAVES_NOTHING
-    return out
-
-
-def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:
-    """(N, D) bf16 time / the cost model's time of every op at 1/parts of the batch (roofline:
-    tensor-core peak and half the bytes against the cost model's; 1 when it computes in 16 bits),
-    cached on the simulator."""
-    cache: dict[int, np.ndarray] = sim.__dict__.setdefault("_bf16_ratio", {})
-    if parts not in cache:
-        g = sim.graph
-        f32, b32 = sim.cost.roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
-        f16, b16 = replace(sim.cost, dtype_bytes=2).roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rf = np.where(f32 > 0, f16 / f32, 1.0)
-            rb = np.where(b32 > 0, b16 / b32, 1.0)
-        cache[parts] = (rf, rb)  # type: ignore[assignment]
-    return cache[parts]  # type: ignore[return-value]
-
-
-def stage_op_times(sim: "Simulator", parts: int, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
-    tf, tb = sim.op_times(parts)
-    if not bf16:
-        return tf, tb
-    rf, rb = _bf16_ratio(sim, parts)  # type: ignore[misc]
-    return tf * rf, tb * rb

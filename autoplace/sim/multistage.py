@@ -88,7 +88,6 @@ from ..pipeline_rules import SPECS, pipeline_problems, stage_ranks
 from .order_sim import OrderTimes, bubble_fraction, encode, run_order
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, actions
-from .fsdp_stage import pipeline_rank_bytes
 from .stage_cost import layout, stage_costs
 from .stages import boundary_bytes, flows_link, shard_flows, stage_edges, stage_groups
 
@@ -351,3 +350,29 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                      allreduce_s=float(cost.sync.max(initial=0.0)), microbatches=m,
                      schedule=schedule, timeline=tuple(events) if timeline else ())
     return PipelineOutcome(evaluation, full)
+
+
+def pipeline_rank_bytes(params: np.ndarray, gathered: np.ndarray, rank_of: np.ndarray, ranks: int,
+                        peak_act: np.ndarray, remat: np.ndarray, opt_factor: float) -> np.ndarray:
+    """(ranks,) peak bytes per device of each pipeline rank from its virtual stages' terms
+    (:class:`~.stage_cost.StageCosts`: ``params`` fp32 bytes per device, a sharded stage's shard;
+    ``gathered`` its unsharded bytes, 0 for a stage that is not sharded; ``rank_of`` each stage's
+    rank) and the rank's activation walk (``peak_act``) and largest recomputed unit (``remat``):
+
+        unsharded stages' P (2 + opt) + sharded stages' P/k (1 + opt) + their unsharded bytes
+        + max(peak_act + remat, sharded stages' P/k)
+
+    A sharded stage's gradient shards exist only after the step's last backward, whose
+    post-backward reduce-scatters the gradients accumulated unsharded until then
+    (:meth:`~.fsdp_stage.ShardedStage.unsharded_bytes`; ``zero_grad(set_to_none=True)`` drops them between
+    steps), when the activations are gone; an unsharded (DDP) stage keeps its gradients from its
+    first backward on, beside the activations of the micro-batches still in flight."""
+    sharded = np.asarray(gathered) > 0
+
+    def per_rank(x: np.ndarray) -> np.ndarray:
+        return np.bincount(np.asarray(rank_of), np.asarray(x, dtype=np.float64), minlength=ranks)
+
+    shard_p = per_rank(np.where(sharded, params, 0.0))
+    full_p = per_rank(np.where(sharded, 0.0, params))
+    return (full_p * (2.0 + opt_factor) + shard_p * (1.0 + opt_factor) + per_rank(gathered)
+            + np.maximum(np.asarray(peak_act) + np.asarray(remat), shard_p))

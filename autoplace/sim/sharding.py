@@ -38,7 +38,7 @@ Pipeline stages (torch.distributed.pipelining with an FSDP stage module: every b
 without gradient sync and without resharding, and one reduction of all gradients follows the
 last backward, ``PipelineStage.perform_reduce_grad``). With ``reshard_after_forward`` every
 forward and backward action gathers its units (as the runtime runs it since c130cf4:
-:func:`autoplace.rewrite.schedules.reshard_every_action`); without it only the step's first
+:func:`autoplace.rewrite.units.reshard_every_action`); without it only the step's first
 forward gathers, spread here over the M forwards (so every action of a stage keeps one time,
 as the order executor needs). The gradients are ready at the last backward's end plus the
 reduce-scatters of every unit (and the cross-host all-reduces), not overlapped. Memory:
@@ -64,7 +64,7 @@ import numpy as np
 
 from ..parallel import StageOptions
 from ..placement import PlacementError
-from .fsdp_stage import ring_allgather, ring_allreduce, two_stream
+from .fsdp_streams import ring_allgather, ring_allreduce, two_stream
 from .multistage import multistage_step
 from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .stage_cost import sharded_stages

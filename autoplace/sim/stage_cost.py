@@ -53,7 +53,9 @@ from numba import njit
 from ..graph.units import block_units, stage_units
 from ..parallel import StageOptions
 from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_group_seconds, ddp_bucket_plan, ddp_sync, ring_link
-from .fsdp_stage import ShardedStage, stage_op_times, two_stream
+from .fsdp_stage import ShardedStage
+from .fsdp_streams import two_stream
+from .stage_ops import stage_op_times
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
 

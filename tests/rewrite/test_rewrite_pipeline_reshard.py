@@ -1,6 +1,6 @@
 """FSDP stages of a pipeline that reshard after forward run what the plan says and the simulator
 charges (:func:`autoplace.sim.stage_cost.action_seconds`): every forward and every backward
-action gathers the stage's units, the root once a step (:func:`autoplace.rewrite.schedules.
+action gathers the stage's units, the root once a step (:func:`autoplace.rewrite.units.
 reshard_every_action`). Under ``torchrun`` (gloo, CPU, fp32, 4 processes: 2 pipeline ranks x 2
 FSDP replicas, 4 micro-batches), 1F1B (torch's single-stage schedule, FSDP's own hooks) and
 interleaved 1F1B (2 virtual stages a rank: torch's UNSHARD/RESHARD actions) train like the unsplit

@@ -19,7 +19,8 @@ from autoplace.cost.memory import LOSS_EXTRA_GRAD, LOSS_PARALLEL_EXTRA_GRAD
 from autoplace.graph.units import block_units, stage_units
 from autoplace.parallel import StageOptions
 from autoplace.sim import simulator_for
-from autoplace.sim.fsdp_stage import ShardedStage, stage_op_times
+from autoplace.sim.fsdp_stage import ShardedStage
+from autoplace.sim.stage_ops import stage_op_times
 from autoplace.sim.stage_cost import sharded_stages
 from autoplace.tp_rules import vocab_pairs
 
@@ -119,7 +120,7 @@ def test_loss_parallel_backward_holds_three_logit_buffers(g: autoplace.OpGraph, 
 
 
 def test_a_pipeline_rank_holds_its_sharded_stages_gradient_shards_only_after_the_step() -> None:
-    from autoplace.sim.fsdp_stage import pipeline_rank_bytes
+    from autoplace.sim.multistage import pipeline_rank_bytes
     # rank 0: a sharded stage (shard 1e8 B, unsharded 4e8 B) and a DDP stage (2e8 B); rank 1: one sharded stage
     params, gathered, rank_of = np.array([1e8, 2e8, 3e8]), np.array([4e8, 0.0, 6e8]), np.array([0, 0, 1])
     peak_act, remat = np.array([5e8, 1e8]), np.array([1e7, 1e6])

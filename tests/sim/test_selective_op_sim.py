@@ -14,7 +14,7 @@ from autoplace.export import ExportError, to_accelerate, to_torchtitan, torchtit
 from autoplace.parallel import SELECTIVE_OP, StageOptions
 from autoplace.plan_spec import PlanSpec
 from autoplace.sim.simulator import Simulator
-from autoplace.sim.fsdp_stage import stage_op_times
+from autoplace.sim.stage_ops import stage_op_times
 from autoplace.sim.stage_cost import sharded_stages
 
 

@@ -10,7 +10,7 @@ import autoplace
 from autoplace import Cluster, Device, Link, OpGraph, Placement
 from autoplace.parallel import StageOptions
 from autoplace.sim import Simulator
-from autoplace.sim.fsdp_stage import ring_allgather
+from autoplace.sim.fsdp_streams import ring_allgather
 from autoplace.sim.multistage import multistage_step
 from autoplace.sim.sharding import sharded_step
 

@@ -1,0 +1,68 @@
+"""What a sharded stage reads per op beside its own items: the op times at the stage's precision
+(:func:`stage_op_times`: the cost model's, or bf16 by the roofline ratio), which ops save no
+weight copy or nothing at all for backward, and which forward TP collectives a recomputed unit does
+not run again (:func:`recompute_skips`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..graph.ir import OpGraph
+    from .simulator import Simulator
+
+__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recompute_skips", "stage_op_times"]
+
+
+SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
+"""Op kinds whose backward does not read their weight (``embedding_backward`` takes the indices and
+the table's size), so a bf16 copy cast for their forward is not kept for the backward."""
+SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
+"""Op kinds whose backward needs no saved tensor (autograd's AddBackward, SubBackward)."""
+
+
+def recompute_skips(graph: "OpGraph", unit: np.ndarray) -> np.ndarray:
+    """(N,) ops whose forward TP collective a recomputed unit does not run again: those followed,
+    inside their unit, only by ops that save nothing for backward (:data:`SAVES_NOTHING`).
+    ``torch.utils.checkpoint(use_reentrant=False)`` stops recomputing once the last tensor the
+    backward needs is saved again (its early stop, on by default), so a block's last row-parallel
+    output all-reduce, followed only by the residual add, runs once per micro-batch (measured:
+    tests/rewrite/test_collectives_fsdp_tp_loop.py)."""
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    tail_free: dict[int, bool] = {}
+    kinds = graph.kinds
+    for i in range(graph.num_nodes - 1, -1, -1):  # ops of a unit in topological order, walked from its end
+        u = int(unit[i])
+        if u < 0:
+            continue
+        free = tail_free.get(u, True)
+        out[i] = free
+        tail_free[u] = free and kinds[i] in SAVES_NOTHING
+    return out
+
+
+def _bf16_ratio(sim: "Simulator", parts: int) -> np.ndarray:
+    """(N, D) bf16 time / the cost model's time of every op at 1/parts of the batch (roofline:
+    tensor-core peak and half the bytes against the cost model's; 1 when it computes in 16 bits),
+    cached on the simulator."""
+    cache: dict[int, np.ndarray] = sim.__dict__.setdefault("_bf16_ratio", {})
+    if parts not in cache:
+        g = sim.graph
+        f32, b32 = sim.cost.roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
+        f16, b16 = replace(sim.cost, dtype_bytes=2).roofline_times(g, sim.cluster, batch_fraction=1.0 / parts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rf = np.where(f32 > 0, f16 / f32, 1.0)
+            rb = np.where(b32 > 0, b16 / b32, 1.0)
+        cache[parts] = (rf, rb)  # type: ignore[assignment]
+    return cache[parts]  # type: ignore[return-value]
+
+
+def stage_op_times(sim: "Simulator", parts: int, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+    tf, tb = sim.op_times(parts)
+    if not bf16:
+        return tf, tb
+    rf, rb = _bf16_ratio(sim, parts)  # type: ignore[misc]
+    return tf * rf, tb * rb
