@@ -217,7 +217,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     t_deg = max(int(tp), 1)
     o = _order(schedule, p, v, m)
     rank_of = o.rank_of
-    reps = layout(sim, groups, rank_of, t_deg).reps
+    lay = layout(sim, groups, rank_of, t_deg)
+    reps = lay.reps
     dev_rank = [g[0] for g in groups]  # where a rank's transfers are drawn
     default = options is None or options.is_default
     bnd = boundary_bytes(st, *stage_edges(sim.graph, sim.cost.value_scale), k)
@@ -290,7 +291,6 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         return PipelineOutcome(evaluation, None)
 
     n_dev = sim.num_devices
-    lay = layout(sim, groups, rank_of, t_deg)
     rep = cost.replica if cost.replica is not None else np.stack([np.repeat(x, reps) for x in (f, b, cost.u)])
 
     def replica_devices(s: int) -> list[tuple[int, list[int]]]:

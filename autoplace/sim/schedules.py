@@ -46,7 +46,7 @@ computes, so what is simulated is what runs):
   built for is not modelled (on these orders it gives ZBV's bubble with one more chunk of
   activations in flight).
 
-GPipe and 1F1B (one stage per rank) are orders like the others (:func:`schedule_actions`).
+GPipe and 1F1B (one stage per rank) are orders like the others (:data:`ORDERS`).
 Which schedules exist and what shape each needs (virtual stages,
 micro-batches, the torch class) are plan rules: :data:`~autoplace.pipeline_rules.SPECS` and
 :func:`~autoplace.pipeline_rules.schedule_problems`, re-exported here. Running an order over
@@ -58,12 +58,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, NamedTuple
 
-from ..pipeline_rules import (MULTI_SCHEDULES, SCHEDULES, SPECS, ScheduleSpec, schedule_problems, stage_ranks,
+from ..pipeline_rules import (MULTI_SCHEDULES, SPECS, ScheduleSpec, schedule_problems, stage_ranks,
                               torch_schedule_class)
 from ..placement import PlacementError
 from .order_sim import OrderTimes, bubble_fraction, encode, simulate_order, weight_fraction
 
-__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "ORDERS", "Action", "actions", "schedule_actions", "grid", "stage_ranks",
+__all__ = ["MULTI_SCHEDULES", "ScheduleSpec", "SPECS", "ORDERS", "Action", "actions", "grid", "stage_ranks",
            "schedule_problems", "torch_schedule_class", "simulate_order", "OrderTimes", "weight_fraction",
            "bubble_fraction", "encode"]
 # SPECS and the schedule rules are autoplace.pipeline_rules'; simulate_order and its helpers
@@ -101,16 +101,6 @@ def _one_f_one_b(num_stages: int, m_count: int, stage: int) -> list[Action]:
             out.append(Action(stage, "F", nxt))
             nxt += 1
     return out
-
-
-def schedule_actions(num_stages: int, microbatches: int, schedule: str = "1f1b") -> tuple[tuple[Action, ...], ...]:
-    """Each stage's actions in the order it runs them, for "gpipe" or "1f1b"."""
-    if schedule not in SCHEDULES:
-        raise PlacementError([f"schedule is {schedule!r}; it must be one of {SCHEDULES}"])
-    if num_stages < 1 or microbatches < 1:
-        raise PlacementError([f"a pipeline needs at least one stage and one micro-batch; got {num_stages} stages "
-                              f"and {microbatches} micro-batches"])
-    return tuple(tuple(ORDERS[schedule](num_stages, 1, microbatches, s)) for s in range(num_stages))
 
 
 def _depth_first(p: int, v: int, m: int, rank: int, zero_bubble: bool) -> list[Action]:

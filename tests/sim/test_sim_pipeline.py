@@ -14,7 +14,7 @@ from sim_helpers import MS, cluster, graph, random_dag
 import autoplace
 from autoplace import Cluster, Device, Link, OpGraph, Placement, PlacementError
 from autoplace.sim import Simulator
-from autoplace.sim.schedules import schedule_actions
+from autoplace.sim.schedules import actions
 
 
 def _chain(s: int, fwd_ms: float = 2.0, bwd_ms: float = 4.0, **kw: object) -> OpGraph:
@@ -40,14 +40,14 @@ def test_uniform_stages_take_m_plus_s_minus_1_slots(schedule: str, stages: int, 
 
 
 def test_schedule_orders_are_torchs() -> None:
-    one = schedule_actions(4, 6, "1f1b")
+    one = actions("1f1b", 4, 1, 6)
     assert " ".join(map(str, one[0])) == "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5"
     assert " ".join(map(str, one[2])) == "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2B5"
     assert " ".join(map(str, one[3])) == "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5"
-    gp = schedule_actions(2, 3, "gpipe")
+    gp = actions("gpipe", 2, 1, 3)
     assert " ".join(map(str, gp[1])) == "1F0 1F1 1F2 1B0 1B1 1B2"
     with pytest.raises(PlacementError, match="schedule is 'zb'"):
-        schedule_actions(2, 3, "zb")
+        actions("zb", 2, 1, 3)
 
 
 @pytest.mark.parametrize("schedule,expected_mb", [("gpipe", [64, 128, 128, 128]), ("1f1b", [32, 48, 32, 16])])
