@@ -246,11 +246,13 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
             if not region[a] and a not in rows:
                 out.append(Collective("backward", "all_gather", float(graph.out_bytes[a]) / microbatches * value_scale,
                                       path, u))
-    size_only = {(int(a), int(b)) for (a, b), x in zip(graph.edges.tolist(), graph.edge_bytes.tolist()) if x == 0}
     for u in sorted(set(np.nonzero(region)[0].tolist()) | rows):  # a value read outside the region, a row's too
         path = graph.module_paths[u] if graph.module_paths else ""
-        users = graph.successors(u).tolist()
-        exits = [v for v in users if not (mask[v] and (region[v] or v in columns)) and (u, v) not in size_only]
+        eids = graph.succ_eid[graph.succ_ptr[u]:graph.succ_ptr[u + 1]]
+        users = graph.edges[eids, 1].tolist()
+        # a size-only read (a 0-byte edge) gathers nothing: the runtime reads the share's size
+        exits = [v for v, x in zip(users, graph.edge_bytes[eids].tolist())
+                 if not (mask[v] and (region[v] or v in columns)) and x != 0]
         out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path, u)] * (
             len(exits) + (not users))
     return out
