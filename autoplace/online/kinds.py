@@ -9,7 +9,13 @@ builds a small set of them from a planner's pick, the way a user would explore b
   rank (``fsdp_microbatches``; without resharding after forward, as ``plan("best")`` picks it);
 - every cut of :func:`cut_shares` (the planner's pipeline cut, its neighbours at
   ``cut_offsets`` of the profiled work, and fixed work shares such as an even and a skewed
-  split), each with every schedule in ``schedules`` and micro-batch count in ``microbatches``.
+  split), each with every schedule in ``schedules`` and micro-batch count in ``microbatches``;
+- recompute (activation checkpointing, :mod:`autoplace.parallel`'s ``recompute`` option, which the
+  runtime runs on one-stage DDP and FSDP plans and on pipeline stages): each value in
+  ``recompute`` gives a variant of every DDP and FSDP plan above, each value in
+  ``pipeline_recompute`` one of every pipeline at the planner's cut (every stage recomputing). A
+  value that checkpoints no unit of the graph (:func:`recomputes_ops`) gives no variant: it would
+  run as its plain plan does.
 
 A candidate is a :class:`KindPlan`: the planners' pipeline candidate
 (:class:`~autoplace.planners.candidate.PipelinePlan`) with the stages' options (sharding,
@@ -20,7 +26,7 @@ recompute) beside it, which the planners' 4-field candidates do not carry; :func
 A cut is placed by the profiled work (measured forward + backward seconds; FLOPs where an op
 was not measured): the first stage ends at the op where the running share of the work reaches
 the cut's share. Duplicates are dropped, so a set stays small (17 plans for 4 cuts x 4
-schedule/micro-batch pairs + DDP).
+schedule/micro-batch pairs + DDP; the recompute variants come after every plain plan).
 
 :class:`KindPolicy` is one categorical over that set (logits start equal): PPO
 (:mod:`autoplace.online.search`) moves probability towards the plans whose live or calibrated
@@ -37,7 +43,8 @@ import torch
 from torch import nn
 
 from .host_probe_fsdp import fsdp_step_overhead_s
-from ..parallel import StageOptions
+from ..graph.units import block_units, stage_units
+from ..parallel import Recompute, StageOptions, recomputed_units
 from ..placement import Placement
 from ..planners.candidate import PipelinePlan, candidate_key, candidate_of, evaluate_candidate
 from ..planners.learned.ppo import PolicySample
@@ -48,7 +55,8 @@ if TYPE_CHECKING:
     from ..sim import Evaluation, Simulator
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
-           "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s"]
+           "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s",
+           "recomputes_ops"]
 
 
 class KindPlan(NamedTuple):
@@ -117,12 +125,26 @@ def bn_sync_wall_s(sim: "Simulator", cand: Any) -> float:
     ch = graph_bn_channels(sim.graph)
     if not ch.any():
         return 0.0
+    opts = cand.options if isinstance(cand, KindPlan) else None
     worst = 0.0
     for s, devs in enumerate(sd):
-        if len(devs) > 1:  # (a recomputed layer's second forward syncs again: not counted here)
-            calls, _ = bn_sync_collectives(np.where(st == s, ch, 0.0), m)
+        if len(devs) > 1:  # a recomputed layer's checkpoint runs its forward's syncs again
+            again = recomputes_ops(sim.graph, st, opts.recompute[s]) if opts is not None else None
+            calls, _ = bn_sync_collectives(np.where(st == s, ch, 0.0), m, recomputed=again)
             worst = max(worst, per_call * calls)
     return worst
+
+
+def recomputes_ops(graph: "OpGraph", stage_of_node: np.ndarray, rc: Recompute) -> np.ndarray:
+    """(N,) whether each op is in a unit (:func:`autoplace.graph.units.block_units`, inside its
+    stage: :func:`~autoplace.graph.units.stage_units`) that the recompute value ``rc`` checkpoints
+    (:func:`autoplace.parallel.recomputed_units`), as the runtime's ``shard_stage`` chooses them."""
+    units = block_units(graph)
+    if rc is False or not units.names:
+        return np.zeros(graph.num_nodes, dtype=bool)
+    unit = stage_units(units, np.asarray(stage_of_node))
+    chosen, _ = recomputed_units(rc, list(units.names))
+    return (unit >= 0) & chosen[np.maximum(unit, 0)]
 
 
 def kind_placement(graph: "OpGraph", cluster: "Cluster", cand: Any, *, planner: str = "online") -> Placement:
@@ -170,10 +192,12 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
                     cut_offsets: Sequence[float] = (-0.1, 0.0, 0.1), fixed_shares: Sequence[float] = (0.5, 0.3),
                     schedules: Sequence[str] = ("gpipe", "1f1b"), microbatches: Sequence[int] = (2, 4),
                     ddp_microbatches: Sequence[int] = (1,), fsdp_microbatches: Sequence[int] = (),
+                    recompute: Sequence[Recompute] = (), pipeline_recompute: Sequence[Recompute] = (),
                     planner: str = "online-kinds") -> list[Placement]:
     """DDP, FSDP and 2-stage pipelines over ``cluster``'s first two devices (see the module doc);
-    the DDP plans first, then FSDP, then the pipelines by cut, schedule and micro-batches; no
-    duplicates."""
+    the DDP plans first, then FSDP, then the pipelines by cut, schedule and micro-batches, then the
+    recompute variants (of DDP and FSDP by ``recompute``, of the pipelines at ``centre_share``'s cut
+    by ``pipeline_recompute``); no duplicates."""
     if cluster.num_devices != 2:
         raise ValueError(f"kind_candidates builds plans for 2 processes; the cluster has {cluster.num_devices} "
                          "devices: pass a 2-device cluster")
@@ -199,19 +223,36 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
             for m in microbatches:
                 add(Placement.pipeline(graph, cluster, st, [0, 1], microbatches=int(m), schedule=sched,
                                        planner=planner))
+    one = np.zeros(n, dtype=np.int64)
+    for rc in recompute:
+        if recomputes_ops(graph, one, rc).any():
+            for m in ddp_microbatches:
+                add(Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=int(m), schedule="1f1b",
+                                       recompute=rc, planner=planner))
+            for m in fsdp_microbatches:
+                add(Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=int(m), schedule="1f1b",
+                                       shard="fsdp", reshard_after_forward=False, recompute=rc, planner=planner))
+    centre = split_at_share(graph, centre_share)
+    for rc in pipeline_recompute:
+        if recomputes_ops(graph, centre, rc).any():
+            for sched in schedules:
+                for m in microbatches:
+                    add(Placement.pipeline(graph, cluster, centre, [0, 1], microbatches=int(m), schedule=sched,
+                                           recompute=rc, planner=planner))
     return out
 
 
 def kind_label(cand: Any) -> str:
     """A short name of a candidate ``(stage_of_node, stage_devices, microbatches, schedule[, options])``:
-    ``ddp`` (``ddp M2``, ``fsdp``, ``ddp recompute``), or ``1f1b M4 20/25`` (schedule, micro-batches,
-    ops per stage; options after it)."""
+    ``ddp`` (``ddp M2``, ``fsdp``, ``ddp recompute``, ``fsdp recompute 2 units``, ``ddp selective-op``),
+    or ``1f1b M4 20/25`` (schedule, micro-batches, ops per stage; options after it: ``1f1b M4 20/25
+    recompute``)."""
     st, sd, m, sched = cand[:4]
     opts = cand.options if isinstance(cand, KindPlan) else None
     bits = []
     if opts is not None:
         bits += ["reshard"] if any(opts.sharded(s) and opts.reshard_after_forward[s] for s in range(len(sd))) else []
-        bits += ["recompute"] if any(opts.recompute) else []
+        bits += sorted({_recompute_label(r) for r in opts.recompute if r})
         bits += sorted({p for p in opts.precision if p != "fp32"})
     extra = "".join(" " + b for b in bits)
     if len(sd) == 1:
@@ -219,6 +260,14 @@ def kind_label(cand: Any) -> str:
         return (kind if int(m) == 1 else f"{kind} M{int(m)}") + extra
     sizes = "/".join(str(int(x)) for x in np.bincount(np.asarray(st), minlength=len(sd)))
     return f"{sched} M{int(m)} {sizes}" + extra
+
+
+def _recompute_label(rc: Recompute) -> str:
+    if rc is True:
+        return "recompute"
+    if isinstance(rc, str):
+        return rc
+    return f"recompute {len(rc) if isinstance(rc, tuple) else 0} units"
 
 
 class KindPolicy(nn.Module):

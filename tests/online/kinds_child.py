@@ -1,6 +1,10 @@
 """torchrun child of test_online_kinds.py: a 2-rank OnlinePipeline that switches plan kind (DDP <->
-GPipe/1F1B pipelines, micro-batches, cuts; FSDP with ``"fsdp": true``) mid-training, beside the unsplit model trained on the
-same full batches in-process (the untuned run). Writes OUT/rank<r>.json (or rank<r>.err).
+GPipe/1F1B pipelines, micro-batches, cuts; FSDP with ``"fsdp": true``; DDP and FSDP recomputing every
+unit with ``"recompute": true``) mid-training, beside the unsplit model trained on the same full batches
+in-process (the untuned run). Per step it also counts the tensors autograd saved for the backward
+outside checkpointed regions (an outer ``saved_tensors_hooks``: a recomputed unit saves its
+activations under the checkpoint's own hooks, so a plan that really recomputes saves fewer here).
+Writes OUT/rank<r>.json (or rank<r>.err).
 
     torchrun --nproc-per-node 2 --standalone tests/online/kinds_child.py OUT CASE_JSON
 """
@@ -44,7 +48,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     import autoplace
     from autoplace.online import OnlineConfig
-    from autoplace.online.kinds import kind_candidates, kind_label, kind_of
+    from autoplace.online.kinds import has_options, kind_candidates, kind_label, kind_of
     from autoplace.online.pipeline import OnlinePipeline
     from autoplace.rewrite.liveness import Timeouts
     from autoplace.rewrite.runtime import init_distributed
@@ -58,7 +62,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
     cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
     cands = kind_candidates(traced_graph, cluster, cut_offsets=(0.0,), fixed_shares=(0.3,), schedules=("gpipe", "1f1b"),
                             microbatches=(2, 4), ddp_microbatches=(1, 2),
-                            fsdp_microbatches=(1,) if case.get("fsdp") else ())
+                            fsdp_microbatches=(1,) if case.get("fsdp") else (),
+                            recompute=(True,) if case.get("recompute") else ())
     by_label = {kind_label(kind_of(c)): c for c in cands}
     result["labels"] = list(by_label)
     start = [c for c in cands if c.num_stages == 2 and c.schedule == "1f1b" and c.microbatches == 2][0]
@@ -70,21 +75,30 @@ def main(out: Path, case: dict[str, Any]) -> None:
     cfg = None
     pool = None
     if case["tune"]:
-        pool = [c for c in cands if c is not start and (not case.get("fsdp") or c.shard)][: case.get("pool", 3)]
+        with_options = case.get("fsdp") or case.get("recompute")  # those first in the pool
+        pool = [c for c in cands if c is not start and (not with_options or has_options(c))][: case.get("pool", 3)]
         pool = [c for c in cands if c is not start and c not in pool][: case.get("pool", 3) - len(pool)] + pool + [start]
         cfg = OnlineConfig(trials=len(pool) - 1, steps_per_trial=2, warmup_steps=1, every_n_steps=1, min_gain=0.0,
                            screen_samples=8, screen_top_k=1, search=case["search"], seed=0)
     pipe = OnlinePipeline(model, traced, cluster, start, loss_fn=_loss, example_inputs=(x0,), optimizer=opt,
                           config=cfg, timeouts=Timeouts(floor_s=45), candidates=pool)
     switches = {int(k): v for k, v in case.get("switches", {}).items()}
-    kinds, losses, ref_losses = [], [], []
+    kinds, losses, ref_losses, saved = [], [], [], []
+    count = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        return t
     for i in range(case["steps"]):
         if i in switches:
             pipe.apply_plan(by_label[switches[i]] if switches[i] in by_label else
                             [c for lab, c in by_label.items() if lab.startswith(switches[i])][0])
         kinds.append(kind_label(kind_of(pipe.plan)))
         x, y = _batch(i)
-        loss = pipe.step(x, target=y)
+        count[0] = 0
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = pipe.step(x, target=y)
+        saved.append(count[0])
         opt.step()
         opt.zero_grad()
         ref_loss = _loss(ref(x), y)
@@ -93,7 +107,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
         ref_opt.zero_grad()
         losses.append(None if loss is None else float(loss))
         ref_losses.append(float(ref_loss.detach()))
-    if case.get("fsdp") and pipe.plan.shard:  # the live tensors are the copy's: back to the start plan's runner
+    report, phase = pipe.tuning_report(), pipe.phase
+    if has_options(pipe.plan):  # the live tensors are the copy's: back to the start plan's runner
         pipe.tune(None)
         pipe.apply_plan(start)
     ref_params = dict(ref.named_parameters())
@@ -104,9 +119,9 @@ def main(out: Path, case: dict[str, Any]) -> None:
             errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
             mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
             state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
-    result.update(kinds=kinds, losses=losses, ref_losses=ref_losses, held=sorted(held), errors=errs,
-                  state_errors=state_errs, resplits=pipe.resplits, phase=pipe.phase,
-                  report=pipe.tuning_report(), floor_s=pipe.runner.timeouts.floor_s)
+    result.update(kinds=kinds, losses=losses, ref_losses=ref_losses, saved=saved, held=sorted(held), errors=errs,
+                  state_errors=state_errs, resplits=pipe.resplits, phase=phase, report=report,
+                  floor_s=pipe.runner.timeouts.floor_s)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 

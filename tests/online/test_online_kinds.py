@@ -1,6 +1,6 @@
-"""Online tuning over plan kinds: switching between DDP, FSDP and GPipe/1F1B pipelines (cuts,
-micro-batches) mid-training loses no step and changes no parameter, under torchrun (gloo, 2
-ranks, runner timeouts of 45 s, the launch bounded by 300 s).
+"""Online tuning over plan kinds: switching between DDP, FSDP, recompute (activation checkpointing)
+and GPipe/1F1B pipelines (cuts, micro-batches) mid-training loses no step and changes no parameter,
+under torchrun (gloo, 2 ranks, runner timeouts of 45 s, the launch bounded by 300 s).
 
 The reference is the unsplit model trained in-process on the same full batches (what an untuned
 run computes: every plan here equals it up to the order of float sums, so 1e-5 is allowed, as in
@@ -65,22 +65,36 @@ def test_kind_switches_lose_no_step_and_change_no_parameter(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_switches_into_and_out_of_fsdp_lose_no_step_and_change_no_parameter(tmp_path: Path, tied: bool) -> None:
+def test_switches_into_and_out_of_fsdp_and_recompute_lose_no_step_and_change_no_parameter(tmp_path: Path,
+                                                                                          tied: bool) -> None:
     # tied: a weight two stages share, named differently by each (its optimizer state moves under either name)
-    res = _launch(tmp_path, {"tune": False, "fsdp": True, "steps": 14, "tied": tied,
-                             "switches": {"3": "fsdp", "6": "gpipe M4", "9": "fsdp", "11": "ddp"}})
+    res = _launch(tmp_path, {"tune": False, "fsdp": True, "recompute": True, "steps": 23, "tied": tied,
+                             "switches": {"3": "fsdp", "6": "gpipe M4", "9": "fsdp", "11": "ddp", "13": "ddp recompute",
+                                          "15": "fsdp recompute", "17": "gpipe M2", "19": "ddp recompute",
+                                          "21": "ddp"}})
     kinds = res[0]["kinds"]
     assert kinds[3:6] == ["fsdp"] * 3 and kinds[6].startswith("gpipe M4") and kinds[9:11] == ["fsdp"] * 2
-    assert kinds[11:] == ["ddp"] * 3 and res[0]["resplits"] == 4
+    assert kinds[11:13] == ["ddp"] * 2 and kinds[13:15] == ["ddp recompute"] * 2
+    assert kinds[15:17] == ["fsdp recompute"] * 2 and kinds[17].startswith("gpipe M2")
+    assert kinds[19:21] == ["ddp recompute"] * 2 and kinds[21:] == ["ddp"] * 2 and res[0]["resplits"] == 9
     _equal_to_untuned(res)
-    # FSDP's loop returns the batch loss on every rank
-    assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10))
+    # FSDP's loop returns the batch loss on every rank, and so does DDP's with recompute
+    assert all(r["losses"][i] is not None for r in res for i in (3, 4, 5, 9, 10, 13, 14, 15, 16, 19, 20))
+    # the recompute plans really checkpoint: their steps save fewer tensors outside the checkpoints
+    # than the same shard kind's without recompute (each kind's steps after its first)
+    for r in res:
+        per = {k: [n for i, (kk, n) in enumerate(zip(r["kinds"], r["saved"])) if kk == k and r["kinds"][i - 1] == k]
+               for k in ("ddp", "ddp recompute", "fsdp", "fsdp recompute")}
+        assert max(per["ddp recompute"]) < min(per["ddp"]), per
+        assert max(per["fsdp recompute"]) < min(per["fsdp"]), per
 
 
 @pytest.mark.parametrize("search", ["ppo", "topk"])
-def test_tuning_over_kinds_with_fsdp_trains_as_the_untuned_run(tmp_path: Path, search: str) -> None:
-    res = _launch(tmp_path, {"tune": True, "fsdp": True, "search": search, "steps": 16, "pool": 3})
-    assert "fsdp" in set(res[0]["kinds"]) and "policy: kinds" in res[0]["report"]
+def test_tuning_over_kinds_with_fsdp_and_recompute_trains_as_the_untuned_run(tmp_path: Path, search: str) -> None:
+    # the pool: fsdp, ddp recompute, ddp M2 recompute, fsdp recompute and the start (a pipeline), all tried
+    res = _launch(tmp_path, {"tune": True, "fsdp": True, "recompute": True, "search": search, "steps": 22, "pool": 4})
+    kinds = set(res[0]["kinds"])
+    assert {"fsdp", "ddp recompute", "fsdp recompute"} <= kinds and "policy: kinds" in res[0]["report"], kinds
     _equal_to_untuned(res)  # a kept FSDP plan is switched back to the start before the comparison (kinds_child)
 
 
@@ -227,3 +241,58 @@ def test_fsdp_candidate_keys_apart_from_ddp_and_simulates_as_its_placement() -> 
         assert kind_evaluate(sim, k).step_time_s == pytest.approx(want)
         assert kind_placement(graph, cluster, k).describe() == c.describe().replace("online-kinds", "online")
     assert kind_evaluate(sim, kinds[1]).step_time_s != kind_evaluate(sim, kinds[0]).step_time_s
+
+
+def test_recompute_candidates_are_variants_of_ddp_fsdp_and_the_centre_cut_priced_by_the_simulator() -> None:
+    from autoplace.online.kinds import kind_evaluate, kind_key, kind_of
+    from autoplace.sim import Simulator
+
+    graph, cluster = _graph()
+    plain = kind_candidates(graph, cluster, centre_share=0.6, fsdp_microbatches=(1,))
+    cands = kind_candidates(graph, cluster, centre_share=0.6, fsdp_microbatches=(1,), recompute=(True,),
+                            pipeline_recompute=(True,))
+    assert [c.describe() for c in cands[: len(plain)]] == [c.describe() for c in plain]  # the plain plans first, as before
+    extra = cands[len(plain):]
+    centre = int((split_at_share(graph, 0.6) == 0).sum())
+    assert [kind_label(kind_of(c)) for c in extra] == ["ddp recompute", "fsdp recompute"] + [
+        f"{s} M{m} {centre}/{graph.num_nodes - centre} recompute" for s in ("gpipe", "1f1b") for m in (2, 4)]
+    assert len({kind_key(kind_of(c)) for c in cands}) == len(cands)
+    sim = Simulator(graph, cluster)
+    for c in extra:
+        c.validate(graph, cluster)
+        assert all(r is True for r in c.recompute)
+        twin = autoplace.Placement.pipeline(graph, cluster, c.stage_of_node, c.stage_devices, microbatches=c.microbatches,
+                                            schedule=c.schedule, shard=c.shard or None,
+                                            reshard_after_forward=c.reshard_after_forward or None)
+        got = kind_evaluate(sim, kind_of(c)).step_time_s
+        assert got == pytest.approx(autoplace.simulate(graph, c, cluster, timeline=False).step_time_s)
+        assert got > kind_evaluate(sim, kind_of(twin)).step_time_s  # the forward again in the backward
+
+
+def test_no_recompute_variant_where_the_graph_has_no_unit_to_checkpoint() -> None:
+    class Units0(torch.nn.Module):  # parameters but no submodule: nothing the runtime can checkpoint
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x @ self.w) @ self.w
+
+    graph = autoplace.trace(Units0(), (torch.randn(8, 4),))
+    cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
+    plain = kind_candidates(graph, cluster)
+    assert len(kind_candidates(graph, cluster, recompute=(True,), pipeline_recompute=(True,))) == len(plain)
+
+
+def test_bn_sync_wall_counts_a_recomputed_layers_second_forward() -> None:
+    from types import SimpleNamespace
+
+    from autoplace.online.kinds import bn_sync_wall_s, kind_of
+
+    wl = autoplace.zoo.build("resnet18", small=True)  # 20 BatchNorm layers, every one inside a unit
+    graph = autoplace.trace(wl.model, wl.example_inputs)
+    cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
+    cands = kind_candidates(graph, cluster, microbatches=(2,), recompute=(True,))
+    sim = SimpleNamespace(graph=graph, cost=SimpleNamespace(busy_allreduce_s=1.0, batch_norm="sync"))  # 1 s a call
+    calls = {kind_label(kind_of(c)): bn_sync_wall_s(sim, kind_of(c)) for c in cands if c.num_stages == 1}
+    assert calls == {"ddp": 4 * 20, "ddp recompute": 6 * 20}  # two all-reduces a forward, two a backward
