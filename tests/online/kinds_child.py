@@ -1,6 +1,6 @@
 """torchrun child of test_online_kinds.py: a 2-rank OnlinePipeline that switches plan kind (DDP <->
 GPipe/1F1B pipelines, micro-batches, cuts; FSDP with ``"fsdp": true``; DDP and FSDP recomputing every
-unit with ``"recompute": true``) mid-training, beside the unsplit model trained on the same full batches
+unit with ``"recompute": true``, pipelines at the centre cut with ``"pipeline_recompute": true``) mid-training, beside the unsplit model trained on the same full batches
 in-process (the untuned run). Per step it also counts the tensors autograd saved for the backward
 outside checkpointed regions (an outer ``saved_tensors_hooks``: a recomputed unit saves its
 activations under the checkpoint's own hooks, so a plan that really recomputes saves fewer here).
@@ -63,7 +63,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
     cands = kind_candidates(traced_graph, cluster, cut_offsets=(0.0,), fixed_shares=(0.3,), schedules=("gpipe", "1f1b"),
                             microbatches=(2, 4), ddp_microbatches=(1, 2),
                             fsdp_microbatches=(1,) if case.get("fsdp") else (),
-                            recompute=(True,) if case.get("recompute") else ())
+                            recompute=(True,) if case.get("recompute") else (),
+                            pipeline_recompute=(True,) if case.get("pipeline_recompute") else ())
     by_label = {kind_label(kind_of(c)): c for c in cands}
     result["labels"] = list(by_label)
     start = [c for c in cands if c.num_stages == 2 and c.schedule == "1f1b" and c.microbatches == 2][0]
