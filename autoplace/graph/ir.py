@@ -50,6 +50,10 @@ class GraphMeta(TypedDict, total=False):
     metadata_reads: list[list[float]]
     """``[src, dst, bytes]``: ``dst`` reads only sizes of a tensor ``src`` holds
     (:func:`autoplace.graph.coarsen.metadata_reads`); a pipeline cut between them carries it whole."""
+    buffer_reads: list[list[float]]
+    """``[src, dst, bytes]``: ``dst`` reads a buffer or constant ``src`` holds first (the graph's
+    edge carries those bytes too: a device-placed op copies it); a pipeline stage holds its own copy,
+    so a cut between them does not carry them (:func:`autoplace.graph.carried.carried_edges`)."""
     heads: dict[str, int]
     """attention projections' head counts (:mod:`autoplace.graph.heads`), for tensor parallelism."""
     fused: dict[str, int]

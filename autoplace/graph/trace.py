@@ -19,7 +19,9 @@ embeddings, a module called twice) is counted once, at the first of them. When i
 trainable parameter the ops that share it form a ``tied`` group (their gradients meet, so a
 planner should keep them together; reads of it make no edges). A shared buffer or constant
 is read-only data instead: each later holder gets an edge from the first one carrying its
-bytes (the copy it needs), so the graph never ties, say, every layer that reads one mask.
+bytes (the copy it needs), so the graph never ties, say, every layer that reads one mask; those
+bytes are also listed in ``meta["buffer_reads"]``, since a pipeline stage holds its own copy (the
+split copies a ``get_attr`` into every stage that reads it) and its boundary does not carry them.
 An op that reads another's tensor only through its size gets an edge of the size's bytes (a
 number: what a model-parallel step moves); the tensor itself, which a pipeline boundary between
 them carries, is in ``meta["metadata_reads"]`` (:func:`~autoplace.graph.coarsen.metadata_reads`).
@@ -234,10 +236,12 @@ def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: st
         for h in stats[n.name].held:
             if not h.trainable:
                 holders.setdefault(h.key, (h.nbytes, []))[1].append(c.op_of[i])
+    copies: dict[tuple[int, int], float] = {}  # (a pipeline stage holds its own copy: carried.py)
     for nbytes, ops in holders.values():
         first = min(ops)
         for op in sorted(set(ops) - {first}):
             pairs[(first, op)] = pairs.get((first, op), 0.0) + nbytes
+            copies[(first, op)] = copies.get((first, op), 0.0) + nbytes
     keys = sorted(pairs)
     edges = np.array(keys, dtype=np.int64).reshape(-1, 2)
     edge_bytes = np.array([pairs[k] for k in keys], dtype=np.float64)
@@ -264,7 +268,8 @@ def _build(gm: torch.fx.GraphModule, stats: Mapping[str, NodeStats], *, name: st
         batch_size=batch_size,
         name=name,
         meta={"traced_with": method, "fx_nodes": len(nodes),
-              **({"metadata_reads": [[a, b, x] for a, b, x in reads]} if reads else {})},
+              **({"metadata_reads": [[a, b, x] for a, b, x in reads]} if reads else {}),
+              **({"buffer_reads": [[a, b, x] for (a, b), x in sorted(copies.items())]} if copies else {})},
     )
     op_of_fx = {n.name: c.op_of[i] for i, n in enumerate(nodes)}
     return graph, op_of_fx

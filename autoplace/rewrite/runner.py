@@ -263,9 +263,18 @@ class PipelineRunner(torch.nn.Module):
 
 
 def sum_tied_grads(tied: Sequence[tuple[torch.nn.Parameter, Any]]) -> None:
-    """Sum each tied parameter's gradient over its group (:func:`autoplace.rewrite.runtime.tie_groups`),
-    a zero gradient standing in where this rank's copy got none."""
+    """Sum each tied parameter's gradient over its group (:func:`autoplace.rewrite.stage_setup.tie_groups`),
+    a zero gradient standing in where this rank's copy got none; a table split by vocabulary (a
+    DTensor) sums its local shard, each rank of the group holding the same rows."""
+    from torch.distributed.tensor import DTensor
+
     for p, group in tied:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        g = p.grad
+        if isinstance(g, DTensor):
+            with torch.no_grad():  # (an embedding's gradient may come Replicate: its shard, no communication)
+                if tuple(g.placements) != tuple(p.placements):
+                    p.grad = g = g.redistribute(p.device_mesh, p.placements)
+                g = g.to_local()  # (under no_grad the DTensor's own local tensor)
+        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)

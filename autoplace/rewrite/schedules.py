@@ -70,8 +70,9 @@ from .liveness import Timeouts
 from .options import RunnerOptions
 from .units import reshard_every_action
 from .runner import PipelineRunner, sum_tied_grads
-from .stage_setup import check_batch, move_to, require_distributed, stage_io, tie_groups, wait_groups
-from .tensor_parallel import apply_tensor_parallel
+from .stage_setup import (check_batch, current, move_to, param_slots, require_distributed, retie, stage_io,
+                          tie_groups, wait_groups)
+from .tensor_parallel import apply_tensor_parallel, vocab_modules
 from .units import outline_units, shard_stage
 from ..parallel import StageOptions
 
@@ -384,6 +385,11 @@ def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *,
     split_bw = SPECS[schedule].split_backward
     pp_group = mesh.get_group("pp") if mesh is not None else None
     boundary = torch.bfloat16 if data is not None and "bf16" in data.options.precision else None
+    # the groups summing parameters tied across ranks' stages, and every stage parameter's slots, taken
+    # before tensor parallelism replaces this rank's (a table split by vocabulary on two stages)
+    tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
+    slots = param_slots({k: split.stages[k] for k in mine})
+    vocab = vocab_modules(gm, tp) if mesh is not None and tp > 1 else []  # the whole model's pairs
     for k in mine:
         # torchtitan's order, per stage: tensor parallelism, then recompute, then FSDP/HSDP or DDP
         mod = split.stages[k]
@@ -391,8 +397,8 @@ def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *,
             here = {n for n, _ in mod.named_modules()}
             layout = {path: style for a, b in tp_pairs if a in here and b in here
                       for path, style in ((a, "colwise"), (b, "rowwise"))}
-            if layout:
-                apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel)
+            if layout or any(e in here or h in here for e, h in vocab):
+                apply_tensor_parallel(mod, layout, mesh["tp"], sequence_parallel=sequence_parallel, vocab=vocab)
         move_to(mod, device)
         # whole-batch BatchNorm statistics, before the units are outlined (they then hold the new layers)
         batch_norms.extend(options.convert(mod, stage_index=k, microbatches=microbatches, replicas=dp,
@@ -419,10 +425,12 @@ def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *,
             stages.append(PipelineStage(wrapped, k, k_count, device, input_args=inputs, output_args=outputs,
                                         group=pp_group))
         modules.append(mod)
+    held = {k: split.stages[k] for k in mine}
+    retie(held, slots)  # a tied table split on two stages of this rank: one parameter again
+    tied = [(current(held, slots, p), g) for p, g in tied]
     loss, lp = options.loss(gm, modules)
     sched = (cls(stages[0], microbatches, loss_fn=loss, scale_grads=False) if not SPECS[schedule].multi_stage
              else cls(stages, microbatches, loss_fn=loss, scale_grads=False))
-    tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
     runner = MultiStageRunner(rank=me, ranks=ranks, stage_indices=mine, num_stages=k_count,
                               microbatches=microbatches, batch_size=batch, schedule_name=schedule,
                               stage_modules=modules, schedule=sched, tied=tied, replica=replica, replicas=dp,

@@ -20,7 +20,7 @@ from .model_output import output_tensors
 from .pipeline import Split
 
 __all__ = ["move_to", "check_batch", "stage_example", "flat_value", "wait_groups", "stage_io", "require_distributed",
-           "tie_groups", "runner_options"]
+           "tie_groups", "param_slots", "current", "retie", "runner_options"]
 
 
 def move_to(module: torch.nn.Module, device: torch.device) -> None:
@@ -129,6 +129,52 @@ def tie_groups(modules: Sequence[torch.nn.Module], owners: Sequence[int], copies
             if me in ranks:
                 out.append((p, groups[ranks]))
     return out
+
+
+def param_slots(modules: Mapping[int, torch.nn.Module]) -> dict[int, list[tuple[int, str]]]:
+    """Every parameter of ``modules`` (stage index -> module) by id: the (stage, qualified name)
+    slots holding it, a tied one in several; taken before the stages are rewritten (tensor
+    parallelism replaces a module's parameters), so :func:`retie` and :func:`current` find them after."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for k, mod in modules.items():
+        for name, p in mod.named_parameters(remove_duplicate=False):
+            out.setdefault(id(p), []).append((k, name))
+    return out
+
+
+def current(modules: Mapping[int, torch.nn.Module], slots: Mapping[int, list[tuple[int, str]]],
+            p: torch.nn.Parameter) -> torch.nn.Parameter:
+    """The parameter now in the first slot of ``p`` (a parameter of :func:`param_slots`' time)."""
+    k, name = slots[id(p)][0]
+    return modules[k].get_parameter(name)
+
+
+def retie(modules: Mapping[int, torch.nn.Module], slots: Mapping[int, list[tuple[int, str]]]) -> None:
+    """Make each parameter that was one object in several slots (:func:`param_slots`) one again,
+    after per-stage rewrites gave each stage its own: every slot takes the first's. Each stage of a
+    tied table split by vocabulary (:func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel`)
+    holds it as a ``Shard(0)`` DTensor of the same mesh; a slot rewritten otherwise than the first
+    (one split, one whole) is a :class:`PipelineError` naming both."""
+    from torch.distributed.tensor import DTensor
+
+    def layout(x: torch.Tensor) -> tuple[Any, ...]:
+        return (tuple(x.placements), x.device_mesh) if isinstance(x, DTensor) else ("plain",)
+
+    for where in slots.values():
+        if len(where) < 2:
+            continue
+        first = modules[where[0][0]].get_parameter(where[0][1])
+        for k, name in where[1:]:
+            now = modules[k].get_parameter(name)
+            if now is first:
+                continue
+            if layout(now) != layout(first) or now.shape != first.shape:
+                raise PipelineError(
+                    f"parameter {name} (stage {k}) is tied to {where[0][1]} (stage {where[0][0]}), but the stages' "
+                    f"tensor parallelism placed them differently ({layout(now)[0]} and {layout(first)[0]}): keep the "
+                    "modules sharing it both split by vocabulary or both whole (plan with tp=1 for them)")
+            path, _, attr = name.rpartition(".")
+            setattr(modules[k].get_submodule(path), attr, first)
 
 
 def runner_options(batch_norm: str, timeouts: Timeouts | float | None) -> Timeouts:

@@ -35,8 +35,13 @@ over the same vocabulary (:func:`vocab_modules`, the rule of :func:`autoplace.tp
 so the simulator charges what runs), the embedding is ``RowwiseParallel`` (a vocabulary shard per
 rank, its output all-reduced) and the head ``ColwiseParallel`` whose logits stay split by vocabulary
 (a DTensor placed ``Shard(-1)``); a tied weight (GPT-2's) is one ``Shard(0)`` DTensor for both.
-Not when a pipeline boundary separates the two (a tied weight across stages is summed by the runner
-on its plain parameter): both stay whole then. With sequence parallelism the embedding comes before
+When a pipeline boundary separates the two (Megatron-LM's first and last stages), each stage splits
+the end it holds (``apply_tensor_parallel(vocab=...)`` with the whole model's pairs): the embedding's
+stage all-reduces its output, the head's stage runs the loss parallel; a weight tied across the two
+is a ``Shard(0)`` DTensor on both, TP rank i holding the same rows on each, so the runner sums the
+two stages' gradients shard by shard (:func:`autoplace.rewrite.runner.sum_tied_grads` on the local
+shards), and a rank holding both stages (a V-shaped schedule) keeps it one parameter
+(:func:`retie_stages`). With sequence parallelism the embedding comes before
 any row (its output whole, as the first block's input) and the head reads the last norm's output,
 which the sequence-parallel rewrite gathers whole: both split as without it (torchtitan instead
 reduce-scatters the embedding's output to a sequence shard and all-gathers the head's input in
@@ -248,11 +253,15 @@ def localize_heads(gm: torch.fx.GraphModule, layout: dict[str, str], t: int) -> 
 
 
 def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh: Any, *,
-                          sequence_parallel: bool = False) -> torch.nn.Module:
+                          sequence_parallel: bool = False,
+                          vocab: Sequence[tuple[str, str]] | None = None) -> torch.nn.Module:
     """Shard ``module``'s linears in place as ``layout`` says, over the 1-D ``mesh``, with the
     attention's reshapes at the local head count; returns it. ``sequence_parallel``: also run
     the per-token ops between the blocks on the rank's share of the sequence
-    (:mod:`autoplace.rewrite.sequence_parallel`; a GraphModule only)."""
+    (:mod:`autoplace.rewrite.sequence_parallel`; a GraphModule only). ``vocab``: the whole
+    model's ``(embedding, head)`` pairs (:func:`vocab_modules` of the model before it was cut into
+    stages), of which ``module`` (one stage) splits the ends it holds; None: the pairs
+    :func:`vocab_modules` finds in ``module`` itself (the whole model)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -281,8 +290,12 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             else RowwiseParallel()
     if isinstance(module, torch.fx.GraphModule):
         localize_heads(module, layout, t)
-    vocab = vocab_modules(module, t)  # before sequence parallelism's rewrite adds its gathers
-    if sequence_parallel:
+    # before sequence parallelism's rewrite adds its gathers
+    pairs = vocab_modules(module, t) if vocab is None else [(e, h) for e, h in vocab
+                                                            if (e in names or h in names) and t > 1]
+    embs = [e for e, _ in pairs if e in names]
+    heads = [h for _, h in pairs if h in names]
+    if sequence_parallel and layout:
         if not isinstance(module, torch.fx.GraphModule):
             raise TensorParallelError(f"sequence parallelism rewrites the module's graph; {type(module).__name__} is "
                                       "not an fx GraphModule: trace it (torch.fx.symbolic_trace) or drop "
@@ -294,15 +307,17 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
             elif path in cols:
                 plan[path] = (FusedColwiseParallel(fused[path], input_layouts=Shard(1)) if path in fused
                               else ColwiseParallel(input_layouts=Shard(1)))
-    for emb, head in vocab:  # torchtitan's tok_embeddings / output styles, with loss parallelism
+    for emb in embs:  # torchtitan's tok_embeddings / output styles, with loss parallelism
         plan[emb] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    for head in heads:
         plan[head] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
-    tied = [(emb, head) for emb, head in vocab if names[emb].weight is names[head].weight]
+    tied = [(emb, head) for emb, head in pairs if emb in names and head in names
+            and names[emb].weight is names[head].weight]
     out = parallelize_module(module, mesh, plan)
     for emb, head in tied:  # both shard the V x h table by rows (Shard(0)): one parameter again
         module.get_submodule(head).weight = module.get_submodule(emb).weight
-    if vocab and isinstance(module, torch.fx.GraphModule):
-        module.meta[_LOSS_PARALLEL] = [head for _, head in vocab]
+    if heads and isinstance(module, torch.fx.GraphModule):
+        module.meta[_LOSS_PARALLEL] = heads
     return out
 
 
@@ -348,7 +363,8 @@ def vocab_parallel_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., t
                 f"before it are fine), or plan with tp=1 or the head in another stage than the embedding; torch said: "
                 f"{first}") from e
         if isinstance(got, DTensor):
-            return got.to_local() if all(p.is_replicate() for p in got.placements) else got.full_tensor()
+            # to_local is a view, which a schedule that splits the backward detaches in place: a copy
+            return got.to_local().clone() if all(p.is_replicate() for p in got.placements) else got.full_tensor()
         return got
 
     return loss

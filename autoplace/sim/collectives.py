@@ -12,8 +12,9 @@ their bytes (whole tensors), read from the facts the simulator prices:
   those :func:`~.fsdp_stage.recompute_skips` names; under ``"selective-op"`` every block is such a
   unit and its reduce-scatters, which op-level checkpointing saves, run once) (with sequence parallelism also :func:`~.tensor_parallel.sp_runtime_collectives`
   of the pairs inside the stage, as :mod:`.multistage` adds them), over the stage's TP group, at
-  ``1/(M d)`` of the batch; with the vocabulary split of a stage holding both the token embedding
-  and the LM head (:func:`~.tensor_parallel.vocab_inside`) also its three collectives;
+  ``1/(M d)`` of the batch; with the vocabulary split (:func:`~.tensor_parallel.vocab_inside`) also
+  the embedding's all-reduce on the stage holding the token embedding and the loss's three and the
+  head's input-gradient all-reduces on the stage holding the LM head;
 - DDP replicas (``d > 1`` copies of every rank, shard ``"ddp"``): one all-reduce per DDP bucket
   of each virtual stage, over the devices of one TP index across the replicas; the buckets are
   :func:`~.ddp.ddp_sync`'s (its returned seconds, with unit latency and free bandwidth, count
@@ -35,9 +36,12 @@ their bytes (whole tensors), read from the facts the simulator prices:
   every device of each replica to its counterpart on the next rank, TP ranks included
   (:func:`~.multistage.boundary_flows`, :mod:`.multistage`'s links).
 
-What is not listed because the simulator does not price it: tied parameters' moves (the
-simulator's point-to-point gradient and value; the runtime all-reduces over the tie group),
-the runtime's bookkeeping (a step's liveness gate, the loss
+- tied parameters across ranks: one all-reduce of the parameter (a TP device's share of a table
+  split by vocabulary, :func:`~.tensor_parallel.tied_share`) over the devices of one TP index and
+  replica on the ranks holding it, as the runtime sums its gradient; the simulator prices it as
+  :mod:`.multistage`'s two moves (the gradient to the first holder, the updated value back).
+
+What is not listed because the simulator does not price it: the runtime's bookkeeping (a step's liveness gate, the loss
 averaged over replicas) and what runs once (DDP's bucket rebuild in its second step). Duplicated from the simulator
 (not exposed there): the 1/tp parameter share of a pair (or a vocabulary-split table and head) inside one
 stage (:mod:`.multistage`'s ``_op_times``), the loop-or-pipeline regime choice and the per-regime gather rule of
@@ -61,7 +65,7 @@ from .stage_ops import recompute_skips
 from .multistage import boundary_flows
 from .stages import boundary_bytes, stage_edges, stage_groups
 from .tensor_parallel import (Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share,
-                              vocab_inside)
+                              tied_share, vocab_ends, vocab_inside)
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -79,7 +83,7 @@ class StepCollective:
     kind: str
     """all_reduce, all_gather, reduce_scatter, send or recv."""
     dim: str
-    """the plan's dimension: tp, dp (DDP replicas), dp_shard, dp_replicate (HSDP) or pp."""
+    """the plan's dimension: tp, dp (DDP replicas), dp_shard, dp_replicate (HSDP), pp or tied."""
     group: tuple[int, ...]
     """device indices of the group, ascending; for send and recv (from, to)."""
     count: int
@@ -157,9 +161,9 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
         if len({int(st[i]) for i in pr.ops}) == 1:
             p_op[list(pr.ops)] /= t
     sp = bool(placement.sequence_parallel)
-    for s in range(k):  # and a vocabulary-split table and head inside one stage (tensor_parallel.tp_share)
-        for vp in vocab_inside(graph, st == s, t, sequence_parallel=sp):
-            p_op[[vp.embedding, vp.head]] /= t
+    for s in range(k):  # and a vocabulary-split table and head, on the stage holding each (tensor_parallel.tp_share)
+        embs, heads = vocab_ends(vocab_inside(graph, st == s, t, sequence_parallel=sp), st == s)
+        p_op[embs + heads] /= t
     for s in range(k):
         r = int(rank_of[s])
         ops = np.nonzero(st == s)[0]
@@ -197,6 +201,17 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                     out.add(dev, "all_reduce", "dp", dp_group(r, i), count, nbytes, "ddp.bn_sync_op_seconds")
     if any(opts.sharded(at(s)) for s in range(k)):
         _sharded(graph, cluster, cost, st, k, m, rank_of, opts, at, dp_group, t, out)
+    # a parameter tied across ranks (a table and its head on the first and last stages): the runtime sums its
+    # gradient over the ranks holding it, per TP index and replica (rewrite.runner.sum_tied_grads), where
+    # the simulator moves it to its owner and the updated value back (multistage's tied moves, the same share)
+    for members in graph.tied:
+        ranks = sorted({int(rank_of[st[i]]) for i in members})
+        if len(ranks) > 1:
+            nbytes = float(graph.param_bytes[members[0]]) * tied_share(graph, members, t)
+            for j in range(len(groups[0])):
+                devs = [groups[r][j] for r in ranks]
+                for dev in devs:
+                    out.add(dev, "all_reduce", "tied", devs, 1, nbytes, "multistage tied moves")
     # a value crosses in 16 bits where its stage or the cost model computes in 16 (ShardedStage.act_scale)
     sends = [min(0.5 if opts.precision[at(s)] == "bf16" else 1.0, vs) for s in range(k)]
     _p2p(graph, st, k, m, parts, rank_of, groups, t, d, out, sends)

@@ -90,6 +90,7 @@ from .result import Evaluation, Event, PipelineOutcome, SimResult
 from .schedules import Action, actions
 from .stage_cost import layout, stage_costs
 from .stages import boundary_bytes, flows_link, shard_flows, stage_edges, stage_groups
+from .tensor_parallel import tied_share
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -254,8 +255,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         members = sim.tied_groups[g]
         owner = int(rank_of[st[sim.tied_first[g]]])
         others = sorted({int(rank_of[st[i]]) for i in members} - {owner})
-        if others:
-            holders.append((owner, others, float(sim.tied_bytes[g])))
+        if others:  # (a table split by vocabulary moves a TP device's shard)
+            holders.append((owner, others, float(sim.tied_bytes[g]) * tied_share(sim.graph, members, t_deg)))
     for owner, others, nbytes in holders:
         for r in others:
             a, c = dev_rank[r], dev_rank[owner]

@@ -43,10 +43,12 @@ weights; small, latency-bound), the all-gather of a region value read outside it
 norm's output before the model's head) and of the gradient of a whole value read in it (the
 first residual).
 
-Vocabulary split with loss parallelism (Megatron-LM's parallel cross-entropy; torchtitan's default
-``loss_parallel``, torch's ``torch.distributed.tensor.parallel.loss_parallel``): when one stage
-holds the token embedding and the LM head (:func:`vocab_inside`), both run at 1/t with a 1/t share
-of the table; the embedding's output is all-reduced (whole), the head's logits stay sharded on the
+Vocabulary split with loss parallelism (Megatron-LM's vocab-parallel embedding, output layer and
+parallel cross-entropy; torchtitan's ``tok_embeddings``/``output`` plan with its default
+``loss_parallel``, torch's ``torch.distributed.tensor.parallel.loss_parallel``): the token embedding
+and the LM head of a pair (:func:`vocab_inside`) are split on whichever stage holds each, together
+or apart (the first and last stages of a pipeline, as Megatron-LM splits them), each at 1/t with a
+1/t share of the table; the embedding's output is all-reduced (whole), the head's logits stay sharded on the
 vocabulary, so they and the loss's fp32 terms (log-softmax, the gradients of the log-probabilities
 and of the logits) are a 1/t share per device (:class:`TPShare` ``act``, :func:`tp_activation_bytes`),
 and the loss's compute is charged to the head at 1/t. Per micro-batch the cross-entropy all-reduces
@@ -79,7 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LinearPair", "Collective", "TPShare", "linear_pairs", "tp_problems", "tp_collectives", "tp_stage_cost",
            "tp_share", "tp_activation_bytes", "sequence_region", "sp_runtime_collectives",
-           "sp_runtime_seconds", "vocab_inside", "LOSS_ALL_REDUCES", "ELEMENTWISE", "PER_TOKEN"]
+           "sp_runtime_seconds", "vocab_inside", "vocab_ends", "tied_share", "LOSS_ALL_REDUCES", "ELEMENTWISE", "PER_TOKEN"]
 
 LOSS_ALL_REDUCES = 3
 """Forward all-reduces of loss parallelism's cross-entropy per micro-batch (max logit, sum of
@@ -138,13 +140,31 @@ def _blocks_inside(mask: np.ndarray, pairs: Sequence[LinearPair]) -> dict[int, l
 
 
 def vocab_inside(graph: "OpGraph", mask: np.ndarray, t: int, *, sequence_parallel: bool = False) -> list[VocabPair]:
-    """The embedding/head pairs (:func:`~autoplace.tp_rules.vocab_pairs`) TP splits by vocabulary
-    in the ops ``mask``: both in it, ``t`` dividing the vocabulary, with or without sequence
-    parallelism (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel`, does
-    the same: the embedding's output whole, the head's input gathered by the rewrite)."""
+    """The embedding/head pairs of the whole graph (:func:`~autoplace.tp_rules.vocab_pairs`) TP
+    splits by vocabulary with an end in the ops ``mask`` (the embedding, the head or both: each end
+    is split on the stage that holds it), ``t`` dividing the vocabulary, with or without sequence
+    parallelism (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel` given
+    :func:`~autoplace.rewrite.tensor_parallel.vocab_modules` of the whole model, does the same: the
+    embedding's output whole, the head's input whole). Callers split only the ends in ``mask``
+    (:func:`vocab_ends`)."""
     if t <= 1:
         return []
-    return [v for v in vocab_pairs(graph, np.nonzero(mask)[0]) if v.vocab % t == 0]
+    return [v for v in vocab_pairs(graph) if v.vocab % t == 0 and (mask[v.embedding] or mask[v.head])]
+
+
+def tied_share(graph: "OpGraph", members: Sequence[int], t: int) -> float:
+    """The share of a tied parameter (the ops ``members`` of one of ``graph.tied``) each device of a
+    TP group of ``t`` holds: 1/t for a table split by vocabulary (an end of a pair of
+    :func:`vocab_inside` among them; both ends split it by rows, wherever they are), else 1."""
+    if t <= 1:
+        return 1.0
+    ends = {i for v in vocab_pairs(graph) if v.vocab % t == 0 for i in (v.embedding, v.head)}
+    return 1.0 / t if ends & {int(i) for i in members} else 1.0
+
+
+def vocab_ends(vocab: Sequence[VocabPair], mask: np.ndarray) -> tuple[list[int], list[int]]:
+    """(embeddings, heads) of ``vocab`` that lie in the ops ``mask``: the ends a stage splits."""
+    return [v.embedding for v in vocab if mask[v.embedding]], [v.head for v in vocab if mask[v.head]]
 
 
 def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPair]], t: int,
@@ -153,8 +173,8 @@ def _scales(graph: "OpGraph", mask: np.ndarray, blocks: dict[int, list[LinearPai
     for ps in blocks.values():
         for p in ps:
             split[list(p.ops)] = True
-    for v in vocab:
-        split[[v.embedding, v.head]] = True
+    embs, heads = vocab_ends(vocab, mask)
+    split[embs + heads] = True
     if sequence_parallel and t > 1 and blocks:
         split |= sequence_region(graph, [p for ps in blocks.values() for p in ps], mask)
     return np.where(split, 1.0 / max(t, 1), 1.0)
@@ -208,13 +228,16 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
     for v in vocab_inside(graph, mask, int(tp), sequence_parallel=sequence_parallel):
         # the embedding's partial sums; the loss's per-token max, sum of exponentials and target logit
         # (fp32, one float per token: the traced fp32 logits' bytes over the vocabulary); the head's
-        # input gradient summed
-        g_in = float(graph.edge_bytes[edst == v.head].max(initial=0.0)) / microbatches * value_scale
-        per_token = float(graph.out_bytes[v.head]) / v.vocab / microbatches
-        out += [Collective("forward", "all_reduce", float(graph.out_bytes[v.embedding]) / microbatches * value_scale,
-                           v.embedding_path, v.embedding),
-                *[Collective("forward", "all_reduce", per_token, v.head_path, v.head)] * LOSS_ALL_REDUCES,
-                Collective("backward", "all_reduce", g_in, v.head_path, v.head)]
+        # input gradient summed; each on the stage holding its end
+        if mask[v.embedding]:
+            out.append(Collective("forward", "all_reduce",
+                                  float(graph.out_bytes[v.embedding]) / microbatches * value_scale,
+                                  v.embedding_path, v.embedding))
+        if mask[v.head]:
+            g_in = float(graph.edge_bytes[edst == v.head].max(initial=0.0)) / microbatches * value_scale
+            per_token = float(graph.out_bytes[v.head]) / v.vocab / microbatches
+            out += [*[Collective("forward", "all_reduce", per_token, v.head_path, v.head)] * LOSS_ALL_REDUCES,
+                    Collective("backward", "all_reduce", g_in, v.head_path, v.head)]
     return out
 
 
@@ -318,8 +341,8 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     scale = _scales(graph, mask, blocks, t, sequence_parallel)
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
-    for v in vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel):  # the embedding's output whole,
-        scale[v.head] = 1.0 / t  # the logits sharded on the vocabulary (loss parallelism)
+    # the embedding's output whole, the logits sharded on the vocabulary (loss parallelism)
+    scale[vocab_ends(vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel), mask)[1]] = 1.0 / t
     return float((graph.out_bytes * scale)[mask].sum()) * value_scale
 
 
@@ -369,10 +392,10 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
     if not sequence_parallel:
         act[list(blocks)] = 1.0
     head = np.zeros(graph.num_nodes, dtype=bool)
-    for v in vocab:  # a vocabulary shard of the table; the embedding's output whole (all-reduced), the
-        params[[v.embedding, v.head]] = 1.0 / t  # logits and the loss's terms on them a vocabulary shard
-        act[v.embedding], act[v.head] = 1.0, 1.0 / t
-        head[v.head] = True
+    embs, heads = vocab_ends(vocab, mask)  # a vocabulary shard of the table; the embedding's output whole
+    params[embs + heads] = 1.0 / t  # (all-reduced), the logits and the loss's terms on them a vocabulary shard
+    act[embs], act[heads] = 1.0, 1.0 / t
+    head[heads] = True
     fwd, bwd = np.zeros(graph.num_nodes), np.zeros(graph.num_nodes)
     if t > 1 and (inside or vocab):
         lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)

@@ -61,6 +61,13 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                 "param_err": max((params[n].float() - want[n]).abs().max().item() for n in params) if params else 0.0,
                 "checked": sorted(params), "stages": list(getattr(runner, "stage_indices", [runner.stage_index])),
                 "sharded": sorted(n for mod in modules for n, p in mod.named_parameters() if hasattr(p, "full_tensor")),
+                # the vocabulary split: this rank's DTensor embedding/head weights, and whether a rank holding
+                # both ends of a tied table keeps it one parameter
+                "vocab": sorted(n for mod in modules for n, p in mod.named_parameters(remove_duplicate=False)
+                                if n in ("tok.weight", "head.weight", "tok_embeddings.weight", "output.weight")
+                                and hasattr(p, "full_tensor")),
+                "tied_one": len({id(p) for mod in modules for n, p in mod.named_parameters(remove_duplicate=False)
+                                 if n in ("tok.weight", "head.weight")}) <= 1,
                 "meshes": sorted({(tuple(p.device_mesh.mesh_dim_names or ()), tuple(p.device_mesh.shape))
                                   for mod in modules for p in mod.parameters() if hasattr(p, "device_mesh")})},
                out / f"{case['id']}-rank{rank}.pt")

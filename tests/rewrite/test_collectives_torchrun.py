@@ -57,6 +57,13 @@ EIGHT = [
      "microbatches": 2},
 ]
 
+VOCAB = [  # the vocabulary split across stages: the embedding's all-reduce on the first stage's TP group, the
+    # loss's three and the head's input gradient's on the last's; a tied table's gradient summed across them
+    {"id": "pp2_tp2_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
+    {"id": "pp2_tp2_tied", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
+    {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
+]
+
 RUNTIME_ONLY = {
     "rewrite/liveness.py:wait": "the gate at the start of every step (liveness): a 1-float all-reduce over every rank",
     "rewrite/runner.py:_batch_loss": "the step's loss averaged over the replicas for the caller (1 float)",
@@ -172,3 +179,14 @@ def test_collectives_of_more_plans_on_4_processes(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_collectives_of_pp2_x_tp2_x_dp2_on_8_processes_equal_the_simulators(tmp_path: Path) -> None:
     _check(_load(tmp_path, 8, EIGHT))
+
+
+@pytest.mark.slow
+def test_collectives_of_a_vocabulary_split_across_stages_equal_the_simulators(tmp_path: Path) -> None:
+    got = _load(tmp_path, 4, VOCAB)
+    _check(got)
+    for r, part in enumerate(got["pp2_tp2_tied"]):  # the tied table's gradient: a TP rank's shard of it, summed
+        group = (r % 2, r % 2 + 2)  # across the first and last stages
+        ran = [e["bytes"] for e in part["steps"][-1]["events"] if e["kind"] == "all_reduce" and tuple(e["ranks"]) == group]
+        [sim] = [StepCollective(**x) for x in part["sim"] if tuple(x["group"]) == group and x["kind"] == "all_reduce"]
+        assert ran == [sim.nbytes] == [32 * 16 * 4 / 2], (r, ran, sim)  # V x h fp32 over tp = 2

@@ -60,3 +60,26 @@ def test_pp2_x_tp2_x_dp2_on_8_processes_equals_the_unsplit_model(tmp_path: Path)
               "schedule": "interleaved-1f1b", "microbatches": 2}]
     pw.launch_cases(CHILD, tmp_path, 8, cases, timeout=900)
     _check(tmp_path, 8, cases)
+
+
+VOCAB = [  # the token embedding on the first stage, the LM head on the last: each split where it is
+    {"id": "pp2_tp2_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
+    {"id": "pp2_tp2_tied", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
+    # V-shaped: rank 0 holds stages 0 and 3, both ends of the tied table
+    {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
+]
+
+
+def test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model(tmp_path: Path) -> None:
+    # Megatron-LM's vocab-parallel embedding on the first stage and output layer (with the parallel
+    # cross-entropy) on the last; a tied table's two shards summed across the stages shard by shard
+    pw.launch_cases(CHILD, tmp_path, 4, VOCAB, timeout=600)
+    _check(tmp_path, 4, VOCAB)
+    for c in VOCAB:
+        parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(4)]
+        ends = ("tok_embeddings.weight", "output.weight") if c["model"] == "llama" else ("tok.weight", "head.weight")
+        # every rank holds its end of the table as a vocabulary shard (ranks 0-1 the first stage, 2-3 the last)
+        assert sorted({n for p in parts for n in p["vocab"]}) == sorted(ends), c
+        held = {n for p in parts[:2] for n in p["vocab"]} if c.get("v", 1) == 1 else set(ends)
+        assert ends[0] in held, c
+        assert all(p["tied_one"] for p in parts), c  # a rank with both ends of a tied table: one parameter

@@ -1,5 +1,6 @@
 """Models for the tensor-parallel tests: a GPT-like decoder with separate query, key and value
-projections (head counts written into its reshapes, as fx bakes them), and the zoo's Llama (RoPE,
+projections (head counts written into its reshapes, as fx bakes them), the same with a bias-free LM
+head tied to the token embedding, and the zoo's Llama (RoPE,
 grouped-query attention, SwiGLU). Each builder takes a seed; ``batch`` draws a (tokens, targets)
 batch; ``loss`` is next-token cross-entropy."""
 
@@ -59,15 +60,28 @@ class QKVGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class TiedGPT(QKVGPT):
+    """:class:`QKVGPT` with a bias-free LM head tied to the token embedding (GPT-2's and Megatron-LM's
+    tie): a vocabulary pair whose two ends a pipeline puts on its first and last stages."""
+
+    def __init__(self, d: int = 16, heads: int = 4, layers: int = 2) -> None:
+        super().__init__(d, heads, layers)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.tok.weight
+
+
 def build(name: str, seed: int = 0, heads: int = 4) -> nn.Module:
     if name == "gpt-qkv":
         torch.manual_seed(seed)
         return QKVGPT(heads=heads)
+    if name == "gpt-tied":
+        torch.manual_seed(seed)
+        return TiedGPT(heads=heads)
     if name == "llama":
         # dim 32, 4 heads, 2 kv heads (GQA), RoPE, SwiGLU
         return zoo.build("llama", small=True, seed=seed, vocab_size=VOCAB, seq_len=SEQ, n_heads=4, n_kv_heads=2,
                          dim=32).model
-    raise ValueError(f"unknown test model {name!r}: gpt-qkv or llama")
+    raise ValueError(f"unknown test model {name!r}: gpt-qkv, gpt-tied or llama")
 
 
 def batch(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +106,7 @@ def reference(model: nn.Module, steps: int) -> tuple[list[float], dict[str, torc
         opt.step()
         opt.zero_grad()
         losses.append(out.item())
-    return losses, {n: p.detach() for n, p in ref.named_parameters()}
+    return losses, {n: p.detach() for n, p in ref.named_parameters(remove_duplicate=False)}  # a tied one by each name
 
 
 def train_runner(runner: Any, steps: int, data: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None

@@ -1,7 +1,7 @@
 """The vocabulary split's cost: the embedding and the LM head at 1/t with their collectives, the
-logits at 1/t (loss parallelism), when one stage holds both (with or without sequence parallelism);
-whole (as the runtime leaves them) when a boundary separates them or when t does not divide the
-vocabulary."""
+logits at 1/t (loss parallelism), on whichever stage holds each (one stage with both, or the
+first and last stages of a pipeline, as the runtime splits them), with or without sequence
+parallelism; whole when t does not divide the vocabulary."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _graph() -> autoplace.OpGraph:
     return autoplace.trace(wl.model, wl.example_inputs)
 
 
-def test_vocab_split_only_when_one_stage_holds_embedding_and_head() -> None:
+def test_vocab_split_on_the_stage_holding_each_end() -> None:
     g = _graph()
     c = Cluster.preset("4xA100-nvlink")
     (v,) = vocab_pairs(g)
@@ -32,8 +32,11 @@ def test_vocab_split_only_when_one_stage_holds_embedding_and_head() -> None:
     assert share.act[v.embedding] == 1.0 and share.act[v.head] == 0.5
     assert share.fwd[v.embedding] > 0 and share.fwd[v.head] > 0 and share.bwd[v.head] > 0
     first, last = np.arange(n // 2), np.arange(n // 2, n)
-    for ops in (first, last):  # a boundary between them: both whole, no vocabulary collective
-        s = tp_share(g, c, ops, [0, 1], 1)
-        assert s.work[v.embedding] == s.work[v.head] == 1.0 and s.fwd[v.embedding] == s.fwd[v.head] == 0.0
+    # a boundary between them: each stage splits the end it holds and charges that end's collectives only
+    a, b = tp_share(g, c, first, [0, 1], 1), tp_share(g, c, last, [0, 1], 1)
+    assert a.work[v.embedding] == a.params[v.embedding] == b.work[v.head] == b.act[v.head] == 0.5
+    assert a.fwd[v.embedding] == share.fwd[v.embedding] and a.fwd[v.head] == a.bwd[v.head] == 0.0
+    assert b.fwd[v.head] == share.fwd[v.head] and b.bwd[v.head] == share.bwd[v.head] and b.fwd[v.embedding] == 0.0
+    assert a.work[v.head] == 1.0 and b.work[v.embedding] == 1.0  # (the other end is not the stage's op)
     assert tp_share(g, c, np.arange(n), [0, 1], 1, sequence_parallel=True).act[v.head] == 0.5  # as without SP
     assert tp_share(g, c, np.arange(n), [0, 1, 2, 3], 1).work[v.head] == 1.0  # 4 does not divide 98
