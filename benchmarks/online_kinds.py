@@ -16,7 +16,9 @@ Per model (the 4 of benchmarks/fidelity_cpu.py at its sizes, and zoo models outs
 2. **Candidates** (autoplace.online.kinds.kind_candidates): DDP, FSDP (one stage sharded over
    both ranks, one micro-batch, no resharding after forward: the form plan("best") picks), and
    GPipe/1F1B with 2 and 4 micro-batches at the planner's cut, +-10% of the work around it, an even
-   and a 30% split (fidelity_cpu's two cuts). The starting plan is the pick when the runtime's
+   and a 30% split (fidelity_cpu's two cuts); then DDP and FSDP recomputing every unit (activation
+   checkpointing, ``RECOMPUTE``), and with ``--pipeline-recompute`` the pipelines at the planner's cut
+   recomputing every stage's units (OnlinePipeline refuses those today: off by default). The starting plan is the pick when the runtime's
    switch can run it (pipelines, DDP, FSDP and recompute on one stage); else the nearest plan it
    runs, said per model.
 3. In two gloo processes (torch.multiprocessing spawn, one thread each, each in its own session
@@ -92,6 +94,8 @@ OUTSIDE: dict[str, dict[str, Any]] = {  # small configs, widened to steps of ten
 QUANTILE = 0.25
 FSDP_MICROBATCHES = (1,)
 """FSDP candidates' micro-batch counts (kind_candidates' ``fsdp_microbatches``)."""
+RECOMPUTE = (True,)
+"""recompute values of the DDP and FSDP variants (kind_candidates' ``recompute``): every unit."""
 FIDELITY_STARTS = {"ddp": ("ddp", None, 1), "gpipe M2": ("gpipe", 0.5, 2), "gpipe M4": ("gpipe", 0.5, 4),
                    "1f1b M4": ("1f1b", 0.5, 4), "1f1b M4 skewed": ("1f1b", 0.3, 4)}
 
@@ -123,7 +127,7 @@ def _switchable(p: Placement) -> str:
 
 
 def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile_repeats: int,
-            all_starts: bool) -> dict[str, Any]:
+            all_starts: bool, pipeline_recompute: bool = False) -> dict[str, Any]:
     """Profile, plan, candidates and starts of one model (see the module doc)."""
     from autoplace.distributed import runnable_pipeline_plan
     from autoplace.planners import plan as make_plan
@@ -138,7 +142,8 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
     pick = runnable_pipeline_plan(graph, cl, 2, cost=cost)  # the simulator alone (it does not read fsdp_s)
     pipe_pick = make_plan(graph, cl, mode="pipeline", cost=cost, accept=_plain_two_stage)
     centre = pipeline_cut_share(graph, pipe_pick.stage_of_node)
-    cands = kind_candidates(graph, cl, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES)
+    cands = kind_candidates(graph, cl, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES, recompute=RECOMPUTE,
+                            pipeline_recompute=RECOMPUTE if pipeline_recompute else ())
     keys = [candidate_key(kind_of(c)) for c in cands]
     if _switchable(pick) == "":
         base = pick
@@ -363,6 +368,9 @@ def main() -> None:
     ap.add_argument("--fsdp-probe", choices=("stored", "new", "off"), default="stored",
                     help="FSDP's host residual (autoplace.online.host_probe_fsdp): the one stored in "
                          "benchmarks/results/online_kinds_fsdp_probe.json (probed when missing), probed again, or off")
+    ap.add_argument("--pipeline-recompute", action="store_true",
+                    help="also the pipelines at the planner's cut recomputing every stage's units (OnlinePipeline "
+                         "switches into stage options on one stage only today: this fails until it runs them)")
     ap.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
     ap.add_argument("--append", action="store_true", help="keep the models already in <out>/online_kinds.json "
                     "and measure the others")
@@ -390,7 +398,8 @@ def main() -> None:
                            + (f" --between {a.between}" if a.between != 4 else "")
                            + (f" --confirm {a.confirm}" if a.confirm != 6 else "")
                            + (f" --confirm-top {a.confirm_top}" if a.confirm_top != 3 else "")
-                           + (f" --fsdp-probe {a.fsdp_probe}" if a.fsdp_probe != "stored" else ""),
+                           + (f" --fsdp-probe {a.fsdp_probe}" if a.fsdp_probe != "stored" else "")
+                           + (" --pipeline-recompute" if a.pipeline_recompute else ""),
                            "fsdp_probe": fsdp,
                            "args": args, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                      "torch": torch.__version__},
@@ -402,7 +411,8 @@ def main() -> None:
     for name in names:
         config = FIDELITY.get(name) or OUTSIDE[name]
         t = time.perf_counter()
-        m = prepare(name, config, probe, profile_repeats=3 if a.quick else 5, all_starts=a.starts == "all")
+        m = prepare(name, config, probe, profile_repeats=3 if a.quick else 5, all_starts=a.starts == "all",
+                    pipeline_recompute=a.pipeline_recompute)
         say(f"{name}: {len(m['candidates'])} candidates, pick {m['pick']}; start {m['start_note']}; "
             f"{len(m['starts'])} start(s)")
         try:

@@ -312,3 +312,26 @@ def test_bn_sync_wall_counts_a_recomputed_layers_second_forward() -> None:
     sim = SimpleNamespace(graph=graph, cost=SimpleNamespace(busy_allreduce_s=1.0, batch_norm="sync"))  # 1 s a call
     calls = {kind_label(kind_of(c)): bn_sync_wall_s(sim, kind_of(c)) for c in cands if c.num_stages == 1}
     assert calls == {"ddp": 4 * 20, "ddp recompute": 6 * 20}  # two all-reduces a forward, two a backward
+
+
+def test_a_ddp_recompute_plan_keeps_the_host_terms_of_its_plain_twin() -> None:
+    """The simulator drops a host cost model's per-stage terms once a stage has options;
+    kind_evaluate adds back what it charges the plain twin, for DDP stages."""
+    from autoplace.cost.host import HostCostModel
+    from autoplace.online.kinds import dropped_host_s, kind_evaluate, kind_of
+    from autoplace.sim import Simulator
+
+    graph, cluster = _graph()
+    cands = {kind_label(kind_of(c)): kind_of(c) for c in kind_candidates(graph, cluster, fsdp_microbatches=(1,),
+                                                                          recompute=(True,))}
+    with_terms = Simulator(graph, cluster, HostCostModel(ddp_s={"per_tensor_s": 1e-3}))  # 1 ms a gradient tensor
+    without = Simulator(graph, cluster, HostCostModel())
+
+    def added(k: str) -> float:
+        return kind_evaluate(with_terms, cands[k]).step_time_s - kind_evaluate(without, cands[k]).step_time_s
+
+    host = added("ddp")  # what the simulator charges plain DDP for them
+    assert host > 0.01
+    assert dropped_host_s(with_terms, cands["ddp recompute"]) == pytest.approx(host)
+    assert added("ddp recompute") == pytest.approx(host)  # 0 without dropped_host_s
+    assert dropped_host_s(with_terms, cands["fsdp recompute"]) == 0.0  # FSDP's residual is fsdp_step_overhead_s's
