@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
     from .graph.ir import OpGraph
-    from .placement import Placement
+    from .placement import Placement, PlacementMeta
 
 __all__ = ["ExportError", "to_torchtitan", "torchtitan_args", "torchtitan_schedule", "to_accelerate",
            "to_accelerate_fsdp", "stage_modules", "export_facts", "with_export_facts", "render", "dumps_yaml"]
@@ -75,14 +75,14 @@ def stage_modules(plan: "Placement", graph: "OpGraph") -> list[list[str]]:
 
 
 def export_facts(plan: "Placement", graph: "OpGraph", cluster: "Cluster | None" = None, *,
-                 module: "nn.Module | None" = None) -> dict[str, Any]:
+                 module: "nn.Module | None" = None) -> "PlacementMeta":
     """What :func:`to_torchtitan` and :func:`to_accelerate` read from the graph, cluster and
     module, as plain values for ``plan.meta``: ``batch_size``; ``stage_modules`` (pipeline);
     ``dp_shape`` (hsdp) and ``hosts`` (with the cluster); ``block_classes`` (with the module);
     ``device_map`` or ``device_map_error`` (a model-parallel plan)."""
     from .module_map import module_device_map
 
-    facts: dict[str, Any] = {"batch_size": int(graph.batch_size)}
+    facts: PlacementMeta = {"batch_size": int(graph.batch_size)}
     if plan.mode == "pipeline" and plan.stage_devices is not None:
         facts["stage_modules"] = stage_modules(plan, graph)
         if cluster is not None:
@@ -120,11 +120,11 @@ def with_export_facts(plan: "Placement", graph: "OpGraph", cluster: "Cluster | N
 
 
 def _facts(plan: "Placement", graph: "OpGraph | None", cluster: "Cluster | None",
-           module: "nn.Module | None" = None) -> dict[str, Any]:
+           module: "nn.Module | None" = None) -> "PlacementMeta":
     """The export facts: computed when the graph is given, else the ones the plan file kept."""
     if graph is not None:
         return {**plan.meta, **export_facts(plan, graph, cluster, module=module)}
-    facts = dict(plan.meta)
+    facts = plan.meta.copy()
     if cluster is not None and plan.stage_devices is not None:  # what the cluster alone tells
         facts.setdefault("hosts", len({cluster.devices[x].host for s in plan.stage_devices for x in s}))
         shapes = {hsdp_shape(cluster, s) for s in plan.stage_devices}

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .cost.analytic import CostModel
     from .graph.ir import OpGraph
-    from .placement import Placement
+    from .placement import Placement, PlacementMeta
     from .sim import SimResult
 
 __all__ = ["placement_report", "candidates_table", "alternatives_table", "plan_summary", "memory_per_device",
@@ -163,10 +163,10 @@ def auto_choice(chosen: "Placement", num_devices: int) -> "Placement":
                     "and mode='auto' to use it")
         else:
             why += f"; the best multi-process plan ({top['planner']}) predicts {top['step_time_s'] * 1e3:.3f} ms"
-    return replace(chosen, meta=dict(chosen.meta, candidates=rows, auto_choice=why))
+    return replace(chosen, meta={**chosen.meta, "candidates": rows, "auto_choice": why})
 
 
-def planning_summary(meta: dict[str, Any]) -> str:
+def planning_summary(meta: "PlacementMeta") -> str:
     """One line on the time planning took against its budget, and which planners the budget
     skipped or cut (empty when ``meta`` has no budget: a named planner's plan)."""
     if meta.get("budget_s") is None:

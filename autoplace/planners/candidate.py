@@ -13,7 +13,7 @@ numba hot paths and policies can hand their rows over as they are.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Union
 
 import numpy as np
 
@@ -61,7 +61,7 @@ def candidate_of(placement: Placement) -> Candidate:
 
 
 def to_placement(graph: "OpGraph", cluster: "Cluster", candidate: Candidate, *, planner: str = "",
-                 meta: dict[str, Any] | None = None) -> Placement:
+                 meta: Mapping[str, Any] | None = None) -> Placement:
     """The :class:`Placement` of a candidate."""
     if isinstance(candidate, tuple):
         st, sd, m, sched = pipeline_plan(candidate)

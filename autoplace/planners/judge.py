@@ -10,7 +10,7 @@ that device's cap by the excess and builds it again, a few times at most.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
-    from ..placement import Placement
+    from ..placement import Placement, PlacementMeta
     from ..sim import Simulator
 
 __all__ = ["Choice", "Judge", "fit"]
@@ -96,12 +96,13 @@ class Judge:
         fits = [c for c in self.tried if not c.oom]
         return min(fits, key=lambda c: c.step_time_s) if fits else None
 
-    def meta(self, chosen: Choice) -> dict[str, Any]:
-        """What a placement records about how it was chosen (the ten fastest variants)."""
+    def meta(self, chosen: Choice) -> "PlacementMeta":
+        """What a placement records about how it was chosen (the ten fastest variants); the
+        chosen variant's ``extra`` must be :class:`~autoplace.placement.PlacementMeta` keys."""
         fastest = sorted(self.tried, key=lambda c: (c.oom, c.step_time_s))[:10]
         return {"predicted_step_time_s": chosen.step_time_s,
                 "peak_memory_bytes": float(np.max(chosen.peak_memory_bytes)),
-                "variant": chosen.label, **chosen.extra,
+                "variant": chosen.label, **cast("PlacementMeta", chosen.extra),
                 "variants_tried": len(self.tried), "variants": [c.summary() for c in fastest]}
 
     def placement(self, chosen: Choice, planner: str) -> "Placement":

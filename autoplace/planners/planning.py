@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import AutoplaceError, NoFitError
-from ..placement import Placement
+from ..placement import Placement, PlacementMeta
 from ..progress import Status
 from . import budget as _budget
 from .reserve import MemoryReserve, ReserveSpec, reserved_cluster, resolve_reserve
@@ -327,8 +327,8 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
                          f"{needs(graph, cluster, mem)}\n  - {reasons}")
     step, chosen, row, tie = _tie_break(pool)
     out = _stamp(chosen, row, rows)
-    meta = dict(out.meta, budget_s=limit, planning_s=time.perf_counter() - start,
-                compile_s=_budget.compile_s() - compiled0, tie_rule=tie)
+    meta: PlacementMeta = {**out.meta, "budget_s": limit, "planning_s": time.perf_counter() - start,
+                           "compile_s": _budget.compile_s() - compiled0, "tie_rule": tie}
     return _reserved(dataclasses.replace(out, meta=meta), full, reserve)
 
 
@@ -373,8 +373,9 @@ def _reserved(out: Placement, full: Cluster, reserve: MemoryReserve) -> Placemen
     peaks = np.asarray(out.meta.get("memory_per_device") or [out.meta.get("peak_memory_bytes", 0.0)], dtype=float)
     cap = full.memory
     margin = float(np.min(cap[:peaks.size] - peaks)) if peaks.size == cap.size else float(cap.min() - peaks.max())
-    meta = dict(out.meta, memory_reserve=reserve.describe(), memory_reserve_bytes=[float(x) for x in cut],
-                memory_capacity_bytes=[float(x) for x in cap], memory_margin_bytes=margin)
+    meta: PlacementMeta = {**out.meta, "memory_reserve": reserve.describe(),
+                           "memory_reserve_bytes": [float(x) for x in cut],
+                           "memory_capacity_bytes": [float(x) for x in cap], "memory_margin_bytes": margin}
     return dataclasses.replace(out, cluster_fingerprint=full.fingerprint, meta=meta)
 
 
@@ -489,9 +490,9 @@ def _judge(sim: Any, p: Planner, out: Placement, plan_time: float) -> dict[str, 
 
 
 def _stamp(out: Placement, row: dict[str, Any], rows: list[dict[str, Any]]) -> Placement:
-    meta = dict(out.meta)
-    meta.update(predicted_step_time_s=row["step_time_s"], peak_memory_bytes=row["peak_memory_bytes"],
-                plan_time_s=row["plan_time_s"], memory_per_device=row["memory_per_device"])
+    meta: PlacementMeta = {**out.meta, "predicted_step_time_s": row["step_time_s"],
+                           "peak_memory_bytes": row["peak_memory_bytes"], "plan_time_s": row["plan_time_s"],
+                           "memory_per_device": row["memory_per_device"]}
     if rows:
         meta["candidates"] = rows
     return dataclasses.replace(out, meta=meta)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
-    from ..placement import Placement
+    from ..placement import Placement, PlacementMeta
 
 __all__ = ["SEARCH_S_PER_KOP", "SEARCH", "search_pass", "search_candidate"]
 
@@ -53,7 +53,8 @@ def search_pass(graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None", 
     evs = [env.evaluate(c, source=s.planner)[1] for c, s in zip(props, env.seeds)]
     info = polish_zero_shot(env, props, evs, budget_s=max(seconds - (time.perf_counter() - t0), 0.0), starts=2,
                             seed=seed, search="critical")
-    return env.placement(planner="search", meta={"source": env.best_source, "search": info})
+    meta: PlacementMeta = {"source": env.best_source, "search": info}
+    return env.placement(planner="search", meta=meta)
 
 
 SEARCH = SimpleNamespace(name="search", kind="heuristic")

@@ -38,6 +38,7 @@ algorithm runs again.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -318,7 +319,7 @@ def _place_list(graph: "OpGraph", cluster: Cluster, cost: "CostModel | None", na
         raise no_fit(graph, cluster, mem, planner=name, why="the list schedule finds an op that fits nowhere")
     out = judge.placement(chosen, name)
     if fav is not None:
-        out.meta["favourite_children"] = int((fav >= 0).sum())
+        out = dataclasses.replace(out, meta={**out.meta, "favourite_children": int((fav >= 0).sum())})
     return out
 
 

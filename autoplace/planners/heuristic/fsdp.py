@@ -38,7 +38,7 @@ import numpy as np
 from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, is_block, stage_module_paths
 from autoplace.parallel import SELECTIVE_OP, StageOptions, hsdp_shape
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementMeta
 from .. import budget as _budget
 from ..registry import FunctionPlanner, register
 from ...errors import NoFitError
@@ -134,7 +134,7 @@ class _Search:
                          why=why_none + detail)
         chosen = min(fits, key=lambda v: v.step_time_s)
         ranked = sorted(self.tried, key=lambda v: (v.oom, v.step_time_s))[:10]
-        meta = {"predicted_step_time_s": chosen.step_time_s, "peak_memory_bytes": chosen.peak,
+        meta: PlacementMeta = {"predicted_step_time_s": chosen.step_time_s, "peak_memory_bytes": chosen.peak,
                 "variant": chosen.label, "variants_tried": len(self.tried),
                 "variants": [{"label": v.label, "step_time_s": v.step_time_s, "peak_memory_bytes": v.peak,
                               "oom": v.oom} for v in ranked]}

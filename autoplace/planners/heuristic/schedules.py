@@ -324,7 +324,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     if refused:
         notes.append("faster but refused (accept): " + "; ".join(refused[:3]))
     chosen = best[1] if best is not None else plan
-    meta = dict(chosen.meta)
+    meta = chosen.meta.copy()
     meta["schedule_candidates"] = [list(c) for c in tried]
     out = Placement.pipeline(graph, cluster, chosen.stage_of_node if chosen.stage_of_node is not None else [],
                              chosen.stage_devices or (), microbatches=chosen.microbatches, schedule=chosen.schedule,

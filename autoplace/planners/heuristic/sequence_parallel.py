@@ -99,7 +99,7 @@ def with_sequence_parallel(sim: "Simulator", choice: ScheduleChoice, *,
         best, won = step, sp
     candidates = choice.candidates + tuple(tried)
     out = chosen if won is None else won
-    meta = dict(out.meta)
+    meta = out.meta.copy()
     meta["schedule_candidates"] = [list(c) for c in candidates]
     if tried:
         meta["sequence_parallel_tried"] = len(tried)

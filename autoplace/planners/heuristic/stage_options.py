@@ -50,7 +50,7 @@ from autoplace.cluster import Cluster
 from autoplace.graph.units import block_units, is_block, stage_units
 from autoplace.parallel import SELECTIVE_OP, StageOptions, default_reshard, hsdp_shape
 from autoplace.pipeline_rules import SCHEDULES, stage_ranks
-from autoplace.placement import Placement, PlacementError
+from autoplace.placement import Placement, PlacementError, PlacementMeta
 from autoplace.capability import runtime_problems
 from .. import budget as _budget
 from ..judge import Choice, Judge
@@ -253,9 +253,9 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
     sim = simulator_for(graph, cluster, cost)
     if plan.tp > 1 and not plan.sequence_parallel:  # SP first: it changes what the options act on
         chosen, step = sp_choice(sim, plan)
-        if chosen is not plan:
-            plan = dataclasses.replace(chosen, meta=dict(plan.meta, predicted_step_time_s=step,
-                                                         stage_options={"variants": 1, "variant": "sequence parallel"}))
+        if chosen is not plan and step is not None:
+            plan = dataclasses.replace(chosen, meta={**plan.meta, "predicted_step_time_s": step, "stage_options": {
+                "variants": 1, "variant": "sequence parallel"}})
     assert plan.stage_of_node is not None and plan.stage_devices is not None
     before = sim.run(plan, timeline=False)
     r = max(len(d) for d in plan.stage_devices) // max(plan.tp, 1)
@@ -266,10 +266,10 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
     best = _fastest(variants)
     if best is None or (not before.oom and best.step_time_s >= before.step_time_s * (1 - 1e-9)):
         return plan
-    meta = dict(plan.meta, predicted_step_time_s=best.step_time_s,
-                peak_memory_bytes=float(best.peak_memory_bytes.max()),
-                stage_options={"variants": len(variants), "before_step_time_s": float(before.step_time_s),
-                               "before_oom": bool(before.oom), "variant": best.label})
+    meta: PlacementMeta = {**plan.meta, "predicted_step_time_s": best.step_time_s,
+                           "peak_memory_bytes": float(best.peak_memory_bytes.max()),
+                           "stage_options": {"variants": len(variants), "before_step_time_s": float(before.step_time_s),
+                                             "before_oom": bool(before.oom), "variant": best.label}}
     return dataclasses.replace(best.placement, meta=meta)
 
 

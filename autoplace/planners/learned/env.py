@@ -35,7 +35,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -222,7 +222,7 @@ class PlacementEnv:
         return np.array([r for r, _ in out], dtype=np.float64), [e for _, e in out]
 
     def placement(self, candidate: Candidate | None = None, *, planner: str = "",
-                  meta: dict[str, Any] | None = None) -> Placement:
+                  meta: Mapping[str, Any] | None = None) -> Placement:
         """A :class:`Placement` of ``candidate`` (default: the best one that fits). Raises
         :class:`NoFitError` when nothing seen fits in memory."""
         if candidate is None:

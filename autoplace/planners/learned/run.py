@@ -25,9 +25,9 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Mapping, Sequence
 
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementMeta
 from .. import budget as _budget
 from .env import PlacementEnv, heuristic_seeds
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["LearnedRun", "LearnedReport", "REPORT_KEY"]
 
 
-REPORT_KEY = "learned"
+REPORT_KEY: Final = "learned"
 """The ``placement.meta`` key of a learned planner's :class:`LearnedReport` (as a dict)."""
 
 
@@ -142,11 +142,11 @@ class LearnedRun:
         """Seconds of the budget left (None when there is no budget)."""
         return _budget.Clock(self.budget_s, self.started).left_s()
 
-    def finish(self, name: str, result: "TrainResult | None", extra: dict[str, Any] | None = None) -> Placement:
+    def finish(self, name: str, result: "TrainResult | None", extra: PlacementMeta | None = None) -> Placement:
         env = self.env
         fitting = [s for s in env.seeds if not s.oom]
         best_seed = min(fitting, key=lambda s: s.step_time_s) if fitting else None
-        meta: dict[str, Any] = {
+        meta: PlacementMeta = {
             "source": env.best_source,
             "policy_step_time_s": result.best_sampled_step_time_s if result is not None else float("inf"),
             "seed_step_time_s": best_seed.step_time_s if best_seed is not None else float("inf"),

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence, cast
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementMeta
 from autoplace.planners import budget as _budget
 from ..adam import Adam
 from autoplace.planners.registry import register
@@ -354,10 +354,10 @@ def place_eagle(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | None" 
             recentre("sample")
     polish(final=True)
     result = merge_results(results) if results else None
-    extra = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
-             "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
-             "centres": centres, "refines": refines, "polished": view.polished,
-             "tuned_weights": str(keep_trained(policy))}  # online tuning starts from it (.weights)
+    extra: PlacementMeta = {"groups": policy.num_groups, "hidden": config.hidden, "warm_start": bool(centres),
+                            "warm_from": centres[0]["source"] if centres else "", "recentred": max(len(centres) - 1, 0),
+                            "centres": centres, "refines": refines, "polished": view.polished,
+                            "tuned_weights": str(keep_trained(policy))}  # online tuning starts from it (.weights)
     return run.finish("eagle", result, extra)
 
 

@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from autoplace.cluster import Cluster
     from autoplace.cost.analytic import CostModel
     from autoplace.graph.ir import OpGraph
-    from autoplace.placement import Placement
+    from autoplace.placement import Placement, PlacementMeta
     from ..ppo import PolicySample
 
 __all__ = ["MarsNet", "MarsPolicy", "MarsConfig", "MarsPlanner", "new_net", "save_net", "load_net", "load_pretrained",
@@ -430,7 +430,7 @@ class MarsPlanner:
         policy.eval()
         greedy = policy.sample(1, gen, greedy=True)
         _, greedy_ev = env.evaluate_many(policy.decode(greedy.actions))
-        meta: dict[str, Any] = {"weights": source, "greedy_step_time_s": float(greedy_ev[0].step_time_s),
+        meta: PlacementMeta = {"weights": source, "greedy_step_time_s": float(greedy_ev[0].step_time_s),
                                 "greedy_oom": bool(greedy_ev[0].oom),
                                 "reference_s": env.reference_s, "seeds": [s.planner for s in env.seeds]}
         greedy_fit = math.inf if greedy_ev[0].oom else float(greedy_ev[0].step_time_s)
@@ -449,8 +449,9 @@ class MarsPlanner:
         elif cfg.expert:
             left = clock.left_s(1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
-            meta.update(best_sample_step_time_s=ex.policy_step_time_s, updates=ex.rounds, history=list(ex.history),
-                        tuned_weights=str(keep_tuned(net)), expert={"first_polish_s": ex.first_polish_s})
+            meta.update({"best_sample_step_time_s": ex.policy_step_time_s, "updates": ex.rounds,
+                         "history": list(ex.history), "tuned_weights": str(keep_tuned(net)),
+                         "expert": {"first_polish_s": ex.first_polish_s}})
             train_s, meta["policy_step_time_s"] = ex.wall_s, min(greedy_fit, ex.policy_step_time_s)
         else:
             ppo_config = ppo if ppo is not None else dataclasses.replace(cfg.ppo, seed=seed)
@@ -458,8 +459,8 @@ class MarsPlanner:
             left = clock.left_s(1e-3)
             result = train(policy, env, ppo_config, budget_s=None if left is None else left * (1 - share),
                            max_samples=max_samples, progress=progress)
-            meta.update(best_sample_step_time_s=result.best_sampled_step_time_s, updates=result.updates,
-                        history=[tuple(p) for p in result.history], tuned_weights=str(keep_tuned(net)))
+            meta.update({"best_sample_step_time_s": result.best_sampled_step_time_s, "updates": result.updates,
+                         "history": [tuple(p) for p in result.history], "tuned_weights": str(keep_tuned(net))})
             train_s = result.wall_s
             policy_best = min(greedy_fit, result.best_sampled_step_time_s)
             if share > 0 and isinstance(env.best_candidate, np.ndarray):

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 import numpy as np
 
 from autoplace.cluster import Cluster
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementMeta
 from autoplace.planners.registry import register
 from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
@@ -257,7 +257,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         if left > 0.5:
             result = train(policy, env, ppo_cfg, budget_s=left, progress=progress, callback=entropy_floor)
     policy_best = min(prior_best, result.best_sampled_step_time_s if result is not None else math.inf)
-    meta: dict[str, Any] = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
+    meta: PlacementMeta = {"source": env.best_source, "samples": env.num_samples, "simulations": env.num_simulations,
             "seed_step_time_s": {s.planner: (None if s.oom else s.step_time_s) for s in seeds},
             "reference_step_time_s": reference, "prior_best_step_time_s": _finite(prior_best),
             "policy_best_step_time_s": _finite(policy_best), "imitated": imitated_from,
@@ -273,7 +273,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
         train_s=result.wall_s if result is not None else 0.0, history=meta["history"], details=details).to_dict()
     out = env.placement(planner="pipeline-rl", meta=meta)
     if cfg.schedules:
-        plans = [(n, dataclasses.replace(p, planner="pipeline-rl", meta=dict(meta))) for n, p in with_options]
+        plans = [(n, dataclasses.replace(p, planner="pipeline-rl", meta=meta.copy())) for n, p in with_options]
         plans += [(s.planner, env.placement(s.candidate, planner="pipeline-rl", meta=meta)) for s in seeds if not s.oom]
         out = _polish(graph, cluster, sim, out, plans)
     return out
@@ -346,7 +346,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
             if not ev.oom and float(ev.step_time_s) < top[0] * (1 - 1e-9):
                 changed = _bare(got) != _bare(p)
                 top = (float(ev.step_time_s), got, f"{source or 'its best plan'}" + (tag if changed else ""))
-    meta = dict(best.meta)
+    meta = best.meta.copy()
     meta["schedule_polish"] = {"step_before_s": before, "step_after_s": _finite(top[0]), "from": top[2] or "unchanged",
                                "plans": len(seen), "variants_tried": tried}
     if top[2]:
@@ -355,7 +355,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         report = dict(meta.get(REPORT_KEY, {}))
         report["source"] = meta["source"]
         meta[REPORT_KEY] = report
-    return dataclasses.replace(top[1], meta=dict(top[1].meta, **meta), planner="pipeline-rl")
+    return dataclasses.replace(top[1], meta={**top[1].meta, **meta}, planner="pipeline-rl")
 
 
 def _bare(p: Placement) -> dict[str, Any]:
