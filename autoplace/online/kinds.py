@@ -118,8 +118,8 @@ def dropped_host_s(sim: "Simulator", cand: KindPlan) -> float:
     runtime; a sharded stage's are FSDP's residual, :func:`fsdp_step_overhead_s`). Added as each
     stage's ``m`` forward and backward actions' terms and its step term, the slowest stage's: exact
     for one stage; a pipeline's terms would move its schedule (and its messages' terms are not
-    counted). 0 on a cost model without them. Without it, DDP with recompute was predicted 6%
-    faster than DDP on AlexNet (the terms dropped outweigh the forward again)."""
+    counted). 0 on a cost model without them. Without them a DDP plan with recompute can be priced
+    below the same plan without it."""
     terms = getattr(sim.cost, "stage_overhead_s", None)
     opts = cand.options
     if terms is None or opts is None or any(opts.sharded(s) for s in range(opts.num_stages)):
