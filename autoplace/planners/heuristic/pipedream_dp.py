@@ -82,7 +82,7 @@ from numba import njit
 
 from autoplace.cluster import Cluster
 from autoplace.pipeline_rules import SCHEDULES
-from autoplace.placement import Placement
+from autoplace.placement import Placement, PlacementMeta
 from ..registry import FunctionPlanner, register
 from .by_hand import device_orders
 from .chain import Chain, compress, live_tensors
@@ -457,9 +457,10 @@ def place_pipedream_dp(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel |
         raise no_fit(graph, cluster, mem, planner="pipedream-dp", mode="pipeline",
                      why="no stage split with replication, sharding or recompute keeps every replica within its "
                          "device's memory")
-    meta_extra = {"blocks": chain.num_blocks, "compression_width": chain.width, "dp_plans": len(plans),
-                  "climb_evals": evals, "option_evals": option_evals, "dp_time_s": time.perf_counter() - t_start}
-    chosen.extra = {k: v for k, v in chosen.extra.items() if k != "plan"} | meta_extra
+    meta_extra: PlacementMeta = {"blocks": chain.num_blocks, "compression_width": chain.width, "dp_plans": len(plans),
+                                 "climb_evals": evals, "option_evals": option_evals,
+                                 "dp_time_s": time.perf_counter() - t_start}
+    chosen.extra = {k: v for k, v in chosen.extra.items() if k != "plan"} | dict(meta_extra)
     return placement_of(judge, chosen, "pipedream-dp")
 
 
