@@ -49,9 +49,9 @@ MODES = ("model", "pipeline")
 class PlacementMeta(TypedDict, total=False):
     """What a :class:`Placement` carries beside the plan: how it was found and the facts the
     report, the exports and online tuning read, from the layer that writes each key to the
-    layers that read it. Stored as a plain dict (a plan saved as JSON loads as before), typed so
-    that a misspelt key is a mypy error where it is read or written, and refused where a
-    Placement is built (:func:`meta_problems`). Each key: its writer, then ``->`` its readers;
+    layers that read it. Stored as a dict (a plan saved as JSON loads as before), typed so that
+    a misspelt key is a mypy error where it is read or written, and refused at run time where a
+    Placement is built or its meta written (:func:`meta_problems`). Each key: its writer, then ``->`` its readers;
     "(no reader)": written for the plan file and benchmarks' eyes only. Floats that were
     infinite are ``None`` once saved (JSON has no inf)."""
 
@@ -204,7 +204,7 @@ class PlacementMeta(TypedDict, total=False):
     best_sample_step_time_s: float
     """the best sample that fits (mars) -> benchmarks."""
     policy_s: float
-    """seconds sampling the policy took (mars, zero-shot) -> benchmarks, tests."""
+    """seconds sampling the policy took (mars, zero-shot) -> benchmarks."""
     polish: dict[str, Any]
     """the zero-shot polish's record (mars, learned/mars/polish) -> benchmarks, tests."""
     expert: dict[str, Any]
