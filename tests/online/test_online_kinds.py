@@ -274,8 +274,11 @@ def test_recompute_candidates_are_variants_of_ddp_fsdp_and_the_centre_cut_priced
         f"{s} M{m} {centre}/{graph.num_nodes - centre} recompute" for s in ("gpipe", "1f1b") for m in (2, 4)]
     assert len({kind_key(kind_of(c)) for c in cands}) == len(cands)
     sim = Simulator(graph, cluster)
+    from autoplace.capability import runtime_problems
+
     for c in extra:
         c.validate(graph, cluster)
+        assert runtime_problems(c, graph, world=2) == []  # plans the runtime runs
         assert all(r is True for r in c.recompute)
         twin = autoplace.Placement.pipeline(graph, cluster, c.stage_of_node, c.stage_devices, microbatches=c.microbatches,
                                             schedule=c.schedule, shard=c.shard or None,
@@ -335,3 +338,28 @@ def test_a_ddp_recompute_plan_keeps_the_host_terms_of_its_plain_twin() -> None:
     assert dropped_host_s(with_terms, cands["ddp recompute"]) == pytest.approx(host)
     assert added("ddp recompute") == pytest.approx(host)  # 0 without dropped_host_s
     assert dropped_host_s(with_terms, cands["fsdp recompute"]) == 0.0  # FSDP's residual is fsdp_step_overhead_s's
+
+
+def test_the_control_measures_and_keeps_a_recompute_plan_the_machine_finds_fastest() -> None:
+    """A recompute candidate goes through the search as any other: ranked by the calibrated
+    simulator, measured, refitted on, kept as the best, and placed with its recompute option."""
+    from autoplace.cost.analytic import CostModel
+    from autoplace.online import OnlineConfig
+    from autoplace.online.kinds import kind_of, kind_placement
+    from autoplace.online.search import TuningSearch
+
+    graph, cluster = _graph()
+    cands = [kind_of(c) for c in kind_candidates(graph, cluster, cut_offsets=(0.0,), fixed_shares=(), microbatches=(2,),
+                                                 fsdp_microbatches=(1,), recompute=(True,))]
+    assert len(cands) == 6  # ddp, fsdp, gpipe M2, 1f1b M2 and the two recompute variants
+    cfg = OnlineConfig(trials=len(cands) - 1, search="topk")
+    s = TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
+                     policy_note="", config=cfg, to_placement=lambda c: kind_placement(graph, cluster, c),
+                     summarize=kind_label)
+    s.record(cands[0], [10e-3] * 3)
+    tried = []
+    while (c := s.next_candidate()) is not None:  # the machine: recompute on DDP halves the step, the rest as DDP
+        tried.append(kind_label(c))
+        s.record(c, [5e-3 if kind_label(c) == "ddp recompute" else 10e-3] * 3)
+    assert {"ddp recompute", "fsdp recompute"} <= set(tried)
+    assert kind_label(s.best) == "ddp recompute" and s.to_placement(s.best).recompute == (True,)
