@@ -272,7 +272,7 @@ def sum_tied_grads(tied: Sequence[tuple[torch.nn.Parameter, Any]]) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         g = p.grad
-        if isinstance(g, DTensor):
+        if isinstance(g, DTensor) and isinstance(p, DTensor):
             with torch.no_grad():  # (an embedding's gradient may come Replicate: its shard, no communication)
                 if tuple(g.placements) != tuple(p.placements):
                     p.grad = g = g.redistribute(p.device_mesh, p.placements)

@@ -67,6 +67,8 @@ VOCAB = [  # the token embedding on the first stage, the LM head on the last: ea
     {"id": "pp2_tp2_tied", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
     # V-shaped: rank 0 holds stages 0 and 3, both ends of the tied table
     {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
+    # a split backward with the head on the last rank (plan("best")'s Llama on 2x8xH100)
+    {"id": "zbh1_tp2_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4},
 ]
 
 
@@ -83,3 +85,14 @@ def test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model(tmp_
         held = {n for p in parts[:2] for n in p["vocab"]} if c.get("v", 1) == 1 else set(ends)
         assert ends[0] in held, c
         assert all(p["tied_one"] for p in parts), c  # a rank with both ends of a tied table: one parameter
+
+
+def test_sequence_parallelism_with_replicas_equals_the_unsplit_model(tmp_path: Path) -> None:
+    # one stage, TP2 + sequence parallelism, 2 DDP replicas (plan("best")'s Llama on 4xV100-pcie and
+    # 8xH100-nvlink), the table and head split by vocabulary in it
+    cases = [{"id": "tp2_sp_ddp2_llama", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe",
+              "sequence_parallel": True}]
+    pw.launch_cases(CHILD, tmp_path, 4, cases, timeout=600)
+    _check(tmp_path, 4, cases)
+    parts = [torch.load(tmp_path / f"tp2_sp_ddp2_llama-rank{r}.pt") for r in range(4)]
+    assert all(sorted(p["vocab"]) == ["output.weight", "tok_embeddings.weight"] for p in parts)
