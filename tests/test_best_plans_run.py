@@ -91,6 +91,8 @@ RUNS: dict[tuple[str, bool, bool, bool, bool, str, bool], str] = {
     **{(s, True, False, True, False, "ddp", True): _R + "test_rewrite_compose.py::"
                                                         "test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model"
        for s in ("1f1b", "zb-h1", "zbv")},
+    ("zb-h1", True, False, True, True, "ddp", True): _R + "test_rewrite_compose.py::"
+                                                      "test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model",
 }
 """Composition -> a torchrun test (``path::function``) that runs it through the runtime; a pipeline
 of one rank with virtual stages counts as a pipeline (its schedule, ``pipeline ranks > 1`` False)."""

@@ -273,11 +273,13 @@ def sp_runtime_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int,
         path = graph.module_paths[u] if graph.module_paths else ""
         eids = graph.succ_eid[graph.succ_ptr[u]:graph.succ_ptr[u + 1]]
         users = graph.edges[eids, 1].tolist()
-        # a size-only read (a 0-byte edge) gathers nothing: the runtime reads the share's size
-        exits = [v for v, x in zip(users, graph.edge_bytes[eids].tolist())
-                 if not (mask[v] and (region[v] or v in columns)) and x != 0]
+        # a size-only read (a 0-byte edge) gathers nothing: the runtime reads the share's size; a value
+        # leaving the stage is gathered once, before its send, however many ops of later stages read it
+        read = [(v, x) for v, x in zip(users, graph.edge_bytes[eids].tolist()) if x != 0]
+        exits = [v for v, _ in read if mask[v] and not (region[v] or v in columns)]
+        leaves = any(not mask[v] for v, _ in read)
         out += [Collective("forward", "all_gather", float(graph.out_bytes[u]) / microbatches * value_scale, path, u)] * (
-            len(exits) + (not users))
+            len(exits) + leaves + (not users))
     return out
 
 

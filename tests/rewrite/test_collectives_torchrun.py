@@ -62,6 +62,8 @@ VOCAB = [  # the vocabulary split across stages: the embedding's all-reduce on t
     {"id": "pp2_tp2_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
     {"id": "pp2_tp2_tied", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
     {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
+    {"id": "zbh1_tp2_sp_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
+     "sequence_parallel": True},
 ]
 
 RUNTIME_ONLY = {

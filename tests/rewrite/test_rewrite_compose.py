@@ -69,6 +69,9 @@ VOCAB = [  # the token embedding on the first stage, the LM head on the last: ea
     {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
     # a split backward with the head on the last rank (plan("best")'s Llama on 2x8xH100)
     {"id": "zbh1_tp2_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4},
+    # with sequence parallelism (plan("best")'s Llama on 2x8xH100-ib)
+    {"id": "zbh1_tp2_sp_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
+     "sequence_parallel": True},
 ]
 
 
