@@ -36,7 +36,7 @@ micro-batch count. A switch into a replicated plan first copies every tensor to 
 same point-to-point moves, before the new runner is built, because DDP's constructor broadcasts
 rank 0's copy of every parameter, which for another stage's parameters would be stale).
 
-**Plans with stage options** (FSDP: one stage sharded over every rank; recompute) run on a private
+**Plans with stage options** (FSDP: one stage sharded over every rank; recompute, on any stage) run on a private
 copy of the model (``fully_shard`` and checkpoint wrappers change the modules they are applied to,
 and FSDP replaces the parameters with DTensor shards), built by the runtime's one composition
 (:func:`autoplace.rewrite.compose.build_runner`). A switch into or out of such a plan goes through
@@ -65,6 +65,7 @@ from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
 from .kinds import KindPolicy, has_options, kind_label, kind_of, kind_placement
+from ..parallel import StageOptions
 from ..pipeline_rules import SCHEDULES as RUNS
 from .search import TuningSearch, candidate_key
 from .state import stays_on_cpu
@@ -174,10 +175,11 @@ class OnlinePipeline(PipelineRunner):
             raise OnlineError(f"online pipeline tuning switches plans without precision, tensor parallelism, HSDP or "
                               f"virtual stages; this plan has them ({plan.describe()}): pass a pipeline, DDP or FSDP "
                               "plan (recompute allowed)")
-        if has_options(plan) and plan.num_stages != 1:
-            raise OnlineError(f"online pipeline tuning runs stage options (sharding, recompute) on one stage "
-                              f"replicated on every rank; this plan has {plan.num_stages} stages with them "
-                              f"({plan.describe()}): pass a one-stage plan for FSDP or recompute")
+        opts = StageOptions.of(plan)
+        if plan.num_stages != 1 and any(opts.sharded(s) for s in range(opts.num_stages)):
+            raise OnlineError(f"online pipeline tuning runs FSDP on one stage replicated on every rank; this plan "
+                              f"shards {plan.num_stages} stages ({plan.describe()}): pass a one-stage FSDP plan "
+                              "(recompute is fine on any stage)")
         if plan.num_stages > 1 and plan.schedule not in RUNS:
             raise OnlineError(f"online pipeline tuning switches between the schedules {RUNS}; this plan's is "
                               f"{plan.schedule!r}: pass one of those")

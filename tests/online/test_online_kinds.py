@@ -90,8 +90,6 @@ def test_switches_into_and_out_of_fsdp_and_recompute_lose_no_step_and_change_no_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="OnlinePipeline._check_plan (autoplace/online/pipeline.py) refuses stage options "
-                   "on a plan of several stages, which the runtime runs; remove that refusal, then this mark")
 def test_switches_into_and_out_of_recomputing_pipeline_stages_lose_no_step_and_change_no_parameter(
         tmp_path: Path) -> None:
     res = _launch(tmp_path, {"tune": False, "recompute": True, "pipeline_recompute": True, "steps": 17,
