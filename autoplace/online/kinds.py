@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
            "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s",
-           "recomputes_ops", "dropped_host_s"]
+           "recomputes_ops"]
 
 
 class KindPlan(NamedTuple):
@@ -97,37 +97,16 @@ def kind_evaluate(sim: "Simulator", cand: Any) -> "Evaluation":
     """The simulator's evaluation of a candidate, its stage options included; on a host cost model,
     plus the measured wall terms the simulator does not charge: a sharded stage's FSDP residual
     (``fsdp_s``: :func:`autoplace.online.host_probe_fsdp.fsdp_step_overhead_s`), a replicated
-    stage's BatchNorm sync calls (:func:`bn_sync_wall_s`) and, for a plan of DDP stages with
-    options (recompute), the host terms it charges their plain twin (:func:`dropped_host_s`)."""
+    stage's BatchNorm sync calls (:func:`bn_sync_wall_s`). (A plan of DDP stages with options,
+    recompute, gets the host model's per-stage terms from the simulator, as its plain twin does.)"""
     extra = bn_sync_wall_s(sim, cand)
     if isinstance(cand, KindPlan) and cand.options is not None:
         ev = sim.evaluate_pipeline(cand.stage_of_node, cand.stage_devices, int(cand.microbatches),
                                    schedule=str(cand.schedule), options=cand.options)
-        extra += fsdp_step_overhead_s(getattr(sim.cost, "fsdp_s", {}), sim.graph, cand) + dropped_host_s(sim, cand)
+        extra += fsdp_step_overhead_s(getattr(sim.cost, "fsdp_s", {}), sim.graph, cand)
     else:
         ev = evaluate_candidate(sim, PipelinePlan(*cand[:4]) if isinstance(cand, KindPlan) else cand)
     return ev._replace(step_time_s=ev.step_time_s + extra) if extra else ev
-
-
-def dropped_host_s(sim: "Simulator", cand: KindPlan) -> float:
-    """Seconds of a host cost model's per-stage terms (``HostCostModel.stage_overhead_s``: DDP's
-    per gradient tensor and byte, its buffer broadcast, the pipeline runtime's per action and
-    step, the runtime's BatchNorm) that the simulator charges a plan of default options but drops
-    once a stage has options (:mod:`autoplace.sim.multistage` applies them to default options
-    only), for a plan whose stages are all DDP (recompute: it runs the same DDP and the same
-    runtime; a sharded stage's are FSDP's residual, :func:`fsdp_step_overhead_s`). Added as each
-    stage's ``m`` forward and backward actions' terms and its step term, the slowest stage's: exact
-    for one stage; a pipeline's terms would move its schedule (and its messages' terms are not
-    counted). 0 on a cost model without them. Without them a DDP plan with recompute can be priced
-    below the same plan without it."""
-    terms = getattr(sim.cost, "stage_overhead_s", None)
-    opts = cand.options
-    if terms is None or opts is None or any(opts.sharded(s) for s in range(opts.num_stages)):
-        return 0.0
-    m = int(cand.microbatches)
-    reps = np.array([len(d) for d in cand.stage_devices])
-    fo, bo, uo = terms(sim.graph, np.asarray(cand.stage_of_node), reps, m, str(cand.schedule))
-    return float(np.max(m * (np.asarray(fo) + np.asarray(bo)) + np.asarray(uo)))
 
 
 def bn_sync_wall_s(sim: "Simulator", cand: Any) -> float:

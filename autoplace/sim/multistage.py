@@ -224,7 +224,10 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     default = options is None or options.is_default
     bnd = boundary_bytes(st, *stage_edges(sim.graph, sim.cost.value_scale), k)
     host = None
-    if default and t_deg == 1 and v == 1 and not o.split and hasattr(sim.cost, "stage_overhead_s"):
+    # a host cost model's per-stage terms (DDP's, the pipeline runtime's, its BatchNorm): with default options and
+    # with DDP stages that have options (recompute, bf16: the same DDP and runtime); a sharded stage's are FSDP's
+    ddp_only = options is None or not any(options.sharded(s) for s in range(options.num_stages))
+    if ddp_only and t_deg == 1 and v == 1 and not o.split and hasattr(sim.cost, "stage_overhead_s"):
         host = sim.cost.stage_overhead_s(sim.graph, st, reps, m, schedule)  # type: ignore[attr-defined]
     cost = stage_costs(sim, st, groups, rank_of, o.order, m, t_deg, o.split, bnd, options=options,
                        sequence_parallel=sequence_parallel, host=host)

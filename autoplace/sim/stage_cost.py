@@ -373,7 +373,8 @@ def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Seq
 
 def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
                   order: tuple[tuple["Action", ...], ...], m: int, split: bool, options: StageOptions,
-                  bnd: np.ndarray, tp: int, sequence_parallel: bool) -> StageCosts:
+                  bnd: np.ndarray, tp: int, sequence_parallel: bool,
+                  host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StageCosts:
     k = rank_of.shape[0]
     opts = options_of_stages(options, rank_of)
     stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m, tp=tp,
@@ -384,9 +385,11 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
     weight_last = last_backward_is_weight(order, k, m) if split else np.zeros(k, dtype=bool)
     for s, x in enumerate(stages):
         f[s], b[s] = action_seconds(x, m)
+        if host is not None:  # the runtime's own per action and per step (as _plain_costs adds them)
+            f[s], b[s] = f[s] + float(host[0][s]), b[s] + float(host[1][s])
         if split:  # W: the weight-gradient share of the op backward times; I keeps gathers and recompute
             w[s] = min(float((x.b_op * weight_fraction(x.p_op)).sum()), float(b[s]))
-        u[s] = x.update / (x.k if x.sharded else 1)
+        u[s] = x.update / (x.k if x.sharded else 1) + (float(host[2][s]) if host is not None else 0.0)
         last = float(w[s] if weight_last[s] else b[s])
         if x.sharded:  # REDUCE_GRAD after the last backward: every unit's reduce-scatter (+ HSDP's all-reduce)
             rs, xr = x.reduce_all()
@@ -424,11 +427,12 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     schedule), stage k on rank ``rank_of[k]``; ``bnd``: the full-batch bytes crossing each
     boundary (:func:`~.stages.boundary_bytes`); ``options``: the plan's per-rank stage options;
     ``host``: seconds the runtime adds per stage to each forward, each backward and the update
-    (:meth:`autoplace.cost.host.HostCostModel.stage_overhead_s`; default options only)."""
+    (:meth:`autoplace.cost.host.HostCostModel.stage_overhead_s`; :mod:`.multistage` gives them for
+    DDP stages, with or without options)."""
     m = int(microbatches)
     if options is not None and not options.is_default:
         return _with_options(sim, st, groups, rank_of, order, m, split, options, bnd, max(int(tp), 1),
-                             sequence_parallel)
+                             sequence_parallel, host)
     k = rank_of.shape[0]
     t_deg = max(int(tp), 1)
     lay = layout(sim, groups, rank_of, t_deg)
