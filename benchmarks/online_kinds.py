@@ -18,7 +18,9 @@ Per model (the 4 of benchmarks/fidelity_cpu.py at its sizes, and zoo models outs
    GPipe/1F1B with 2 and 4 micro-batches at the planner's cut, +-10% of the work around it, an even
    and a 30% split (fidelity_cpu's two cuts); then DDP and FSDP recomputing every unit (activation
    checkpointing, ``RECOMPUTE``), and with ``--pipeline-recompute`` the pipelines at the planner's cut
-   recomputing every stage's units (OnlinePipeline refuses those today: off by default). The starting plan is the pick when the runtime's
+   recomputing every stage's units (off by default); when the pick
+   came from a learned pipeline planner (``--planner pipeline-rl``), its policy's proposals
+   (autoplace.online.kinds.planner_proposals; labelled with their source). The starting plan is the pick when the runtime's
    switch can run it (pipelines, DDP, FSDP and recompute on one stage); else the nearest plan it
    runs, said per model.
 3. In two gloo processes (torch.multiprocessing spawn, one thread each, each in its own session
@@ -74,7 +76,7 @@ from autoplace import OpGraph, Placement  # noqa: E402
 from autoplace.cost.host import host_cluster  # noqa: E402
 from autoplace.online import OnlineConfig  # noqa: E402
 from autoplace.online.kinds import (kind_candidates, kind_evaluate, kind_label, kind_of,  # noqa: E402
-                                    pipeline_cut_share, split_at_share)
+                                    pipeline_cut_share, planner_proposals, split_at_share)
 from autoplace.online.search import candidate_key  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 from autoplace.sim import Simulator  # noqa: E402
@@ -127,7 +129,7 @@ def _switchable(p: Placement) -> str:
 
 
 def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile_repeats: int,
-            all_starts: bool, pipeline_recompute: bool = False) -> dict[str, Any]:
+            all_starts: bool, pipeline_recompute: bool = False, planner: str = "best") -> dict[str, Any]:
     """Profile, plan, candidates and starts of one model (see the module doc)."""
     from autoplace.distributed import runnable_pipeline_plan
     from autoplace.planners import plan as make_plan
@@ -139,11 +141,12 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
                            small_batch=max(wl.batch_size // 4, 1))
     prof_s = time.perf_counter() - t0
     cost, cl = kinds_cost(probe), cluster_of(probe)
-    pick = runnable_pipeline_plan(graph, cl, 2, cost=cost)  # the simulator alone (it does not read fsdp_s)
+    pick = runnable_pipeline_plan(graph, cl, 2, cost=cost, planner=planner)  # the simulator alone (no fsdp_s)
     pipe_pick = make_plan(graph, cl, mode="pipeline", cost=cost, accept=_plain_two_stage)
     centre = pipeline_cut_share(graph, pipe_pick.stage_of_node)
+    proposals, proposals_note = planner_proposals(graph, cl, pick, cost=cost)  # none unless a learned planner's pick
     cands = kind_candidates(graph, cl, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES, recompute=RECOMPUTE,
-                            pipeline_recompute=RECOMPUTE if pipeline_recompute else ())
+                            pipeline_recompute=RECOMPUTE if pipeline_recompute else (), proposals=proposals)
     keys = [candidate_key(kind_of(c)) for c in cands]
     if _switchable(pick) == "":
         base = pick
@@ -182,7 +185,9 @@ def prepare(name: str, config: dict[str, Any], probe: dict[str, Any], *, profile
             "starts": starts,
             "pick": pick.describe(), "pick_predicted_s": float(autoplace.simulate(graph, pick, cl, cost=cost,
                                                                                  timeline=False).step_time_s),
-            "pipeline_pick": pipe_pick.describe(), "centre_share": centre, "start_note": note}
+            "pipeline_pick": pipe_pick.describe(), "centre_share": centre, "start_note": note,
+            "proposals_note": proposals_note,
+            "proposed": [i for i, c in enumerate(cands) if kind_of(c).source]}
 
 
 def kinds_cost(probe: dict[str, Any]) -> Any:
@@ -369,8 +374,9 @@ def main() -> None:
                     help="FSDP's host residual (autoplace.online.host_probe_fsdp): the one stored in "
                          "benchmarks/results/online_kinds_fsdp_probe.json (probed when missing), probed again, or off")
     ap.add_argument("--pipeline-recompute", action="store_true",
-                    help="also the pipelines at the planner's cut recomputing every stage's units (OnlinePipeline "
-                         "switches into stage options on one stage only today: this fails until it runs them)")
+                    help="also the pipelines at the planner's cut recomputing every stage's units")
+    ap.add_argument("--planner", default="best", help="the planner of the starting pick (runnable_pipeline_plan's): "
+                    "'pipeline-rl' makes its policy's proposals candidates too (kind_candidates' proposals)")
     ap.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
     ap.add_argument("--append", action="store_true", help="keep the models already in <out>/online_kinds.json "
                     "and measure the others")
@@ -399,7 +405,8 @@ def main() -> None:
                            + (f" --confirm {a.confirm}" if a.confirm != 6 else "")
                            + (f" --confirm-top {a.confirm_top}" if a.confirm_top != 3 else "")
                            + (f" --fsdp-probe {a.fsdp_probe}" if a.fsdp_probe != "stored" else "")
-                           + (" --pipeline-recompute" if a.pipeline_recompute else ""),
+                           + (" --pipeline-recompute" if a.pipeline_recompute else "")
+                           + (f" --planner {a.planner}" if a.planner != "best" else ""),
                            "fsdp_probe": fsdp,
                            "args": args, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                      "torch": torch.__version__},
@@ -412,9 +419,9 @@ def main() -> None:
         config = FIDELITY.get(name) or OUTSIDE[name]
         t = time.perf_counter()
         m = prepare(name, config, probe, profile_repeats=3 if a.quick else 5, all_starts=a.starts == "all",
-                    pipeline_recompute=a.pipeline_recompute)
-        say(f"{name}: {len(m['candidates'])} candidates, pick {m['pick']}; start {m['start_note']}; "
-            f"{len(m['starts'])} start(s)")
+                    pipeline_recompute=a.pipeline_recompute, planner=a.planner)
+        say(f"{name}: {len(m['candidates'])} candidates ({len(m['proposed'])} proposed: {m['proposals_note']}), "
+            f"pick {m['pick']}; start {m['start_note']}; {len(m['starts'])} start(s)")
         try:
             got = run_model(m, probe, args)
         except Exception as e:  # a crashed worker (say which) does not stop the other models

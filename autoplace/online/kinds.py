@@ -16,7 +16,12 @@ builds a small set of them from a planner's pick, the way a user would explore b
   ``pipeline_recompute`` one of every pipeline at the planner's cut (every stage recomputing;
   :class:`~autoplace.online.pipeline.OnlinePipeline` switches into stage options on one stage
   only, so leave it empty there). A value that checkpoints no unit of the graph
-  (:func:`recomputes_ops`) gives no variant: it would run as its plain plan does.
+  (:func:`recomputes_ops`) gives no variant: it would run as its plain plan does;
+- ``proposals``: when the plan came from a learned pipeline planner (pipeline-rl), the plans its
+  policy proposes for the same graph and cluster (:func:`planner_proposals`: greedy decode and a
+  few samples, bounded in count and time, only kinds the online runtime runs), after the rest,
+  labelled with where they came from (``1f1b M8 19/6 (pipeline-rl sample)``). They are priced,
+  screened and measured as every other candidate is. Heuristics' plans get none.
 
 A candidate is a :class:`KindPlan`: the planners' pipeline candidate
 (:class:`~autoplace.planners.candidate.PipelinePlan`) with the stages' options (sharding,
@@ -52,12 +57,13 @@ from ..planners.learned.ppo import PolicySample
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
+    from ..cost.analytic import CostModel
     from ..graph.ir import OpGraph
     from ..sim import Evaluation, Simulator
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
            "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s",
-           "recomputes_ops"]
+           "recomputes_ops", "planner_proposals", "proposed_by", "online_problems", "PROPOSERS"]
 
 
 class KindPlan(NamedTuple):
@@ -71,6 +77,9 @@ class KindPlan(NamedTuple):
     schedule: str
     options: StageOptions | None = None
     """the stages' shard, recompute, precision (None: the defaults, plain DDP in fp32)."""
+    source: str = ""
+    """who proposed it when not the enumeration: ``"pipeline-rl greedy"`` or ``"pipeline-rl sample"``
+    (:func:`planner_proposals`); not part of its key, shown by :func:`kind_label`."""
 
 
 def has_options(p: Placement) -> bool:
@@ -81,7 +90,7 @@ def has_options(p: Placement) -> bool:
 def kind_of(p: Placement) -> KindPlan:
     """The :class:`KindPlan` of a pipeline-mode placement."""
     st, sd, m, sched = candidate_of(p)
-    return KindPlan(st, sd, m, sched, StageOptions.of(p) if has_options(p) else None)
+    return KindPlan(st, sd, m, sched, StageOptions.of(p) if has_options(p) else None, proposed_by(p))
 
 
 def kind_key(cand: Any) -> bytes:
@@ -157,6 +166,8 @@ def kind_placement(graph: "OpGraph", cluster: "Cluster", cand: Any, *, planner: 
     if opts is not None:
         kw = dict(shard=opts.shard, recompute=opts.recompute, precision=opts.precision,
                   reshard_after_forward=opts.reshard_after_forward)
+    if isinstance(cand, KindPlan) and cand.source:
+        kw["meta"] = {"source": cand.source}
     return Placement.pipeline(graph, cluster, st, sd, microbatches=int(m), schedule=sched, planner=planner, **kw)
 
 
@@ -195,11 +206,12 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
                     schedules: Sequence[str] = ("gpipe", "1f1b"), microbatches: Sequence[int] = (2, 4),
                     ddp_microbatches: Sequence[int] = (1,), fsdp_microbatches: Sequence[int] = (),
                     recompute: Sequence[Recompute] = (), pipeline_recompute: Sequence[Recompute] = (),
-                    planner: str = "online-kinds") -> list[Placement]:
+                    proposals: Sequence[Placement] = (), planner: str = "online-kinds") -> list[Placement]:
     """DDP, FSDP and 2-stage pipelines over ``cluster``'s first two devices (see the module doc);
     the DDP plans first, then FSDP, then the pipelines by cut, schedule and micro-batches, then the
     recompute variants (of DDP and FSDP by ``recompute``, of the pipelines at ``centre_share``'s cut
-    by ``pipeline_recompute``); no duplicates."""
+    by ``pipeline_recompute``), then ``proposals`` (:func:`planner_proposals`: a learned planner's
+    own plans, kept as given); no duplicates (a proposal equal to an enumerated plan is dropped)."""
     if cluster.num_devices != 2:
         raise ValueError(f"kind_candidates builds plans for 2 processes; the cluster has {cluster.num_devices} "
                          "devices: pass a 2-device cluster")
@@ -241,6 +253,121 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
                 for m in microbatches:
                     add(Placement.pipeline(graph, cluster, centre, [0, 1], microbatches=int(m), schedule=sched,
                                            recompute=rc, planner=planner))
+    for p in proposals:
+        add(p)
+    return out
+
+
+PROPOSERS = ("pipeline-rl",)
+"""The learned planners whose policy proposes online candidates (:func:`planner_proposals`)."""
+_MODEL_PARALLEL = ("mars", "eagle", "reinforce")
+
+
+def proposed_by(p: Placement) -> str:
+    """Who proposed ``p`` when a learned planner's policy did (:func:`planner_proposals`: its
+    ``meta["source"]``, e.g. ``"pipeline-rl sample"``); "" otherwise."""
+    src = p.meta.get("source")
+    if isinstance(src, str) and any(src in (f"{n} greedy", f"{n} sample") for n in PROPOSERS):
+        return src
+    return ""
+
+
+def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None,
+                      samples: int = 8, time_cap_s: float = 5.0, seed: int = 0) -> tuple[list[Placement], str]:
+    """The plans the learned planner that made ``plan`` proposes for ``graph`` on ``cluster``, in
+    the kinds the online runtime runs, and a note saying what was proposed or why nothing was.
+
+    ``pipeline-rl``: its policy network as the planner loads it before fine-tuning on a graph (the
+    weights of :class:`~autoplace.planners.learned.pipeline.planner.PipelineRLConfig`'s defaults, the
+    shipped pretrained network; the planner's step 2), built for this graph, cluster and ``cost``:
+    its greedy decode, then ``samples`` samples (its exploration floor included, seeded by
+    ``seed``), the samples skipped once ``time_cap_s`` has passed. The planner's network fine-tuned
+    on this graph is not among them: the planner keeps no copy of it (no ``tuned_weights``, which
+    Mars and EAGLE write) and its meta none of the plans it evaluated. Each plan is laid out as the
+    runtime runs it (stage ``s`` on ranks ``s*R .. s*R+R-1``, ``R`` replicas; one stage with the
+    enumeration's schedule, which its data-parallel loop does not read), kept when the online
+    runtime runs it (:func:`online_problems`), once, with ``meta["source"]`` naming it
+    (:func:`proposed_by`).
+
+    Mars, EAGLE (and reinforce) propose nothing here: they place ops on the devices of one process
+    (model parallel), a device per op, which says nothing of the pipelines, DDP and FSDP over
+    processes the online runtime switches between (a 2-device placement is a pipeline only when no
+    edge runs from the second device back to the first); model-parallel online tuning samples their
+    own networks instead (:func:`autoplace.online.policy.model_policy`). A heuristic's plan gets no
+    proposals, and nothing learned is loaded for it."""
+    if plan.planner in _MODEL_PARALLEL:
+        return [], (f"{plan.planner} places ops on devices of one process (model parallel): its policy proposes no "
+                    "pipeline, DDP or FSDP plan over processes")
+    if plan.planner not in PROPOSERS:
+        return [], f"the plan came from {plan.planner or 'no planner'!r}, not a learned pipeline planner"
+    import time
+
+    from ..planners.learned.pipeline.planner import PipelineRLConfig
+    from ..planners.learned.pipeline.weights import make_policy, weights_hidden
+
+    clock = time.perf_counter()
+    cfg = PipelineRLConfig()
+    if cfg.weights is None:
+        return [], "pipeline-rl has no pretrained weights to propose with (autoplace/weights/pipeline_rl.pt)"
+    pol = make_policy(graph, cluster, cost, hidden=weights_hidden(cfg.weights), max_stages=cfg.max_stages,
+                      explore=cfg.explore, seed=seed, weights=cfg.weights)
+    pol.eval()
+    gen = torch.Generator().manual_seed(int(seed))
+    drawn: list[tuple[str, Any]] = []
+    with torch.no_grad():
+        drawn += [("greedy", c) for c in pol.decode(pol.sample(1, gen, greedy=True).actions)]
+        if samples > 0 and time.perf_counter() - clock < time_cap_s:
+            drawn += [("sample", c) for c in pol.decode(pol.sample(int(samples), gen).actions)]
+    out: list[Placement] = []
+    seen: set[bytes] = set()
+    refused = 0
+    for how, c in drawn:
+        reps, stages = len(c.stage_devices[0]), len(c.stage_devices)
+        layout = [list(range(s * reps, (s + 1) * reps)) for s in range(stages)]
+        try:  # one stage runs the data-parallel loop, whatever the schedule: keyed as the enumeration's DDP
+            p = Placement.pipeline(graph, cluster, c.stage_of_node, layout, microbatches=int(c.microbatches),
+                                   schedule=c.schedule if stages > 1 else "1f1b", planner=plan.planner,
+                                   meta={"source": f"{plan.planner} {how}"})
+        except ValueError:
+            refused += 1
+            continue
+        key = kind_key(kind_of(p))
+        if key in seen:
+            continue
+        if online_problems(p, graph, cluster):
+            refused += 1
+            continue
+        seen.add(key)
+        out.append(p)
+    took = time.perf_counter() - clock
+    return out, (f"{plan.planner}'s pretrained policy: {len(drawn)} plans drawn (greedy + {len(drawn) - 1} samples) "
+                 f"in {took:.1f} s, {len(out)} distinct that the online runtime runs, {refused} it does not")
+
+
+def online_problems(p: Placement, graph: "OpGraph", cluster: "Cluster") -> list[str]:
+    """Why the online runtime cannot switch to ``p`` on ``cluster.num_devices`` processes (empty: it
+    can): the plan's own problems, the runtime's (:func:`autoplace.capability.runtime_problems`), and
+    the rules of :meth:`~autoplace.online.pipeline.OnlinePipeline._check_plan` (stages x replicas =
+    processes; no precision, tensor parallelism, HSDP or virtual stages; FSDP on one stage only; on
+    several stages a schedule it switches between)."""
+    from ..capability import runtime_problems
+    from ..pipeline_rules import SCHEDULES
+
+    world = cluster.num_devices
+    out = list(p.problems(graph, cluster)) + runtime_problems(p, graph, world)
+    if p.mode != "pipeline" or not p.stage_devices:
+        return out + ["a model-parallel plan (the online runtime switches pipeline, DDP and FSDP plans)"]
+    reps = [len(s) for s in p.stage_devices]
+    if len(set(reps)) != 1 or p.num_stages * reps[0] != world:
+        out.append(f"{p.num_stages} stage(s) on {reps} device(s): the online runtime runs stages x replicas = "
+                   f"{world} processes, every stage replicated alike")
+    opts = StageOptions.of(p)
+    if p.precision or p.tp != 1 or p.virtual_stages != 1 or "hsdp" in opts.shard:
+        out.append("precision, tensor parallelism, HSDP or virtual stages (the online runtime switches none)")
+    if p.num_stages > 1 and any(opts.sharded(s) for s in range(opts.num_stages)):
+        out.append("FSDP on several stages (the online runtime shards one stage replicated on every rank)")
+    if p.num_stages > 1 and p.schedule not in SCHEDULES:
+        out.append(f"schedule {p.schedule!r} (the online runtime switches between {SCHEDULES})")
     return out
 
 
@@ -256,6 +383,8 @@ def kind_label(cand: Any) -> str:
         bits += ["reshard"] if any(opts.sharded(s) and opts.reshard_after_forward[s] for s in range(len(sd))) else []
         bits += sorted({_recompute_label(r) for r in opts.recompute if r})
         bits += sorted({p for p in opts.precision if p != "fp32"})
+    if isinstance(cand, KindPlan) and cand.source:
+        bits.append(f"({cand.source})")
     extra = "".join(" " + b for b in bits)
     if len(sd) == 1:
         kind = "fsdp" if opts is not None and opts.sharded(0) else "ddp"

@@ -1,6 +1,7 @@
 """torchrun child of test_online_kinds.py: a 2-rank OnlinePipeline that switches plan kind (DDP <->
 GPipe/1F1B pipelines, micro-batches, cuts; FSDP with ``"fsdp": true``; DDP and FSDP recomputing every
-unit with ``"recompute": true``, pipelines at the centre cut with ``"pipeline_recompute": true``) mid-training, beside the unsplit model trained on the same full batches
+unit with ``"recompute": true``, pipelines at the centre cut with ``"pipeline_recompute": true``; tuning over
+pipeline-rl's proposals with ``"proposals": true``) mid-training, beside the unsplit model trained on the same full batches
 in-process (the untuned run). Per step it also counts the tensors autograd saved for the backward
 outside checkpointed regions (an outer ``saved_tensors_hooks``: a recomputed unit saves its
 activations under the checkpoint's own hooks, so a plan that really recomputes saves fewer here).
@@ -75,7 +76,20 @@ def main(out: Path, case: dict[str, Any]) -> None:
     traced = trace_module(model, (x0,))
     cfg = None
     pool = None
-    if case["tune"]:
+    if case.get("proposals"):  # the start as pipeline-rl's: its policy's plans that the enumeration lacks, tuned over
+        import dataclasses
+
+        from autoplace.online.kinds import kind_key, planner_proposals
+
+        props, _ = planner_proposals(traced_graph, cluster, dataclasses.replace(start, planner="pipeline-rl"))
+        enumerated = {kind_key(kind_of(c)) for c in cands}
+        new = [p for p in props if kind_key(kind_of(p)) not in enumerated][: case.get("pool", 2)]
+        by_label.update({kind_label(kind_of(p)): p for p in new})
+        result["labels"] = list(by_label)
+        pool = new + [start]
+        cfg = OnlineConfig(trials=len(pool) - 1, steps_per_trial=2, warmup_steps=1, every_n_steps=1, min_gain=0.0,
+                           screen_samples=8, screen_top_k=1, search=case["search"], seed=0)
+    elif case["tune"]:
         with_options = case.get("fsdp") or case.get("recompute")  # those first in the pool
         pool = [c for c in cands if c is not start and (not with_options or has_options(c))][: case.get("pool", 3)]
         pool = [c for c in cands if c is not start and c not in pool][: case.get("pool", 3) - len(pool)] + pool + [start]
