@@ -128,3 +128,34 @@ def test_tuning_over_pipeline_rl_proposals_measures_them_live_and_trains_as_the_
     assert res[0]["phase"] == "done" and all(lab in res[0]["report"] for lab in proposed)
     _equal_to_untuned(res)
 
+
+
+def test_online_problems_agree_with_the_online_switch() -> None:
+    """online_problems (what a proposal must pass) refuses what OnlinePipeline._check_plan refuses."""
+    from autoplace.online.pipeline import OnlinePipeline
+
+    graph, cluster = _graph()
+    n, cut = graph.num_nodes, split_at_share(graph, 0.5)
+    one = np.zeros(n, dtype=np.int64)
+    plans = {
+        "ddp": autoplace.Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=1),
+        "fsdp": autoplace.Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=1, shard="fsdp"),
+        "ddp bf16": autoplace.Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=1, precision="bf16",
+                                                 validate=False),
+        "one device": autoplace.Placement.pipeline(graph, cluster, one, [0], microbatches=1),
+        "gpipe": autoplace.Placement.pipeline(graph, cluster, cut, [0, 1], microbatches=2, schedule="gpipe"),
+        "1f1b recompute": autoplace.Placement.pipeline(graph, cluster, cut, [0, 1], microbatches=2, recompute=True),
+        "2-stage fsdp": autoplace.Placement.pipeline(graph, cluster, cut, [0, 1], microbatches=2, shard="fsdp"),
+        "zb-h1": autoplace.Placement.pipeline(graph, cluster, cut, [0, 1], microbatches=2, schedule="zb-h1"),
+    }
+    runtime = types.SimpleNamespace(world=2, graph=graph, cluster=cluster)
+    verdicts = {}
+    for name, p in plans.items():
+        try:
+            OnlinePipeline._check_plan(runtime, p)  # type: ignore[arg-type]
+            switch_runs = True
+        except ValueError:
+            switch_runs = False
+        verdicts[name] = (switch_runs, online_problems(p, graph, cluster) == [])
+    assert all(a == b for a, b in verdicts.values()), verdicts
+    assert {k for k, (a, _) in verdicts.items() if a} == {"ddp", "fsdp", "gpipe", "1f1b recompute"}, verdicts
