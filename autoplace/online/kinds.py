@@ -42,6 +42,7 @@ simulator alone.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
@@ -300,8 +301,6 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
                     "pipeline, DDP or FSDP plan over processes")
     if plan.planner not in PROPOSERS:
         return [], f"the plan came from {plan.planner or 'no planner'!r}, not a learned pipeline planner"
-    import time
-
     from ..planners.learned.pipeline.planner import PipelineRLConfig
     from ..planners.learned.pipeline.weights import make_policy, weights_hidden
 
