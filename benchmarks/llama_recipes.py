@@ -177,16 +177,13 @@ def markdown(results: list[dict[str, Any]], command: str, started: str, commit: 
            "`best`: "
            "`autoplace.plan(planner='best')` with the default budget, its planning time in brackets. Gain: the "
            "fastest recipe that is simulated and fits over `best`.", "",
-           "The TP recipes are priced as autoplace's runtime runs them, with terms no published measurement "
-           "checks yet (issue 28): the embedding and the LM head are split by vocabulary only when one stage "
-           "holds both and without sequence parallelism; otherwise they run whole on every TP rank (Llama 3 8B's "
-           "128k-vocabulary head is about 5% of its FLOPs, about 30% of a TP-8 rank's); the logits and the "
-           "loss's fp32 terms are whole on every TP rank (torchtitan's loss parallelism keeps 1/t of them; at "
-           "8,192 tokens a sample this alone can make a 2-D recipe OOM here that torchtitan runs); under "
-           "sequence parallelism every column gathers its input (q, k and v each: 5 all-gathers a block where "
-           "torchtitan runs 2); TP collectives are not overlapped and a recomputed block runs its forward ones "
-           "again; DDP replicas of a TP stage reduce after its last backward. A gain of `best` over a TP recipe, "
-           "and a TP recipe's OOM, rest on these terms.", ""]
+           "The TP recipes are priced as autoplace's runtime runs them: the embedding and the LM head split by "
+           "vocabulary on whichever stage holds each, the logits and the loss's fp32 terms a 1/t share (loss "
+           "parallelism), as torchtitan and Megatron-LM run them; with terms no published measurement checks "
+           "yet (issue 28): under sequence parallelism every column gathers its input (q, k and v each: 5 "
+           "all-gathers a block where torchtitan runs 2); TP collectives are not overlapped and a recomputed "
+           "block runs its forward ones again; DDP replicas of a TP stage reduce after its last backward. A gain "
+           "of `best` over a TP recipe rests on these terms.", ""]
     out += ["| model | cluster | fastest recipe that fits | its step | best (pipeline) | gain | best (auto) | gain | "
             "recipes not simulated |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
