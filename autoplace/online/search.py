@@ -28,9 +28,11 @@ A/B judge does over rounds in which every plan runs once, favours the best here:
 blocks, hence more chances of a quiet one.) With no steps of the best between trials, the best
 takes its turn as a trial and the finalists' pooled steps decide.
 
-With ``OnlineConfig.search == "topk"`` (the learning-free control) nothing is learned: one pool
-of ``4 * screen_samples`` policy samples is drawn at the first round, and every trial measures the
-pool's unmeasured candidate that the calibrated simulator ranks fastest at that moment.
+With ``OnlineConfig.search == "topk"`` (the learning-free control) nothing is learned: the pool is
+every candidate of a policy over a finite candidate set (:class:`~autoplace.online.kinds.KindPolicy`;
+drawing from it left each of 26 candidates out about 0.7% of the time), else ``4 * screen_samples``
+policy samples drawn at the first round, and every trial measures the pool's unmeasured candidate
+that the calibrated simulator ranks fastest at that moment.
 
 A candidate is what :class:`autoplace.planners.learned.env.PlacementEnv` scores: a ``device_of_node``
 array (model parallel) or ``(stage_of_node, stage_devices, microbatches, schedule)``, or a
@@ -292,9 +294,14 @@ class TuningSearch:
     def _control_round(self) -> None:
         """The learning-free control: the calibrated simulator's fastest untried pool member."""
         if self._pool is None:
-            s = self._rule.sample(self.policy, 4 * self.config.screen_samples, self._gen)
+            listed = getattr(self.policy, "candidates", None)  # a finite candidate set: every one is ranked
+            if listed is not None:
+                drawn: list[Any] = list(listed)
+            else:  # a policy over cuts: a pool of its samples
+                s = self._rule.sample(self.policy, 4 * self.config.screen_samples, self._gen)
+                drawn = list(self.policy.decode(s.actions))
             seen: dict[bytes, Any] = {}
-            for c in self.policy.decode(s.actions):
+            for c in drawn:
                 if c is not None:
                     seen.setdefault(candidate_key(c), c)
             self._pool = list(seen.values())

@@ -361,3 +361,28 @@ def test_the_control_measures_and_keeps_a_recompute_plan_the_machine_finds_faste
         s.record(c, [5e-3 if kind_label(c) == "ddp recompute" else 10e-3] * 3)
     assert {"ddp recompute", "fsdp recompute"} <= set(tried)
     assert kind_label(s.best) == "ddp recompute" and s.to_placement(s.best).recompute == (True,)
+
+
+def test_the_control_ranks_every_candidate_of_a_finite_set() -> None:
+    """The top-k control ranks the whole candidate list of a KindPolicy, not a pool of draws from
+    it (a draw of 4 x screen_samples left some candidates out, so they were never measured)."""
+    from autoplace.cost.analytic import CostModel
+    from autoplace.online import OnlineConfig
+    from autoplace.online.kinds import kind_of, kind_placement
+    from autoplace.online.search import TuningSearch
+
+    graph, cluster = _graph()
+    cands = [kind_of(c) for c in kind_candidates(graph, cluster, microbatches=(1, 2, 4), fsdp_microbatches=(1, 2),
+                                                 recompute=(True,))]
+    cfg = OnlineConfig(trials=len(cands) - 1, search="topk", screen_samples=2)  # a pool of 8 draws
+    assert len(cands) > 4 * cfg.screen_samples
+    s = TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
+                     policy_note="", config=cfg, to_placement=lambda c: kind_placement(graph, cluster, c),
+                     summarize=kind_label)
+    s.record(cands[0], [10e-3] * 3)
+    tried = []
+    while (c := s.next_candidate()) is not None:
+        tried.append(c)
+        s.record(c, [10e-3] * 3)
+    runnable = [c for c in cands[1:] if np.isfinite(s.predict(c))]
+    assert {kind_label(c) for c in tried} == {kind_label(c) for c in runnable}, (len(tried), len(runnable))
