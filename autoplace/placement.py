@@ -147,8 +147,9 @@ class PlacementMeta(TypedDict, total=False):
     LearnedReport`, key ``REPORT_KEY``) -> LearnedReport.of, benchmarks."""
     source: str
     """where the plan came from: ``"sample"``, ``"refine"``, ``"critical"`` or a seeding heuristic
-    (learned planners, search_pass; pipeline-rl's polish appends ``+sched``/``+opts``) ->
-    search_pass, benchmarks, tests."""
+    (learned planners, search_pass; pipeline-rl's polish appends ``+sched``/``+opts``), or
+    ``"pipeline-rl greedy"``/``"pipeline-rl sample"`` for an online proposal
+    (online/kinds.planner_proposals) -> search_pass, online/kinds.proposed_by, benchmarks, tests."""
     samples: int
     """placements scored (learned planners) -> benchmarks, tests."""
     simulations: int
