@@ -13,7 +13,9 @@ This module imports nothing of autoplace's, so every module can import it.
 
 from __future__ import annotations
 
-__all__ = ["AutoplaceError", "ProfileError", "UnknownPlannerError", "NoFitError"]
+from typing import Sequence
+
+__all__ = ["AutoplaceError", "ProfileError", "UnknownPlannerError", "NoFitError", "PlacementError"]
 
 
 class AutoplaceError(Exception):
@@ -43,3 +45,13 @@ class NoFitError(AutoplaceError, RuntimeError):
     def __init__(self, message: str, *, why: str = "") -> None:
         super().__init__(message)
         self.why = why
+
+
+class PlacementError(AutoplaceError, ValueError):
+    """A placement does not fit its graph or cluster; the message lists every problem."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        head = "placement is invalid" if len(self.problems) != 1 else "placement is invalid:"
+        body = self.problems[0] if len(self.problems) == 1 else "\n  - " + "\n  - ".join(self.problems)
+        super().__init__(f"{head} {body}" if len(self.problems) == 1 else f"{head}:{body}")

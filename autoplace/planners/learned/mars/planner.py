@@ -449,9 +449,8 @@ class MarsPlanner:
         elif cfg.expert:
             left = clock.left_s(1e-3)
             ex = expert_iteration(policy, env, cfg.expert_config, budget_s=left, max_samples=max_samples, seed=seed)
-            meta.update({"best_sample_step_time_s": ex.policy_step_time_s, "updates": ex.rounds,
-                         "history": list(ex.history), "tuned_weights": str(keep_tuned(net)),
-                         "expert": {"first_polish_s": ex.first_polish_s}})
+            meta.update({"best_sample_step_time_s": ex.policy_step_time_s, "updates": ex.rounds, "history": list(
+                ex.history), "tuned_weights": str(keep_tuned(net)), "expert": {"first_polish_s": ex.first_polish_s}})
             train_s, meta["policy_step_time_s"] = ex.wall_s, min(greedy_fit, ex.policy_step_time_s)
         else:
             ppo_config = ppo if ppo is not None else dataclasses.replace(cfg.ppo, seed=seed)
