@@ -138,6 +138,12 @@ def main(out: Path, case: dict[str, Any]) -> None:
                   state_errors=state_errs, resplits=pipe.resplits, phase=phase, report=report,
                   floor_s=pipe.runner.timeouts.floor_s)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # leave together: a rank that exits while its peer still tears down its gloo pairs aborted the
+    # launch once in about five runs ("terminate called without an active exception")
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
