@@ -16,7 +16,7 @@ builds a small set of them from a planner's pick, the way a user would explore b
   ``pipeline_recompute`` one of every pipeline at the planner's cut (every stage recomputing;
   :class:`~autoplace.online.pipeline.OnlinePipeline` switches into stage options on one stage
   only, so leave it empty there). A value that checkpoints no unit of the graph
-  (:func:`recomputes_ops`) gives no variant: it would run as its plain plan does;
+  (:func:`autoplace.sim.stage_ops.recomputed_ops`) gives no variant: it would run as its plain plan does;
 - ``proposals``: when the plan came from a learned pipeline planner (pipeline-rl), the plans its
   policy proposes for the same graph and cluster (:func:`planner_proposals`: greedy decode and a
   few samples, bounded in count and time, only kinds the online runtime runs), after the rest,
@@ -50,11 +50,11 @@ import torch
 from torch import nn
 
 from .host_probe_fsdp import fsdp_step_overhead_s
-from ..graph.units import block_units, stage_units
-from ..parallel import Recompute, StageOptions, recomputed_units
+from ..parallel import Recompute, StageOptions
 from ..placement import Placement
 from ..planners.candidate import PipelinePlan, candidate_key, candidate_of, evaluate_candidate
 from ..planners.learned.ppo import PolicySample
+from ..sim.stage_ops import recomputed_ops
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
            "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s",
-           "recomputes_ops", "planner_proposals", "proposed_by", "online_problems", "PROPOSERS"]
+           "planner_proposals", "proposed_by", "online_problems", "PROPOSERS"]
 
 
 class KindPlan(NamedTuple):
@@ -141,22 +141,10 @@ def bn_sync_wall_s(sim: "Simulator", cand: Any) -> float:
     worst = 0.0
     for s, devs in enumerate(sd):
         if len(devs) > 1:  # a recomputed layer's checkpoint runs its forward's syncs again
-            again = recomputes_ops(sim.graph, st, opts.recompute[s]) if opts is not None else None
+            again = recomputed_ops(sim.graph, st, opts.recompute[s]) if opts is not None else None
             calls, _ = bn_sync_collectives(np.where(st == s, ch, 0.0), m, recomputed=again)
             worst = max(worst, per_call * calls)
     return worst
-
-
-def recomputes_ops(graph: "OpGraph", stage_of_node: np.ndarray, rc: Recompute) -> np.ndarray:
-    """(N,) whether each op is in a unit (:func:`autoplace.graph.units.block_units`, inside its
-    stage: :func:`~autoplace.graph.units.stage_units`) that the recompute value ``rc`` checkpoints
-    (:func:`autoplace.parallel.recomputed_units`), as the runtime's ``shard_stage`` chooses them."""
-    units = block_units(graph)
-    if rc is False or not units.names:
-        return np.zeros(graph.num_nodes, dtype=bool)
-    unit = stage_units(units, np.asarray(stage_of_node))
-    chosen, _ = recomputed_units(rc, list(units.names))
-    return (unit >= 0) & chosen[np.maximum(unit, 0)]
 
 
 def kind_placement(graph: "OpGraph", cluster: "Cluster", cand: Any, *, planner: str = "online") -> Placement:
@@ -240,7 +228,7 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
                                        planner=planner))
     one = np.zeros(n, dtype=np.int64)
     for rc in recompute:
-        if recomputes_ops(graph, one, rc).any():
+        if recomputed_ops(graph, one, rc).any():
             for m in ddp_microbatches:
                 add(Placement.pipeline(graph, cluster, one, [[0, 1]], microbatches=int(m), schedule="1f1b",
                                        recompute=rc, planner=planner))
@@ -249,7 +237,7 @@ def kind_candidates(graph: "OpGraph", cluster: "Cluster", *, centre_share: float
                                        shard="fsdp", reshard_after_forward=False, recompute=rc, planner=planner))
     centre = split_at_share(graph, centre_share)
     for rc in pipeline_recompute:
-        if recomputes_ops(graph, centre, rc).any():
+        if recomputed_ops(graph, centre, rc).any():
             for sched in schedules:
                 for m in microbatches:
                     add(Placement.pipeline(graph, cluster, centre, [0, 1], microbatches=int(m), schedule=sched,

@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 import numpy as np
 
 from ..graph.units import block_units, stage_units
-from ..parallel import SELECTIVE_OP, StageOptions, recomputed_units
+from ..parallel import SELECTIVE_OP, StageOptions
 from ..pipeline_rules import stage_ranks
 from .ddp import bn_sync_collectives, ddp_sync, graph_bn_channels
 from .fsdp_stage import ShardedStage
-from .stage_ops import recompute_skips
+from .stage_ops import recompute_skips, recomputed_ops
 from .multistage import boundary_flows
 from .stages import boundary_bytes, stage_edges, stage_groups
 from .tensor_parallel import (Collective, linear_pairs, sp_runtime_collectives, tp_collectives, tp_share,
@@ -177,7 +177,7 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                 inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
                 if inside:
                     per_mb = per_mb + sp_runtime_collectives(graph, ops, parts, inside, value_scale=vs)
-            again = _recomputed(graph, st, opts.recompute[at(s)]) & ~recompute_skips(graph, unit)
+            again = recomputed_ops(graph, st, opts.recompute[at(s)]) & ~recompute_skips(graph, unit)
             kept = _SAC_KEPT if opts.recompute[at(s)] == SELECTIVE_OP else ()  # saved by op-level checkpointing
             for j in range(d):
                 for dev in tp_group(r, j):
@@ -194,7 +194,7 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                             "ddp.ddp_sync buckets")
         channels = graph_bn_channels(graph)[ops] if d > 1 and cost.batch_norm == "sync" else np.zeros(0)
         if channels.any():  # BatchNorm statistics over the replicas, DDP or sharded (ddp.bn_sync_op_seconds)
-            again = _recomputed(graph, st, opts.recompute[at(s)])[ops]
+            again = recomputed_ops(graph, st, opts.recompute[at(s)])[ops]
             count, nbytes = bn_sync_collectives(channels, m, recomputed=again)
             for i in range(t):
                 for dev in dp_group(r, i):
@@ -222,18 +222,6 @@ _SAC_KEPT = ("reduce_scatter",)
 """Collective kinds whose outputs op-level selective checkpointing saves (``_c10d_functional::
 reduce_scatter_tensor`` is in :data:`~autoplace.graph.memory_facts.SAC_SAVE`), so its recompute
 does not run them again; the all-reduces and all-gathers it runs again."""
-
-
-def _recomputed(graph: "OpGraph", st: np.ndarray, rc: object) -> np.ndarray:
-    """(N,) whether each op is in a unit a stage recomputes (``rc``: the stage's recompute option:
-    True for every unit, ``"selective-op"`` every block, op by op, or the unit names), as
-    :class:`~.fsdp_stage.ShardedStage` reads it (:func:`~autoplace.parallel.recomputed_units`)."""
-    units = block_units(graph)
-    unit = stage_units(units, st)
-    if rc is False or rc is None or not units.names:
-        return np.zeros(graph.num_nodes, dtype=bool)
-    chosen, _ = recomputed_units(rc, list(units.names))  # type: ignore[arg-type]
-    return (unit >= 0) & chosen[np.maximum(unit, 0)]
 
 
 def _ddp_buckets(p_op: np.ndarray) -> int:

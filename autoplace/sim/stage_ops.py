@@ -1,7 +1,8 @@
 """What a sharded stage reads per op beside its own items: the op times at the stage's precision
 (:func:`stage_op_times`: the cost model's, or bf16 by the roofline ratio), which ops save no
-weight copy or nothing at all for backward, and which forward TP collectives a recomputed unit does
-not run again (:func:`recompute_skips`)."""
+weight copy or nothing at all for backward, which ops a recompute option checkpoints
+(:func:`recomputed_ops`) and which forward TP collectives a recomputed unit does not run again
+(:func:`recompute_skips`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..graph.units import block_units, stage_units
+from ..parallel import recomputed_units
+
 if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .simulator import Simulator
 
-__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recompute_skips", "stage_op_times"]
+__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recomputed_ops", "recompute_skips", "stage_op_times"]
 
 
 SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
@@ -22,6 +26,20 @@ SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
 the table's size), so a bf16 copy cast for their forward is not kept for the backward."""
 SAVES_NOTHING = frozenset({"add", "iadd", "sub", "isub"})
 """Op kinds whose backward needs no saved tensor (autograd's AddBackward, SubBackward)."""
+
+
+def recomputed_ops(graph: "OpGraph", stage_of_node: np.ndarray, rc: object) -> np.ndarray:
+    """(N,) whether each op is in a unit (:func:`autoplace.graph.units.block_units`, inside its
+    stage: :func:`~autoplace.graph.units.stage_units`) that the stage's recompute option ``rc``
+    checkpoints (True: every unit, ``"selective-op"``: every block, op by op, or the unit names;
+    :func:`autoplace.parallel.recomputed_units`), as :class:`~.fsdp_stage.ShardedStage` reads it and
+    the runtime's ``shard_stage`` chooses them."""
+    units = block_units(graph)
+    if rc is False or rc is None or not units.names:
+        return np.zeros(graph.num_nodes, dtype=bool)
+    unit = stage_units(units, np.asarray(stage_of_node))
+    chosen, _ = recomputed_units(rc, list(units.names))  # type: ignore[arg-type]
+    return (unit >= 0) & chosen[np.maximum(unit, 0)]
 
 
 def recompute_skips(graph: "OpGraph", unit: np.ndarray) -> np.ndarray:
