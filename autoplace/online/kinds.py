@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = ["kind_candidates", "cut_shares", "split_at_share", "kind_label", "KindPolicy", "pipeline_cut_share",
            "KindPlan", "kind_of", "kind_key", "kind_evaluate", "kind_placement", "has_options", "bn_sync_wall_s",
-           "planner_proposals", "proposed_by", "online_problems", "PROPOSERS"]
+           "planner_proposals", "proposed_by", "online_problems", "online_rules", "PROPOSERS"]
 
 
 class KindPlan(NamedTuple):
@@ -331,31 +331,44 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
                  f"in {took:.1f} s, {len(out)} distinct that the online runtime runs, {refused} it does not")
 
 
+def online_rules(p: Placement, world: int) -> list[str]:
+    """The rules of the online switch (:meth:`~autoplace.online.pipeline.OnlinePipeline._check_plan`
+    raises the first) that ``p`` breaks on ``world`` processes (empty: none): a pipeline plan;
+    stages x replicas = processes, every stage replicated alike; no precision, tensor parallelism,
+    HSDP or virtual stages; FSDP on one stage only; on several stages a schedule it switches between."""
+    from ..pipeline_rules import SCHEDULES
+
+    if p.mode != "pipeline" or p.stage_devices is None or p.stage_of_node is None:
+        return ["OnlinePipeline needs a pipeline plan"]
+    out = []
+    reps = {len(s) for s in p.stage_devices}
+    if len(reps) != 1 or p.num_stages * min(reps) != world:
+        out.append(f"online pipeline tuning runs stages x replicas = {world} ranks, every stage replicated alike; "
+                   f"the plan has {[len(s) for s in p.stage_devices]} device(s) per stage: pass one stage per rank, "
+                   "or one stage replicated on every rank")
+    if p.precision or p.tp != 1 or p.virtual_stages != 1 or "hsdp" in tuple(p.shard or ()):
+        out.append(f"online pipeline tuning switches plans without precision, tensor parallelism, HSDP or virtual "
+                   f"stages; this plan has them ({p.describe()}): pass a pipeline, DDP or FSDP plan (recompute "
+                   "allowed)")
+    opts = StageOptions.of(p)
+    if p.num_stages != 1 and any(opts.sharded(s) for s in range(opts.num_stages)):
+        out.append(f"online pipeline tuning runs FSDP on one stage replicated on every rank; this plan shards "
+                   f"{p.num_stages} stages ({p.describe()}): pass a one-stage FSDP plan (recompute is fine on any "
+                   "stage)")
+    if p.num_stages > 1 and p.schedule not in SCHEDULES:
+        out.append(f"online pipeline tuning switches between the schedules {SCHEDULES}; this plan's is "
+                   f"{p.schedule!r}: pass one of those")
+    return out
+
+
 def online_problems(p: Placement, graph: "OpGraph", cluster: "Cluster") -> list[str]:
     """Why the online runtime cannot switch to ``p`` on ``cluster.num_devices`` processes (empty: it
     can): the plan's own problems, the runtime's (:func:`autoplace.capability.runtime_problems`), and
-    the rules of :meth:`~autoplace.online.pipeline.OnlinePipeline._check_plan` (stages x replicas =
-    processes; no precision, tensor parallelism, HSDP or virtual stages; FSDP on one stage only; on
-    several stages a schedule it switches between)."""
+    the online switch's rules (:func:`online_rules`)."""
     from ..capability import runtime_problems
-    from ..pipeline_rules import SCHEDULES
 
     world = cluster.num_devices
-    out = list(p.problems(graph, cluster)) + runtime_problems(p, graph, world)
-    if p.mode != "pipeline" or not p.stage_devices:
-        return out + ["a model-parallel plan (the online runtime switches pipeline, DDP and FSDP plans)"]
-    reps = [len(s) for s in p.stage_devices]
-    if len(set(reps)) != 1 or p.num_stages * reps[0] != world:
-        out.append(f"{p.num_stages} stage(s) on {reps} device(s): the online runtime runs stages x replicas = "
-                   f"{world} processes, every stage replicated alike")
-    opts = StageOptions.of(p)
-    if p.precision or p.tp != 1 or p.virtual_stages != 1 or "hsdp" in opts.shard:
-        out.append("precision, tensor parallelism, HSDP or virtual stages (the online runtime switches none)")
-    if p.num_stages > 1 and any(opts.sharded(s) for s in range(opts.num_stages)):
-        out.append("FSDP on several stages (the online runtime shards one stage replicated on every rank)")
-    if p.num_stages > 1 and p.schedule not in SCHEDULES:
-        out.append(f"schedule {p.schedule!r} (the online runtime switches between {SCHEDULES})")
-    return out
+    return list(p.problems(graph, cluster)) + runtime_problems(p, graph, world) + online_rules(p, world)
 
 
 def kind_label(cand: Any) -> str:

@@ -64,9 +64,7 @@ from ..cluster import Cluster
 from ..cost.analytic import CostModel
 from .tuner import OnlineConfig, OnlineError, StepTimer
 from .policy import CutPolicy
-from .kinds import KindPolicy, has_options, kind_label, kind_of, kind_placement
-from ..parallel import StageOptions
-from ..pipeline_rules import SCHEDULES as RUNS
+from .kinds import KindPolicy, has_options, kind_label, kind_of, kind_placement, online_rules
 from .search import TuningSearch, candidate_key
 from .state import stays_on_cpu
 from ..placement import Placement
@@ -164,25 +162,9 @@ class OnlinePipeline(PipelineRunner):
     # ---- plans and candidates --------------------------------------------------------------
 
     def _check_plan(self, plan: Placement) -> None:
-        if plan.mode != "pipeline" or plan.stage_devices is None or plan.stage_of_node is None:
-            raise OnlineError("OnlinePipeline needs a pipeline plan")
-        reps = {len(s) for s in plan.stage_devices}
-        if len(reps) != 1 or plan.num_stages * min(reps) != self.world:
-            raise OnlineError(f"online pipeline tuning runs stages x replicas = {self.world} ranks, every stage "
-                              f"replicated alike; the plan has {[len(s) for s in plan.stage_devices]} device(s) per "
-                              "stage: pass one stage per rank, or one stage replicated on every rank")
-        if plan.precision or plan.tp != 1 or plan.virtual_stages != 1 or "hsdp" in tuple(plan.shard or ()):
-            raise OnlineError(f"online pipeline tuning switches plans without precision, tensor parallelism, HSDP or "
-                              f"virtual stages; this plan has them ({plan.describe()}): pass a pipeline, DDP or FSDP "
-                              "plan (recompute allowed)")
-        opts = StageOptions.of(plan)
-        if plan.num_stages != 1 and any(opts.sharded(s) for s in range(opts.num_stages)):
-            raise OnlineError(f"online pipeline tuning runs FSDP on one stage replicated on every rank; this plan "
-                              f"shards {plan.num_stages} stages ({plan.describe()}): pass a one-stage FSDP plan "
-                              "(recompute is fine on any stage)")
-        if plan.num_stages > 1 and plan.schedule not in RUNS:
-            raise OnlineError(f"online pipeline tuning switches between the schedules {RUNS}; this plan's is "
-                              f"{plan.schedule!r}: pass one of those")
+        rules = online_rules(plan, self.world)
+        if rules:
+            raise OnlineError(rules[0])
         problems = plan.problems(self.graph, self.cluster)
         if problems:
             from ..placement import PlacementError
