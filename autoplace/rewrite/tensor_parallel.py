@@ -41,7 +41,7 @@ stage all-reduces its output, the head's stage runs the loss parallel; a weight 
 is a ``Shard(0)`` DTensor on both, TP rank i holding the same rows on each, so the runner sums the
 two stages' gradients shard by shard (:func:`autoplace.rewrite.runner.sum_tied_grads` on the local
 shards), and a rank holding both stages (a V-shaped schedule) keeps it one parameter
-(:func:`retie_stages`). With sequence parallelism the embedding comes before
+(:func:`autoplace.rewrite.stage_setup.retie`). With sequence parallelism the embedding comes before
 any row (its output whole, as the first block's input) and the head reads the last norm's output,
 which the sequence-parallel rewrite gathers whole: both split as without it (torchtitan instead
 reduce-scatters the embedding's output to a sequence shard and all-gathers the head's input in
@@ -291,8 +291,7 @@ def apply_tensor_parallel(module: torch.nn.Module, layout: dict[str, str], mesh:
     if isinstance(module, torch.fx.GraphModule):
         localize_heads(module, layout, t)
     # before sequence parallelism's rewrite adds its gathers
-    pairs = vocab_modules(module, t) if vocab is None else [(e, h) for e, h in vocab
-                                                            if (e in names or h in names) and t > 1]
+    pairs = vocab_modules(module, t) if vocab is None else list(vocab) if t > 1 else []
     embs = [e for e, _ in pairs if e in names]
     heads = [h for _, h in pairs if h in names]
     if sequence_parallel and layout:
@@ -360,7 +359,7 @@ def vocab_parallel_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[..., t
             raise TensorParallelError(
                 "loss_fn cannot run on the LM head's logits split by vocabulary over the TP group (a Shard(-1) "
                 "DTensor: loss parallelism): compute it with F.cross_entropy on them (reshapes, slices, .float() "
-                f"before it are fine), or plan with tp=1 or the head in another stage than the embedding; torch said: "
+                f"before it are fine), or plan with tp=1; torch said: "
                 f"{first}") from e
         if isinstance(got, DTensor):
             # to_local is a view, which a schedule that splits the backward detaches in place: a copy

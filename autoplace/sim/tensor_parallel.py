@@ -156,10 +156,9 @@ def tied_share(graph: "OpGraph", members: Sequence[int], t: int) -> float:
     """The share of a tied parameter (the ops ``members`` of one of ``graph.tied``) each device of a
     TP group of ``t`` holds: 1/t for a table split by vocabulary (an end of a pair of
     :func:`vocab_inside` among them; both ends split it by rows, wherever they are), else 1."""
-    if t <= 1:
-        return 1.0
-    ends = {i for v in vocab_pairs(graph) if v.vocab % t == 0 for i in (v.embedding, v.head)}
-    return 1.0 / t if ends & {int(i) for i in members} else 1.0
+    mask = np.zeros(graph.num_nodes, dtype=bool)
+    mask[np.asarray(members, dtype=np.int64)] = True
+    return 1.0 / t if vocab_inside(graph, mask, t) else 1.0
 
 
 def vocab_ends(vocab: Sequence[VocabPair], mask: np.ndarray) -> tuple[list[int], list[int]]:
