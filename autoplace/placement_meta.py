@@ -143,7 +143,8 @@ class PlacementMeta(TypedDict, total=False):
     train_s: float
     """seconds training took (run.finish) (no reader: benchmarks read ``learned``)."""
     tuned_weights: str
-    """the fine-tuned network's file (eagle, mars) -> online/policy (its starting network)."""
+    """the fine-tuned network's file (eagle, mars, pipeline-rl: learned/pipeline/tuned) -> online/policy
+    (its starting network), online/kinds.planner_proposals (pipeline-rl: the network it samples)."""
     hidden: int
     """the policy's hidden size (eagle, reinforce extras) -> tests."""
     items: int

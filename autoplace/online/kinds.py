@@ -266,14 +266,15 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
     """The plans the learned planner that made ``plan`` proposes for ``graph`` on ``cluster``, in
     the kinds the online runtime runs, and a note saying what was proposed or why nothing was.
 
-    ``pipeline-rl``: its policy network as the planner loads it before fine-tuning on a graph (the
-    weights of :class:`~autoplace.planners.learned.pipeline.planner.PipelineRLConfig`'s defaults, the
-    shipped pretrained network; the planner's step 2), built for this graph, cluster and ``cost``:
+    ``pipeline-rl``: the policy network the planner fine-tuned on this graph when the plan carries
+    it (``meta["tuned_weights"]``, :mod:`autoplace.planners.learned.pipeline.tuned`; at temperature
+    1), else (an older plan, or a file that is gone or does not fit this graph and cluster) the
+    network as the planner loads it before fine-tuning (the weights of
+    :class:`~autoplace.planners.learned.pipeline.planner.PipelineRLConfig`'s defaults, the shipped
+    pretrained network; the planner's step 2); either built for this graph, cluster and ``cost``:
     its greedy decode, then ``samples`` samples (its exploration floor included, seeded by
-    ``seed``), the samples skipped once ``time_cap_s`` has passed. The planner's network fine-tuned
-    on this graph is not among them: the planner keeps no copy of it (no ``tuned_weights``, which
-    Mars and EAGLE write) and its meta none of the plans it evaluated. Each plan is laid out as the
-    runtime runs it (stage ``s`` on ranks ``s*R .. s*R+R-1``, ``R`` replicas; one stage with the
+    ``seed``), the samples skipped once ``time_cap_s`` has passed. The note says which network
+    proposed. Each plan is laid out as the runtime runs it (stage ``s`` on ranks ``s*R .. s*R+R-1``, ``R`` replicas; one stage with the
     enumeration's schedule, which its data-parallel loop does not read), kept when the online
     runtime runs it (:func:`online_problems`), once, with ``meta["source"]`` naming it
     (:func:`proposed_by`).
@@ -289,15 +290,10 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
                     "pipeline, DDP or FSDP plan over processes")
     if plan.planner not in PROPOSERS:
         return [], f"the plan came from {plan.planner or 'no planner'!r}, not a learned pipeline planner"
-    from ..planners.learned.pipeline.planner import PipelineRLConfig
-    from ..planners.learned.pipeline.weights import make_policy, weights_hidden
-
     clock = time.perf_counter()
-    cfg = PipelineRLConfig()
-    if cfg.weights is None:
-        return [], "pipeline-rl has no pretrained weights to propose with (autoplace/weights/pipeline_rl.pt)"
-    pol = make_policy(graph, cluster, cost, hidden=weights_hidden(cfg.weights), max_stages=cfg.max_stages,
-                      explore=cfg.explore, seed=seed, weights=cfg.weights)
+    pol, which = _pipeline_network(graph, cluster, plan, cost, seed)
+    if pol is None:
+        return [], which
     pol.eval()
     gen = torch.Generator().manual_seed(int(seed))
     drawn: list[tuple[str, Any]] = []
@@ -327,8 +323,33 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
         seen.add(key)
         out.append(p)
     took = time.perf_counter() - clock
-    return out, (f"{plan.planner}'s pretrained policy: {len(drawn)} plans drawn (greedy + {len(drawn) - 1} samples) "
+    return out, (f"{which}: {len(drawn)} plans drawn (greedy + {len(drawn) - 1} samples) "
                  f"in {took:.1f} s, {len(out)} distinct that the online runtime runs, {refused} it does not")
+
+
+def _pipeline_network(graph: "OpGraph", cluster: "Cluster", plan: Placement, cost: "CostModel | None",
+                      seed: int) -> tuple[Any, str]:
+    """The pipeline-rl network that proposes for ``plan`` and its name in words: the one the planner
+    fine-tuned (``meta["tuned_weights"]``) when it loads for this graph and cluster, else the
+    pretrained one (None when there is none)."""
+    from ..planners.learned.pipeline.planner import PipelineRLConfig
+    from ..planners.learned.pipeline.tuned import load_policy
+    from ..planners.learned.pipeline.weights import make_policy, weights_hidden
+
+    why = ""
+    tuned = plan.meta.get("tuned_weights")
+    if tuned:
+        try:
+            return (load_policy(tuned, graph, cluster, cost, seed=seed),
+                    f"{plan.planner}'s policy fine-tuned on this graph ({tuned})")
+        except (OSError, ValueError, RuntimeError, KeyError) as e:  # gone, another graph's, or not a network file
+            why = f" (its fine-tuned network did not load: {str(e)[:400]})"
+    cfg = PipelineRLConfig()
+    if cfg.weights is None:
+        return None, f"pipeline-rl has no pretrained weights to propose with (autoplace/weights/pipeline_rl.pt){why}"
+    pol = make_policy(graph, cluster, cost, hidden=weights_hidden(cfg.weights), max_stages=cfg.max_stages,
+                      explore=cfg.explore, seed=seed, weights=cfg.weights)
+    return pol, f"{plan.planner}'s pretrained policy{why}"
 
 
 def online_rules(p: Placement, world: int) -> list[str]:

@@ -34,7 +34,8 @@ found the plan):
 5. The best plan that fits among everything simulated (seeds included): never slower than
    pipedream-dp, gpipe-uniform or data-parallel in the simulator. ``placement.meta`` says where it
    came from (``source``) and what the policy reached on its own (``prior_best_step_time_s``:
-   step 2 only; ``policy_best_step_time_s``: every sample of steps 2-4).
+   step 2 only; ``policy_best_step_time_s``: every sample of steps 2-4), and ``tuned_weights`` is
+   the network after step 4 (:mod:`.tuned`), which online tuning of the plan proposes from.
 
 6. **Schedules** (``schedules``): the best plan and every seed that fits go through
    :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved, looped-BFS,
@@ -63,6 +64,7 @@ from ..ppo import PPOConfig, train
 from ..run import REPORT_KEY, LearnedReport
 from ... import budget as _budget
 from ...candidate import pipeline_plan
+from .tuned import keep_tuned
 from .weights import WEIGHTS_PATH, load_weights, weights_hidden
 
 if TYPE_CHECKING:
@@ -265,7 +267,8 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             "ppo_updates": result.updates if result is not None else 0,
             "temperature_max": max(temps, default=1.0),
             "seed_time_s": seed_time, "plan_time_s": clock.elapsed_s(),
-            "history": [tuple(h) for h in result.history] if result is not None else []}
+            "history": [tuple(h) for h in result.history] if result is not None else [],
+            "tuned_weights": str(keep_tuned(policy))}  # online proposals sample from it (.tuned)
     details = {k: meta[k] for k in ("prior_best_step_time_s", "imitated", "imitation_steps", "imitation_prob",
                                     "temperature_max", "plan_time_s")}
     meta[REPORT_KEY] = LearnedReport.of_env(
