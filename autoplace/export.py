@@ -236,7 +236,15 @@ def to_torchtitan(plan: "Placement", graph: "OpGraph | None" = None, *, cluster:
     if plan.tp > 1:  # torchtitan's default is True
         par["enable_sequence_parallel"] = bool(plan.sequence_parallel)
     # loss parallelism has no switch in torchtitan 0.3.0 (on with TP, its vocab-sharded cross-entropy), as
-    # autoplace runs it where its TP splits the vocabulary (rewrite.tensor_parallel): nothing to write
+    # autoplace runs it where its TP splits the vocabulary (rewrite.tensor_parallel): nothing to write for
+    # vocab_parallel=True; False (the ends whole on every TP rank) it cannot express
+    if plan.tp > 1 and not plan.vocab_parallel:
+        raise ExportError(f"the plan runs the token embedding and LM head whole on every TP rank (vocab_parallel=False, "
+                          f"tp={plan.tp}); torchtitan 0.3.0 always splits tok_embeddings and output by vocabulary "
+                          "with TP (its parallelism config has no disable_loss_parallel; the older switch kept both "
+                          "split and only gathered the logits): export the plan with vocab_parallel=True "
+                          "(dataclasses.replace(plan, vocab_parallel=True); simulate it to see its step), or run "
+                          "it with autoplace")
     ra = _one(opts.reshard_after_forward, "reshard-after-forward settings")
     par["fsdp_reshard_after_forward"] = "default" if ra == default_reshard(ranks) else ("always" if ra else "never")
     batch = int(_need(facts, "batch_size", "its batch size"))

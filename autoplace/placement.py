@@ -32,6 +32,7 @@ from .parallel import (FIELDS, describe_options, normalize, option_problems, opt
 from .pipeline_rules import (ALL_SCHEDULES, SCHEDULES, batch_share_problems, device_range, pipeline_problems,
                              replica_samples, stage_ranks)
 from .placement_meta import CheckedMeta, PlacementMeta, known_meta, meta_problems
+from .tp_rules import vocab_problems
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -108,6 +109,11 @@ class Placement:
     scattered and each later block's input all-gathered instead of all-reduced (Korthikanti et
     al. 2022; :mod:`autoplace.rewrite.sequence_parallel`); False: those ops run whole on every
     device of the group."""
+    vocab_parallel: bool = True
+    """with ``tp > 1`` and a token embedding / LM head pair (:func:`autoplace.tp_rules.vocab_pairs`):
+    each end split by vocabulary over the TP group on the stage holding it, the logits into torch's
+    ``loss_parallel`` (:mod:`autoplace.sim.tensor_parallel`); False: both run whole on every device
+    of the group (torchtitan's ``disable_loss_parallel``). Older plans (no such key) load as True."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -148,6 +154,15 @@ class Placement:
                                   "sequence over a tensor-parallel group, so it needs tp >= 2: set tp to the group's "
                                   "size or sequence_parallel=False"])
         set_(self, "sequence_parallel", bool(sp))
+        vp = self.vocab_parallel
+        if not isinstance(vp, (bool, np.bool_)):
+            raise PlacementError([f"vocab_parallel is {vp!r}; it must be true or false (split the token embedding "
+                                  "and the LM head by vocabulary over the tensor-parallel group)"])
+        if not vp and self.tp < 2:
+            raise PlacementError([f"vocab_parallel is False with tp={self.tp}; it says whether tensor parallelism "
+                                  "splits the token embedding and LM head, so it needs tp >= 2: leave it True "
+                                  "(the default) or set tp to the group's size"])
+        set_(self, "vocab_parallel", bool(vp))
         if not isinstance(self.meta, Mapping):
             raise PlacementError([f"meta is a {type(self.meta).__name__}; it must be a dict (or left out)"])
         set_(self, "meta", CheckedMeta(self.meta))
@@ -173,14 +188,15 @@ class Placement:
                  schedule: str = "1f1b", planner: str = "", meta: Mapping[str, Any] | None = None,
                  validate: bool = True, shard: Any = None, recompute: Any = None, precision: Any = None,
                  reshard_after_forward: Any = None, virtual_stages: int = 1, tp: int = 1,
-                 sequence_parallel: bool = False) -> "Placement":
+                 sequence_parallel: bool = False, vocab_parallel: bool = True) -> "Placement":
         """A pipeline placement: ops in stages, each stage on one device (an int) or replicated
         over several (a sequence of ints). ``shard``, ``recompute``, ``precision`` and
         ``reshard_after_forward``: one value for every stage or one per stage
         (:mod:`autoplace.parallel`). ``virtual_stages``: stages per rank for the interleaved and
         zero-bubble schedules (``stage_devices`` then names one device per rank). ``tp``: the
         tensor-parallel degree (each stage's devices are one TP group); ``sequence_parallel``: with
-        ``tp > 1``, shard the ops between its blocks on the sequence."""
+        ``tp > 1``, shard the ops between its blocks on the sequence; ``vocab_parallel``: with
+        ``tp > 1``, split the token embedding and the LM head by vocabulary (False: run them whole)."""
         sd = tuple(_device_tuple(s) for s in stage_devices)
         st = np.asarray(stage_of_node, dtype=np.int64)
         first = np.array([s[0] if s else -1 for s in sd], dtype=np.int64)
@@ -194,7 +210,7 @@ class Placement:
                 schedule=schedule, graph_hash=graph.hash, cluster_fingerprint=cluster.fingerprint,
                 planner=planner, meta=_with_batch(graph, meta), shard=shard, recompute=recompute, precision=precision,
                 reshard_after_forward=reshard_after_forward, virtual_stages=virtual_stages, tp=tp,
-                sequence_parallel=sequence_parallel)
+                sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
         if validate:
             p.validate(graph, cluster)
         return p
@@ -243,7 +259,8 @@ class Placement:
         if st is None or sd is None:
             return ["a pipeline placement needs stage_of_node and stage_devices"]
         return pipeline_problems(graph, cluster, st, [list(g) for g in sd], self.microbatches, self.schedule,
-                                 virtual_stages=self.virtual_stages, tp=self.tp)
+                                 virtual_stages=self.virtual_stages, tp=self.tp) + vocab_problems(
+            graph, self.tp, self.vocab_parallel)
 
     def validate(self, graph: "OpGraph", cluster: "Cluster") -> "Placement":
         """Raise :class:`PlacementError` listing every problem; return self when valid."""
@@ -278,7 +295,8 @@ class Placement:
         opts = describe_options(self)
         micro = f"{self.microbatches} micro-batch{'es' if self.microbatches != 1 else ''}"
         tp = (f", tensor parallel x{self.tp}" if self.tp != 1 else "") + (
-            " with sequence parallelism" if self.sequence_parallel else "")
+            " with sequence parallelism" if self.sequence_parallel else "") + (
+            ", vocabulary ends whole" if not self.vocab_parallel else "")
         if self.num_stages * v == 1:  # one stage in all: no pipeline schedule, its data-parallel loop
             devs = self.stage_devices[0]
             shard = self.shard[0] if self.shard else "ddp"
@@ -314,7 +332,7 @@ class Placement:
         if self.virtual_stages != 1:
             out += f", v={self.virtual_stages}"
         if self.tp != 1:
-            out += f", tp={self.tp}" + ("+sp" if self.sequence_parallel else "")
+            out += f", tp={self.tp}" + ("+sp" if self.sequence_parallel else "") + ("" if self.vocab_parallel else "-vp")
         return out + ", " + (describe_options(self) or "ddp")
 
     def __repr__(self) -> str:
@@ -353,6 +371,8 @@ class Placement:
                 d["tp"] = self.tp
             if self.sequence_parallel:  # absent when False: older plans' JSON is unchanged
                 d["sequence_parallel"] = True
+            if not self.vocab_parallel:  # absent when True: older plans' JSON is unchanged
+                d["vocab_parallel"] = False
             d.update(options_to_dict(self))
         d["meta"] = _jsonable(self.meta)
         return d
@@ -387,7 +407,8 @@ class Placement:
                        schedule=d["schedule"], graph_hash=d.get("graph_hash", ""),
                        cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                        meta=meta, virtual_stages=d.get("virtual_stages", 1), tp=d.get("tp", 1),
-                       sequence_parallel=d.get("sequence_parallel", False), **_options_from_dict(d))
+                       sequence_parallel=d.get("sequence_parallel", False),
+                       vocab_parallel=d.get("vocab_parallel", True), **_options_from_dict(d))
         return cls(d["mode"], d["device_of_node"], graph_hash=d.get("graph_hash", ""),
                    cluster_fingerprint=d.get("cluster_fingerprint", ""), planner=d.get("planner", ""),
                    meta=meta)

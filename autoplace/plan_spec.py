@@ -63,6 +63,9 @@ class TensorSpec:
     """devices splitting each column/row linear pair (inside one host); 1: none."""
     sequence_parallel: bool = False
     """the per-token ops between TP blocks run on a 1/degree share of the sequence."""
+    vocab_parallel: bool = True
+    """the token embedding and LM head split by vocabulary, the loss on split logits (torchtitan's
+    default; ``disable_loss_parallel`` when False)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ class PlanSpec:
             data = DataSpec(kind, rep, shard, bool(opts.reshard_after_forward[r]))
             stages.append(StageSpec(tuple(int(d) for d in devs), data, opts.recompute[r], opts.precision[r]))
         return cls(PipelineSpec(plan.schedule, ranks, int(plan.virtual_stages), int(plan.microbatches)),
-                   TensorSpec(tp, bool(plan.sequence_parallel)), tuple(stages))
+                   TensorSpec(tp, bool(plan.sequence_parallel), bool(plan.vocab_parallel)), tuple(stages))
 
     @property
     def mesh(self) -> tuple[int, int, int, int]:
@@ -168,7 +171,7 @@ class PlanSpec:
             a, b = getattr(self.pipeline, name), getattr(other.pipeline, name)
             if a != b:
                 out.append(Difference(f"pipeline.{name}", a, b))
-        for name in ("degree", "sequence_parallel"):
+        for name in ("degree", "sequence_parallel", "vocab_parallel"):
             a, b = getattr(self.tensor, name), getattr(other.tensor, name)
             if a != b:
                 out.append(Difference(f"tensor.{name}", a, b))
@@ -196,7 +199,8 @@ class PlanSpec:
             s = self.stages[0]
             d = s.data
             dp = f"dp {d.replicate}x{d.shard} ({d.kind})" if d.degree > 1 else "dp 1"
-            tp = f"tp {t.degree}" + (" (sp)" if t.sequence_parallel else "")
+            tp = f"tp {t.degree}" + (" (sp)" if t.sequence_parallel else "") + (
+                "" if t.vocab_parallel or t.degree < 2 else " (vocabulary whole)")
             extra = [s.precision] + (["recompute"] if s.recompute is True else
                                      ["selective-op recompute"] if s.recompute == SELECTIVE_OP else
                                      [f"recompute {len(s.recompute)} units"] if s.recompute else [])
@@ -246,4 +250,4 @@ def compose(graph: "OpGraph", cluster: "Cluster", stage_of_node: Sequence[int] |
         precision=_per_rank([s.precision for s in spec.stages]),
         reshard_after_forward=_per_rank([s.data.reshard_after_forward for s in spec.stages]),
         virtual_stages=spec.pipeline.virtual_stages, tp=spec.tensor.degree,
-        sequence_parallel=spec.tensor.sequence_parallel)
+        sequence_parallel=spec.tensor.sequence_parallel, vocab_parallel=spec.tensor.vocab_parallel)

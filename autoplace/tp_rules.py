@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from .cluster import Cluster
     from .graph.ir import OpGraph
 
-__all__ = ["LinearPair", "TPBlock", "VocabPair", "vocab_pairs", "tp_blocks", "linear_pairs", "tp_refusals",
-           "tp_problems", "ELEMENTWISE", "BETWEEN", "PER_TOKEN"]
+__all__ = ["LinearPair", "TPBlock", "VocabPair", "vocab_pairs", "vocab_problems", "tp_blocks", "linear_pairs",
+           "tp_refusals", "tp_problems", "ELEMENTWISE", "BETWEEN", "PER_TOKEN"]
 
 PER_TOKEN = frozenset({"add", "sub", "mul", "truediv", "div", "neg", "float", "type_as", "to", "pow", "rsqrt", "sqrt",
                        "gelu", "relu", "silu", "tanh", "sigmoid", "dropout", "layer_norm", "iadd", "imul",
@@ -363,6 +363,19 @@ def _vocab_matches(graph: "OpGraph") -> tuple[tuple[int, tuple[VocabPair, ...]],
         return tuple(out)
 
     return _memo(graph, "vocab", make)
+
+
+def vocab_problems(graph: "OpGraph", tp: int, vocab_parallel: bool) -> list[str]:
+    """Why ``vocab_parallel=False`` means nothing for ``graph`` at ``tp`` (empty: it does, or it is
+    True): the option turns the vocabulary split of a pair (:func:`vocab_pairs`, ``tp`` dividing its
+    vocabulary) off, so a graph without one has nothing to turn off."""
+    if vocab_parallel or tp < 2 or any(v.vocab % tp == 0 for v in vocab_pairs(graph)):
+        return []
+    found = vocab_pairs(graph)
+    why = (f"its vocabulary pair ({found[0].embedding_path}, {found[0].head_path}) has {found[0].vocab} tokens, "
+           f"which tp={tp} does not divide") if found else "it has no token embedding / LM head pair"
+    return [f"vocab_parallel is False with tp={tp}, but nothing is split by vocabulary in this graph ({why}): "
+            "the option changes nothing here; leave it True (the default)"]
 
 
 def tp_problems(cluster: "Cluster", devices: Sequence[int], tp: int, pairs: Sequence[LinearPair] = (),

@@ -131,11 +131,11 @@ def plan(graph: "OpGraph", cluster: Cluster | str, *, planner: str = "best", mod
     takes, and the fastest one that fits but the runtime refuses (its variants may run), go through :func:`~autoplace.planners.heuristic.schedules.best_schedule` (interleaved,
     looped-BFS, zero-bubble, ZBV and DualPipeV schedules, virtual stages, micro-batches, TP
     groups inside a host, ranks of data-parallel replicas), then the TP variants again with
-    sequence parallelism (:func:`~autoplace.planners.heuristic.sequence_parallel.with_sequence_parallel`);
-    each gives a row ``NAME+sched`` whose ``note`` says what it chose
-    and how many variants it tried (``schedule``, ``virtual_stages``, ``tp``,
-    ``schedule_notes``), or why it was skipped (no time left). A variant wins only when it is
-    faster than every other row (or, by the tie rule, within 1% of the fastest with a lower peak).
+    sequence parallelism (:func:`~autoplace.planners.heuristic.sequence_parallel.with_sequence_parallel`)
+    and without the vocabulary split (:func:`~autoplace.planners.heuristic.vocab_parallel.with_vocab_parallel`);
+    each gives a row ``NAME+sched`` whose ``note`` says what it chose and how many variants it tried
+    (``schedule``, ``virtual_stages``, ``tp``, ``schedule_notes``), or why it was skipped (no time left). A
+    variant wins only when it is faster than every other row (or, by the tie rule, within 1% of the fastest with a lower peak).
     A named planner (``planner="pipedream-dp"``) gets no pass.
 
     ``placement.meta`` carries ``predicted_step_time_s``, ``peak_memory_bytes`` and, for
@@ -397,6 +397,7 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
     joins ``pool`` (the tie rule's candidates)."""
     from .heuristic.schedules import best_schedule
     from .heuristic.sequence_parallel import with_sequence_parallel
+    from .heuristic.vocab_parallel import with_vocab_parallel
 
     picked: list[tuple[float, str, Placement]] = []
     room = {False: SCHEDULE_PASS_PLANS, True: 1 if SCHEDULE_PASS_PLANS else 0}  # usable, refused
@@ -416,11 +417,11 @@ def _schedule_pass(graph: "OpGraph", cluster: Cluster, sim: Any, fitting: list[t
                              plan_time_s=0.0, skipped=True, error=why, why=why))
             continue
         t0 = time.perf_counter()
-        choice = with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim, accept=accept), accept=accept)
+        choice = with_vocab_parallel(sim, with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim, accept=accept), accept=accept), accept=accept)
         got = choice.placement
         row = _judge(sim, get_planner(name), got, time.perf_counter() - t0)
         fits = [c for c in choice.candidates if c[2] is not None]
-        shape = f"{got.schedule}, v={got.virtual_stages}, tp={got.tp}{'+sp' if got.sequence_parallel else ''}, M={got.microbatches}"
+        shape = f"{got.schedule}, v={got.virtual_stages}, tp={got.tp}{'+sp' if got.sequence_parallel else ''}{'' if got.vocab_parallel else '-vp'}, M={got.microbatches}"
         stopped = [n for n in choice.notes if n.startswith(("stopped", "faster but refused"))]
         row.update(planner=label, mode="pipeline", schedule=got.schedule, virtual_stages=got.virtual_stages,
                    tp=got.tp, schedules_tried=len(choice.candidates), schedule_notes=list(choice.notes),

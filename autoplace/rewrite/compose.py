@@ -84,7 +84,7 @@ def build_pipeline_of_plan(traced: "Traced", plan: "Placement", cluster: "Cluste
         gm, stage_of_fx, options=options, example_inputs=example_inputs, microbatches=plan.microbatches,
         schedule=plan.schedule, virtual_stages=plan.virtual_stages, device=device, tp=plan.tp, tp_pairs=pairs,
         dp=len(plan.stage_devices[0]) // max(int(plan.tp), 1), sequence_parallel=plan.sequence_parallel,
-        data=stage_data(traced, plan, cluster))
+        data=stage_data(traced, plan, cluster), vocab_parallel=plan.vocab_parallel)
 
 
 BUILDERS: Mapping[bool, Callable[..., PipelineRunner]] = {True: build_loop_runner, False: build_pipeline_of_plan}
@@ -107,6 +107,10 @@ def build_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, exa
                               f"(torchrun --nproc-per-node {len(plan.devices_used())} train.py) and call "
                               "autoplace.wrap there, or call init_distributed() first")
     problems = plan.problems(traced.graph, cluster) + runtime_problems(plan, traced.graph, dist.get_world_size())
+    if one_stage(plan) and not plan.vocab_parallel:  # (rewrite.loop finds the pairs in its stage itself)
+        problems.append(f"vocab_parallel=False on a one-stage plan (tp={plan.tp}): the data-parallel loop splits the "
+                        "token embedding and LM head by vocabulary whenever TP divides it; use vocab_parallel=True "
+                        "for one stage, or a pipeline of two or more stages")
     if problems:
         raise ShardedRunError("the runtime cannot run this plan: " + "; ".join(problems))
     options = RunnerOptions.of(loss_fn, batch_norm=batch_norm, timeouts=timeouts, predicted_step_s=predicted_step_s,

@@ -278,6 +278,7 @@ def build_schedule_runner(
     sequence_parallel: bool = False,
     data: StageData | None = None,
     batch_norm: str = "sync",
+    vocab_parallel: bool = True,
 ) -> MultiStageRunner:
     """This rank's :class:`MultiStageRunner` for ``gm`` cut by ``stage_of_fx`` into
     ``world x virtual_stages`` stages (fx node name -> virtual stage 0..K-1).
@@ -302,6 +303,8 @@ def build_schedule_runner(
     (every stage has ops in a validated plan), else 1. ``sequence_parallel``: with ``tp > 1``, the
     per-token ops between a stage's row and its next columns run on each TP rank's share of the
     sequence (:mod:`autoplace.rewrite.sequence_parallel`; the plan's ``sequence_parallel``).
+    ``vocab_parallel``: with ``tp > 1``, split the token embedding and the LM head by vocabulary on
+    the stages holding them, the loss under ``loss_parallel`` (the plan's; False: both whole).
     ``loss_fn``, ``scale_grads``, ``timeouts``, ``predicted_step_s`` and ``batch_norm`` are the
     runner options (:class:`~autoplace.rewrite.options.RunnerOptions`), resolved once here and
     applied by :func:`schedule_runner`, which :func:`autoplace.rewrite.compose.build_runner` calls.
@@ -310,14 +313,15 @@ def build_schedule_runner(
     return schedule_runner(gm, stage_of_fx, options=RunnerOptions.of(
         loss_fn, batch_norm=batch_norm, timeouts=timeouts, predicted_step_s=predicted_step_s, scale_grads=scale_grads),
         example_inputs=example_inputs, microbatches=microbatches, schedule=schedule, virtual_stages=virtual_stages,
-        device=device, tp=tp, tp_pairs=tp_pairs, dp=dp, sequence_parallel=sequence_parallel, data=data)
+        device=device, tp=tp, tp_pairs=tp_pairs, dp=dp, sequence_parallel=sequence_parallel, data=data,
+        vocab_parallel=vocab_parallel)
 
 
 def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *, options: RunnerOptions,
                     example_inputs: Sequence[torch.Tensor], microbatches: int, schedule: str, virtual_stages: int,
                     device: str | torch.device | None = None, tp: int = 1, tp_pairs: Sequence[tuple[str, str]] = (),
                     dp: int | None = None, sequence_parallel: bool = False,
-                    data: StageData | None = None) -> MultiStageRunner:
+                    data: StageData | None = None, vocab_parallel: bool = True) -> MultiStageRunner:
     """:func:`build_schedule_runner` with the runner ``options`` resolved (one object for every runner kind)."""
     require_distributed()
     if schedule not in SPECS:
@@ -389,7 +393,8 @@ def schedule_runner(gm: torch.fx.GraphModule, stage_of_fx: Mapping[str, int], *,
     # before tensor parallelism replaces this rank's (a table split by vocabulary on two stages)
     tied = tie_groups(split.stages, rank_of, cols, lambda r, j: r * cols + j, me)
     slots = param_slots({k: split.stages[k] for k in mine})
-    vocab = vocab_modules(gm, tp) if mesh is not None and tp > 1 else []  # the whole model's pairs
+    # the whole model's pairs (none when the plan runs them whole: no loss parallelism either)
+    vocab = vocab_modules(gm, tp) if mesh is not None and tp > 1 and vocab_parallel else []
     for k in mine:
         # torchtitan's order, per stage: tensor parallelism, then recompute, then FSDP/HSDP or DDP
         mod = split.stages[k]

@@ -45,7 +45,8 @@ shards), and a rank holding both stages (a V-shaped schedule) keeps it one param
 any row (its output whole, as the first block's input) and the head reads the last norm's output,
 which the sequence-parallel rewrite gathers whole: both split as without it (torchtitan instead
 reduce-scatters the embedding's output to a sequence shard and all-gathers the head's input in
-``ColwiseParallel``).
+``ColwiseParallel``). A plan with ``vocab_parallel=False`` passes ``vocab=[]``: both ends run whole
+on every TP rank (a tied table a plain parameter on both stages) and the loss reads plain logits.
 
 Loss parallelism (torchtitan's default with TP, ``parallelism.disable_loss_parallel = false``): the
 user's ``loss_fn`` gets those sharded logits and runs under torch's

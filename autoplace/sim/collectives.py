@@ -160,9 +160,9 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
     for pr in pairs:
         if len({int(st[i]) for i in pr.ops}) == 1:
             p_op[list(pr.ops)] /= t
-    sp = bool(placement.sequence_parallel)
+    sp, vp = bool(placement.sequence_parallel), bool(placement.vocab_parallel)
     for s in range(k):  # and a vocabulary-split table and head, on the stage holding each (tensor_parallel.tp_share)
-        embs, heads = vocab_ends(vocab_inside(graph, st == s, t, sequence_parallel=sp), st == s)
+        embs, heads = vocab_ends(vocab_inside(graph, st == s, t, sequence_parallel=sp, vocab_parallel=vp), st == s)
         p_op[embs + heads] /= t
     for s in range(k):
         r = int(rank_of[s])
@@ -172,7 +172,7 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
         if t > 1:
             unit = stage_units(block_units(graph), st)
             per_mb: list[Collective] = tp_collectives(graph, ops, parts, pairs, sequence_parallel=sp, value_scale=vs,
-                                                     tp=t)
+                                                     tp=t, vocab_parallel=vp)
             if sp:
                 inside = [pr for pr in pairs if all(int(st[i]) == s for i in pr.ops)]
                 if inside:
@@ -200,14 +200,14 @@ def step_collectives(graph: "OpGraph", cluster: "Cluster", placement: "Placement
                 for dev in dp_group(r, i):
                     out.add(dev, "all_reduce", "dp", dp_group(r, i), count, nbytes, "ddp.bn_sync_op_seconds")
     if any(opts.sharded(at(s)) for s in range(k)):
-        _sharded(graph, cluster, cost, st, k, m, rank_of, opts, at, dp_group, t, out)
+        _sharded(graph, cluster, cost, st, k, m, rank_of, opts, at, dp_group, t, out, vocab_parallel=vp)
     # a parameter tied across ranks (a table and its head on the first and last stages): the runtime sums its
     # gradient over the ranks holding it, per TP index and replica (rewrite.runner.sum_tied_grads), where
     # the simulator moves it to its owner and the updated value back (multistage's tied moves, the same share)
     for members in graph.tied:
         ranks = sorted({int(rank_of[st[i]]) for i in members})
         if len(ranks) > 1:
-            nbytes = float(graph.param_bytes[members[0]]) * tied_share(graph, members, t)
+            nbytes = float(graph.param_bytes[members[0]]) * tied_share(graph, members, t, vocab_parallel=vp)
             for j in range(len(groups[0])):
                 devs = [groups[r][j] for r in ranks]
                 for dev in devs:
@@ -234,7 +234,7 @@ def _ddp_buckets(p_op: np.ndarray) -> int:
 def _sharded(graph: "OpGraph", cluster: "Cluster", cost: "CostModel", st: np.ndarray, k: int, m: int,
              rank_of: tuple[int, ...],
              opts: StageOptions, at: Callable[[int], int], dp_group: Callable[[int, int], list[int]], t: int,
-             out: _Lists) -> None:
+             out: _Lists, *, vocab_parallel: bool = True) -> None:
     """FSDP / HSDP stages' gathers, reduce-scatters and cross-host all-reduces (:mod:`.sharding`)."""
     from .simulator import Simulator  # the stage items read the simulator's tables
 
@@ -254,7 +254,7 @@ def _sharded(graph: "OpGraph", cluster: "Cluster", cost: "CostModel", st: np.nda
         if t > 1:  # a TP device's share of each item (the stage as sharding.sharded_step prices it)
             bf16 = opts.precision[at(s)] == "bf16"
             share = tp_share(graph, cluster, nodes, whole[:t], m * (len(whole) // t), pairs,
-                             value_scale=min(0.5 if bf16 else 1.0, float(cost.value_scale)))
+                             value_scale=min(0.5 if bf16 else 1.0, float(cost.value_scale)), vocab_parallel=vocab_parallel)
         x = ShardedStage(sim, at(s), nodes, unit, whole, opts, m, zeros, zeros, tp=share)
         for i in range(t):
             devs = dp_group(r, i)

@@ -196,11 +196,11 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                     stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                     virtual_stages: int = 1, *, result: bool, timeline: bool = True,
                     options: StageOptions | None = None, tp: int = 1,
-                    sequence_parallel: bool = False) -> PipelineOutcome:
+                    sequence_parallel: bool = False, vocab_parallel: bool = True) -> PipelineOutcome:
     """Simulate one step of ``schedule`` (any of :data:`~autoplace.pipeline_rules.SPECS`) with
     ``virtual_stages`` per rank: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``); ``options``: the stages' shard, recompute and precision
-    (:mod:`autoplace.parallel`); ``sequence_parallel`` (with ``tp > 1``) is
+    (:mod:`autoplace.parallel`); ``sequence_parallel`` and ``vocab_parallel`` (with ``tp > 1``) are
     :func:`~.tensor_parallel.tp_share`'s."""
     st = np.ascontiguousarray(stage_of_node, dtype=np.int64)
     if not st.flags.writeable:  # one numba signature (a read-only array is another type: another compile)
@@ -230,7 +230,7 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
     if ddp_only and t_deg == 1 and v == 1 and not o.split and hasattr(sim.cost, "stage_overhead_s"):
         host = sim.cost.stage_overhead_s(sim.graph, st, reps, m, schedule)  # type: ignore[attr-defined]
     cost = stage_costs(sim, st, groups, rank_of, o.order, m, t_deg, o.split, bnd, options=options,
-                       sequence_parallel=sequence_parallel, host=host)
+                       sequence_parallel=sequence_parallel, host=host, vocab_parallel=vocab_parallel)
     lt, inv, most, devs_all, rank_idx = _boundary_links(sim, groups, rank_of, t_deg)
     # bytes of one shard of one micro-batch (bnd: full batch, in the cost model's dtype)
     shard = bnd * cost.send[:-1] / m / most if k > 1 else np.zeros(1)
@@ -259,7 +259,8 @@ def multistage_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         owner = int(rank_of[st[sim.tied_first[g]]])
         others = sorted({int(rank_of[st[i]]) for i in members} - {owner})
         if others:  # (a table split by vocabulary moves a TP device's shard)
-            holders.append((owner, others, float(sim.tied_bytes[g]) * tied_share(sim.graph, members, t_deg)))
+            holders.append((owner, others, float(sim.tied_bytes[g]) * tied_share(sim.graph, members, t_deg,
+                                                                                   vocab_parallel=vocab_parallel)))
     for owner, others, nbytes in holders:
         for r in others:
             a, c = dev_rank[r], dev_rank[owner]

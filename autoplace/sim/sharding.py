@@ -78,17 +78,19 @@ __all__ = ["sharded_step", "stage_options", "ring_allgather", "ring_allreduce", 
 
 def sharded_step(sim: "Simulator", st: np.ndarray, groups: list[list[int]], microbatches: int, schedule: str,
                  opts: StageOptions, *, result: bool, timeline: bool = True, tp: int = 1,
-                 sequence_parallel: bool = False) -> PipelineOutcome:
+                 sequence_parallel: bool = False, vocab_parallel: bool = True) -> PipelineOutcome:
     """Simulate one step of stages ``st`` (int64, validated) on ``groups`` with options ``opts``:
     one FSDP/HSDP stage runs FSDP's own loop (module docstring; ``tp > 1`` with
-    ``sequence_parallel``: over TP shares); every other plan is a pipeline schedule, run by the
+    ``sequence_parallel`` and ``vocab_parallel``: over TP shares); every other plan is a pipeline schedule, run by the
     order executor (:func:`~.multistage.multistage_step`)."""
     if len(groups) != 1 or opts.num_stages != 1 or not opts.sharded(0):
         return multistage_step(sim, st, groups, microbatches, schedule, result=result, timeline=timeline,
-                               options=opts, tp=tp, sequence_parallel=sequence_parallel)
+                               options=opts, tp=tp, sequence_parallel=sequence_parallel,
+                               vocab_parallel=vocab_parallel)
     g = sim.graph
     m_count = int(microbatches)
-    x = sharded_stages(sim, st, groups, opts, m_count, tp=tp, sequence_parallel=sequence_parallel)[0]
+    x = sharded_stages(sim, st, groups, opts, m_count, tp=tp, sequence_parallel=sequence_parallel,
+                       vocab_parallel=vocab_parallel)[0]
     ag, cf_ = x.forward_items(True, True)
     fwd_items = (ag, cf_, np.zeros_like(ag), np.zeros_like(ag))
     bwd_items = x.backward_items(x.reshard, True)

@@ -84,12 +84,13 @@ def _saved_bytes(graph: "OpGraph") -> np.ndarray:
 def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
                   stage_devices: Sequence[int | Sequence[int]], microbatches: int, schedule: str,
                   *, result: bool, timeline: bool = True, options: StageOptions | None = None,
-                  virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> PipelineOutcome:
+                  virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                  vocab_parallel: bool = True) -> PipelineOutcome:
     """Simulate one pipeline step: its Evaluation, and with ``result`` a SimResult too (with the
     timeline when ``timeline``). Every schedule (GPipe and 1F1B too, ``virtual_stages`` per rank,
     split backward), with or without ``options`` (the stages' shard, recompute and precision,
-    :mod:`autoplace.parallel`) and tensor parallelism (``tp``, with ``sequence_parallel``:
-    :mod:`.tensor_parallel`) runs on :mod:`.multistage`'s order executor, every per-stage cost
+    :mod:`autoplace.parallel`) and tensor parallelism (``tp``, with ``sequence_parallel`` and
+    ``vocab_parallel``: :mod:`.tensor_parallel`) runs on :mod:`.multistage`'s order executor, every per-stage cost
     being :mod:`.stage_cost`'s; one FSDP/HSDP stage alone runs FSDP's own loop (with any ``tp``:
     torchtitan's 2-D, as the runtime runs it), :mod:`.sharding`."""
     if sequence_parallel and int(tp) < 2:
@@ -109,10 +110,11 @@ def pipeline_step(sim: "Simulator", stage_of_node: Sequence[int] | np.ndarray,
         if problems:
             raise PlacementError(problems)
         return sharded_step(sim, st, groups, microbatches, schedule, opts, result=result, timeline=timeline,
-                            tp=int(tp), sequence_parallel=bool(sequence_parallel))
+                            tp=int(tp), sequence_parallel=bool(sequence_parallel),
+                            vocab_parallel=bool(vocab_parallel))
     return multistage_step(sim, stage_of_node, stage_devices, microbatches, schedule, virtual_stages,
                            result=result, timeline=timeline, options=opts, tp=tp,
-                           sequence_parallel=bool(sequence_parallel))
+                           sequence_parallel=bool(sequence_parallel), vocab_parallel=bool(vocab_parallel))
 
 
 class Simulator:
@@ -271,14 +273,16 @@ class Simulator:
     def evaluate_pipeline(self, stage_of_node: Sequence[int] | np.ndarray,
                           stage_devices: Sequence[int | Sequence[int]], microbatches: int,
                           schedule: str = "1f1b", *, options: StageOptions | None = None,
-                          virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> Evaluation:
+                          virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                          vocab_parallel: bool = True) -> Evaluation:
         """Step time and memory of a pipeline (stages, their devices, micro-batches, schedule;
         ``options``: the stages' shard, recompute and precision, :mod:`autoplace.parallel`;
-        ``tp``, ``sequence_parallel``: tensor and sequence parallelism, :mod:`.tensor_parallel`);
+        ``tp``, ``sequence_parallel``, ``vocab_parallel``: tensor, sequence and vocabulary
+        parallelism, :mod:`.tensor_parallel`);
         raises :class:`PlacementError` naming the problem when the pipeline is not valid."""
         return pipeline_step(self, stage_of_node, stage_devices, microbatches, schedule, result=False,
                              options=options, virtual_stages=virtual_stages, tp=tp,
-                             sequence_parallel=sequence_parallel).evaluation
+                             sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel).evaluation
 
     # ---- full result --------------------------------------------------------------------
 
@@ -290,7 +294,8 @@ class Simulator:
             out = pipeline_step(self, placement.stage_of_node, placement.stage_devices, placement.microbatches,
                                 placement.schedule, result=True, timeline=timeline, options=_options(placement),
                                 virtual_stages=placement.virtual_stages, tp=placement.tp,
-                                sequence_parallel=placement.sequence_parallel)
+                                sequence_parallel=placement.sequence_parallel,
+                                vocab_parallel=placement.vocab_parallel)
             assert out.result is not None
             return out.result
         dev = self._as_assignment(placement.device_of_node)

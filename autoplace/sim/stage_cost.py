@@ -177,7 +177,7 @@ def _plain_costs(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r
 
 
 def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int]], parts: np.ndarray, *,
-              sequence_parallel: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              sequence_parallel: bool, vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(N,) each op's share of its work and of its parameters on a TP device, and (2, K) each
     stage's TP collectives in its forward and in its backward (:func:`~.tensor_parallel.tp_share`:
     a row's output all-reduce in forward, a column's input-gradient all-reduce in backward; with
@@ -190,7 +190,8 @@ def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int
         if not ops.size:
             continue
         share = tp_share(sim.graph, sim.cluster, ops, list(tp_groups[s]), int(parts[s]), pairs,
-                         sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
+                         sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale,
+                         vocab_parallel=vocab_parallel)
         work[ops], scale[ops] = share.work[ops], share.params[ops]
         ar[:, s] = share.fwd[ops].sum(), share.bwd[ops].sum()
     return work, scale, ar
@@ -346,7 +347,8 @@ def resident_ratio(sim: "Simulator", parts: int) -> tuple[np.ndarray, np.ndarray
 
 
 def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Sequence[int]], opts: StageOptions,
-                   microbatches: int, *, tp: int = 1, sequence_parallel: bool = False) -> list[ShardedStage]:
+                   microbatches: int, *, tp: int = 1, sequence_parallel: bool = False,
+                   vocab_parallel: bool = True) -> list[ShardedStage]:
     """Every stage's :class:`~.fsdp_stage.ShardedStage` (``opts``: one entry per stage of ``st``)
     on its devices, at ``1 / (M n)`` of the batch per action (n: the stage's replicas, its devices
     over ``tp``); with ``tp > 1`` each stage's :func:`~.tensor_parallel.tp_share` over its first
@@ -365,7 +367,7 @@ def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Seq
             tf, tb = tf * rf, tb * rb
         share = None
         if tp > 1:
-            share = tp_share(sim.graph, sim.cluster, nodes, list(devs[:tp]), parts, pairs,
+            share = tp_share(sim.graph, sim.cluster, nodes, list(devs[:tp]), parts, pairs, vocab_parallel=vocab_parallel,
                              sequence_parallel=sequence_parallel, value_scale=min(0.5 if bf16 else 1.0, vs))
         out.append(ShardedStage(sim, s, nodes, unit, list(devs), opts, microbatches, tf, tb, tp=share))
     return out
@@ -374,11 +376,11 @@ def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Seq
 def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
                   order: tuple[tuple["Action", ...], ...], m: int, split: bool, options: StageOptions,
                   bnd: np.ndarray, tp: int, sequence_parallel: bool,
-                  host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StageCosts:
+                  host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, vocab_parallel: bool = True) -> StageCosts:
     k = rank_of.shape[0]
     opts = options_of_stages(options, rank_of)
     stages = sharded_stages(sim, st, [groups[int(r)] for r in rank_of], opts, m, tp=tp,
-                            sequence_parallel=sequence_parallel)
+                            sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     f, b, w, u, tail, sync, act, params, gathered, remat, send = (np.zeros(k) for _ in range(11))
     b_all, p_all, reps, lat, inv, gs = (np.zeros(st.shape[0]), np.zeros(st.shape[0]), np.ones(k, dtype=np.int64),
                                         np.zeros(k), np.zeros(k), np.ones(k))  # DDP stages' buckets
@@ -421,18 +423,19 @@ def _with_options(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[in
 def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]], rank_of: np.ndarray,
                 order: tuple[tuple["Action", ...], ...], microbatches: int, tp: int, split: bool,
                 bnd: np.ndarray, *, options: StageOptions | None = None, sequence_parallel: bool = False,
-                host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StageCosts:
+                host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, vocab_parallel: bool = True) -> StageCosts:
     """Every virtual stage's costs (see the module docstring) for a schedule's ``order`` over
     ranks ``groups`` (each ``d x tp`` devices; ``d`` may differ between the ranks of a single-stage
     schedule), stage k on rank ``rank_of[k]``; ``bnd``: the full-batch bytes crossing each
     boundary (:func:`~.stages.boundary_bytes`); ``options``: the plan's per-rank stage options;
     ``host``: seconds the runtime adds per stage to each forward, each backward and the update
     (:meth:`autoplace.cost.host.HostCostModel.stage_overhead_s`; :mod:`.multistage` gives them for
-    DDP stages, with or without options)."""
+    DDP stages, with or without options); ``sequence_parallel``, ``vocab_parallel``: the plan's
+    (:func:`~.tensor_parallel.tp_share`)."""
     m = int(microbatches)
     if options is not None and not options.is_default:
         return _with_options(sim, st, groups, rank_of, order, m, split, options, bnd, max(int(tp), 1),
-                             sequence_parallel, host)
+                             sequence_parallel, host, vocab_parallel)
     k = rank_of.shape[0]
     t_deg = max(int(tp), 1)
     lay = layout(sim, groups, rank_of, t_deg)
@@ -441,7 +444,7 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     extra = np.zeros((2, k))
     if t_deg > 1:
         work, scale, extra = _tp_terms(sim, st, [groups[r][:t_deg] for r in rank_of.tolist()], m * reps,
-                                       sequence_parallel=sequence_parallel)
+                                       sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     else:
         work = scale = _ones(sim, n)
     replicated = lay.replicated
@@ -456,7 +459,8 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
         out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
-                                              sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale)
+                                              sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale,
+                                              vocab_parallel=vocab_parallel)
                           for s in range(k)])
         recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
         act = (out_b + recv) / (m * reps)

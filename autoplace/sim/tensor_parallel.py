@@ -45,7 +45,9 @@ first residual).
 
 Vocabulary split with loss parallelism (Megatron-LM's vocab-parallel embedding, output layer and
 parallel cross-entropy; torchtitan's ``tok_embeddings``/``output`` plan with its default
-``loss_parallel``, torch's ``torch.distributed.tensor.parallel.loss_parallel``): the token embedding
+``loss_parallel``, torch's ``torch.distributed.tensor.parallel.loss_parallel``; a plan's
+``Placement.vocab_parallel``, True unless :mod:`autoplace.planners.heuristic.vocab_parallel` finds
+the ends faster whole on every device, False: none of this): the token embedding
 and the LM head of a pair (:func:`vocab_inside`) are split on whichever stage holds each, together
 or apart (the first and last stages of a pipeline, as Megatron-LM splits them), each at 1/t with a
 1/t share of the table; the embedding's output is all-reduced (whole), the head's logits stay sharded on the
@@ -139,26 +141,28 @@ def _blocks_inside(mask: np.ndarray, pairs: Sequence[LinearPair]) -> dict[int, l
     return out
 
 
-def vocab_inside(graph: "OpGraph", mask: np.ndarray, t: int, *, sequence_parallel: bool = False) -> list[VocabPair]:
+def vocab_inside(graph: "OpGraph", mask: np.ndarray, t: int, *, sequence_parallel: bool = False,
+                 vocab_parallel: bool = True) -> list[VocabPair]:
     """The embedding/head pairs of the whole graph (:func:`~autoplace.tp_rules.vocab_pairs`) TP
     splits by vocabulary with an end in the ops ``mask`` (the embedding, the head or both: each end
     is split on the stage that holds it), ``t`` dividing the vocabulary, with or without sequence
     parallelism (the runtime, :func:`autoplace.rewrite.tensor_parallel.apply_tensor_parallel` given
     :func:`~autoplace.rewrite.tensor_parallel.vocab_modules` of the whole model, does the same: the
     embedding's output whole, the head's input whole). Callers split only the ends in ``mask``
-    (:func:`vocab_ends`)."""
-    if t <= 1:
+    (:func:`vocab_ends`). ``vocab_parallel=False`` (a plan's ``Placement.vocab_parallel``): none,
+    every end runs whole on every device of the group, as the runtime then leaves them."""
+    if t <= 1 or not vocab_parallel:
         return []
     return [v for v in vocab_pairs(graph) if v.vocab % t == 0 and (mask[v.embedding] or mask[v.head])]
 
 
-def tied_share(graph: "OpGraph", members: Sequence[int], t: int) -> float:
+def tied_share(graph: "OpGraph", members: Sequence[int], t: int, *, vocab_parallel: bool = True) -> float:
     """The share of a tied parameter (the ops ``members`` of one of ``graph.tied``) each device of a
     TP group of ``t`` holds: 1/t for a table split by vocabulary (an end of a pair of
     :func:`vocab_inside` among them; both ends split it by rows, wherever they are), else 1."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(members, dtype=np.int64)] = True
-    return 1.0 / t if vocab_inside(graph, mask, t) else 1.0
+    return 1.0 / t if vocab_inside(graph, mask, t, vocab_parallel=vocab_parallel) else 1.0
 
 
 def vocab_ends(vocab: Sequence[VocabPair], mask: np.ndarray) -> tuple[list[int], list[int]]:
@@ -194,10 +198,12 @@ class Collective:
 
 
 def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None,
-                   *, tp: int, sequence_parallel: bool = False, value_scale: float = 1.0) -> list[Collective]:
+                   *, tp: int, sequence_parallel: bool = False, value_scale: float = 1.0,
+                   vocab_parallel: bool = True) -> list[Collective]:
     """The collectives one micro-batch of the ops ``ops`` runs over a TP group of ``tp`` (see the
     module docstring), their bytes ``value_scale`` x the traced ones (the loss's in fp32); the
-    degree is required: the vocabulary split (:func:`vocab_inside`) depends on it."""
+    degree is required: the vocabulary split (:func:`vocab_inside`, off with ``vocab_parallel=False``)
+    depends on it."""
     if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
         raise ValueError(f"tp_collectives: tp is {tp!r}; it must be the TP group's degree, a whole number >= 1 "
                          "(the vocabulary split depends on it): pass the number of devices of the TP group")
@@ -224,7 +230,7 @@ def tp_collectives(graph: "OpGraph", ops: np.ndarray, microbatches: int, pairs: 
                     for ph, k in (("forward", "all_gather"), ("backward", "reduce_scatter"))]
         else:  # each column's input gradient (the first block's input is whole under SP too)
             out += [Collective("backward", "all_reduce", x, name, p.column) for p, x in zip(ps, into)]
-    for v in vocab_inside(graph, mask, int(tp), sequence_parallel=sequence_parallel):
+    for v in vocab_inside(graph, mask, int(tp), sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel):
         # the embedding's partial sums; the loss's per-token max, sum of exponentials and target logit
         # (fp32, one float per token: the traced fp32 logits' bytes over the vocabulary); the head's
         # input gradient summed; each on the stage holding its end
@@ -301,18 +307,19 @@ def sp_runtime_seconds(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, de
 
 def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], fwd: np.ndarray,
                   bwd: np.ndarray, microbatches: int, pairs: Sequence[LinearPair] | None = None, *,
-                  sequence_parallel: bool = False, value_scale: float = 1.0) -> tuple[float, float, float, float]:
+                  sequence_parallel: bool = False, value_scale: float = 1.0,
+                  vocab_parallel: bool = True) -> tuple[float, float, float, float]:
     """(forward s, backward s, collectives s per micro-batch, parameter bytes per device) of the
     ops ``ops`` (bool mask or indices) run with tensor parallelism over ``devices``; ``fwd`` and
     ``bwd`` (N,) the ops' times at one micro-batch on one of those devices. A block (the pairs
     sharing a row) counts only when all its ops are in ``ops``. ``value_scale``: bytes of an
-    activation per traced byte (the collectives' bytes)."""
+    activation per traced byte (the collectives' bytes); ``vocab_parallel``: :func:`vocab_inside`'s."""
     t = len(devices)
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
-    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel)
+    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     scale = _scales(graph, mask, blocks, t, sequence_parallel, vocab)
     f = float((fwd * scale)[mask].sum())
     b = float((bwd * scale)[mask].sum())
@@ -323,18 +330,18 @@ def tp_stage_cost(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices
     inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
     comm = sum((_ring if c.kind == "all_reduce" else _half_ring)(c.nbytes, t, inv, lat)
                for c in tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
-                                       value_scale=value_scale, tp=t))
+                                       value_scale=value_scale, tp=t, vocab_parallel=vocab_parallel))
     return f, b, comm, params
 
 
 def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequence[LinearPair] | None = None, *,
-                        sequence_parallel: bool = False, value_scale: float = 1.0) -> float:
+                        sequence_parallel: bool = False, value_scale: float = 1.0, vocab_parallel: bool = True) -> float:
     """Activation bytes (the ops' outputs, whole batch) one device of a TP group of ``t`` keeps
     for the ops ``ops``: inside a block the columns' and the ops-between outputs are a 1/t share
     (the row's output is whole: all-reduced); with ``sequence_parallel`` the row's output (reduce-
     scattered) and the outputs of the sequence-parallel region (:func:`sequence_region`) too;
     ``value_scale`` x the traced bytes; the LM head's logits, split by vocabulary
-    (:func:`vocab_inside`), a 1/t share too (loss parallelism)."""
+    (:func:`vocab_inside`, unless ``vocab_parallel=False``), a 1/t share too (loss parallelism)."""
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
@@ -343,7 +350,8 @@ def tp_activation_bytes(graph: "OpGraph", ops: np.ndarray, t: int, pairs: Sequen
     if not sequence_parallel:
         scale[list(blocks)] = 1.0
     # the embedding's output whole, the logits sharded on the vocabulary (loss parallelism)
-    scale[vocab_ends(vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel), mask)[1]] = 1.0 / t
+    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
+    scale[vocab_ends(vocab, mask)[1]] = 1.0 / t
     return float((graph.out_bytes * scale)[mask].sum()) * value_scale
 
 
@@ -373,18 +381,19 @@ class TPShare(NamedTuple):
 
 def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Sequence[int], microbatches: int,
              pairs: Sequence[LinearPair] | None = None, *, sequence_parallel: bool = False,
-             value_scale: float = 1.0) -> TPShare:
+             value_scale: float = 1.0, vocab_parallel: bool = True) -> TPShare:
     """:class:`TPShare` of the ops ``ops`` (one stage) over ``devices`` (one TP group) at
     ``1/microbatches`` of the batch: the scales of :func:`tp_stage_cost` (pairs wholly in ``ops``)
     and its collectives (with ``sequence_parallel`` also :func:`sp_runtime_collectives`), each on
-    the op it belongs to, priced as there; ``value_scale``: bytes of an activation per traced byte."""
+    the op it belongs to, priced as there; ``value_scale``: bytes of an activation per traced byte;
+    ``vocab_parallel=False``: the vocabulary ends whole (:func:`vocab_inside`)."""
     t = len(devices)
     mask = np.zeros(graph.num_nodes, dtype=bool)
     mask[np.asarray(ops)] = True
     pairs = linear_pairs(graph) if pairs is None else pairs
     blocks = _blocks_inside(mask, pairs)
     inside = [p for ps in blocks.values() for p in ps]
-    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel)
+    vocab = vocab_inside(graph, mask, t, sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
     params = np.ones(graph.num_nodes)
     for p in inside:
         params[list(p.ops)] = 1.0 / max(t, 1)
@@ -402,7 +411,7 @@ def tp_share(graph: "OpGraph", cluster: "Cluster", ops: np.ndarray, devices: Seq
         lat = max(cluster.latency(i, j) for i in devices for j in devices if i != j)
         inv = max(1.0 / cluster.bandwidth(i, j) for i in devices for j in devices if i != j)
         cs = tp_collectives(graph, mask, microbatches, pairs, sequence_parallel=sequence_parallel,
-                            value_scale=value_scale, tp=t)
+                            value_scale=value_scale, tp=t, vocab_parallel=vocab_parallel)
         if sequence_parallel:
             cs += sp_runtime_collectives(graph, np.nonzero(mask)[0], microbatches, inside, value_scale=value_scale)
         for c in cs:

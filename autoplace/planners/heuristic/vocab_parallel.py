@@ -1,0 +1,107 @@
+"""The vocabulary split as a plan choice: every tensor-parallel pipeline plan (``tp > 1``) whose
+graph has a token embedding / LM head pair that ``tp`` divides is also simulated with
+``vocab_parallel=False``, and the split is dropped where the simulator says the plan is faster
+without it.
+
+With the split (Megatron-LM's vocab-parallel embedding, output layer and parallel cross-entropy,
+Shoeybi et al. 2019, section 3; torchtitan's default) each TP device holds ``vocab / t`` rows of
+the table and computes ``1/t`` of the head's logits, at the price of an all-reduce of the
+embedding's output and of the head's input gradient and three per-token all-reduces in the loss
+(:mod:`autoplace.sim.tensor_parallel`). Without it both ends run whole on every device: no
+collective, ``t`` times the head's compute and the whole table per device. On a small model at a
+small batch the collectives' latency can outweigh the head's compute, so neither setting wins
+everywhere. The objective is the simulated step among plans that fit; a tie keeps the split (the
+default, torchtitan's layout). One-stage plans are not tried: the runtime's data-parallel loop
+(:mod:`autoplace.rewrite.loop`) splits the pair whenever TP divides it
+(:func:`autoplace.rewrite.compose.build_runner` refuses ``vocab_parallel=False`` there).
+
+:func:`with_vocab_parallel` is a pass over a :class:`~.schedules.ScheduleChoice` (after
+:func:`~.sequence_parallel.with_sequence_parallel`, so SP variants are tried too), as that one
+is: it takes every plan the choice offered that can drop the split and returns the choice with
+the fastest plan that fits among the chosen one and those variants. :func:`vp_choice` is the
+rule for one plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable
+
+from autoplace.placement import Placement
+from autoplace.planners import budget as _budget
+from autoplace.tp_rules import vocab_pairs
+from .schedules import ScheduleChoice
+from .sequence_parallel import _TIE, _score
+
+if TYPE_CHECKING:
+    from autoplace.graph.ir import OpGraph
+    from autoplace.sim import Simulator
+
+__all__ = ["vp_variant", "vp_choice", "with_vocab_parallel"]
+
+
+def vp_variant(graph: "OpGraph", plan: Placement) -> Placement | None:
+    """``plan`` with ``vocab_parallel=False``; None when there is nothing to turn off (no TP, no
+    pair ``tp`` divides, the split off already) or the plan is one stage (see the module docstring)."""
+    if plan.mode != "pipeline" or plan.tp < 2 or not plan.vocab_parallel:
+        return None
+    if plan.num_stages * plan.virtual_stages == 1 or not any(v.vocab % plan.tp == 0 for v in vocab_pairs(graph)):
+        return None
+    return dataclasses.replace(plan, vocab_parallel=False)
+
+
+def vp_choice(sim: "Simulator", plan: Placement, *,
+              accept: Callable[[Placement], str] | None = None) -> tuple[Placement, float | None]:
+    """``plan`` or its variant without the vocabulary split, whichever the rule of the module
+    docstring keeps, with its simulated step (None: neither fits)."""
+    base = _score(sim, plan)
+    off = vp_variant(sim.graph, plan)
+    if off is None:
+        return plan, base
+    step = _score(sim, off)
+    if step is None or (accept is not None and accept(off)):
+        return plan, base
+    if base is None or step < base * (1 - _TIE):
+        return off, step
+    return plan, base
+
+
+def with_vocab_parallel(sim: "Simulator", choice: ScheduleChoice, *,
+                        accept: Callable[[Placement], str] | None = None) -> ScheduleChoice:
+    """``choice`` with its placement replaced by the fastest variant without the vocabulary split
+    of the plans it offered when one fits and beats the chosen plan (or the chosen plan is over
+    memory); the variants tried are added to ``candidates`` (``"<schedule> tp=t[ sp] whole
+    vocabulary"``) and the chosen plan's ``meta["schedule_candidates"]``. Stops at a spent planning
+    budget (said in the notes)."""
+    chosen = choice.placement
+    best = _score(sim, chosen)
+    won: Placement | None = None
+    tried: list[tuple[str, int, float | None]] = []
+    notes = list(choice.notes)
+    offered = list(choice.offered)
+    seen: list[Placement] = []
+    for p in [chosen, *choice.offered]:
+        off = vp_variant(sim.graph, p)
+        if off is None or any(off == q for q in seen):
+            continue
+        if _budget.expired():
+            notes.append(f"vocabulary split: stopped after {len(tried)} variants (the planning budget was spent)")
+            break
+        seen.append(off)
+        step = _score(sim, off)
+        tried.append((f"{off.schedule} tp={off.tp}{' sp' if off.sequence_parallel else ''} whole vocabulary",
+                      off.virtual_stages, step))
+        offered.append(off)
+        if step is None or not (best is None or step < best * (1 - _TIE)):
+            continue
+        why = accept(off) if accept is not None else ""
+        if why:
+            notes.append(f"faster but refused (accept): {off.schedule} tp={off.tp} whole vocabulary "
+                         f"M={off.microbatches}: {why}")
+            continue
+        best, won = step, off
+    candidates = choice.candidates + tuple(tried)
+    out = chosen if won is None else won
+    meta = out.meta.copy()
+    meta["schedule_candidates"] = [list(c) for c in candidates]
+    return ScheduleChoice(dataclasses.replace(out, meta=meta), candidates, tuple(notes), tuple(offered))
