@@ -137,11 +137,12 @@ class Counted(CommDebugMode):
 
 def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Placement:
     """compose_child.py's plan by hand (``pp`` ranks of ``dp x tp`` devices, contiguous stages, on
-    ``hosts`` hosts), with ``reshard_after_forward`` and ``sequence_parallel`` too when the case sets them."""
+    ``hosts`` hosts), with ``reshard_after_forward``, ``sequence_parallel`` and ``vocab_parallel`` too when the
+    case sets them."""
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per, k, n = world // pp, pp * v, graph.num_nodes
-    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel")
-            if f in case}
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel",
+                                 "vocab_parallel") if f in case}
     return autoplace.Placement.pipeline(graph, cc.cluster_for(case, world), [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case["schedule"],

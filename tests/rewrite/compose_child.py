@@ -2,7 +2,7 @@
 
 A user's script for composed plans: each case is a plan by hand (``Placement.pipeline`` with
 ``pp`` ranks of ``dp x tp`` devices, a schedule, virtual stages and stage options: shard kind,
-recompute, precision, sequence parallelism; ``hosts``: the devices on that many hosts, as HSDP
+recompute, precision, sequence parallelism, the vocabulary split; ``hosts``: the devices on that many hosts, as HSDP
 replicates across them), run through ``autoplace.wrap(mode="pipeline", plan=...)`` for 5 SGD steps beside the unsplit model
 on the same batches. Saves, per rank, the losses, the largest loss and (gathered) parameter
 differences from the unsplit model, its FSDP units and the (dim names, shape) of the meshes of its
@@ -36,8 +36,8 @@ def plan_for(case: dict, graph: autoplace.OpGraph, world: int) -> autoplace.Plac
     pp, tp, v = case["pp"], case.get("tp", 1), case.get("v", 1)
     per = world // pp
     k, n = pp * v, graph.num_nodes
-    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel")
-            if f in case}
+    opts = {f: case[f] for f in ("shard", "recompute", "precision", "reshard_after_forward", "sequence_parallel",
+                                 "vocab_parallel") if f in case}
     return autoplace.Placement.pipeline(graph, cluster_for(case, world), [i * k // n for i in range(n)],
                                         [list(range(r * per, (r + 1) * per)) for r in range(pp)],
                                         microbatches=case.get("microbatches", 2), schedule=case["schedule"],
@@ -66,6 +66,7 @@ def run(case: dict, rank: int, world: int, out: Path) -> None:
                 "vocab": sorted(n for mod in modules for n, p in mod.named_parameters(remove_duplicate=False)
                                 if n in ("tok.weight", "head.weight", "tok_embeddings.weight", "output.weight")
                                 and hasattr(p, "full_tensor")),
+                "loss_parallel": bool(getattr(runner, "loss_parallel", False)),
                 "tied_one": len({id(p) for mod in modules for n, p in mod.named_parameters(remove_duplicate=False)
                                  if n in ("tok.weight", "head.weight")}) <= 1,
                 "meshes": sorted({(tuple(p.device_mesh.mesh_dim_names or ()), tuple(p.device_mesh.shape))

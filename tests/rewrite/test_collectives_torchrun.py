@@ -64,6 +64,11 @@ VOCAB = [  # the vocabulary split across stages: the embedding's all-reduce on t
     {"id": "zbv_tp2_tied", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv"},
     {"id": "zbh1_tp2_sp_llama", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
      "sequence_parallel": True},
+    # the option off (vocab_parallel=False): none of the split's all-reduces, the tied table's whole gradient summed
+    {"id": "pp2_tp2_tied_whole", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4,
+     "vocab_parallel": False},
+    {"id": "pp2_tp2_llama_whole", "model": "llama", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4,
+     "vocab_parallel": False},
 ]
 
 RUNTIME_ONLY = {
@@ -187,8 +192,18 @@ def test_collectives_of_pp2_x_tp2_x_dp2_on_8_processes_equal_the_simulators(tmp_
 def test_collectives_of_a_vocabulary_split_across_stages_equal_the_simulators(tmp_path: Path) -> None:
     got = _load(tmp_path, 4, VOCAB)
     _check(got)
-    for r, part in enumerate(got["pp2_tp2_tied"]):  # the tied table's gradient: a TP rank's shard of it, summed
-        group = (r % 2, r % 2 + 2)  # across the first and last stages
-        ran = [e["bytes"] for e in part["steps"][-1]["events"] if e["kind"] == "all_reduce" and tuple(e["ranks"]) == group]
-        [sim] = [StepCollective(**x) for x in part["sim"] if tuple(x["group"]) == group and x["kind"] == "all_reduce"]
-        assert ran == [sim.nbytes] == [32 * 16 * 4 / 2], (r, ran, sim)  # V x h fp32 over tp = 2
+    for case, share in (("pp2_tp2_tied", 2), ("pp2_tp2_tied_whole", 1)):
+        for r, part in enumerate(got[case]):  # the tied table's gradient: a TP rank's shard of it (the whole
+            group = (r % 2, r % 2 + 2)  # table with the split off), summed across the first and last stages
+            ran = [e["bytes"] for e in part["steps"][-1]["events"]
+                   if e["kind"] == "all_reduce" and tuple(e["ranks"]) == group]
+            [sim] = [StepCollective(**x) for x in part["sim"] if tuple(x["group"]) == group and x["kind"] == "all_reduce"]
+            assert ran == [sim.nbytes] == [32 * 16 * 4 / share], (case, r, ran, sim)  # V x h fp32 over tp
+    for whole, split_ in (("pp2_tp2_tied_whole", "pp2_tp2_tied"), ("pp2_tp2_llama_whole", "pp2_tp2_llama")):
+        # per micro-batch (4) the split adds the embedding's all-reduce on the first stage's TP group, the loss's
+        # three and the head's input gradient's on the last's; the option off runs none of them
+        for r in range(4):
+            tp_group = (2 * (r // 2), 2 * (r // 2) + 1)
+            n = [sum(e["kind"] == "all_reduce" and tuple(e["ranks"]) == tp_group for e in got[c][r]["steps"][-1]["events"])
+                 for c in (split_, whole)]
+            assert n[0] - n[1] == (4 if r < 2 else 4 * 4), (whole, r, n)

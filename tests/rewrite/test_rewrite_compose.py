@@ -90,6 +90,28 @@ def test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model(tmp_
         assert all(p["tied_one"] for p in parts), c  # a rank with both ends of a tied table: one parameter
 
 
+WHOLE = [  # the same pipelines with vocab_parallel=False: both ends whole on every TP rank, no loss parallelism
+    {"id": "pp2_tp2_tied_whole", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4,
+     "vocab_parallel": False},
+    {"id": "zbh1_tp2_tied_whole", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
+     "vocab_parallel": False},
+    {"id": "zbv_tp2_tied_whole", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv",
+     "vocab_parallel": False},
+]
+
+
+def test_the_vocabulary_ends_whole_across_pipeline_stages_equal_the_unsplit_model(tmp_path: Path) -> None:
+    # a plan with vocab_parallel=False: the tied table a plain parameter on both stages (its gradient summed
+    # across them whole), the head's logits whole into the plain loss
+    pw.launch_cases(CHILD, tmp_path, 4, WHOLE, timeout=600)
+    _check(tmp_path, 4, WHOLE)
+    for c in WHOLE:
+        parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(4)]
+        assert all(p["vocab"] == [] and not p["loss_parallel"] for p in parts), c
+        assert all(p["sharded"] for p in parts), c  # the blocks are still TP shards
+        assert all(p["tied_one"] for p in parts), c
+
+
 def test_sequence_parallelism_with_replicas_equals_the_unsplit_model(tmp_path: Path) -> None:
     # one stage, TP2 + sequence parallelism, 2 DDP replicas (plan("best")'s Llama on 4xV100-pcie and
     # 8xH100-nvlink), the table and head split by vocabulary in it
