@@ -43,7 +43,7 @@ llm-foundry's H100 rows) and reported on the rest (MosaicML's A100 rows, torchti
   held-out rows were seen when its form was chosen; its value is fitted on the fit part only.
   It is FSDP-motivated (every fit row is FSDP). The cost model applies it to every 16-bit GEMM;
   the simulator takes it back out for pipeline stages with options that are not sharded
-  (:func:`autoplace.sim.stage_cost.resident_ratio`: weights resident, nothing gathered or cast
+  (:func:`autoplace.sim.stage_ops.resident_ratio`: weights resident, nothing gathered or cast
   per micro-batch, as Megatron-LM's DDP/TP/PP runs). That choice was made after the held-out
   Megatron-LM rows had been seen at 1-2 samples a micro-batch (their GEMMs at half efficiency);
   no value was fitted on them. A 16-bit cost model on default (fp32-plan) stages still charges it.

@@ -20,7 +20,12 @@ recomputed unit's backward).
   replicas in torch's ``REDUCE_GRAD`` action), :mod:`.ddp`, each op's gradients ready at its
   backward on the stage's first replica; with ``CostModel.batch_norm == "sync"`` every forward
   and backward action also waits for its BatchNorm layers' statistics rings over the replicas
-  (:func:`bn_sync_seconds`, as :mod:`.fsdp_stage` charges a stage with options).
+  (:func:`bn_sync_seconds`, as :mod:`.fsdp_stage` charges a stage with options). Its activation
+  bytes and backward transient come from the traced memory facts, as a stage with options reads
+  them (:mod:`.stage_memory`; every op's output where a graph has none), and under a 16-bit cost
+  model its GEMMs run without the size term (:func:`~.stage_ops.resident_ratio`): the compiled pass is the
+  fast form of the items below for a stage without options, and a DDP stage costs the same in
+  both (``tests/sim/test_stage_cost_builders.py``).
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
   stage's FSDP units, Zhao et al. VLDB 2023) on its rank's devices, as torch.distributed.pipelining
   runs an FSDP stage module (:func:`action_seconds`): every forward and backward action gathers
@@ -44,7 +49,6 @@ recomputed unit's backward).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
@@ -55,7 +59,8 @@ from ..parallel import StageOptions
 from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_group_seconds, ddp_bucket_plan, ddp_sync, ring_link
 from .fsdp_stage import ShardedStage
 from .fsdp_streams import two_stream
-from .stage_ops import stage_op_times
+from .stage_memory import stage_activations
+from .stage_ops import resident_ratio, stacked_times, stage_op_times
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
 
@@ -177,14 +182,18 @@ def _plain_costs(st: np.ndarray, stage_ptr: np.ndarray, stage_dev: np.ndarray, r
 
 
 def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int]], parts: np.ndarray, *,
-              sequence_parallel: bool, vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(N,) each op's share of its work and of its parameters on a TP device, and (2, K) each
+              sequence_parallel: bool,
+              vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) each op's share of its work and of its parameters on a TP device, (2, K) each
     stage's TP collectives in its forward and in its backward (:func:`~.tensor_parallel.tp_share`:
     a row's output all-reduce in forward, a column's input-gradient all-reduce in backward; with
-    sequence parallelism its region at 1/tp and the rewrite's own collectives too)."""
+    sequence parallelism its region at 1/tp and the rewrite's own collectives too), (N,) a TP
+    device's share of each op's output and (N,) the vocabulary-split heads (for
+    :func:`~.stage_memory.stage_activations`)."""
     k = len(tp_groups)
     pairs = linear_pairs(sim.graph)
     work, scale, ar = np.ones(st.shape[0]), np.ones(st.shape[0]), np.zeros((2, k))
+    act, head = np.ones(st.shape[0]), np.zeros(st.shape[0], dtype=np.bool_)
     for s in range(k):
         ops = np.nonzero(st == s)[0]
         if not ops.size:
@@ -192,9 +201,11 @@ def _tp_terms(sim: "Simulator", st: np.ndarray, tp_groups: Sequence[Sequence[int
         share = tp_share(sim.graph, sim.cluster, ops, list(tp_groups[s]), int(parts[s]), pairs,
                          sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale,
                          vocab_parallel=vocab_parallel)
-        work[ops], scale[ops] = share.work[ops], share.params[ops]
+        work[ops], scale[ops], act[ops] = share.work[ops], share.params[ops], share.act[ops]
+        if share.vocab_head is not None:
+            head[ops] = share.vocab_head[ops]
         ar[:, s] = share.fwd[ops].sum(), share.bwd[ops].sum()
-    return work, scale, ar
+    return work, scale, ar, act, head
 
 
 class Layout(NamedTuple):
@@ -244,17 +255,6 @@ def layout(sim: "Simulator", groups: Sequence[Sequence[int]], rank_of: np.ndarra
         if len(cache) > 4096:
             cache.clear()
         cache[key] = got
-    return got
-
-
-def _stacked_times(sim: "Simulator", m: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each replica count r
-    of ``counts``, cached per simulator."""
-    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_stacked_times", {})
-    got = cache.get((m, counts))
-    if got is None:
-        times = [sim.op_times(m * r) for r in counts]
-        got = cache[(m, counts)] = (np.stack([x[0] for x in times]), np.stack([x[1] for x in times]))
     return got
 
 
@@ -322,28 +322,6 @@ def options_of_stages(options: StageOptions, rank_of: np.ndarray) -> StageOption
     return StageOptions(shard=tuple(options.shard[i] for i in r), recompute=tuple(options.recompute[i] for i in r),
                         precision=tuple(options.precision[i] for i in r),
                         reshard_after_forward=tuple(options.reshard_after_forward[i] for i in r))
-
-
-def resident_ratio(sim: "Simulator", parts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N, D) forward and backward 16-bit op times without the GEMM size term over those with it,
-    at ``1/parts`` of the batch (ones where the cost model has no such term), cached on the simulator.
-
-    The size term (:data:`autoplace.cost.efficiency.SIZE_HALF_TOKENS`, fitted on FSDP runs) stands
-    for costs paid per micro-batch in proportion to the weights: gathering and casting them for
-    every micro-batch. A stage that is not sharded keeps its weights resident (DDP, TP and pipeline
-    stages as Megatron-LM runs them), so its GEMMs run at the shape's efficiency alone."""
-    cost = sim.cost
-    if not (cost.shape_efficiency and cost.tensor_size_half > 0):
-        one = np.ones((sim.graph.num_nodes, sim.num_devices))
-        return one, one
-    cache: dict[int, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_resident_ratio", {})
-    if parts not in cache:
-        half = replace(cost, dtype_bytes=2)
-        f1, b1 = half.roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
-        f0, b0 = replace(half, tensor_size_half=0.0).roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            cache[parts] = (np.where(f1 > 0, f0 / f1, 1.0), np.where(b1 > 0, b0 / b1, 1.0))
-    return cache[parts]
 
 
 def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Sequence[int]], opts: StageOptions,
@@ -443,26 +421,37 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
     n = st.shape[0]
     extra = np.zeros((2, k))
     if t_deg > 1:
-        work, scale, extra = _tp_terms(sim, st, [groups[r][:t_deg] for r in rank_of.tolist()], m * reps,
-                                       sequence_parallel=sequence_parallel, vocab_parallel=vocab_parallel)
+        work, scale, extra, share, head = _tp_terms(sim, st, [groups[r][:t_deg] for r in rank_of.tolist()],
+                                                    m * reps, sequence_parallel=sequence_parallel,
+                                                    vocab_parallel=vocab_parallel)
     else:
-        work = scale = _ones(sim, n)
+        work = scale = share = _ones(sim, n)
+        head = np.zeros(n, dtype=np.bool_)
     replicated = lay.replicated
     bn = bn_sync_seconds(sim, st, groups, rank_of, t_deg) if replicated else np.zeros(k)  # blocking, in F and I
-    tf, tb = _stacked_times(sim, m, lay.counts)
+    tf, tb = stacked_times(sim, m, lay.counts)
     gs = np.full(k, float(sim.cost.grad_scale()))
     after = split or t_deg > 1  # REDUCE_GRAD: every bucket after the last backward
     (f, b, w, u, p_stage, act, sync), rep, *buckets = _plain_costs(
         st, lay.stage_ptr, lay.stage_dev, lay.count_index, tf, tb, sim.upd, work, scale, sim.tables.param_bytes,
         sim.tables.out_bytes, np.zeros((3, k)) if host is None else np.array(host, dtype=np.float64), extra,
         bn, bnd, m, split, lay.lat, lay.inv, gs, DDP_BUCKET_BYTES, not after)
-    if t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
+    recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
+    vs = float(sim.cost.value_scale)
+    act_scale = min(1.0, vs)
+    traced = stage_activations(sim, st, k, act_scale, share, head)
+    remat = np.zeros(k)
+    if traced is not None:  # the traced memory facts, as the options path reads them (one stage, one figure)
+        saved, beyond = traced
+        per_mb = act_scale / (m * reps)
+        act = saved * per_mb + recv / (m * reps)
+        remat = beyond * per_mb
+    elif t_deg > 1:  # a TP device keeps its 1/tp share of what its column/row blocks make (tp_activation_bytes)
         pairs = linear_pairs(sim.graph)
         out_b = np.array([tp_activation_bytes(sim.graph, np.nonzero(st == s)[0], t_deg, pairs,
-                                              sequence_parallel=sequence_parallel, value_scale=sim.cost.value_scale,
+                                              sequence_parallel=sequence_parallel, value_scale=vs,
                                               vocab_parallel=vocab_parallel)
                           for s in range(k)])
-        recv = np.concatenate([[0.0], bnd[: k - 1]]) if k > 1 else np.zeros(1)
         act = (out_b + recv) / (m * reps)
     tail = np.zeros(k)
     if replicated and after:
@@ -474,7 +463,7 @@ def stage_costs(sim: "Simulator", st: np.ndarray, groups: Sequence[Sequence[int]
             ready, sync[s] = ddp_sync(np.zeros(ops.size), p_op[ops], int(reps[s]), float(last[s]), 0.0,
                                       float(lay.lat[s]), float(lay.inv[s]), grad_scale=float(gs[s]))
             tail[s] = max(ready - float(last[s]), 0.0)
-    return StageCosts(f, b, w, u, tail, sync, act, p_stage, np.zeros(k), np.zeros(k), np.ones(k), tuple(buckets),
+    return StageCosts(f, b, w, u, tail, sync, act, p_stage, np.zeros(k), remat, np.ones(k), tuple(buckets),
                       rep)
 
 

@@ -2,7 +2,9 @@
 (:func:`stage_op_times`: the cost model's, or bf16 by the roofline ratio), which ops save no
 weight copy or nothing at all for backward, which ops a recompute option checkpoints
 (:func:`recomputed_ops`) and which forward TP collectives a recomputed unit does not run again
-(:func:`recompute_skips`)."""
+(:func:`recompute_skips`); and what a stage that keeps its weights resident runs its 16-bit GEMMs
+at (:func:`resident_ratio`, :func:`stacked_times`: the op times the stage costs' compiled pass
+reads)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .simulator import Simulator
 
-__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recomputed_ops", "recompute_skips", "stage_op_times"]
+__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recomputed_ops", "recompute_skips", "resident_ratio", "stacked_times",
+           "stage_op_times"]
 
 
 SAVES_NO_WEIGHT = frozenset({"Embedding", "embedding"})
@@ -84,3 +87,44 @@ def stage_op_times(sim: "Simulator", parts: int, bf16: bool) -> tuple[np.ndarray
         return tf, tb
     rf, rb = _bf16_ratio(sim, parts)  # type: ignore[misc]
     return tf * rf, tb * rb
+
+
+def resident_ratio(sim: "Simulator", parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, D) forward and backward 16-bit op times without the GEMM size term over those with it,
+    at ``1/parts`` of the batch (ones where the cost model has no such term), cached on the simulator.
+
+    The size term (:data:`autoplace.cost.efficiency.SIZE_HALF_TOKENS`, fitted on FSDP runs) stands
+    for costs paid per micro-batch in proportion to the weights: gathering and casting them for
+    every micro-batch. A stage that is not sharded keeps its weights resident (DDP, TP and pipeline
+    stages as Megatron-LM runs them), so its GEMMs run at the shape's efficiency alone."""
+    cost = sim.cost
+    if not (cost.shape_efficiency and cost.tensor_size_half > 0):
+        one = np.ones((sim.graph.num_nodes, sim.num_devices))
+        return one, one
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_resident_ratio", {})
+    if parts not in cache:
+        half = replace(cost, dtype_bytes=2)
+        f1, b1 = half.roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
+        f0, b0 = replace(half, tensor_size_half=0.0).roofline_times(sim.graph, sim.cluster, batch_fraction=1.0 / parts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cache[parts] = (np.where(f1 > 0, f0 / f1, 1.0), np.where(b1 > 0, b0 / b1, 1.0))
+    return cache[parts]
+
+
+def stacked_times(sim: "Simulator", m: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each replica count r
+    of ``counts``, cached per simulator; a stage without options keeps its weights resident, so
+    its 16-bit GEMMs run without the per-micro-batch size term (:func:`resident_ratio`, as the
+    options path prices a DDP stage)."""
+    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_stacked_times", {})
+    got = cache.get((m, counts))
+    if got is None:
+        times = []
+        for r in counts:
+            tf, tb = sim.op_times(m * r)
+            if sim.cost.dtype_bytes <= 2:
+                rf, rb = resident_ratio(sim, m * r)
+                tf, tb = tf * rf, tb * rb
+            times.append((tf, tb))
+        got = cache[(m, counts)] = (np.stack([x[0] for x in times]), np.stack([x[1] for x in times]))
+    return got
