@@ -39,59 +39,67 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import plan_property as prop  # noqa: E402  (the zoo graphs as plan_property and the CLI load them)
 
 _R = "tests/rewrite/"
-RUNS: dict[tuple[str, bool, bool, bool, bool, str, bool], str] = {
-    # (schedule or "loop", pipeline ranks > 1, replicas > 1, tp > 1, sequence parallel, shard, a table split by
-    # vocabulary on two stages): a torchrun test
-    ("loop", False, False, False, False, "ddp", False): _R + "test_rewrite_best_shapes.py::test_one_stage_on_one_device",
-    ("loop", False, True, False, False, "ddp", False): _R + "test_rewrite_bn_plans.py::"
+RUNS: dict[tuple[str, bool, bool, bool, bool, str, str], str] = {
+    # (schedule or "loop", pipeline ranks > 1, replicas > 1, tp > 1, sequence parallel, shard, the vocabulary
+    # pair: "apart" split by vocabulary on two stages, "whole" not split though tp divides it (vocab_parallel=False),
+    # "" otherwise (split inside one stage, or nothing to split)): a torchrun test
+    ("loop", False, False, False, False, "ddp", ""): _R + "test_rewrite_best_shapes.py::test_one_stage_on_one_device",
+    ("loop", False, True, False, False, "ddp", ""): _R + "test_rewrite_bn_plans.py::"
                                                      "test_batch_norm_under_every_replicated_plan_on_two_processes",
-    ("loop", False, True, False, False, "fsdp", False): _R + "test_rewrite_fsdp.py::test_fsdp_on_two_processes_equals_the_unwrapped_model",
-    ("loop", False, True, False, False, "hsdp", False): _R + "test_rewrite_fsdp.py::"
+    ("loop", False, True, False, False, "fsdp", ""): _R + "test_rewrite_fsdp.py::test_fsdp_on_two_processes_equals_the_unwrapped_model",
+    ("loop", False, True, False, False, "hsdp", ""): _R + "test_rewrite_fsdp.py::"
                                                       "test_hsdp_and_pipeline_x_fsdp_on_four_processes_equal_the_unwrapped_model",
-    ("loop", False, False, True, False, "ddp", False): _R + "test_rewrite_best_shapes.py::"
+    ("loop", False, False, True, False, "ddp", ""): _R + "test_rewrite_best_shapes.py::"
                                                      "test_one_stage_that_is_one_tp_group_with_and_without_sequence_parallelism",
-    ("loop", False, False, True, True, "ddp", False): _R + "test_rewrite_best_shapes.py::"
+    ("loop", False, False, True, True, "ddp", ""): _R + "test_rewrite_best_shapes.py::"
                                                     "test_one_stage_that_is_one_tp_group_with_and_without_sequence_parallelism",
-    ("loop", False, True, True, False, "ddp", False): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
-    ("loop", False, True, True, False, "fsdp", False): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
-    ("loop", False, True, True, False, "hsdp", False): _R + "test_rewrite_hsdp_tp.py::"
+    ("loop", False, True, True, False, "ddp", ""): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
+    ("loop", False, True, True, False, "fsdp", ""): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
+    ("loop", False, True, True, False, "hsdp", ""): _R + "test_rewrite_hsdp_tp.py::"
                                                      "test_hsdp_r2_x_tp2_on_4_processes_equals_the_unsplit_model_and_the_simulators_collectives",
-    **{(s, True, False, False, False, "ddp", False): _R + "test_rewrite_pipeline.py::test_two_process_pipeline_equals_the_model"
+    **{(s, True, False, False, False, "ddp", ""): _R + "test_rewrite_pipeline.py::test_two_process_pipeline_equals_the_model"
        for s in ("gpipe", "1f1b")},
-    **{(s, True, False, False, False, "ddp", False): _R + "test_rewrite_schedules.py::test_schedules_two_ranks_equal_the_unsplit_model"
+    **{(s, True, False, False, False, "ddp", ""): _R + "test_rewrite_schedules.py::test_schedules_two_ranks_equal_the_unsplit_model"
        for s in ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")},
-    **{(s, True, True, False, False, "ddp", False): _R + "test_rewrite_hybrid.py::test_two_stages_times_two_replicas_train_like_the_model"
+    **{(s, True, True, False, False, "ddp", ""): _R + "test_rewrite_hybrid.py::test_two_stages_times_two_replicas_train_like_the_model"
        for s in ("gpipe", "1f1b")},
-    **{(s, True, True, False, False, "ddp", False): _R + "test_rewrite_pp_dp.py::test_pp2_x_dp2_equal_the_unsplit_model"
+    **{(s, True, True, False, False, "ddp", ""): _R + "test_rewrite_pp_dp.py::test_pp2_x_dp2_equal_the_unsplit_model"
        for s in ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")},
-    ("1f1b", True, False, True, False, "ddp", False): _R + "test_rewrite_tensor_parallel.py::test_pp2_x_tp2_equals_the_unsplit_model",
-    ("zb-h1", True, False, True, False, "ddp", False): _R + "test_rewrite_split_backward_tp.py::"
+    ("1f1b", True, False, True, False, "ddp", ""): _R + "test_rewrite_tensor_parallel.py::test_pp2_x_tp2_equals_the_unsplit_model",
+    ("zb-h1", True, False, True, False, "ddp", ""): _R + "test_rewrite_split_backward_tp.py::"
                                                      "test_zero_bubble_schedules_with_tp2_on_4_processes",
-    ("zbv", True, False, True, False, "ddp", False): _R + "test_rewrite_split_backward_tp.py::"
+    ("zbv", True, False, True, False, "ddp", ""): _R + "test_rewrite_split_backward_tp.py::"
                                                    "test_zero_bubble_schedules_with_tp2_on_4_processes",
-    ("1f1b", True, True, True, False, "ddp", False): _R + "test_rewrite_compose.py::test_pp2_x_tp2_x_dp2_on_8_processes_equals_the_unsplit_model",
-    ("interleaved-1f1b", True, True, True, False, "ddp", False): _R + "test_rewrite_compose.py::"
+    ("1f1b", True, True, True, False, "ddp", ""): _R + "test_rewrite_compose.py::test_pp2_x_tp2_x_dp2_on_8_processes_equals_the_unsplit_model",
+    ("interleaved-1f1b", True, True, True, False, "ddp", ""): _R + "test_rewrite_compose.py::"
                                                                "test_pp2_x_tp2_x_dp2_on_8_processes_equals_the_unsplit_model",
-    ("zb-h1", True, True, True, False, "ddp", False): _R + "test_rewrite_split_backward_tp.py::test_zb_h1_pp2_x_tp2_x_dp2_on_8_processes",
-    ("zb-h1", True, False, True, True, "ddp", False): _R + "test_rewrite_split_backward_tp.py::"
+    ("zb-h1", True, True, True, False, "ddp", ""): _R + "test_rewrite_split_backward_tp.py::test_zb_h1_pp2_x_tp2_x_dp2_on_8_processes",
+    ("zb-h1", True, False, True, True, "ddp", ""): _R + "test_rewrite_split_backward_tp.py::"
                                                     "test_zb_h1_pp2_x_tp2_with_sequence_parallelism_on_4_processes",
-    ("1f1b", True, False, True, True, "ddp", False): _R + "test_rewrite_sequence_parallel.py::"
+    ("1f1b", True, False, True, True, "ddp", ""): _R + "test_rewrite_sequence_parallel.py::"
                                                    "test_planned_sp_pp2_x_tp2_equals_the_unsplit_model",
-    ("zbv", True, True, False, False, "fsdp", False): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
-    ("1f1b", True, False, True, False, "fsdp", False): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
-    ("1f1b", True, True, False, False, "fsdp", False): _R + "test_rewrite_pipeline_reshard.py::"
+    ("zbv", True, True, False, False, "fsdp", ""): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
+    ("1f1b", True, False, True, False, "fsdp", ""): _R + "test_rewrite_compose.py::test_composed_plans_on_4_processes_equal_the_unsplit_model",
+    ("1f1b", True, True, False, False, "fsdp", ""): _R + "test_rewrite_pipeline_reshard.py::"
                                                      "test_fsdp_stages_that_reshard_gather_in_every_action_as_the_simulator_charges",
-    ("interleaved-1f1b", True, True, False, False, "fsdp", False): _R + "test_rewrite_pipeline_reshard.py::"
+    ("interleaved-1f1b", True, True, False, False, "fsdp", ""): _R + "test_rewrite_pipeline_reshard.py::"
                                                                  "test_fsdp_stages_that_reshard_gather_in_every_action_as_the_simulator_charges",
-    ("1f1b", True, True, True, False, "hsdp", False): _R + "test_rewrite_hsdp_tp.py::test_hsdp_r2_s2_x_tp2_on_8_processes",
-    ("loop", False, True, True, True, "ddp", False): _R + "test_rewrite_compose.py::"
+    ("1f1b", True, True, True, False, "hsdp", ""): _R + "test_rewrite_hsdp_tp.py::test_hsdp_r2_s2_x_tp2_on_8_processes",
+    ("loop", False, True, True, True, "ddp", ""): _R + "test_rewrite_compose.py::"
                                                           "test_sequence_parallelism_with_replicas_equals_the_unsplit_model",
-    ("loop", False, True, True, True, "fsdp", False): _R + "test_rewrite_fsdp_tp_loop.py::"
+    ("loop", False, True, True, True, "fsdp", ""): _R + "test_rewrite_fsdp_tp_loop.py::"
                                                            "test_fsdp2_x_tp2_one_stage_runs_fsdps_loop_and_equals_the_unsplit_model",
-    **{(s, True, False, True, False, "ddp", True): _R + "test_rewrite_compose.py::"
+    **{(s, True, False, True, False, "ddp", "apart"): _R + "test_rewrite_compose.py::"
                                                         "test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model"
        for s in ("1f1b", "zb-h1", "zbv")},
-    ("zb-h1", True, False, True, True, "ddp", True): _R + "test_rewrite_compose.py::"
+    **{(s, True, False, True, False, "ddp", "whole"): _R + "test_rewrite_compose.py::"
+                                                         "test_the_vocabulary_ends_whole_across_pipeline_stages_equal_the_unsplit_model"
+       for s in ("1f1b", "zb-h1", "zbv")},
+    ("zb-h1", True, True, True, False, "ddp", "whole"): _R + "test_rewrite_split_backward_tp.py::"
+                                                         "test_zb_h1_pp2_x_tp2_x_dp2_on_8_processes",
+    ("zb-h1", True, False, True, True, "ddp", "whole"): _R + "test_rewrite_compose.py::"
+                                                        "test_the_vocabulary_ends_whole_across_pipeline_stages_equal_the_unsplit_model",
+    ("zb-h1", True, False, True, True, "ddp", "apart"): _R + "test_rewrite_compose.py::"
                                                       "test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model",
 }
 """Composition -> a torchrun test (``path::function``) that runs it through the runtime; a pipeline
@@ -100,22 +108,25 @@ of one rank with virtual stages counts as a pipeline (its schedule, ``pipeline r
 SHAPES = [  # (zoo model, preset): a composed shape plan('best') returns there (at the time of writing)
     ("gnmt4-unrolled", "8xV100-nvlink"),  # zbv, 2 ranks x 2 virtual stages
     ("inception_v3", "4xV100-pcie"),  # zb-h1 with 3 virtual stages (BatchNorm)
-    ("gpt2", "4xA100-nvlink"),  # zb-h1, pp2 x tp2, the tied table split by vocabulary on both stages
-    ("llama", "4xV100-pcie"),  # one stage, tp2 + sequence parallelism x 2 replicas
+    ("gpt2", "4xA100-nvlink"),  # zb-h1, pp2 x tp2, the tied table's ends whole (vocab_parallel=False)
+    ("gpt2", "8xA100-nvlink"),  # zb-h1, pp2 x tp2 x 2 replicas, the ends whole
+    ("llama", "4xV100-pcie"),  # zb-h1, pp2 x tp2 + sequence parallelism, the ends whole
     ("llama", "2xV100-pcie"),  # one stage, tp2 + sequence parallelism
 ]
 
 
-def composition(p: Placement, g: autoplace.OpGraph) -> tuple[str, bool, bool, bool, bool, str, bool]:
+def composition(p: Placement, g: autoplace.OpGraph) -> tuple[str, bool, bool, bool, bool, str, str]:
     """The key of :data:`RUNS` for pipeline plan ``p`` of ``g``."""
     assert p.stage_devices is not None and p.stage_of_node is not None
     shards = set(p.shard) or {"ddp"}
     assert len(shards) == 1, p.shard  # runtime_problems: one kind for every stage
-    # a table split by vocabulary on two stages (tensor_parallel.apply_tensor_parallel's vocab=)
-    apart = p.tp > 1 and any(v.vocab % p.tp == 0 and p.stage_of_node[v.embedding] != p.stage_of_node[v.head]
-                             for v in vocab_pairs(g))
+    # the pairs TP could split by vocabulary (tensor_parallel.apply_tensor_parallel's vocab=): run whole
+    # (vocab_parallel=False), or split with the ends on two stages
+    pairs = [v for v in vocab_pairs(g) if p.tp > 1 and v.vocab % p.tp == 0]
+    vocab = "" if not pairs else "whole" if not p.vocab_parallel else "apart" if any(
+        p.stage_of_node[v.embedding] != p.stage_of_node[v.head] for v in pairs) else ""
     return ("loop" if one_stage(p) else p.schedule, p.num_stages > 1, len(p.stage_devices[0]) // p.tp > 1,
-            p.tp > 1, bool(p.sequence_parallel), shards.pop(), apart)
+            p.tp > 1, bool(p.sequence_parallel), shards.pop(), vocab)
 
 
 @lru_cache(maxsize=None)
@@ -147,11 +158,10 @@ def test_every_run_named_is_a_test_that_exists() -> None:
 def test_composed_shapes_best_returns_on_the_presets_run() -> None:
     plans = [best(m, c, 2.0) for m, c in SHAPES]
     keys = {composition(p, _graph(m)) for p, (m, _) in zip(plans, SHAPES)}
-    # the shapes this test is about: a multi-stage schedule, TP, PP x TP with the vocabulary split apart, DP x TP
-    # (PP x DP x TP, which it returned on gpt2/8xA100-nvlink before the split was charged on both stages, no
-    # longer comes out on the zoo's small models; its torchrun tests are in RUNS)
+    # the shapes this test is about: a multi-stage schedule, TP, PP x TP with the vocabulary pair split apart or
+    # whole, DP x TP (PP x DP x TP on gpt2/8xA100-nvlink again since the split is a plan option)
     assert any(p.virtual_stages > 1 for p in plans), [p.summary() for p in plans]
-    assert any(k[3] for k in keys) and any(k[1] and k[3] and k[6] for k in keys), keys
+    assert any(k[3] for k in keys) and any(k[1] and k[3] and k[6] in ("apart", "whole") for k in keys), keys
     assert any(k[2] and k[3] for k in keys), keys
 
 

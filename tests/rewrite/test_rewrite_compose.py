@@ -97,6 +97,9 @@ WHOLE = [  # the same pipelines with vocab_parallel=False: both ends whole on ev
      "vocab_parallel": False},
     {"id": "zbv_tp2_tied_whole", "model": "gpt-tied", "pp": 2, "v": 2, "tp": 2, "schedule": "zbv",
      "vocab_parallel": False},
+    # with sequence parallelism (plan("best")'s Llama on 4xV100-pcie)
+    {"id": "zbh1_tp2_sp_llama_whole", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
+     "sequence_parallel": True, "vocab_parallel": False},
 ]
 
 

@@ -4,7 +4,8 @@ the A100/H100 presets (``2 stages, zb-h1, tp=2``; ``2 stages x 2 replicas, zb-h1
 tests/test_best_plans_run.py). Under ``torchrun`` (gloo, CPU, fp32) through ``autoplace.wrap``,
 5 steps equal the unsplit model to 1e-5 and the collectives torch runs in a step equal the
 simulator's per rank and group (test_rewrite_hsdp_tp.launch_checked): PP2 x TP2 with ZB-H1 and
-with ZBV on 4 processes, PP2 x TP2 x DP2 with ZB-H1 on 8 (slow). With sequence parallelism (the
+with ZBV on 4 processes, PP2 x TP2 x DP2 with ZB-H1 on 8 (slow; also a tied GPT with its vocabulary
+ends whole, ``vocab_parallel=False``). With sequence parallelism (the
 small Llama's ``2 stages, zb-h1, tp=2+sp`` on 4xA100-nvlink) the same transparency, and for the
 GPT the collectives too (the Llama's boundary sends count RoPE's tables, which the rewrite
 recomputes in each stage: see the test)."""
@@ -25,6 +26,9 @@ FOUR = [
 ]
 EIGHT = [
     {"id": "zbh1_pp2_tp2_dp2", "model": "gpt-qkv", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 2},
+    # the tied table's ends whole on every TP rank (vocab_parallel=False: plan("best")'s GPT-2 on 8xA100-nvlink)
+    {"id": "zbh1_pp2_tp2_dp2_tied_whole", "model": "gpt-tied", "pp": 2, "tp": 2, "schedule": "zb-h1",
+     "microbatches": 2, "vocab_parallel": False},
 ]
 
 
