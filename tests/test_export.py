@@ -156,3 +156,21 @@ def test_tp_without_sp_exports_with_sequence_parallel_off(wl_g) -> None:  # type
         assert (par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (2, sp)
         flag = "--parallelism.enable_sequence_parallel" if sp else "--parallelism.no_enable_sequence_parallel"
         assert flag in torchtitan_args(to_torchtitan(p, g))
+
+
+def test_the_vocabulary_ends_whole_have_no_torchtitan_switch(wl_g) -> None:  # type: ignore[no-untyped-def]
+    """vocab_parallel=False (the token embedding and head whole on every TP rank) is refused: torchtitan's own
+    parallelism config has no field for it (older torchtitan's disable_loss_parallel kept both ends split and
+    only gathered the logits); the default, the split, exports as before."""
+    import dataclasses
+
+    wl, g = wl_g
+    c = Cluster.preset("4xA100-nvlink")
+    p = Placement.pipeline(g, c, _two_stages(g), [[0, 1], [2, 3]], microbatches=4, tp=2)
+    assert to_torchtitan(p, g)["parallelism"]["tensor_parallel_degree"] == 2
+    with pytest.raises(ExportError, match="vocab_parallel=False, tp=2.*no disable_loss_parallel.*vocab_parallel=True"):
+        to_torchtitan(dataclasses.replace(p, vocab_parallel=False), g)
+    config = pytest.importorskip("torchtitan.config")
+    fields = {f.name for f in dataclasses.fields(config.ParallelismConfig)}
+    assert "tensor_parallel_degree" in fields and "enable_sequence_parallel" in fields
+    assert not {f for f in fields if "loss_parallel" in f or "vocab" in f}, fields  # a switch now: map it in export

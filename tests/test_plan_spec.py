@@ -34,6 +34,8 @@ def _plans(g):  # type: ignore[no-untyped-def]
     yield "tp2 x ddp4", c8, Placement.pipeline(g, c8, zero, [list(range(8))], microbatches=1, tp=2)
     yield "pp2 x fsdp2 x tp2 sp", c8, Placement.pipeline(g, c8, _cut(g, 2), [[0, 1, 2, 3], [4, 5, 6, 7]],
                                                           microbatches=2, shard="fsdp", tp=2, sequence_parallel=True)
+    yield "pp2 x tp2 vocabulary whole", c8, Placement.pipeline(g, c8, _cut(g, 2), [[0, 1], [2, 3]], microbatches=2,
+                                                                tp=2, vocab_parallel=False)
     yield "pp2 mixed", c8, Placement.pipeline(g, c8, _cut(g, 2), [[0, 1, 2, 3], [4, 5, 6, 7]], microbatches=4,
                                                shard=["ddp", "fsdp"], recompute=[False, True],
                                                precision=["fp32", "bf16"])
@@ -65,6 +67,9 @@ def test_spec_reads_each_dimension(g) -> None:  # type: ignore[no-untyped-def]
     assert s.mesh == (2, 1, 2, 2) and s.tensor == TensorSpec(2, True)
     assert s.pipeline == PipelineSpec("1f1b", 2, 1, 2) and s.uniform
     assert "pp 2 (1f1b, 2 micro-batches) x dp 1x2 (fsdp) x tp 2 (sp), fp32" == s.describe()
+    c, p = plans["pp2 x tp2 vocabulary whole"]
+    s = PlanSpec.of(p, c)
+    assert s.tensor == TensorSpec(2, False, False) and s.describe().endswith("x tp 2 (vocabulary whole), fp32")
     c, p = plans["pp2 mixed"]
     s = PlanSpec.of(p, c)
     assert not s.uniform and s.stages[1].precision == "bf16" and s.stages[0].recompute is False
@@ -82,6 +87,10 @@ def test_differences_name_every_dimension(g) -> None:  # type: ignore[no-untyped
     assert ("tensor.sequence_parallel", None) in diff
     assert ("data.kind", 0) in diff and ("recompute", 1) in diff and ("precision", 1) in diff
     assert ("data.kind", 1) not in diff  # both fsdp on rank 1
+    _, whole = plans["pp2 x tp2 vocabulary whole"]
+    split = Placement.from_dict({**whole.to_dict(), "vocab_parallel": True})
+    assert [str(d) for d in PlanSpec.of(whole, c).differences(PlanSpec.of(split, c))] == [
+        "tensor.vocab_parallel: False vs True"]
     _, ddp = plans["ddp"]
     pp_vs_dp = PlanSpec.of(a, c).differences(PlanSpec.of(ddp, c))
     # a different number of ranks: the plan-wide differences only (ranks are not paired up)
