@@ -375,7 +375,11 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
             measured step times (:mod:`autoplace.online`); False (default) keeps the plan.
         optimizer: the training optimizer, for online fine-tuning: its ``step()`` ends a timed
             step and its state moves with re-placements (or call ``placed.attach_optimizer``).
-        online: an :class:`autoplace.online.OnlineConfig` (default settings when None).
+        online: an :class:`autoplace.online.OnlineConfig` (default settings when None). Under
+            torchrun on 2 processes the tuner goes over plan kinds (DDP, FSDP, pipelines,
+            micro-batches, recompute: :mod:`autoplace.online.wrap_kinds`) from the plan, which
+            may then be DDP or FSDP; ``OnlineConfig(kinds=False)`` tunes the cuts only,
+            ``candidates=`` gives the plans to tune over.
         progress: print what is being done on the slow steps (tracing, planning) to stderr
             and show the learned planners' progress; False keeps wrap silent.
         loss_fn: pipeline mode only (required there): ``loss_fn(output, target)``, computed
@@ -420,10 +424,15 @@ def wrap(model: nn.Module, devices: Sequence[str | torch.device], *, example_inp
         from .distributed import wrap_pipeline
 
         wrap_pipeline = keeping_reserve(memory_reserve, wrap_pipeline)  # its plan() calls keep the reserve
-        return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
-                             plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
-                             online=online_cfg, optimizer=optimizer, loss_fn=loss_fn, timeout_s=timeout_s,
-                             batch_norm=batch_norm, microbatches=microbatches)
+        with shown(progress):
+            return wrap_pipeline(model, names, cluster=cl, example_inputs=example_inputs, planner=planner,
+                                 plan=placement, cost=cost, budget_s=budget_s, seed=seed, leaf_modules=leaf_modules,
+                                 online=online_cfg, optimizer=optimizer, loss_fn=loss_fn, timeout_s=timeout_s,
+                                 batch_norm=batch_norm, microbatches=microbatches)
+    if online_cfg is not None and online_cfg.candidates:
+        raise WrapError("OnlineConfig.candidates are pipeline plans for online tuning under torchrun "
+                        "(mode='pipeline'); a model-parallel wrap in this process tunes device placements: leave "
+                        "candidates out, or launch with torchrun and mode='pipeline'")
     given = [k for k, v in (("loss_fn", loss_fn), ("timeout_s", timeout_s), ("batch_norm", batch_norm != "sync"),
                             ("microbatches", microbatches)) if v not in (None, False)]
     if given:

@@ -13,15 +13,23 @@ plan in the simulator is taken; the report lists the others and why they were le
 
 With ``finetune="online"`` (``online=`` an :class:`autoplace.online.OnlineConfig`) and
 ``optimizer=`` (over all of the model's parameters, on every rank), the result is an
-:class:`autoplace.online.pipeline.OnlinePipeline` instead: one stage per rank, whose cuts keep
-improving from measured step times, parameters and optimizer state moving between ranks with
-every re-split.
+:class:`autoplace.online.pipeline.OnlinePipeline` instead, whose plan keeps improving from
+measured step times, parameters and optimizer state moving between ranks with every switch. On 2
+processes it tunes over plan kinds (:mod:`autoplace.online.wrap_kinds`: DDP, FSDP, 2-stage
+pipelines around the plan's cut, micro-batches, recompute, a learned planner's proposals), built
+on rank 0 and broadcast; the plan it starts from may replicate its stage (DDP, FSDP) when the
+online switch runs it (:func:`autoplace.online.kinds.online_rules`), and a planned start is the
+fastest such plan. With ``OnlineConfig(kinds=False)``, or on other than 2 processes (a warning says
+so), it tunes the cuts of a plan of one stage per rank only; ``OnlineConfig(candidates=...)``
+gives the plans to tune over.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
@@ -68,11 +76,13 @@ def _predicted_step_s(plan: Placement, graph: Any, cluster: Cluster, cost: CostM
 
 def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner: str = "best",
                            cost: CostModel | None = None, budget_s: float | None = None,
-                           seed: int = 0, microbatches: int | None = None) -> Placement:
+                           seed: int = 0, microbatches: int | None = None,
+                           also: Callable[[Placement], str] | None = None) -> Placement:
     """The fastest simulated pipeline plan the runtime can run on ``world`` ranks: every stage
     replicated the same number of times, all ranks used (and, with ``microbatches``, that many
-    micro-batches). ``plan(mode="pipeline")`` chooses, with the plans the runtime cannot run
-    recorded in ``meta["candidates"]`` with the reason."""
+    micro-batches; with ``also``, a plan it finds no reason against, e.g. the online switch's
+    rules). ``plan(mode="pipeline")`` chooses, with the plans the runtime cannot run recorded in
+    ``meta["candidates"]`` with the reason."""
     from .planners import plan as make_plan
     from .errors import NoFitError
 
@@ -87,7 +97,9 @@ def runnable_pipeline_plan(graph: Any, cluster: Cluster, world: int, *, planner:
         sharded = runtime_problems(p, graph)
         if sharded:
             return sharded[0]
-        return f"uses {used} of {world} ranks" if used != world else ""
+        if used != world:
+            return f"uses {used} of {world} ranks"
+        return also(p) if also is not None else ""
 
     try:
         return make_plan(graph, cluster, planner=planner, mode="pipeline", budget_s=budget_s, seed=seed, cost=cost,
@@ -149,12 +161,27 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
                                 f"give one device per process (--nproc-per-node {len(devices)})")
     traced = trace_module(model, inputs, leaf_modules=leaf_modules)
     graph = traced.graph
+    also, nearest = None, False
+    if online is not None:  # a planned start is one the online tuner can start from: the fastest such
+        from .online.wrap_kinds import start_accept, tunes_kinds  # plan, or a named planner's made one
+
+        kinds = tunes_kinds(online, world)[0]
+        nearest = kinds and world == 2 and planner != "best" and microbatches is None
+        also = None if nearest else start_accept(world, kinds=kinds)
     if plan is None:
         box: list[Any] = [None]
         if rank == 0:
             try:
-                box[0] = runnable_pipeline_plan(graph, cluster, world, planner=planner, cost=cost,
-                                                budget_s=budget_s, seed=seed, microbatches=microbatches).to_dict()
+                pick = runnable_pipeline_plan(graph, cluster, world, planner=planner, cost=cost,
+                                              budget_s=budget_s, seed=seed, microbatches=microbatches, also=also)
+                if nearest:
+                    from .online.wrap_kinds import nearest_start
+
+                    pick, changed = nearest_start(graph, cluster, pick, cost=cost)
+                    if changed:
+                        warnings.warn(f"finetune='online' starts from {changed}: the online tuner does not run "
+                                      f"the planner's plan as it is", RuntimeWarning, stacklevel=3)
+                box[0] = pick.to_dict()
             except Exception as e:  # every rank must learn of the failure, not wait for a plan
                 box[0] = {"error": f"{type(e).__name__}: {e}"}
         dist.broadcast_object_list(box, src=0)
@@ -174,16 +201,11 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     stage, replica = divmod(rank, r)
     device = cluster.devices[plan.stage_devices[stage][replica]].name
     if online is not None:
-        from .online.pipeline import OnlinePipeline
-
-        if r != 1 or optimizer is None:
-            raise PipelineWrapError(f"online pipeline tuning runs one stage per rank; the plan replicates stages {r} "
-                                    "times: pass a plan without replicas (plan=)")
-        pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs,
-                              optimizer=optimizer, config=online, cost=cost, device=device,
-                              timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
-                              predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)
-        return pipe
+        assert optimizer is not None
+        return _online_pipeline(model, traced, cluster, plan, rank=rank, world=world, online=online,
+                                optimizer=optimizer, loss_fn=loss_fn, inputs=inputs, cost=cost, device=device,
+                                timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
+                                batch_norm=batch_norm, seed=seed)
     problems = runtime_problems(plan, graph, world)
     if problems:
         raise PipelineWrapError("the runtime cannot run this plan: " + "; ".join(problems))
@@ -194,3 +216,58 @@ def wrap_pipeline(model: torch.nn.Module, devices: Sequence[str], *, cluster: Cl
     return build_runner(traced, plan, cluster, example_inputs=inputs, loss_fn=loss_fn, device=device,
                         timeouts=timeout_s if isinstance(timeout_s, Timeouts) else fixed,
                         predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm)
+
+
+def _online_pipeline(model: torch.nn.Module, traced: Any, cluster: Cluster, plan: Placement, *, rank: int, world: int,
+                     online: "OnlineConfig", optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor],
+                     inputs: tuple[Any, ...], cost: CostModel | None, device: str, timeouts: Any, batch_norm: str,
+                     seed: int) -> "PipelineRunner":
+    """The OnlinePipeline of ``wrap(..., finetune="online")`` from ``plan``, over plan kinds or the
+    cuts (module doc); the candidates are built on rank 0 and broadcast, so every rank tunes over
+    the same list."""
+    from .online.kinds import kind_label, kind_of, online_problems
+    from .online.pipeline import OnlinePipeline
+    from .online.wrap_kinds import start_rules, tunes_kinds, with_start, wrap_candidates
+    from .progress import Step
+
+    graph = traced.graph
+    kinds, why_not = tunes_kinds(online, world)
+    if why_not and rank == 0:
+        warnings.warn(why_not, RuntimeWarning, stacklevel=4)
+    rules = start_rules(plan, world, kinds=kinds)
+    if rules:
+        raise PipelineWrapError(f"finetune='online' cannot start from this plan: {rules[0]}")
+    candidates: list[Placement] | None = None
+    note = why_not or ("the cuts of the plan (OnlineConfig.kinds=False)" if not kinds else "")
+    if kinds and online.candidates:
+        for i, c in enumerate(online.candidates):
+            problems = online_problems(c, graph, cluster)
+            if problems:
+                raise PipelineWrapError(f"OnlineConfig.candidates[{i}] ({c.describe()}) is no plan the online tuner "
+                                        f"switches to on {world} ranks: {problems[0]}; drop it or fix it")
+        candidates = with_start(plan, online.candidates)
+        note = f"{len(candidates)} plans: the start and OnlineConfig.candidates"
+    elif kinds:
+        box: list[Any] = [None]
+        if rank == 0:
+            try:
+                with Step(f"autoplace: online candidates over plan kinds from {kind_label(kind_of(plan))}",
+                          stream=sys.stderr):
+                    got, note = wrap_candidates(graph, cluster, plan, cost=cost, seed=seed)
+                box[0] = {"plans": [p.to_dict() for p in got], "note": note}
+            except Exception as e:  # every rank must learn of the failure, not wait for the list
+                box[0] = {"error": f"{type(e).__name__}: {e}"}
+        dist.broadcast_object_list(box, src=0)
+        if "error" in box[0]:
+            raise PipelineWrapError(f"building the online candidates failed on rank 0: {box[0]['error']}; "
+                                    "pass OnlineConfig(candidates=[...]) or kinds=False")
+        candidates, note = [Placement.from_dict(d) for d in box[0]["plans"]], box[0]["note"]
+    if candidates is not None and len(candidates) < 2:
+        raise PipelineWrapError(f"online tuning over plan kinds has nothing to try: {note}; pass more "
+                                "OnlineConfig.candidates, or kinds=False to tune the cuts")
+    pipe = OnlinePipeline(model, traced, cluster, plan, loss_fn=loss_fn, example_inputs=inputs, optimizer=optimizer,
+                          config=online, cost=cost, device=device, timeouts=timeouts,
+                          predicted_step_s=_predicted_step_s(plan, graph, cluster, cost), batch_norm=batch_norm,
+                          candidates=candidates)
+    pipe.candidates_note = note
+    return pipe

@@ -9,7 +9,9 @@ step times it really measures.
 - :mod:`.state`: parameters, gradients and optimizer state following a re-placement;
 - :mod:`.pipeline`: the same for pipeline stages under torchrun (re-splits move state between ranks);
 - :mod:`.kinds`: tuning over plan kinds under torchrun (DDP, GPipe, 1F1B, micro-batches, cuts): the
-  candidate set and the categorical policy PPO trains over it.
+  candidate set and the categorical policy PPO trains over it;
+- :mod:`.wrap_kinds`: what ``wrap(..., finetune="online")`` tunes over under torchrun (the kinds'
+  candidates from the starting plan, or the cuts only: ``OnlineConfig.kinds`` / ``candidates``).
 """
 
 from __future__ import annotations

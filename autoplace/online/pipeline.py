@@ -84,6 +84,9 @@ class OnlinePipeline(PipelineRunner):
     ...) is the current runner's.
     """
 
+    candidates_note = ""
+    """what the candidates are (set by ``wrap``: :mod:`autoplace.online.wrap_kinds`)."""
+
     def __init__(self, model: torch.nn.Module, traced: Any, cluster: Cluster, plan: Placement, *,
                  loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], example_inputs: tuple[torch.Tensor, ...],
                  optimizer: torch.optim.Optimizer, config: OnlineConfig | None = None,
@@ -140,6 +143,7 @@ class OnlinePipeline(PipelineRunner):
         for c in candidates or ():
             self._check_plan(c)
         self.config, self.search = config, None
+        self.candidates: list[Placement] = list(candidates or ())
         self.phase = "done" if config is None else "start"
         self._times: list[float] = []
         self._between_times: list[float] = []
@@ -465,8 +469,9 @@ class OnlinePipeline(PipelineRunner):
         """Rank 0: every trial, predicted and measured; other ranks: a pointer to rank 0."""
         if self.search is None:
             return "online tuning is off" if self.config is None else "the tuning report is on rank 0"
+        over = f"candidates: {self.candidates_note}\n" if self.candidates_note else ""
         return (f"{self.steps} steps timed, {self.resplits} re-splits, {self.moves} tensors moved by rank 0; "
-                f"phase: {self.phase}\n" + self.search.report())
+                f"phase: {self.phase}; plan: {kind_label(kind_of(self.plan))}\n" + over + self.search.report())
 
     def close(self) -> None:
         """Stop timing (removes the optimizer hook)."""

@@ -159,6 +159,15 @@ class OnlineConfig:
     kept a plan within 3% of the measured best in 27 where PPO did in 25, geometric mean kept/best
     1.008 against 1.021, PPO better in none, worse in 3; on a loaded machine (load 8-10) the two
     were level (18 and 18, PPO better in 8, worse in 7)."""
+    kinds: bool = True
+    """under torchrun (``wrap(mode="pipeline")``): tune over plan kinds (DDP, FSDP, 2-stage GPipe/1F1B
+    pipelines at cuts around the plan's, micro-batches, recompute, the plan's learned planner's
+    proposals: :mod:`autoplace.online.wrap_kinds`); False: only the cuts of a plan of one stage per
+    rank. On other than 2 processes the kinds are not built (a warning says so): cuts only."""
+    candidates: tuple[Placement, ...] = ()
+    """under torchrun: the plans to tune over instead of the built set (the starting plan is tried
+    first, added when missing); each must be a plan the online switch runs
+    (:func:`autoplace.online.kinds.online_rules`). Empty: the built set (``kinds``)."""
 
     def __post_init__(self) -> None:
         checks = [("trials", self.trials >= 1, ">= 1"), ("confirm", self.confirm >= 0, ">= 0"),
@@ -174,6 +183,15 @@ class OnlineConfig:
         for name, ok, rule in checks:
             if not ok:
                 raise OnlineError(f"OnlineConfig.{name} is {getattr(self, name)!r}; it must be {rule}")
+        if not isinstance(self.candidates, tuple):  # a list is taken as given; frozen: set once here
+            object.__setattr__(self, "candidates", tuple(self.candidates))
+        bad = [i for i, c in enumerate(self.candidates) if not isinstance(c, Placement)]
+        if bad:
+            raise OnlineError(f"OnlineConfig.candidates[{bad[0]}] is a {type(self.candidates[bad[0]]).__name__}; "
+                              "pass autoplace.Placement values (pipeline plans)")
+        if self.candidates and not self.kinds:
+            raise OnlineError("OnlineConfig.candidates were given with kinds=False (cuts only); leave kinds on to "
+                              "tune over the candidates, or drop them")
         if self.search not in SEARCHES:
             raise OnlineError(f"OnlineConfig.search is {self.search!r}; use one of {SEARCHES}")
         if self.policy not in POLICIES:

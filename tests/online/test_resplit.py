@@ -61,7 +61,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: dict[str, Any]) ->
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
         cfg = OnlineConfig(trials=3, steps_per_trial=2, warmup_steps=1, every_n_steps=1, screen_samples=8,
-                           screen_top_k=1, min_gain=0.0)
+                           screen_top_k=1, min_gain=0.0, kinds=False)  # the cuts only (kinds: test_wrap_online.py)
         pipe = autoplace.wrap(model, ["cpu", "cpu"], mode="pipeline", example_inputs=(x0,), loss_fn=_loss,
                               plan=start, finetune="online", optimizer=opt, online=cfg,
                               timeout_s=Timeouts(floor_s=45))
