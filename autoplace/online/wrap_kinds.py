@@ -95,8 +95,8 @@ def centre_share(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost:
                   .step_time_s)
         if t < best_s:
             best, best_s = share, t
-    return best, (f"the plan has {plan.num_stages} stage(s), no cut: the 2-stage 1F1B M2 cut the simulator finds "
-                  "fastest")
+    return best, (f"the cut of the 2-stage 1F1B M2 pipeline the simulator finds fastest (the plan has "
+                  f"{plan.num_stages} stage, no cut)")
 
 
 def nearest_start(graph: "OpGraph", cluster: "Cluster", pick: Placement, *,
