@@ -25,6 +25,7 @@ rule for one plan.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Callable
 
 from autoplace.placement import Placement
@@ -79,15 +80,16 @@ def with_vocab_parallel(sim: "Simulator", choice: ScheduleChoice, *,
     tried: list[tuple[str, int, float | None]] = []
     notes = list(choice.notes)
     offered = list(choice.offered)
-    seen: list[Placement] = []
+    seen: set[str] = set()
     for p in [chosen, *choice.offered]:
         off = vp_variant(sim.graph, p)
-        if off is None or any(off == q for q in seen):
+        key = "" if off is None else json.dumps({k: v for k, v in off.to_dict().items() if k != "meta"}, sort_keys=True)
+        if off is None or key in seen:  # the chosen plan is among those offered
             continue
         if _budget.expired():
             notes.append(f"vocabulary split: stopped after {len(tried)} variants (the planning budget was spent)")
             break
-        seen.append(off)
+        seen.add(key)
         step = _score(sim, off)
         tried.append((f"{off.schedule} tp={off.tp}{' sp' if off.sequence_parallel else ''} whole vocabulary",
                       off.virtual_stages, step))
