@@ -3,6 +3,8 @@ gloo processes of this machine, from ``plan("best")``'s pick.
 
     python benchmarks/online_wrap.py            # writes benchmarks/results/online_wrap.{json,md}
     python benchmarks/online_wrap.py --quick    # one model, fewer steps (a smoke run)
+    python benchmarks/online_wrap.py --planner pipeline-rl   # wrap(planner=...): its policy's proposals
+                                                             # join the candidates (online_wrap_pipeline-rl.*)
 
 Per zoo model (small configurations; steps of tens of ms on one CPU thread per rank), in two gloo
 processes (torch.multiprocessing spawn, one thread each, each in its own session as
@@ -82,7 +84,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     pipe: Any = autoplace.wrap(wl.model, ["cpu", "cpu"], mode="pipeline", example_inputs=wl.example_inputs,
                                loss_fn=wl.loss_fn, finetune="online", optimizer=opt, online=cfg,
-                               progress=rank == 0)
+                               planner=args["planner"], progress=rank == 0)
     wrap_s = time.perf_counter() - t0
     start = pipe.plan
     x, y = wl.example_inputs, wl.target
@@ -153,7 +155,9 @@ def row_of(name: str, m: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]
     kept_s = m["ab_s"]["kept"]
     extra = sum((1 + args["trial_steps"]) * max(t["measured_s"] - kept_s, 0.0)
                 for t in m["trials"][1:] if t["measured_s"] is not None)
+    proposed = [c for c in m["candidates"] if c.endswith(" greedy)") or c.endswith(" sample)")]
     return {"model": name, "start": m["start"], "kept": m["kept"], "candidates": len(m["candidates"]),
+            "proposed": len(proposed), "proposed_measured": sum(1 for t in m["trials"][1:] if t["label"] in proposed),
             "kinds_measured": sorted({t["label"].split()[0] for t in m["trials"]}),
             "start_ms": m["ab_s"]["start"] * 1e3, "kept_ms": kept_s * 1e3, "kept_over_start": kept_s / m["ab_s"]["start"],
             "trials": done, "live_trial_steps": live, "share_of_1000": live / 1000.0,
@@ -164,11 +168,14 @@ def row_of(name: str, m: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]
 def write(res: dict[str, Any], out: Path) -> None:
     rows = [row_of(n, m, res["args"]) for n, m in res["models"].items()]
     res["rows"] = rows
-    (out / "online_wrap.json").write_text(json.dumps(res, indent=1, default=float))
+    stem = "online_wrap" if res["args"]["planner"] == "best" else f"online_wrap_{res['args']['planner']}"
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=float))
     table = format_table(
-        ["model", "start (plan('best'))", "kept", "cands", "kinds measured", "start ms", "kept ms", "kept/start",
+        ["model", f"start (planner {res['args']['planner']!r})", "kept", "cands", "proposed (measured)",
+         "kinds measured", "start ms", "kept ms", "kept/start",
          "trial steps (share of 1,000)", "extra time (of 1,000 kept)", "wrap s", "load"],
-        [[r["model"], r["start"], r["kept"], str(r["candidates"]), ", ".join(r["kinds_measured"]),
+        [[r["model"], r["start"], r["kept"], str(r["candidates"]), f"{r['proposed']} ({r['proposed_measured']})",
+          ", ".join(r["kinds_measured"]),
           f"{r['start_ms']:.1f}", f"{r['kept_ms']:.1f}", f"{r['kept_over_start']:.3f}",
           f"{r['live_trial_steps']} ({r['share_of_1000']:.1%})", f"{r['extra_time_share_of_1000']:.1%}",
           f"{r['wrap_s']:.1f}", "/".join(f"{x:.1f}" for x in r["loadavg"])] for r in rows])
@@ -188,7 +195,7 @@ def write(res: dict[str, Any], out: Path) -> None:
           "tuning (0.25 quantile of each plan's steps, each step the slower rank's). Trial steps: trials x "
           "(warm-up + measured steps); extra time: their time beyond the kept plan's, over 1,000 of its steps.\n\n"
           + table + "\n\n" + "\n\n".join(trials) + "\n")
-    (out / "online_wrap.md").write_text(md)
+    (out / f"{stem}.md").write_text(md)
 
 
 def main() -> None:
@@ -196,15 +203,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one model, fewer steps (a smoke run)")
     ap.add_argument("--models", nargs="*", default=None, choices=list(MODELS))
     ap.add_argument("--ab-rounds", type=int, default=4)
+    ap.add_argument("--planner", default="best", help="wrap(planner=...): 'pipeline-rl' adds its policy's proposals")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     a = ap.parse_args()
     torch.set_num_threads(1)
     args = {"trials": 2 if a.quick else 6, "trial_steps": 2 if a.quick else 3, "between": 2 if a.quick else 4,
-            "confirm": 0 if a.quick else 6, "ab_rounds": 2 if a.quick else a.ab_rounds, "ab_steps": 2 if a.quick else 4}
+            "confirm": 0 if a.quick else 6, "ab_rounds": 2 if a.quick else a.ab_rounds, "ab_steps": 2 if a.quick else 4,
+            "planner": a.planner}
     names = a.models or (["alexnet"] if a.quick else list(MODELS))
     res: dict[str, Any] = {"command": "python benchmarks/online_wrap.py" + (" --quick" if a.quick else "")
                            + (f" --models {' '.join(a.models)}" if a.models else "")
-                           + (f" --ab-rounds {a.ab_rounds}" if a.ab_rounds != 4 else ""),
+                           + (f" --ab-rounds {a.ab_rounds}" if a.ab_rounds != 4 else "")
+                           + (f" --planner {a.planner}" if a.planner != "best" else ""),
                            "args": args, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                      "torch": torch.__version__},
                            "loadavg_start": os.getloadavg(), "models": {}}
@@ -228,7 +238,7 @@ def main() -> None:
     res["seconds"] = time.perf_counter() - t0
     res["loadavg_end"] = os.getloadavg()
     write(res, a.out)
-    say(f"wrote {a.out / 'online_wrap.json'} and online_wrap.md ({res['seconds']:.0f} s)")
+    say(f"wrote {a.out} online_wrap*.json and .md ({res['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
