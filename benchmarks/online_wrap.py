@@ -157,7 +157,7 @@ def row_of(name: str, m: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]
                 for t in m["trials"][1:] if t["measured_s"] is not None)
     proposed = [c for c in m["candidates"] if c.endswith(" greedy)") or c.endswith(" sample)")]
     return {"model": name, "start": m["start"], "kept": m["kept"], "candidates": len(m["candidates"]),
-            "proposed": len(proposed), "proposed_measured": sum(1 for t in m["trials"][1:] if t["label"] in proposed),
+            "proposed": len(proposed), "proposed_measured": len({t["label"] for t in m["trials"][1:]} & set(proposed)),
             "kinds_measured": sorted({t["label"].split()[0] for t in m["trials"]}),
             "start_ms": m["ab_s"]["start"] * 1e3, "kept_ms": kept_s * 1e3, "kept_over_start": kept_s / m["ab_s"]["start"],
             "trials": done, "live_trial_steps": live, "share_of_1000": live / 1000.0,
@@ -168,10 +168,11 @@ def row_of(name: str, m: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]
 def write(res: dict[str, Any], out: Path) -> None:
     rows = [row_of(n, m, res["args"]) for n, m in res["models"].items()]
     res["rows"] = rows
-    stem = "online_wrap" if res["args"]["planner"] == "best" else f"online_wrap_{res['args']['planner']}"
+    planner = res["args"].get("planner", "best")
+    stem = "online_wrap" if planner == "best" else f"online_wrap_{planner}"
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1, default=float))
     table = format_table(
-        ["model", f"start (planner {res['args']['planner']!r})", "kept", "cands", "proposed (measured)",
+        ["model", f"start (planner {planner!r})", "kept", "cands", "proposed (measured)",
          "kinds measured", "start ms", "kept ms", "kept/start",
          "trial steps (share of 1,000)", "extra time (of 1,000 kept)", "wrap s", "load"],
         [[r["model"], r["start"], r["kept"], str(r["candidates"]), f"{r['proposed']} ({r['proposed_measured']})",
@@ -204,8 +205,13 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, choices=list(MODELS))
     ap.add_argument("--ab-rounds", type=int, default=4)
     ap.add_argument("--planner", default="best", help="wrap(planner=...): 'pipeline-rl' adds its policy's proposals")
+    ap.add_argument("--render", action="store_true", help="rewrite the markdown (and rows) from the JSON")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     a = ap.parse_args()
+    if a.render:
+        stem = "online_wrap" if a.planner == "best" else f"online_wrap_{a.planner}"
+        write(json.loads((a.out / f"{stem}.json").read_text()), a.out)
+        return
     torch.set_num_threads(1)
     args = {"trials": 2 if a.quick else 6, "trial_steps": 2 if a.quick else 3, "between": 2 if a.quick else 4,
             "confirm": 0 if a.quick else 6, "ab_rounds": 2 if a.quick else a.ab_rounds, "ab_steps": 2 if a.quick else 4,
