@@ -34,7 +34,7 @@ CHILD = Path(__file__).with_name("test_wrap_online_child.py")
 def _run(tmp_path: Path, case: dict[str, Any]) -> tuple[int, dict[str, str], str]:
     """The child's exit status, each rank's traceback (rank<r>.err) and torchrun's stderr."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--standalone", str(CHILD), str(tmp_path), json.dumps(case)]
+    cmd = [str(torchrun), "--nproc-per-node", str(case.get("world", 2)), "--standalone", str(CHILD), str(tmp_path), json.dumps(case)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return proc.returncode, {f.name: f.read_text() for f in tmp_path.glob("*.err")}, proc.stderr
 
@@ -42,7 +42,7 @@ def _run(tmp_path: Path, case: dict[str, Any]) -> tuple[int, dict[str, str], str
 def _launch(tmp_path: Path, case: dict[str, Any]) -> list[dict[str, Any]]:
     rc, errors, stderr = _run(tmp_path, case)
     assert rc == 0 and not errors, ({k: v[-1500:] for k, v in errors.items()}, stderr[-3000:])
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(case.get("world", 2))]
 
 
 def _family(label: str) -> str:
@@ -51,7 +51,8 @@ def _family(label: str) -> str:
 
 
 def _equal_to_untuned(res: list[dict[str, Any]]) -> None:
-    assert res[0]["kinds"] == res[1]["kinds"]
+    assert all(r["kinds"] == res[0]["kinds"] for r in res)
+    assert set().union(*[r["errors"] for r in res]) == {n for n, _ in _mlp_model().named_parameters()}
     for r in res:
         assert len(r["losses"]) == len(r["ref_losses"])  # no step lost
         for i, (a, b) in enumerate(zip(r["losses"], r["ref_losses"])):
@@ -100,13 +101,26 @@ def test_wrap_online_with_kinds_off_tunes_the_cuts_and_refuses_a_replicated_star
             in text, text[-800:]
 
 
+@pytest.mark.slow
+def test_wrap_online_on_three_processes_tunes_the_cuts_and_says_why(tmp_path: Path) -> None:
+    res = _launch(tmp_path, {"start": "best", "steps": 10, "trials": 2, "world": 3})
+    r0 = res[0]
+    assert r0["candidates"] == [] and "torchrun started 3" in r0["note"] and "policy: cut" in r0["report"]
+    assert len(r0["warnings"]) == 1 and "builds its candidates for 2 processes" in r0["warnings"][0], r0["warnings"]
+    assert all(not r["warnings"] for r in res[1:]) and r0["start"].split()[0] in ("gpipe", "1f1b")
+    _equal_to_untuned(res)
+
+
 # ---- in this process ---------------------------------------------------------------------------
 
-def _mlp() -> tuple[autoplace.OpGraph, autoplace.Cluster]:
+def _mlp_model() -> nn.Module:  # the child's model
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
-                      nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
-    return autoplace.trace(m, (torch.randn(8, 12),)), autoplace.Cluster.from_devices(["cpu", "cpu"])
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
+                         nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _mlp() -> tuple[autoplace.OpGraph, autoplace.Cluster]:
+    return autoplace.trace(_mlp_model(), (torch.randn(8, 12),)), autoplace.Cluster.from_devices(["cpu", "cpu"])
 
 
 def _gpt2() -> tuple[autoplace.OpGraph, autoplace.Cluster]:
