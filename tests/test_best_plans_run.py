@@ -2,7 +2,8 @@
 one the runtime runs: it breaks no plan rule, the runtime's own check
 (:func:`autoplace.capability.runtime_problems`, with the processes torchrun would start: one per
 device the plan uses) accepts it, and its composition (schedule or one-stage loop, pipeline
-ranks, replicas, TP, sequence parallelism, shard kind) is one a torchrun test runs through the
+ranks, replicas, TP, sequence parallelism, shard kind, the vocabulary pair split apart or whole) is one
+a torchrun test runs through the
 runtime, named in :data:`RUNS` (a composition no test has run is a failure here, so a planner
 that starts returning a new shape brings its torchrun test with it).
 
