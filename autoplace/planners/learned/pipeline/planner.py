@@ -323,6 +323,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
     from autoplace.planners.heuristic.sequence_parallel import with_sequence_parallel
     from autoplace.planners.heuristic.stage_options import polish_stage_options
 
+    sim = _Remembered(sim)  # the passes below simulate the same plans again and again (the SP pass, each seed's sweeps)
     first = sim.run(best, timeline=False)
     before = float(first.step_time_s)
     top: tuple[float, Placement, str] = (math.inf if first.oom else before, best, "")  # any plan that fits beats one over memory
@@ -359,6 +360,43 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         report["source"] = meta["source"]
         meta[REPORT_KEY] = report
     return dataclasses.replace(top[1], meta={**top[1].meta, **meta}, planner="pipeline-rl")
+
+
+class _Remembered:
+    """``sim`` whose ``run(plan, timeline=False)`` is computed once per distinct plan (the simulator
+    is deterministic): step 6's schedule and sequence-parallel passes over several plans simulate
+    many plans more than once. Every other attribute is ``sim``'s."""
+
+    def __init__(self, sim: Any) -> None:
+        self._sim = sim
+        self._runs: dict[tuple[Any, ...], Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sim, name)
+
+    def run(self, placement: Placement, *, timeline: bool = True) -> Any:
+        if timeline:
+            return self._sim.run(placement, timeline=True)
+        try:
+            key = _plan_key(placement)
+            hash(key)
+        except TypeError:  # an option value that is not hashable: simulate it every time
+            return self._sim.run(placement, timeline=False)
+        got = self._runs.get(key)
+        if got is None:
+            got = self._runs[key] = self._sim.run(placement, timeline=False)
+        return got
+
+
+def _plan_key(p: Placement) -> tuple[Any, ...]:
+    """Every field of ``p`` that the simulator and the plan's checks read: all but ``planner`` and
+    ``meta`` (whose batch only words the message of a plan made for another graph)."""
+    out: list[Any] = []
+    for f in dataclasses.fields(p):
+        if f.name not in ("planner", "meta"):
+            v = getattr(p, f.name)
+            out.append((v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v)
+    return tuple(out)
 
 
 def _bare(p: Placement) -> dict[str, Any]:
