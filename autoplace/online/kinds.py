@@ -267,17 +267,17 @@ def planner_proposals(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, 
     the kinds the online runtime runs, and a note saying what was proposed or why nothing was.
 
     ``pipeline-rl``: the policy network the planner fine-tuned on this graph when the plan carries
-    it (``meta["tuned_weights"]``, :mod:`autoplace.planners.learned.pipeline.tuned`; at temperature
-    1), else (an older plan, or a file that is gone or does not fit this graph and cluster) the
-    network as the planner loads it before fine-tuning (the weights of
-    :class:`~autoplace.planners.learned.pipeline.planner.PipelineRLConfig`'s defaults, the shipped
-    pretrained network; the planner's step 2); either built for this graph, cluster and ``cost``:
-    its greedy decode, then ``samples`` samples (its exploration floor included, seeded by
+    it (``meta["tuned_weights"]``, :mod:`autoplace.planners.learned.pipeline.tuned`; at the sampling
+    temperature the planner left it at), else (an older plan, or a file that is gone or does not
+    fit this graph and cluster) the network as the planner loads it before fine-tuning (the weights
+    of :class:`~autoplace.planners.learned.pipeline.planner.PipelineRLConfig`'s defaults, the
+    shipped pretrained network; the planner's step 2); either built for this graph, cluster and
+    ``cost``: its greedy decode, then ``samples`` samples (its exploration floor included, seeded by
     ``seed``), the samples skipped once ``time_cap_s`` has passed. The note says which network
-    proposed. Each plan is laid out as the runtime runs it (stage ``s`` on ranks ``s*R .. s*R+R-1``, ``R`` replicas; one stage with the
-    enumeration's schedule, which its data-parallel loop does not read), kept when the online
-    runtime runs it (:func:`online_problems`), once, with ``meta["source"]`` naming it
-    (:func:`proposed_by`).
+    proposed. Each plan is laid out as the runtime runs it (stage ``s`` on ranks ``s*R ..
+    s*R+R-1``, ``R`` replicas; one stage with the enumeration's schedule, which its data-parallel
+    loop does not read), kept when the online runtime runs it (:func:`online_problems`), once, with
+    ``meta["source"]`` naming it (:func:`proposed_by`).
 
     Mars, EAGLE (and reinforce) propose nothing here: they place ops on the devices of one process
     (model parallel), a device per op, which says nothing of the pipelines, DDP and FSDP over

@@ -29,7 +29,8 @@ def _gpt2() -> autoplace.OpGraph:
 
 
 def _same(a: Placement, b: Placement) -> None:
-    assert {k: v for k, v in a.to_dict().items() if k != "meta"} == {k: v for k, v in b.to_dict().items() if k != "meta"}
+    plan_a, plan_b = a.to_dict(), b.to_dict()
+    assert {k: v for k, v in plan_a.items() if k != "meta"} == {k: v for k, v in plan_b.items() if k != "meta"}
     ma = {k: v for k, v in a.to_dict()["meta"].items() if k not in _TIMES}
     mb = {k: v for k, v in b.to_dict()["meta"].items() if k not in _TIMES}
     assert ma == mb
@@ -63,8 +64,9 @@ def test_a_remembered_run_is_the_simulators_and_tells_plans_apart() -> None:
     memo = planner._Remembered(sim)
     cut = (np.arange(graph.num_nodes) >= graph.num_nodes // 2).astype(np.int64)
     a = Placement.pipeline(graph, cluster, cut, [[0, 1], [2, 3]], microbatches=2)
+    other_cut = (np.arange(graph.num_nodes) >= graph.num_nodes // 3).astype(np.int64)
     variants = [a, dataclasses.replace(a, microbatches=4), dataclasses.replace(a, schedule="gpipe"),
-                dataclasses.replace(a, stage_of_node=(np.arange(graph.num_nodes) >= graph.num_nodes // 3).astype(np.int64)),
+                dataclasses.replace(a, stage_of_node=other_cut),
                 Placement.pipeline(graph, cluster, cut, [[0, 1], [2, 3]], microbatches=2, shard="fsdp"),
                 Placement.pipeline(graph, cluster, cut, [[0, 1], [2, 3]], microbatches=2, recompute=True)]
     got = [memo.run(p, timeline=False).step_time_s for p in variants]

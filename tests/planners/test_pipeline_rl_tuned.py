@@ -32,7 +32,8 @@ def _samples(policy: object, n: int = 6) -> list[tuple[object, ...]]:
     with torch.no_grad():
         s = policy.sample(n, gen)  # type: ignore[attr-defined]
     return [(tuple(c.stage_of_node.tolist()), c.stage_devices, c.microbatches, c.schedule)
-            for c in policy.decode(s.actions)] + [tuple(s.log_prob.round(decimals=4).tolist())]  # type: ignore[attr-defined]
+            for c in policy.decode(s.actions)] + [
+        tuple(s.log_prob.round(decimals=4).tolist())]  # type: ignore[attr-defined]
 
 
 def test_a_pipeline_rl_plan_carries_its_fine_tuned_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
