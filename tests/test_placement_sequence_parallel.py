@@ -15,7 +15,8 @@ from autoplace.graph.ir import OpGraph
 from autoplace.placement import Placement, PlacementError
 from autoplace.report import plan_summary
 from autoplace.sim import simulator_for
-from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes
+from autoplace.sim.stage_memory import stage_activations
+from autoplace.sim.tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +62,21 @@ def test_simulator_reads_it(gpt2: OpGraph) -> None:
     for t in (2, 4):
         plain, sp = sim.run(_tp(gpt2, c, t, False), timeline=False), sim.run(_tp(gpt2, c, t, True), timeline=False)
         # the norms' and the rows' outputs are sharded too: the activations of one device shrink by what
-        # tp_activation_bytes says (whole batch, one micro-batch)
+        # the traced memory facts say at each op's TP share (whole batch, one micro-batch: the bytes kept
+        # for the backward and the most the backward holds beyond them); the plain sum shrinks too
         pairs = linear_pairs(gpt2)
         ops = np.arange(gpt2.num_nodes)
-        saved = tp_activation_bytes(gpt2, ops, t, pairs) - tp_activation_bytes(gpt2, ops, t, pairs,
-                                                                               sequence_parallel=True)
+        assert tp_activation_bytes(gpt2, ops, t, pairs) > tp_activation_bytes(gpt2, ops, t, pairs,
+                                                                              sequence_parallel=True)
+
+        def traced(on: bool) -> float:
+            share = tp_share(gpt2, c, ops, list(range(t)), 1, pairs, sequence_parallel=on)
+            heads = share.vocab_head if share.vocab_head is not None else np.zeros(gpt2.num_nodes, dtype=bool)
+            got = stage_activations(sim, np.zeros(gpt2.num_nodes, dtype=np.int64), 1, 1.0, share.act, heads)
+            assert got is not None
+            return float(got[0][0] + got[1][0])
+
+        saved = traced(False) - traced(True)
         assert saved > 0
         assert plain.peak_memory_bytes.max() - sp.peak_memory_bytes.max() == pytest.approx(saved, rel=1e-9)
         ev = sim.evaluate_pipeline(np.zeros(gpt2.num_nodes, int), [list(range(t))], 1, tp=t, sequence_parallel=True)
