@@ -89,3 +89,16 @@ def test_plan_best_returns_the_whole_ends_where_they_win(small: OpGraph) -> None
     assert p.tp > 1 and not p.vocab_parallel, p.summary()
     assert _step(small, p) < _step(small, Placement.from_dict({**p.to_dict(), "vocab_parallel": True}))
     assert "-vp" in p.meta["candidates"][[r["planner"] for r in p.meta["candidates"]].index(p.planner)]["note"]
+
+
+def test_the_stage_options_pass_keeps_the_setting(small: OpGraph) -> None:
+    # the stage-options pass rebuilds the plan per variant: the ends stay whole where the plan has them whole
+    from autoplace.planners.heuristic.stage_options import option_variants, polish_stage_options
+
+    off = vp_variant(small, _pp2_tp2(small))
+    assert off is not None and off.stage_of_node is not None and off.stage_devices is not None
+    sim = simulator_for(small, C)
+    variants = option_variants(sim, off.stage_of_node, off.stage_devices, [1, 2], off.schedule, tp=2,
+                               vocab_parallel=False)
+    assert variants and all(not v.placement.vocab_parallel for v in variants)
+    assert not polish_stage_options(small, C, off).vocab_parallel

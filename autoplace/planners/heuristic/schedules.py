@@ -329,7 +329,8 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
     out = Placement.pipeline(graph, cluster, chosen.stage_of_node if chosen.stage_of_node is not None else [],
                              chosen.stage_devices or (), microbatches=chosen.microbatches, schedule=chosen.schedule,
                              planner=chosen.planner, meta=meta, virtual_stages=chosen.virtual_stages,
-                             tp=chosen.tp, sequence_parallel=chosen.sequence_parallel, validate=False,
+                             tp=chosen.tp, sequence_parallel=chosen.sequence_parallel,
+                             vocab_parallel=chosen.vocab_parallel, validate=False,
                              **_options(chosen))
     return ScheduleChoice(out, tuple(tried), tuple(notes), tuple(offered))
 

@@ -122,13 +122,14 @@ def _stop(found: bool) -> bool:
 
 def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence[int]], microbatches: Sequence[int],
                     schedule: str = "1f1b", *, planner: str = "", max_evals: int = MAX_EVALS,
-                    virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False) -> list[Variant]:
+                    virtual_stages: int = 1, tp: int = 1, sequence_parallel: bool = False,
+                    vocab_parallel: bool = True) -> list[Variant]:
     """Every variant the pass simulates for these stages (see the module docstring), the plain
     one (ddp, no recompute) at each micro-batch count included; [] when the runtime cannot run
     the stages with options. A multi-stage ``schedule`` (``devices``: its ranks, ``st``: its
     ``len(devices) x virtual_stages`` stages) sets each rank's options for all its stages, and
     recomputes all of a rank's units or none. With ``tp > 1`` a stage's devices are ``d`` replicas
-    of its TP group (``sequence_parallel`` kept as given): FSDP shards over those ``d`` replicas
+    of its TP group (``sequence_parallel`` and ``vocab_parallel`` kept as given): FSDP shards over those ``d`` replicas
     (torchtitan's 2-D), HSDP is not tried."""
     graph, cluster, cost = sim.graph, sim.cluster, sim.cost
     st = np.asarray(st, dtype=np.int64)
@@ -164,13 +165,15 @@ def option_variants(sim: "Simulator", st: np.ndarray, devices: Sequence[Sequence
         p = Placement.pipeline(graph, cluster, st, devs, microbatches=m, schedule=schedule, planner=planner,
                                validate=False, shard=shard, recompute=rc, precision=prec,
                                reshard_after_forward=rs if shard != "ddp" else None, virtual_stages=n_virtual,
-                               tp=t, sequence_parallel=sequence_parallel and t > 1)
+                               tp=t, sequence_parallel=sequence_parallel and t > 1,
+                               vocab_parallel=vocab_parallel or t < 2)
         if p.problems(graph, cluster) or runtime_problems(p, graph):
             return None
         assert p.stage_of_node is not None and p.stage_devices is not None
         try:
             ev = sim.evaluate_pipeline(p.stage_of_node, p.stage_devices, m, schedule, options=StageOptions.of(p),
-                                       virtual_stages=n_virtual, tp=t, sequence_parallel=p.sequence_parallel)
+                                       virtual_stages=n_virtual, tp=t, sequence_parallel=p.sequence_parallel,
+                                       vocab_parallel=p.vocab_parallel)
         except PlacementError:  # a combination the simulator does not price: not a variant
             return None
         opts = StageOptions.of(p).describe() or "ddp"
@@ -262,7 +265,7 @@ def polish_stage_options(graph: "OpGraph", cluster: Cluster, plan: Placement, *,
     ms = microbatch_counts(graph.batch_size, plan.num_stages, r, also=(plan.microbatches,))
     variants = option_variants(sim, plan.stage_of_node, plan.stage_devices, ms, plan.schedule, planner=plan.planner,
                                max_evals=max_evals, virtual_stages=plan.virtual_stages, tp=plan.tp,
-                               sequence_parallel=plan.sequence_parallel)
+                               sequence_parallel=plan.sequence_parallel, vocab_parallel=plan.vocab_parallel)
     best = _fastest(variants)
     if best is None or (not before.oom and best.step_time_s >= before.step_time_s * (1 - 1e-9)):
         return plan
