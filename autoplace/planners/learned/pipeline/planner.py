@@ -322,6 +322,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
     from autoplace.planners.heuristic.schedules import best_schedule
     from autoplace.planners.heuristic.sequence_parallel import with_sequence_parallel
     from autoplace.planners.heuristic.stage_options import polish_stage_options
+    from autoplace.planners.heuristic.vocab_parallel import with_vocab_parallel
 
     sim = _Remembered(sim)  # the passes below simulate the same plans again and again (the SP pass, each seed's sweeps)
     first = sim.run(best, timeline=False)
@@ -336,7 +337,8 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
         seen.add(key)
         variants = [(p, "")]
         if not _budget.expired():  # past the deadline a plan is still weighed as it is (one simulation)
-            choice = with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim))  # TP plans also with SP
+            # TP plans also with SP, and with the vocabulary ends whole where that wins (as plan()'s schedule pass)
+            choice = with_vocab_parallel(sim, with_sequence_parallel(sim, best_schedule(graph, cluster, p, sim=sim)))
             tried += len(choice.candidates)
             variants.append((choice.placement, "+sched"))
         if not _budget.expired() and not (p.shard or p.recompute or p.precision):
