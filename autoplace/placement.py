@@ -113,8 +113,8 @@ class Placement:
     """with ``tp > 1`` and a token embedding / LM head pair (:func:`autoplace.tp_rules.vocab_pairs`):
     each end split by vocabulary over the TP group on the stage holding it, the logits into torch's
     ``loss_parallel`` (:mod:`autoplace.sim.tensor_parallel`); False: both run whole on every device
-    of the group, in pipelines of two or more stages (torchtitan 0.3.0 has no such switch: its export
-    refuses it). Older plans (no such key) load as True."""
+    of the group, in a pipeline and in one stage's data-parallel loop alike (torchtitan 0.3.0 has no
+    such switch: its export refuses it). Older plans (no such key) load as True."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

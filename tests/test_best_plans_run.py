@@ -90,6 +90,14 @@ RUNS: dict[tuple[str, bool, bool, bool, bool, str, str], str] = {
                                                           "test_sequence_parallelism_with_replicas_equals_the_unsplit_model",
     ("loop", False, True, True, True, "fsdp", ""): _R + "test_rewrite_fsdp_tp_loop.py::"
                                                            "test_fsdp2_x_tp2_one_stage_runs_fsdps_loop_and_equals_the_unsplit_model",
+    ("loop", False, True, True, True, "fsdp", "whole"): _R + "test_rewrite_compose.py::test_one_stage_fsdp_x_tp_with_"
+                                                                "sequence_parallelism_and_the_ends_whole_equals_the_unsplit_model",
+    **{("loop", False, True, True, sp, "ddp", "whole"): _R + "test_rewrite_compose.py::"
+                                                       "test_the_vocabulary_ends_whole_across_pipeline_stages_equal_the_unsplit_model"
+       for sp in (False, True)},
+    **{("loop", False, False, True, sp, "ddp", "whole"): _R + "test_rewrite_compose.py::"
+                                                        "test_one_tp_group_with_the_ends_whole_equals_the_unsplit_model"
+       for sp in (False, True)},
     **{(s, True, False, True, False, "ddp", "apart"): _R + "test_rewrite_compose.py::"
                                                         "test_a_vocabulary_split_across_pipeline_stages_equals_the_unsplit_model"
        for s in ("1f1b", "zb-h1", "zbv")},

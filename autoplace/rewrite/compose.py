@@ -107,10 +107,6 @@ def build_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *, exa
                               f"(torchrun --nproc-per-node {len(plan.devices_used())} train.py) and call "
                               "autoplace.wrap there, or call init_distributed() first")
     problems = plan.problems(traced.graph, cluster) + runtime_problems(plan, traced.graph, dist.get_world_size())
-    if one_stage(plan) and not plan.vocab_parallel:  # (rewrite.loop finds the pairs in its stage itself)
-        problems.append(f"vocab_parallel=False on a one-stage plan (tp={plan.tp}): the data-parallel loop splits the "
-                        "token embedding and LM head by vocabulary whenever TP divides it; use vocab_parallel=True "
-                        "for one stage, or a pipeline of two or more stages")
     if problems:
         raise ShardedRunError("the runtime cannot run this plan: " + "; ".join(problems))
     options = RunnerOptions.of(loss_fn, batch_norm=batch_norm, timeouts=timeouts, predicted_step_s=predicted_step_s,

@@ -239,7 +239,8 @@ def build_loop_runner(traced: "Traced", plan: "Placement", cluster: "Cluster", *
         if layout:  # torchtitan's order: tensor parallelism, then recompute, then FSDP
             from .tensor_parallel import apply_tensor_parallel
 
-            apply_tensor_parallel(stage, layout, mesh["tp"], sequence_parallel=plan.sequence_parallel)
+            apply_tensor_parallel(stage, layout, mesh["tp"], sequence_parallel=plan.sequence_parallel,
+                                  vocab=None if plan.vocab_parallel else [])  # None: the pairs found in the stage
             if plan.sequence_parallel:
                 unit_of, like = _adopt_new_nodes(stage, unit_of, like)
     else:

@@ -2,7 +2,7 @@
 (autoplace.planners.heuristic.vocab_parallel): the zoo's small GPT-2 at batch 2 runs its embedding
 and head faster whole on an A100 host (the split's all-reduces cost more than the head's compute
 saves), a GPT-2 with a 32k vocabulary at batch 8 x 256 tokens faster split; the pass keeps
-whichever the simulator says, never a one-stage or a tp=1 plan, and plan("best") hands it on."""
+whichever the simulator says, never a tp=1 plan, and plan("best") hands it on."""
 
 from __future__ import annotations
 
@@ -55,12 +55,13 @@ def test_the_rule_keeps_the_faster_setting(small: OpGraph, wide: OpGraph) -> Non
         assert got.vocab_parallel is not whole_wins and step == pytest.approx(min(_step(g, off), _step(g, p)))
 
 
-def test_nothing_to_try_without_tp_on_one_stage_or_when_off_already(small: OpGraph) -> None:
+def test_nothing_to_try_without_tp_or_when_off_already(small: OpGraph) -> None:
     n = small.num_nodes
     assert vp_variant(small, Placement.pipeline(small, C, (np.arange(n) >= n // 2).astype(int), [0, 1],
                                                 microbatches=2)) is None
     one = Placement.pipeline(small, C, np.zeros(n, dtype=int), [[0, 1]], microbatches=1, tp=2)
-    assert vp_variant(small, one) is None  # the one-stage loop splits the pair itself (rewrite.loop)
+    got = vp_variant(small, one)  # the one-stage loop leaves the ends whole as the schedules do (rewrite.loop)
+    assert got is not None and not got.vocab_parallel
     off = vp_variant(small, _pp2_tp2(small))
     assert off is not None and vp_variant(small, off) is None
 

@@ -100,6 +100,16 @@ WHOLE = [  # the same pipelines with vocab_parallel=False: both ends whole on ev
     # with sequence parallelism (plan("best")'s Llama on 4xV100-pcie)
     {"id": "zbh1_tp2_sp_llama_whole", "model": "llama", "pp": 2, "tp": 2, "schedule": "zb-h1", "microbatches": 4,
      "sequence_parallel": True, "vocab_parallel": False},
+    # one stage, TP2 x 2 DDP replicas: the data-parallel loop (rewrite/loop.py) leaves the ends whole too
+    {"id": "tp2_ddp2_tied_whole", "model": "gpt-tied", "pp": 1, "tp": 2, "schedule": "gpipe",
+     "vocab_parallel": False},
+    {"id": "tp2_sp_ddp2_llama_whole", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe",
+     "sequence_parallel": True, "vocab_parallel": False},  # plan("best")'s Llama on 8xH100-nvlink
+]
+WHOLE_ONE_GROUP = [  # one stage on one TP group of 2 (plan("best")'s GPT-2 on 8xV100-nvlink, Llama on 4xA100-nvlink)
+    {"id": "tp2_tied_whole", "model": "gpt-tied", "pp": 1, "tp": 2, "schedule": "gpipe", "vocab_parallel": False},
+    {"id": "tp2_sp_llama_whole", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe", "sequence_parallel": True,
+     "vocab_parallel": False},
 ]
 
 
@@ -113,6 +123,26 @@ def test_the_vocabulary_ends_whole_across_pipeline_stages_equal_the_unsplit_mode
         assert all(p["vocab"] == [] and not p["loss_parallel"] for p in parts), c
         assert all(p["sharded"] for p in parts), c  # the blocks are still TP shards
         assert all(p["tied_one"] for p in parts), c
+
+
+def test_one_tp_group_with_the_ends_whole_equals_the_unsplit_model(tmp_path: Path) -> None:
+    pw.launch_cases(CHILD, tmp_path, 2, WHOLE_ONE_GROUP, timeout=600)
+    _check(tmp_path, 2, WHOLE_ONE_GROUP)
+    for c in WHOLE_ONE_GROUP:
+        parts = [torch.load(tmp_path / f"{c['id']}-rank{r}.pt") for r in range(2)]
+        assert all(p["vocab"] == [] and not p["loss_parallel"] and p["sharded"] for p in parts), c
+
+
+def test_one_stage_fsdp_x_tp_with_sequence_parallelism_and_the_ends_whole_equals_the_unsplit_model(
+        tmp_path: Path) -> None:
+    # plan("best")'s Llama on 4xV100-pcie: one stage, FSDP over 2 replicas of a TP2 group with SP, the
+    # token embedding and LM head whole on every TP rank (no loss parallelism) in FSDP's own loop
+    cases = [{"id": "fsdp2_tp2_sp_llama_whole", "model": "llama", "pp": 1, "tp": 2, "schedule": "gpipe",
+              "shard": "fsdp", "sequence_parallel": True, "vocab_parallel": False}]
+    pw.launch_cases(CHILD, tmp_path, 4, cases, timeout=600)
+    _check(tmp_path, 4, cases)
+    parts = [torch.load(tmp_path / f"fsdp2_tp2_sp_llama_whole-rank{r}.pt") for r in range(4)]
+    assert all(not p["loss_parallel"] for p in parts)  # no head left its logits split by vocabulary
 
 
 def test_sequence_parallelism_with_replicas_equals_the_unsplit_model(tmp_path: Path) -> None:

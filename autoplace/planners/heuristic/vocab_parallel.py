@@ -11,9 +11,8 @@ embedding's output and of the head's input gradient and three per-token all-redu
 collective, ``t`` times the head's compute and the whole table per device. On a small model at a
 small batch the collectives' latency can outweigh the head's compute, so neither setting wins
 everywhere. The objective is the simulated step among plans that fit; a tie keeps the split (the
-default, torchtitan's layout). One-stage plans are not tried: the runtime's data-parallel loop
-(:mod:`autoplace.rewrite.loop`) splits the pair whenever TP divides it
-(:func:`autoplace.rewrite.compose.build_runner` refuses ``vocab_parallel=False`` there).
+default, torchtitan's layout). One-stage plans are tried too: the runtime's data-parallel loop
+(:mod:`autoplace.rewrite.loop`) leaves the ends whole as the schedules' builder does.
 
 :func:`with_vocab_parallel` is a pass over a :class:`~.schedules.ScheduleChoice` (after
 :func:`~.sequence_parallel.with_sequence_parallel`, so SP variants are tried too), as that one
@@ -43,10 +42,10 @@ __all__ = ["vp_variant", "vp_choice", "with_vocab_parallel"]
 
 def vp_variant(graph: "OpGraph", plan: Placement) -> Placement | None:
     """``plan`` with ``vocab_parallel=False``; None when there is nothing to turn off (no TP, no
-    pair ``tp`` divides, the split off already) or the plan is one stage (see the module docstring)."""
+    pair ``tp`` divides, the split off already)."""
     if plan.mode != "pipeline" or plan.tp < 2 or not plan.vocab_parallel:
         return None
-    if plan.num_stages * plan.virtual_stages == 1 or not any(v.vocab % plan.tp == 0 for v in vocab_pairs(graph)):
+    if not any(v.vocab % plan.tp == 0 for v in vocab_pairs(graph)):
         return None
     return dataclasses.replace(plan, vocab_parallel=False)
 
