@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["DIMENSIONS", "Term", "Claim", "decompose", "differences", "claim_against", "claims_text"]
 
 DIMENSIONS = ("ranks", "virtual_stages", "stage_cuts", "schedule", "microbatches", "tp", "sequence_parallel",
-              "shard", "recompute", "precision", "reshard_after_forward")
+              "vocab_parallel", "shard", "recompute", "precision", "reshard_after_forward")
 """The dimensions a plan is compared on, in the order they are reported."""
 
 
@@ -182,6 +182,7 @@ def _spec(p: Placement, graph: "OpGraph") -> dict[str, Any]:
     o = StageOptions.of(p)
     return dict(ranks=p.stage_devices, virtual_stages=p.virtual_stages, stage_cuts=p.stage_of_node,
                 schedule=p.schedule, microbatches=p.microbatches, tp=p.tp, sequence_parallel=p.sequence_parallel,
+                vocab_parallel=p.vocab_parallel,
                 shard=_uniform(o.shard), recompute=_recomputed(p, graph), precision=_uniform(o.precision),
                 reshard_after_forward=_uniform(o.reshard_after_forward))
 
@@ -249,7 +250,8 @@ def _build(graph: "OpGraph", cluster: "Cluster", s: dict[str, Any]) -> tuple[Pla
     try:
         p = Placement.pipeline(graph, cluster, s["stage_cuts"], s["ranks"], microbatches=s["microbatches"],
                                schedule=s["schedule"], virtual_stages=s["virtual_stages"], tp=s["tp"],
-                               sequence_parallel=s["sequence_parallel"], shard=s["shard"], recompute=recompute,
+                               sequence_parallel=s["sequence_parallel"],
+                               vocab_parallel=s["vocab_parallel"] or s["tp"] < 2, shard=s["shard"], recompute=recompute,
                                precision=s["precision"], reshard_after_forward=s["reshard_after_forward"],
                                validate=False)
     except PlacementError as e:

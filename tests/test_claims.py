@@ -168,3 +168,14 @@ def test_claims_text_lists_the_recipes_then_the_claim_with_its_checks(graph: Any
     assert text.startswith("ddp recipes on this cluster (simulated):") and "published check" in text
     model = Placement.single(graph, cluster)
     assert "no claim to decompose" in claims_text(graph, cluster, model, "ddp", cost=COST)
+
+
+def test_the_vocabulary_split_is_a_dimension_of_its_own(graph: Any, cluster: Cluster) -> None:
+    st = block_stages(graph, 2)
+    ranks = [[0, 1], [2, 3]]
+    whole = _pp(graph, cluster, st, ranks, microbatches=2, schedule="1f1b", tp=2, vocab_parallel=False)
+    split = _pp(graph, cluster, st, ranks, microbatches=2, schedule="1f1b", tp=2)
+    assert differences(whole, split, graph) == ["vocab_parallel"]
+    claim = decompose(graph, cluster, whole, split, cost=COST, recipe_name="split")
+    (term,) = claim.terms
+    assert term.dimension == "vocab_parallel" and term.step_time_s == pytest.approx(_time(graph, split, cluster))
