@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence
 
+import numpy as np
+
+from ..pipeline_rules import stage_ranks
 from ..placement import Placement
 from .kinds import (kind_candidates, kind_key, kind_of, online_problems, online_rules, pipeline_cut_share,
                     planner_proposals, split_at_share)
@@ -82,9 +85,13 @@ def start_accept(world: int, *, kinds: bool) -> Callable[[Placement], str]:
 
 
 def centre_share(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None) -> tuple[float, str]:
-    """The work share of the first stage the candidates' cuts centre on, and where it came from."""
+    """The work share of the first stage the candidates' cuts centre on, and where it came from:
+    a 2-rank plan's first rank's share (of all its virtual stages), else the simulator's best cut."""
     if plan.num_stages == 2 and plan.stage_of_node is not None:
-        return pipeline_cut_share(graph, [int(s) for s in plan.stage_of_node]), "the plan's cut"
+        ranks = np.asarray(stage_ranks(plan.schedule, 2, plan.virtual_stages), dtype=np.int64)
+        rank_of_op = ranks[np.asarray(plan.stage_of_node, dtype=np.int64)]
+        where = "the plan's cut" if plan.virtual_stages == 1 else "the plan's first rank's share of the work"
+        return pipeline_cut_share(graph, rank_of_op.tolist()), where
     from ..sim import Simulator
     from ..planners.candidate import PipelinePlan, evaluate_candidate
 

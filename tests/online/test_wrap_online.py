@@ -194,6 +194,10 @@ def test_start_rules_accept_ddp_and_fsdp_for_kinds_and_name_the_rule_otherwise()
     assert rule and "virtual stages" in rule[0] and "pass a pipeline, DDP or FSDP plan" in rule[0]
     near, what = nearest_start(graph, cluster, zb)
     assert start_rules(near, 2, kinds=True) == [] and near.num_stages == 2 and "2-stage" in what
+    # its cut centres on rank 0's share of the work over both its virtual stages (0 and 2), not stage 0's
+    rank0 = pipeline_cut_share(graph, [0, 0, 1, 1, 0, 0, 1, 1])
+    assert centre_share(graph, cluster, zb)[0] == pytest.approx(rank0)
+    assert rank0 != pytest.approx(pipeline_cut_share(graph, [0, 0, 1, 1, 1, 1, 1, 1]))
     assert nearest_start(graph, cluster, ddp) == (ddp, "")
 
 

@@ -103,3 +103,15 @@ def test_the_stage_options_pass_keeps_the_setting(small: OpGraph) -> None:
                                vocab_parallel=False)
     assert variants and all(not v.placement.vocab_parallel for v in variants)
     assert not polish_stage_options(small, C, off).vocab_parallel
+
+
+def test_the_schedule_pass_keeps_the_setting_on_the_plans_own_shape(small: OpGraph) -> None:
+    # best_schedule's variants of the plan's own shape keep its options (SP among them), so they keep
+    # the ends whole too; the plan it chooses among them as well (helper-35's finding: they split again)
+    n = small.num_nodes
+    p = Placement.pipeline(small, C, (np.arange(n) >= n // 2).astype(int), [[0, 1], [2, 3]], microbatches=2, tp=2,
+                           vocab_parallel=False, sequence_parallel=True)
+    choice = best_schedule(small, C, p, sim=simulator_for(small, C), tp_degrees=(2,))
+    own = [q for q in choice.offered if q.sequence_parallel]
+    assert own and all(not q.vocab_parallel for q in own)
+    assert not choice.placement.vocab_parallel

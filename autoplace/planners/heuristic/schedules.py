@@ -216,6 +216,7 @@ def best_schedule(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost
             out = Placement.pipeline(graph, cluster, stage_of_node, groups, microbatches=m, schedule=schedule,
                                      planner=plan.planner, meta=dict(plan.meta), virtual_stages=v, tp=tp,
                                      sequence_parallel=keep_options and tp == plan.tp and plan.sequence_parallel,
+                                     vocab_parallel=not (keep_options and tp == plan.tp) or plan.vocab_parallel,
                                      **(_options(plan) if keep_options else options or {}))
         except PlacementError:
             return None
