@@ -65,7 +65,8 @@ class TensorSpec:
     """the per-token ops between TP blocks run on a 1/degree share of the sequence."""
     vocab_parallel: bool = True
     """the token embedding and LM head split by vocabulary, the loss on split logits (torchtitan's
-    default; ``disable_loss_parallel`` when False)."""
+    default); False: both whole on every TP rank (torchtitan 0.3.0 has no such switch: its export
+    refuses False)."""
 
 
 @dataclass(frozen=True)

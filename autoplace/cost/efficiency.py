@@ -42,11 +42,11 @@ llm-foundry's H100 rows) and reported on the rest (MosaicML's A100 rows, torchti
   added after a first fit (``SUSTAINED_FRACTION`` alone) had been reported on every row, so the
   held-out rows were seen when its form was chosen; its value is fitted on the fit part only.
   It is FSDP-motivated (every fit row is FSDP). The cost model applies it to every 16-bit GEMM;
-  the simulator takes it back out for pipeline stages with options that are not sharded
-  (:func:`autoplace.sim.stage_ops.resident_ratio`: weights resident, nothing gathered or cast
-  per micro-batch, as Megatron-LM's DDP/TP/PP runs). That choice was made after the held-out
+  the simulator takes it back out for every pipeline stage that is not sharded, with options or
+  without (:func:`autoplace.sim.stage_ops.resident_ratio`: weights resident, nothing gathered or
+  cast per micro-batch, as Megatron-LM's DDP/TP/PP runs). That choice was made after the held-out
   Megatron-LM rows had been seen at 1-2 samples a micro-batch (their GEMMs at half efficiency);
-  no value was fitted on them. A 16-bit cost model on default (fp32-plan) stages still charges it.
+  no value was fitted on them. Model-parallel plans (one process) still pay it.
 
 Shapes are read back from the graph's facts (fp32 as traced): a Linear has ``N K`` weights
 (``param_bytes / 4``), ``2 M N K`` forward FLOPs and ``M N`` outputs; a matmul without

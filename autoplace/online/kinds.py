@@ -42,6 +42,7 @@ simulator alone.
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
@@ -342,7 +343,8 @@ def _pipeline_network(graph: "OpGraph", cluster: "Cluster", plan: Placement, cos
         try:
             return (load_policy(tuned, graph, cluster, cost, seed=seed),
                     f"{plan.planner}'s policy fine-tuned on this graph ({tuned})")
-        except (OSError, ValueError, RuntimeError, KeyError) as e:  # gone, another graph's, or not a network file
+        except (OSError, ValueError, RuntimeError, KeyError, pickle.UnpicklingError) as e:  # gone, another
+            # graph's, or not a network file (a corrupt one fails to unpickle)
             why = f" (its fine-tuned network did not load: {str(e)[:400]})"
     cfg = PipelineRLConfig()
     if cfg.weights is None:

@@ -144,6 +144,7 @@ class OnlinePipeline(PipelineRunner):
             self._check_plan(c)
         self.config, self.search = config, None
         self.candidates: list[Placement] = list(candidates or ())
+        self.candidates_note = ""  # what they are: wrap sets it after each tune (online.wrap_kinds)
         self.phase = "done" if config is None else "start"
         self._times: list[float] = []
         self._between_times: list[float] = []

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .tuner import OnlineConfig
 
-__all__ = ["wrap_candidates", "tunes_kinds", "start_rules", "start_accept", "nearest_start", "centre_share", "with_start", "FSDP_MICROBATCHES",
+__all__ = ["wrap_candidates", "tunes_kinds", "start_rules", "start_accept", "nearest_start", "centre_share", "with_start",
+           "FSDP_MICROBATCHES",
            "RECOMPUTE"]
 
 FSDP_MICROBATCHES = (1,)
@@ -84,7 +85,8 @@ def start_accept(world: int, *, kinds: bool) -> Callable[[Placement], str]:
     return accept
 
 
-def centre_share(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, cost: "CostModel | None" = None) -> tuple[float, str]:
+def centre_share(graph: "OpGraph", cluster: "Cluster", plan: Placement, *,
+                 cost: "CostModel | None" = None) -> tuple[float, str]:
     """The work share of the first stage the candidates' cuts centre on, and where it came from:
     a 2-rank plan's first rank's share (of all its virtual stages), else the simulator's best cut."""
     if plan.num_stages == 2 and plan.stage_of_node is not None:
@@ -145,7 +147,8 @@ def wrap_candidates(graph: "OpGraph", cluster: "Cluster", plan: Placement, *, co
     """The plans ``wrap(..., finetune="online")`` tunes over on 2 processes from ``plan`` (the
     module doc), the start first, and a note saying what the set holds."""
     if cluster.num_devices != 2:
-        raise ValueError(f"wrap_candidates builds plans for 2 processes; the cluster has {cluster.num_devices}")
+        raise ValueError(f"wrap_candidates builds plans for 2 processes; the cluster has {cluster.num_devices} "
+                         "devices: pass a 2-device cluster, or OnlineConfig(candidates=...) with your own plans")
     centre, where = centre_share(graph, cluster, plan, cost=cost)
     proposals, proposals_note = planner_proposals(graph, cluster, plan, cost=cost, seed=seed)
     built = kind_candidates(graph, cluster, centre_share=centre, fsdp_microbatches=FSDP_MICROBATCHES,

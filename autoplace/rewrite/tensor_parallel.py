@@ -48,7 +48,7 @@ reduce-scatters the embedding's output to a sequence shard and all-gathers the h
 ``ColwiseParallel``). A plan with ``vocab_parallel=False`` passes ``vocab=[]``: both ends run whole
 on every TP rank (a tied table a plain parameter on both stages) and the loss reads plain logits.
 
-Loss parallelism (torchtitan's default with TP, ``parallelism.disable_loss_parallel = false``): the
+Loss parallelism (torchtitan's default with TP): the
 user's ``loss_fn`` gets those sharded logits and runs under torch's
 ``torch.distributed.tensor.parallel.loss_parallel()``, forward and backward, so cross-entropy
 (``F.cross_entropy``, ``nll_loss`` of ``log_softmax``; reshapes, slices and ``.float()`` before it

@@ -23,7 +23,7 @@ recomputed unit's backward).
   (:func:`bn_sync_seconds`, as :mod:`.fsdp_stage` charges a stage with options). Its activation
   bytes and backward transient come from the traced memory facts, as a stage with options reads
   them (:mod:`.stage_memory`; every op's output where a graph has none), and under a 16-bit cost
-  model its GEMMs run without the size term (:func:`~.stage_ops.resident_ratio`): the compiled pass is the
+  model its GEMMs run without the size term (:func:`~.stage_ops.resident_times`): the compiled pass is the
   fast form of the items below for a stage without options, and a DDP stage costs the same in
   both (``tests/sim/test_stage_cost_builders.py``).
 - Other options (any ``tp``): each stage is :class:`~.fsdp_stage.ShardedStage`'s items (the
@@ -60,7 +60,7 @@ from .ddp import DDP_BUCKET_BYTES, bn_channels, bn_sync_group_seconds, ddp_bucke
 from .fsdp_stage import ShardedStage
 from .fsdp_streams import two_stream
 from .stage_memory import stage_activations
-from .stage_ops import resident_ratio, stacked_times, stage_op_times
+from .stage_ops import resident_times, stacked_times, stage_op_times
 from .order_sim import weight_fraction
 from .tensor_parallel import linear_pairs, tp_activation_bytes, tp_share
 
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from .simulator import Simulator
 
 __all__ = ["StageCosts", "stage_costs", "Layout", "layout", "bn_sync_seconds", "action_seconds",
-           "options_of_stages", "sharded_stages", "resident_ratio"]
+           "options_of_stages", "sharded_stages"]
 
 
 class StageCosts(NamedTuple):
@@ -340,9 +340,8 @@ def sharded_stages(sim: "Simulator", st: np.ndarray, devs_of_stage: Sequence[Seq
         bf16 = opts.precision[s] == "bf16"
         parts = microbatches * (len(devs) // tp)
         tf, tb = stage_op_times(sim, parts, bf16)
-        if opts.shard[s] not in ("fsdp", "hsdp") and (bf16 or sim.cost.dtype_bytes <= 2):
-            rf, rb = resident_ratio(sim, parts)
-            tf, tb = tf * rf, tb * rb
+        if opts.shard[s] not in ("fsdp", "hsdp"):
+            tf, tb = resident_times(sim, parts, tf, tb, bf16)
         share = None
         if tp > 1:
             share = tp_share(sim.graph, sim.cluster, nodes, list(devs[:tp]), parts, pairs, vocab_parallel=vocab_parallel,

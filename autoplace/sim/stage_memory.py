@@ -17,8 +17,8 @@ gives that path the same two numbers per stage, so both builders hold a stage at
   buffers, less ``saved``.
 
 Without memory facts (a PipeDream profile) there is nothing to read: the callers keep the plain
-sum of every op's output. Measured on CPU for one stage, the traced facts were
-within 10% in 24 of 24 cases and the plain sum in 1 of 24 (``fidelity_memory_sharded.md``).
+sum of every op's output. Both measured on CPU against torch's MemTracker:
+``benchmarks/results/fidelity_memory_sharded.md``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def fact_arrays(sim: "Simulator", act_scale: float) -> FactArrays | None:
         per = 1.0 / act_scale if dyn is not facts else 1.0
         s_bytes = np.asarray(dyn["saved_bytes"], dtype=np.float64)
         made = np.asarray(dyn.get("saved_producer", [-1] * s_bytes.shape[0]), dtype=np.int64)
-        got = FactArrays(s_bytes, np.asarray(dyn["saved_ptr"], dtype=np.int64) if s_bytes.size else np.zeros(1, np.int64),
+        ptr = np.asarray(dyn["saved_ptr"], dtype=np.int64) if s_bytes.size else np.zeros(1, np.int64)
+        got = FactArrays(s_bytes, ptr,
                          np.asarray(dyn["saved_ops"], dtype=np.int64), made,
                          np.asarray(facts["output_bytes"], dtype=np.float64),
                          np.asarray(dyn["grad_bytes"], dtype=np.float64) * per, float(per),

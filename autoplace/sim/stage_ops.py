@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from ..graph.ir import OpGraph
     from .simulator import Simulator
 
-__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recomputed_ops", "recompute_skips", "resident_ratio", "stacked_times",
+__all__ = ["SAVES_NO_WEIGHT", "SAVES_NOTHING", "recomputed_ops", "recompute_skips", "resident_ratio",
+           "resident_times", "stacked_times",
            "stage_op_times"]
 
 
@@ -111,20 +112,26 @@ def resident_ratio(sim: "Simulator", parts: int) -> tuple[np.ndarray, np.ndarray
     return cache[parts]
 
 
+def resident_times(sim: "Simulator", parts: int, tf: np.ndarray, tb: np.ndarray,
+                   bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Op times ``tf``, ``tb`` (at ``1/parts`` of the batch) of a stage that is not sharded: its
+    weights stay resident, so where it computes in 16 bits (``bf16``, or a 16-bit cost model) its
+    GEMMs run without the per-micro-batch size term (:func:`resident_ratio`). The one rule both
+    stage-cost builders apply."""
+    if not (bf16 or sim.cost.dtype_bytes <= 2):
+        return tf, tb
+    rf, rb = resident_ratio(sim, parts)
+    return tf * rf, tb * rb
+
+
 def stacked_times(sim: "Simulator", m: int, counts: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(R, N, D) forward and backward op times at ``1/(m r)`` of the batch for each replica count r
     of ``counts``, cached per simulator; a stage without options keeps its weights resident, so
-    its 16-bit GEMMs run without the per-micro-batch size term (:func:`resident_ratio`, as the
+    its 16-bit GEMMs run without the per-micro-batch size term (:func:`resident_times`, as the
     options path prices a DDP stage)."""
     cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = sim.__dict__.setdefault("_stacked_times", {})
     got = cache.get((m, counts))
     if got is None:
-        times = []
-        for r in counts:
-            tf, tb = sim.op_times(m * r)
-            if sim.cost.dtype_bytes <= 2:
-                rf, rb = resident_ratio(sim, m * r)
-                tf, tb = tf * rf, tb * rb
-            times.append((tf, tb))
+        times = [resident_times(sim, m * r, *sim.op_times(m * r)) for r in counts]
         got = cache[(m, counts)] = (np.stack([x[0] for x in times]), np.stack([x[1] for x in times]))
     return got

@@ -92,6 +92,16 @@ def test_a_network_of_another_graph_or_no_network_is_refused_by_name(tmp_path: P
         load_policy(path, other, cluster)
     with pytest.raises(ValueError, match="places only the graph it was tuned on"):
         load_policy(path, graph, Cluster.from_devices(["cpu"] * 3))
+    # as many ops, another graph (wider): refused by the graph's hash the network was kept with
+    wl = autoplace.zoo.build("gpt2", small=True, n_layer=2, n_embd=64, n_head=2, seq_len=16, n_positions=16,
+                             batch_size=8)
+    wider = autoplace.trace(wl.model, wl.example_inputs)
+    assert wider.num_nodes == graph.num_nodes and wider.hash != graph.hash
+    load_policy(path, wider, cluster)  # kept without a hash (older files): the sizes are all it can check
+    hashed = keep_tuned(make_policy(graph, cluster, hidden=8, max_stages=None, seed=1), graph.hash)
+    with pytest.raises(ValueError, match="tuned on graph"):
+        load_policy(hashed, wider, cluster)
+    load_policy(hashed, graph, cluster)
     torch.save({"format": "something else"}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a pipeline-rl network file"):
         load_policy(tmp_path / "x.pt", graph, cluster)

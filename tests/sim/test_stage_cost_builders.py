@@ -40,7 +40,17 @@ FIELDS = ("f", "b", "w", "u", "tail", "sync", "params", "act", "remat")
 @pytest.mark.parametrize("schedule,v,tp", [("1f1b", 1, 1), ("zb-h1", 1, 1), ("interleaved-1f1b", 2, 1), ("1f1b", 1, 2)])
 def test_a_ddp_stage_costs_the_same_in_both_builders(name: str, dtype_bytes: int, schedule: str, v: int,
                                                       tp: int) -> None:
-    g = GRAPHS[name]
+    _compare(GRAPHS[name], dtype_bytes, schedule, v, tp)
+
+
+@pytest.mark.parametrize("dtype_bytes", [4, 2])
+@pytest.mark.parametrize("sp,vp", [(True, True), (False, False), (True, False)])
+def test_under_sequence_parallelism_and_with_the_ends_whole_too(dtype_bytes: int, sp: bool, vp: bool) -> None:
+    _compare(GRAPHS["gpt2"], dtype_bytes, "1f1b", 1, 2, sequence_parallel=sp, vocab_parallel=vp)
+
+
+def _compare(g: autoplace.OpGraph, dtype_bytes: int, schedule: str, v: int, tp: int, **tp_kw: bool) -> None:
+    """A PP2 plan's second rank (DDP) priced with every stage plain, then with the first rank FSDP."""
     sim = Simulator(g, _cluster(), CostModel(dtype_bytes=dtype_bytes))
     n, k, m = g.num_nodes, 2 * v, 4
     st = np.repeat(np.arange(k), np.diff(np.linspace(0, n, k + 1).astype(int))).astype(np.int64)
@@ -49,8 +59,8 @@ def test_a_ddp_stage_costs_the_same_in_both_builders(name: str, dtype_bytes: int
     t = sim.tables
     bnd = boundary_bytes(st, t.succ_ptr, t.succ_eid, t.edst, t.ebytes, k)
     order, split = actions(schedule, 2, v, m), schedule == "zb-h1"
-    plain = stage_costs(sim, st, groups, rank_of, order, m, tp, split, bnd)
-    mixed = stage_costs(sim, st, groups, rank_of, order, m, tp, split, bnd,
+    plain = stage_costs(sim, st, groups, rank_of, order, m, tp, split, bnd, **tp_kw)
+    mixed = stage_costs(sim, st, groups, rank_of, order, m, tp, split, bnd, **tp_kw,
                         options=StageOptions.resolve(2, shard=("fsdp", "ddp")))
     ddp = rank_of == 1
     assert plain.act[ddp].min() > 0 and plain.remat[ddp].max() > 0  # the figures compared are there

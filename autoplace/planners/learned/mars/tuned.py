@@ -1,7 +1,8 @@
 """Where trained networks of the learned planners are kept, so that online fine-tuning starts
 from the network a plan was made with (``placement.meta["tuned_weights"]``; written by
-:func:`autoplace.planners.learned.mars.planner.keep_tuned` for Mars and
-:func:`autoplace.planners.learned.eagle.weights.keep_trained` for EAGLE)."""
+:func:`autoplace.planners.learned.mars.planner.keep_tuned` for Mars,
+:func:`autoplace.planners.learned.eagle.weights.keep_trained` for EAGLE and
+:func:`autoplace.planners.learned.pipeline.tuned.keep_tuned` for pipeline-rl)."""
 
 from __future__ import annotations
 

@@ -268,7 +268,7 @@ def place_pipeline_rl(graph: "OpGraph", cluster: Cluster, *, cost: "CostModel | 
             "temperature_max": max(temps, default=1.0),
             "seed_time_s": seed_time, "plan_time_s": clock.elapsed_s(),
             "history": [tuple(h) for h in result.history] if result is not None else [],
-            "tuned_weights": str(keep_tuned(policy))}  # online proposals sample from it (.tuned)
+            "tuned_weights": str(keep_tuned(policy, graph.hash))}  # online proposals sample from it (.tuned)
     details = {k: meta[k] for k in ("prior_best_step_time_s", "imitated", "imitation_steps", "imitation_prob",
                                     "temperature_max", "plan_time_s")}
     meta[REPORT_KEY] = LearnedReport.of_env(
@@ -366,7 +366,7 @@ def _polish(graph: "OpGraph", cluster: Cluster, sim: Any, best: Placement,
 
 class _Remembered:
     """``sim`` whose ``run(plan, timeline=False)`` is computed once per distinct plan (the simulator
-    is deterministic): step 6's schedule and sequence-parallel passes over several plans simulate
+    is deterministic): step 6's schedule, sequence-parallel and vocabulary passes over several plans simulate
     many plans more than once. Every other attribute is ``sim``'s."""
 
     def __init__(self, sim: Any) -> None:

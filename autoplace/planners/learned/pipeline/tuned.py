@@ -45,10 +45,11 @@ def _sizes(policy: "PipelinePolicy") -> dict[str, Any]:
             "temperature": float(policy.temperature)}
 
 
-def save_policy(policy: "PipelinePolicy", path: str | Path) -> None:
-    """Write ``policy``'s sizes and parameters (not its graph buffers) to ``path``."""
+def save_policy(policy: "PipelinePolicy", path: str | Path, graph_hash: str = "") -> None:
+    """Write ``policy``'s sizes and parameters (not its graph buffers) to ``path``, with the hash
+    of the graph it was tuned on (:attr:`autoplace.graph.ir.OpGraph.hash`) when given."""
     params = {k: v.detach().clone() for k, v in policy.named_parameters()}
-    torch.save({"format": FORMAT, "config": _sizes(policy), "parameters": params}, path)
+    torch.save({"format": FORMAT, "config": {**_sizes(policy), "graph_hash": graph_hash}, "parameters": params}, path)
 
 
 def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "CostModel | None" = None, *,
@@ -72,6 +73,9 @@ def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "C
         raise ValueError(f"{path} holds a pipeline-rl network for {cfg['num_nodes']} ops on {cfg['num_devices']} "
                          f"devices; this graph has {graph.num_nodes} ops and the cluster {cluster.num_devices} "
                          "devices: a fine-tuned network places only the graph it was tuned on (plan it again)")
+    if cfg.get("graph_hash") and cfg["graph_hash"] != graph.hash:
+        raise ValueError(f"{path} holds a pipeline-rl network tuned on graph {cfg['graph_hash']}; this graph is "
+                         f"{graph.hash}: a fine-tuned network places only the graph it was tuned on (plan it again)")
     sim = simulator_for(graph, cluster, cost)
     space = PipelineSpace.of(graph, cluster, sim, max_stages=int(cfg["max_stages"]),
                              extra_microbatches=cfg["microbatch_options"])
@@ -98,13 +102,13 @@ def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "C
     return policy
 
 
-def keep_tuned(policy: "PipelinePolicy") -> Path:
+def keep_tuned(policy: "PipelinePolicy", graph_hash: str = "") -> Path:
     """Save ``policy`` under ``tuned_dir("pipeline-rl")`` (the same network is one file), drop all
     but the newest :data:`KEEP` there, and return the path (``placement.meta["tuned_weights"]``)."""
     path = tuned_path(policy, "pipeline-rl")
     if not path.exists():
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        save_policy(policy, tmp)
+        save_policy(policy, tmp, graph_hash)
         tmp.replace(path)
     else:
         path.touch()
