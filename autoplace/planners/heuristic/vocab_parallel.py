@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 from autoplace.placement import Placement
 from autoplace.planners import budget as _budget
-from autoplace.tp_rules import vocab_pairs
+from autoplace.tp_rules import vocab_problems
 from .schedules import ScheduleChoice
 from .sequence_parallel import _TIE, _score
 
@@ -45,7 +45,7 @@ def vp_variant(graph: "OpGraph", plan: Placement) -> Placement | None:
     pair ``tp`` divides, the split off already)."""
     if plan.mode != "pipeline" or plan.tp < 2 or not plan.vocab_parallel:
         return None
-    if not any(v.vocab % plan.tp == 0 for v in vocab_pairs(graph)):
+    if vocab_problems(graph, plan.tp, False):  # no pair tp divides: the option would change nothing
         return None
     return dataclasses.replace(plan, vocab_parallel=False)
 
