@@ -23,18 +23,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
-from autoplace.placement import Placement, PlacementError
-from autoplace.planners import budget as _budget
+from autoplace.placement import Placement
 from .schedules import ScheduleChoice
+from .variant_pass import variant_choice, with_variants
 
 if TYPE_CHECKING:
     from autoplace.sim import Simulator
 
 __all__ = ["sp_variant", "sp_choice", "with_sequence_parallel"]
-
-_TIE = 1e-9
-"""Relative step difference below which SP is not faster (the plain plan is kept)."""
-
 
 def sp_variant(plan: Placement) -> Placement | None:
     """``plan`` with ``sequence_parallel=True``; None when it has no TP group (``tp == 1``) or is SP already."""
@@ -43,29 +39,11 @@ def sp_variant(plan: Placement) -> Placement | None:
     return dataclasses.replace(plan, sequence_parallel=True)
 
 
-def _score(sim: "Simulator", p: Placement) -> float | None:
-    """The simulated step of ``p``; None when it is over memory or not a valid plan."""
-    try:
-        ev = sim.run(p, timeline=False)
-    except PlacementError:
-        return None
-    return None if ev.oom else float(ev.step_time_s)
-
-
 def sp_choice(sim: "Simulator", plan: Placement, *,
               accept: Callable[[Placement], str] | None = None) -> tuple[Placement, float | None]:
     """``plan`` or its SP variant, whichever the rule of the module docstring keeps, with its
     simulated step (None: neither fits)."""
-    base = _score(sim, plan)
-    sp = sp_variant(plan)
-    if sp is None:
-        return plan, base
-    step = _score(sim, sp)
-    if step is None or (accept is not None and accept(sp)):
-        return plan, base
-    if base is None or step < base * (1 - _TIE):
-        return sp, step
-    return plan, base
+    return variant_choice(sim, plan, sp_variant, accept=accept)
 
 
 def with_sequence_parallel(sim: "Simulator", choice: ScheduleChoice, *,
@@ -74,33 +52,8 @@ def with_sequence_parallel(sim: "Simulator", choice: ScheduleChoice, *,
     when one fits and beats the chosen plan (or the chosen plan is over memory); the SP variants
     tried are added to ``candidates`` (``"<schedule> tp=t sp"``) and the chosen plan's
     ``meta["schedule_candidates"]``. Stops at a spent planning budget (said in the notes)."""
-    chosen = choice.placement
-    best = _score(sim, chosen)
-    won: Placement | None = None
-    tried: list[tuple[str, int, float | None]] = []
-    notes = list(choice.notes)
-    offered = list(choice.offered)
-    for p in choice.offered:
-        sp = sp_variant(p)
-        if sp is None:
-            continue
-        if _budget.expired():
-            notes.append(f"sequence parallelism: stopped after {len(tried)} variants (the planning budget was spent)")
-            break
-        step = _score(sim, sp)
-        tried.append((f"{sp.schedule} tp={sp.tp} sp", sp.virtual_stages, step))
-        offered.append(sp)
-        if step is None or not (best is None or step < best * (1 - _TIE)):
-            continue
-        why = accept(sp) if accept is not None else ""
-        if why:
-            notes.append(f"faster but refused (accept): {sp.schedule} tp={sp.tp} sp M={sp.microbatches}: {why}")
-            continue
-        best, won = step, sp
-    candidates = choice.candidates + tuple(tried)
-    out = chosen if won is None else won
-    meta = out.meta.copy()
-    meta["schedule_candidates"] = [list(c) for c in candidates]
+    out, tried = with_variants(sim, choice, sp_variant, label=lambda p: f"{p.schedule} tp={p.tp} sp",
+                               what="sequence parallelism", accept=accept)
     if tried:
-        meta["sequence_parallel_tried"] = len(tried)
-    return ScheduleChoice(dataclasses.replace(out, meta=meta), candidates, tuple(notes), tuple(offered))
+        out.placement.meta["sequence_parallel_tried"] = tried
+    return out

@@ -24,14 +24,12 @@ rule for one plan.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Callable
 
 from autoplace.placement import Placement
-from autoplace.planners import budget as _budget
 from autoplace.tp_rules import vocab_problems
 from .schedules import ScheduleChoice
-from .sequence_parallel import _TIE, _score
+from .variant_pass import variant_choice, with_variants
 
 if TYPE_CHECKING:
     from autoplace.graph.ir import OpGraph
@@ -54,55 +52,20 @@ def vp_choice(sim: "Simulator", plan: Placement, *,
               accept: Callable[[Placement], str] | None = None) -> tuple[Placement, float | None]:
     """``plan`` or its variant without the vocabulary split, whichever the rule of the module
     docstring keeps, with its simulated step (None: neither fits)."""
-    base = _score(sim, plan)
-    off = vp_variant(sim.graph, plan)
-    if off is None:
-        return plan, base
-    step = _score(sim, off)
-    if step is None or (accept is not None and accept(off)):
-        return plan, base
-    if base is None or step < base * (1 - _TIE):
-        return off, step
-    return plan, base
+    return variant_choice(sim, plan, lambda p: vp_variant(sim.graph, p), accept=accept)
 
 
 def with_vocab_parallel(sim: "Simulator", choice: ScheduleChoice, *,
                         accept: Callable[[Placement], str] | None = None) -> ScheduleChoice:
     """``choice`` with its placement replaced by the fastest variant without the vocabulary split
-    of the plans it offered when one fits and beats the chosen plan (or the chosen plan is over
-    memory); the variants tried are added to ``candidates`` (``"<schedule> tp=t[ sp] whole
-    vocabulary"``) and the chosen plan's ``meta["schedule_candidates"]``. Stops at a spent planning
-    budget (said in the notes)."""
-    chosen = choice.placement
-    best = _score(sim, chosen)
-    won: Placement | None = None
-    tried: list[tuple[str, int, float | None]] = []
-    notes = list(choice.notes)
-    offered = list(choice.offered)
-    seen: set[str] = set()
-    for p in [chosen, *choice.offered]:
-        off = vp_variant(sim.graph, p)
-        key = "" if off is None else json.dumps({k: v for k, v in off.to_dict().items() if k != "meta"}, sort_keys=True)
-        if off is None or key in seen:  # the chosen plan is among those offered
-            continue
-        if _budget.expired():
-            notes.append(f"vocabulary split: stopped after {len(tried)} variants (the planning budget was spent)")
-            break
-        seen.add(key)
-        step = _score(sim, off)
-        tried.append((f"{off.schedule} tp={off.tp}{' sp' if off.sequence_parallel else ''} whole vocabulary",
-                      off.virtual_stages, step))
-        offered.append(off)
-        if step is None or not (best is None or step < best * (1 - _TIE)):
-            continue
-        why = accept(off) if accept is not None else ""
-        if why:
-            notes.append(f"faster but refused (accept): {off.schedule} tp={off.tp} whole vocabulary "
-                         f"M={off.microbatches}: {why}")
-            continue
-        best, won = step, off
-    candidates = choice.candidates + tuple(tried)
-    out = chosen if won is None else won
-    meta = out.meta.copy()
-    meta["schedule_candidates"] = [list(c) for c in candidates]
-    return ScheduleChoice(dataclasses.replace(out, meta=meta), candidates, tuple(notes), tuple(offered))
+    of the plans it offered (and of the chosen one) when one fits and beats the chosen plan (or the
+    chosen plan is over memory); the variants tried are added to ``candidates`` (``"<schedule>
+    tp=t[ sp] whole vocabulary"``) and the chosen plan's ``meta["schedule_candidates"]``. Stops at
+    a spent planning budget (said in the notes)."""
+    out, _ = with_variants(sim, choice, lambda p: vp_variant(sim.graph, p), label=_label, what="vocabulary split",
+                           from_chosen=True, accept=accept)
+    return out
+
+
+def _label(p: Placement) -> str:
+    return f"{p.schedule} tp={p.tp}{' sp' if p.sequence_parallel else ''} whole vocabulary"

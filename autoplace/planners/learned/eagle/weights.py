@@ -11,13 +11,12 @@ by a hash of the network; every plan writes one, so the folder keeps the newest 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..mars.tuned import tuned_dir, tuned_path
+from ..mars.tuned import keep_network
 
 if TYPE_CHECKING:
     from autoplace.cluster import Cluster
@@ -76,22 +75,4 @@ def load_policy(path: str | Path, graph: "OpGraph", cluster: "Cluster", cost: "C
 def keep_trained(policy: "EaglePolicy") -> Path:
     """Save ``policy`` under ``tuned_dir("eagle")`` (the same network is one file), drop all but
     the newest :data:`KEEP` there, and return the path (``placement.meta["tuned_weights"]``)."""
-    path = tuned_path(policy, "eagle")
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        save_policy(policy, tmp)
-        tmp.replace(path)
-    else:
-        path.touch()
-    files = sorted(tuned_dir("eagle").glob("tuned-*.pt"), key=_mtime, reverse=True)
-    for old in files[KEEP:]:
-        if old != path:
-            old.unlink(missing_ok=True)
-    return path
-
-
-def _mtime(p: Path) -> float:
-    try:
-        return p.stat().st_mtime
-    except FileNotFoundError:  # another process pruned it meanwhile
-        return 0.0
+    return keep_network(policy, "eagle", lambda path: save_policy(policy, path), KEEP)

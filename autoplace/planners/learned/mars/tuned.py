@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Callable
 
 from torch import nn
 
-__all__ = ["tuned_dir", "tuned_path"]
+__all__ = ["tuned_dir", "tuned_path", "keep_network"]
 
 
 def tuned_dir(planner: str = "mars") -> Path:
@@ -31,3 +32,28 @@ def tuned_path(net: nn.Module, planner: str = "mars") -> Path:
     folder = tuned_dir(planner)
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"tuned-{digest.hexdigest()[:16]}.pt"
+
+
+def keep_network(net: nn.Module, planner: str, save: Callable[[Path], None], keep: int) -> Path:
+    """Save ``net`` (by ``save(path)``) under ``tuned_dir(planner)`` once (the same network is one
+    file, touched when saved again), drop all but the newest ``keep`` files there, and return its
+    path (``placement.meta["tuned_weights"]``)."""
+    path = tuned_path(net, planner)
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        save(tmp)
+        tmp.replace(path)
+    else:
+        path.touch()
+    files = sorted(tuned_dir(planner).glob("tuned-*.pt"), key=_mtime, reverse=True)
+    for old in files[keep:]:
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:  # another process pruned it meanwhile
+        return 0.0
