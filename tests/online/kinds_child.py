@@ -25,7 +25,7 @@ from torch import nn
 BATCH = 8
 
 
-def _model(tied: bool = False) -> nn.Module:
+def toy_model(tied: bool = False) -> nn.Module:
     torch.manual_seed(0)
     if tied:  # a weight shared by the first and the last stage (as GPT-2's wte and lm_head)
         m = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
@@ -36,13 +36,27 @@ def _model(tied: bool = False) -> nn.Module:
                          nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
 
 
-def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+def toy_batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + i)
     return torch.randn(BATCH, 12, generator=g), torch.randn(BATCH, 3, generator=g)
 
 
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def toy_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((out - y) ** 2).mean()
+
+
+def errors_against(model: nn.Module, opt: torch.optim.Optimizer, ref: nn.Module, ref_opt: torch.optim.Optimizer,
+                   held: set[str]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The largest difference of each parameter in ``held`` and of its optimizer state from the
+    untuned reference's (``ref`` trained by ``ref_opt`` on the same batches)."""
+    ref_params = dict(ref.named_parameters())
+    errs, state_errs = {}, {}
+    for n, p in model.named_parameters():
+        if n in held:
+            errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
+            mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
+            state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
+    return errs, state_errs
 
 
 def main(out: Path, case: dict[str, Any]) -> None:
@@ -56,9 +70,9 @@ def main(out: Path, case: dict[str, Any]) -> None:
 
     rank, _, _ = init_distributed(timeout_s=60)
     result: dict[str, Any] = {"rank": rank}
-    model = _model(case.get("tied", False))
+    model = toy_model(case.get("tied", False))
     ref = copy.deepcopy(model)
-    x0, _ = _batch(0)
+    x0, _ = toy_batch(0)
     traced_graph = autoplace.trace(model, (x0,))
     cluster = autoplace.Cluster.from_devices(["cpu", "cpu"])
     cands = kind_candidates(traced_graph, cluster, cut_offsets=(0.0,), fixed_shares=(0.3,), schedules=("gpipe", "1f1b"),
@@ -95,7 +109,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
         pool = [c for c in cands if c is not start and c not in pool][: case.get("pool", 3) - len(pool)] + pool + [start]
         cfg = OnlineConfig(trials=len(pool) - 1, steps_per_trial=2, warmup_steps=1, every_n_steps=1, min_gain=0.0,
                            screen_samples=8, screen_top_k=1, search=case["search"], seed=0)
-    pipe = OnlinePipeline(model, traced, cluster, start, loss_fn=_loss, example_inputs=(x0,), optimizer=opt,
+    pipe = OnlinePipeline(model, traced, cluster, start, loss_fn=toy_loss, example_inputs=(x0,), optimizer=opt,
                           config=cfg, timeouts=Timeouts(floor_s=45), candidates=pool)
     switches = {int(k): v for k, v in case.get("switches", {}).items()}
     kinds, losses, ref_losses, saved = [], [], [], []
@@ -109,14 +123,14 @@ def main(out: Path, case: dict[str, Any]) -> None:
             pipe.apply_plan(by_label[switches[i]] if switches[i] in by_label else
                             [c for lab, c in by_label.items() if lab.startswith(switches[i])][0])
         kinds.append(kind_label(kind_of(pipe.plan)))
-        x, y = _batch(i)
+        x, y = toy_batch(i)
         count[0] = 0
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = pipe.step(x, target=y)
         saved.append(count[0])
         opt.step()
         opt.zero_grad()
-        ref_loss = _loss(ref(x), y)
+        ref_loss = toy_loss(ref(x), y)
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
@@ -126,14 +140,8 @@ def main(out: Path, case: dict[str, Any]) -> None:
     if has_options(pipe.plan):  # the live tensors are the copy's: back to the start plan's runner
         pipe.tune(None)
         pipe.apply_plan(start)
-    ref_params = dict(ref.named_parameters())
     held = {n for n, p in model.named_parameters() if rank in pipe._holders.get(n, [])}
-    errs, state_errs = {}, {}
-    for n, p in model.named_parameters():
-        if n in held:
-            errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
-            mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
-            state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
+    errs, state_errs = errors_against(model, opt, ref, ref_opt, held)
     result.update(kinds=kinds, losses=losses, ref_losses=ref_losses, saved=saved, held=sorted(held), errors=errs,
                   state_errors=state_errs, resplits=pipe.resplits, phase=phase, report=report,
                   floor_s=pipe.runner.timeouts.floor_s)

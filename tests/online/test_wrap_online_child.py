@@ -18,25 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-BATCH = 8
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.LayerNorm(24),
-                         nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 3))
-
-
-def _batch(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + i)
-    return torch.randn(BATCH, 12, generator=g), torch.randn(BATCH, 3, generator=g)
-
-
-def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return ((out - y) ** 2).mean()
-
+from kinds_child import errors_against, toy_batch, toy_loss, toy_model  # the same toy model, batches and check
 
 def main(out: Path, case: dict[str, Any]) -> None:
     torch.set_num_threads(1)
@@ -45,9 +28,9 @@ def main(out: Path, case: dict[str, Any]) -> None:
     from autoplace.online.kinds import kind_label, kind_of
     from autoplace.rewrite.liveness import Timeouts
 
-    model = _model()
+    model = toy_model()
     ref = copy.deepcopy(model)
-    x0, _ = _batch(0)
+    x0, _ = toy_batch(0)
     world = int(case.get("world", 2))
     devices = ["cpu"] * world
     cluster = autoplace.Cluster.from_devices(devices)
@@ -64,7 +47,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pipe: Any = autoplace.wrap(model, devices, mode="pipeline", example_inputs=(x0,), loss_fn=_loss,
+        pipe: Any = autoplace.wrap(model, devices, mode="pipeline", example_inputs=(x0,), loss_fn=toy_loss,
                                    plan=plan, finetune="online", optimizer=opt, online=cfg, budget_s=3.0,
                                    timeout_s=Timeouts(floor_s=45), progress=False)
     import torch.distributed as dist
@@ -77,11 +60,11 @@ def main(out: Path, case: dict[str, Any]) -> None:
     kinds, losses, ref_losses = [], [], []
     for i in range(case["steps"]):
         kinds.append(kind_label(kind_of(pipe.plan)))
-        x, y = _batch(i)
+        x, y = toy_batch(i)
         loss = pipe.step(x, target=y)
         opt.step()
         opt.zero_grad()
-        ref_loss = _loss(ref(x), y)
+        ref_loss = toy_loss(ref(x), y)
         ref_loss.backward()
         ref_opt.step()
         ref_opt.zero_grad()
@@ -96,14 +79,7 @@ def main(out: Path, case: dict[str, Any]) -> None:
         pipe.apply_plan(autoplace.Placement.pipeline(graph, cluster, [0] * graph.num_nodes, [[0, 1]],
                                                      microbatches=1, schedule="1f1b"))
     held = {n for n, _ in model.named_parameters() if world == 2 or rank in pipe._holders.get(n, [])}
-    ref_params = dict(ref.named_parameters())
-    errs, state_errs = {}, {}
-    for n, p in model.named_parameters():
-        if n not in held:
-            continue
-        errs[n] = (p.detach() - ref_params[n].detach()).abs().max().item()
-        mine, theirs = opt.state[p], ref_opt.state[ref_params[n]]
-        state_errs[n] = {k: (mine[k].float() - theirs[k].float()).abs().max().item() for k in theirs}
+    errs, state_errs = errors_against(model, opt, ref, ref_opt, held)
     result.update(kinds=kinds, losses=losses, ref_losses=ref_losses, kept=kept, trials=trials, report=report,
                   phase=phase, errors=errs, state_errors=state_errs, resplits=pipe.resplits)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
