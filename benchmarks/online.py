@@ -102,6 +102,23 @@ def own_session() -> None:
             pass
 
 
+def timed_steps(pipe: Any, opt: torch.optim.Optimizer, x: tuple[torch.Tensor, ...], y: torch.Tensor, warmup: int,
+                steps: int) -> list[float]:
+    """``warmup + steps`` training steps of ``pipe``'s current plan (each ending with ``opt.step()``);
+    the seconds of the last ``steps``, each the slower rank's (every rank calls it)."""
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        pipe.step(*x, target=y)
+        opt.step()
+        opt.zero_grad()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def worker(rank: int, run: Callable[[int, dict[str, Any]], dict[str, Any]], world: int, port: int,
            payload: dict[str, Any], out: str) -> None:
     """One of ``world`` gloo workers spawned on this host (``torch.multiprocessing.spawn(worker,

@@ -83,7 +83,7 @@ from autoplace.sim import Simulator  # noqa: E402
 
 from fidelity_cpu import MODELS as FIDELITY  # noqa: E402
 from fidelity_cpu_predict import host_cost  # noqa: E402
-from online import worker  # noqa: E402
+from online import timed_steps, worker  # noqa: E402
 import online_kinds_report as report  # noqa: E402
 
 OUTSIDE: dict[str, dict[str, Any]] = {  # small configs, widened to steps of tens of ms here
@@ -260,18 +260,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     x, y = wl.example_inputs, wl.target
 
     def block(warmup: int, steps: int) -> list[float]:
-        """Steps of the current plan; each step's time is the slower rank's."""
-        times = []
-        for i in range(warmup + steps):
-            t0 = time.perf_counter()
-            pipe.step(*x, target=y)
-            opt.step()
-            opt.zero_grad()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
+        return timed_steps(pipe, opt, x, y, warmup, steps)
 
     loads = [os.getloadavg()[0]]
     t_start = time.perf_counter()

@@ -55,7 +55,7 @@ import autoplace  # noqa: E402
 from autoplace.report import format_table  # noqa: E402
 from autoplace.rewrite.runtime import free_port  # noqa: E402
 
-from online import worker  # noqa: E402
+from online import timed_steps, worker  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {  # benchmarks/fidelity_cpu.py's gpt2, online_kinds.py's alexnet and bert-base
     "gpt2": dict(small=True, n_layer=4, n_embd=128, n_head=4, seq_len=64, n_positions=64, batch_size=8),
@@ -105,17 +105,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
     load.append(os.getloadavg()[0])
 
     def block(warmup: int, n: int) -> list[float]:
-        times = []
-        for i in range(warmup + n):
-            t = time.perf_counter()
-            pipe.step(*x, target=y)
-            opt.step()
-            opt.zero_grad()
-            if i >= warmup:
-                times.append(time.perf_counter() - t)
-        out = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
-        return out.tolist()
+        return timed_steps(pipe, opt, x, y, warmup, n)
 
     ab: dict[str, list[float]] = {"start": [], "kept": []}
     same = kind_label(kind_of(start)) == kind_label(kind_of(kept))
