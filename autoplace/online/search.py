@@ -1,32 +1,38 @@
 """The decisions of online fine-tuning: which placement to try next and what a measurement means.
 
+**What a measurement means.** One trial is a few steps at one moment of a shared machine's load
+(the same pair of plans measured 0.67x in one pass and 1.50x in interleaved rounds on 2 loaded
+CPUs), so no decision rests on one trial's time. Every measured *block* (a trial's steps, and the
+``every_n_steps`` steps of the best between two trials) is kept in the order it ran, and each plan's
+**paired estimate** is the least-squares fit of its log step time to the differences between
+consecutive blocks (:func:`paired_estimates`): a trial is compared with the best's steps just before
+and just after it, as the two arms of an A/B round are, so the load of the moment, which on a
+shared machine swings 2x between minutes, cancels; and every block of a plan counts, the trial
+phase's and the final rounds'. Estimates are in seconds at the mean load of all blocks, refitted
+after every trial. A trial's plan becomes the best when its estimate beats the best's by
+``min_gain`` (any measured plan can, as the refit moves every estimate).
+
 One *round*: sample ``screen_samples`` placements from the policy, simulate each on the
 calibrated cluster, and queue the ``screen_top_k`` fastest ones that fit in memory and were not
 tried before for live trials. When the round's trials are done, PPO updates the policy on the
 whole batch: a sample that was measured live gets the measured reward
 
-    r = -log(measured / reference)      reference: the starting placement's measured step
+    r = -log(estimate / reference)      reference: the starting placement's estimate
 
 and every other sample the calibrated simulator's reward ``-log(predicted / reference)``
 (the prior); a sample that failed live, does not fit in memory, or is not a valid placement
 gets ``-failure_penalty``. Every measurement refits the calibration
-(:mod:`autoplace.online.calibrate`), so later rounds screen with a simulator closer to this
-machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
+(:mod:`autoplace.online.calibrate`) to the estimates, so later rounds screen with a simulator closer
+to this machine. Optionally, ``prior_updates`` PPO updates on the calibrated simulator alone run
 before the first round.
 
 After the ``trials``, ``OnlineConfig.confirm`` more trials run **final rounds** between the best
-and its ``confirm_top - 1`` fastest measured rivals: the rivals in turn, the best measured between
-them (or in turn with them when there are no steps between trials). One trial is a few steps at
-one moment of a shared machine's load (the same pair of plans measured 0.67x in one pass and
-1.50x in interleaved rounds on 2 loaded CPUs), so the final decision does not rest on it. Each
-rival block is compared with the best's blocks just before and after it (the geometric mean of
-their ``step_quantile``; the one before when it is the last block): the load of the moment, which
-on a shared machine swings 2x between seconds, cancels from the ratio. A rival's estimate is the
-best's pooled ``step_quantile`` over the rounds times the geometric mean of its ratios; the
-fastest finalist is kept. (Pooling every block's steps instead, as benchmarks/online_kinds.py's
-A/B judge does over rounds in which every plan runs once, favours the best here: it has twice the
-blocks, hence more chances of a quiet one.) With no steps of the best between trials, the best
-takes its turn as a trial and the finalists' pooled steps decide.
+and the ``confirm_top - 1`` fastest estimates after it: the rivals in turn, the best's steps between
+them (or the best in turn with them when there are no steps between trials); the finalist of the
+fastest estimate over every block of the run is kept. (Pooling steps instead, as
+benchmarks/online_kinds.py's A/B judge does over rounds in which every plan runs once, favours the
+best here: it has twice the blocks, hence more chances of a quiet one. Estimates from the final
+rounds alone, the rule before, left a finalist's trial-phase blocks out.)
 
 With ``OnlineConfig.search == "topk"`` (the learning-free control) nothing is learned: the pool is
 every candidate of a policy over a finite candidate set (:class:`~autoplace.online.kinds.KindPolicy`;
@@ -62,10 +68,38 @@ if TYPE_CHECKING:
     from .tuner import OnlineConfig
     from ..placement import Placement
 
-__all__ = ["TuningSearch", "TrialRecord", "candidate_key"]
+__all__ = ["TuningSearch", "TrialRecord", "candidate_key", "paired_estimates"]
 
 candidate_key = kind_key
 """A candidate's digest: the planners' key, with a :class:`~autoplace.online.kinds.KindPlan`'s options."""
+
+
+def paired_estimates(blocks: list[tuple[bytes, float]], ref: bytes) -> dict[bytes, float]:
+    """Each plan's log step time relative to ``ref``'s from ``blocks`` (``(key, log seconds)`` in the
+    order they ran): the least-squares solution of ``d[key_k] - d[key_(k-1)] = y_k - y_(k-1)`` over
+    consecutive blocks of different plans, ``d[ref] = 0``. A load that drifts slowly next to the
+    plans' own differences cancels from each equation, as it does between the two arms of an A/B
+    round; consecutive blocks form one path, so every plan in it is connected to ``ref``."""
+    keys = list(dict.fromkeys(k for k, _ in blocks))
+    if ref not in keys:
+        raise ValueError("the reference plan has no block")
+    col = {k: i for i, k in enumerate(k for k in keys if k != ref)}
+    rows, rhs = [], []
+    for (k0, y0), (k1, y1) in zip(blocks, blocks[1:]):
+        if k0 == k1:
+            continue
+        row = np.zeros(len(col))
+        if k1 in col:
+            row[col[k1]] += 1.0
+        if k0 in col:
+            row[col[k0]] -= 1.0
+        rows.append(row)
+        rhs.append(y1 - y0)
+    d = {ref: 0.0}
+    if col:
+        sol = np.linalg.lstsq(np.asarray(rows), np.asarray(rhs), rcond=None)[0]
+        d.update({k: float(sol[i]) for k, i in col.items()})
+    return d
 
 
 @dataclass
@@ -84,13 +118,15 @@ class TrialRecord:
     """the calibrated simulator's step time when the trial was chosen."""
     measured_s: float | None = None
     """the median (``OnlineConfig.step_quantile``) of the measured steps (None when the trial failed)."""
+    estimate_s: float = math.inf
+    """its plan's paired estimate right after it (every block so far; module doc): what the keep rule reads."""
     step_times_s: list[float] = field(default_factory=list)
     error: str = ""
     """why the trial failed (empty when it did not)."""
     best_before_s: float = math.inf
-    """the best's estimate when this trial was measured (what it had to beat by ``min_gain``)."""
+    """the best's estimate before this trial (the plan to beat by ``min_gain``)."""
     best_so_far_s: float = math.inf
-    """best measured step time after this trial."""
+    """the best's estimate after this trial."""
     became_best: bool = False
     key: bytes = b""
     candidate: Any = None
@@ -111,12 +147,15 @@ class TuningSearch:
         self._sim = self.base_sim
         self.records: list[TrialRecord] = []
         self.measured: dict[bytes, float] = {}
+        """every measured plan's paired estimate in seconds (module doc), refitted after each trial."""
         self.failed: dict[bytes, str] = {}
         self.best: Any = start
         self.best_key = candidate_key(start)
         self.best_s = math.inf
-        self._best_times: list[float] = []
         self.reference_s: float | None = None
+        """the first measured plan's (the start's) estimate: the reference of the rewards."""
+        self._blocks: list[tuple[bytes, float]] = []  # (key, log of its quantile), in the order they ran
+        self._plans: dict[bytes, Any] = {}
         self.trials_done = 0
         self._queue: list[Any] = []
         self._batch: tuple[PolicySample, list[Any]] | None = None
@@ -135,9 +174,7 @@ class TuningSearch:
         """every step measured in the final rounds, per finalist's key."""
         self.final_s: dict[bytes, float] = {}
         """the finalists' estimates when the rounds are done (the decision; module doc)."""
-        self._best_open: list[float] = []  # the best's steps since the last final-round trial
-        self._best_blocks: list[float] = []  # the best's blocks in the final rounds (their quantile)
-        self._rival_blocks: list[tuple[bytes, float, int]] = []  # (key, quantile, best's block before)
+        self._best_open: list[float] = []  # the best's steps since the last trial
 
     # ---- simulation -----------------------------------------------------------------------
 
@@ -152,16 +189,17 @@ class TuningSearch:
         return self._evaluate(self._sim if calibrated else self.base_sim, cand)[0]
 
     def _refit(self) -> None:
-        recs = [r for r in self.records if r.measured_s is not None]
-        if not self.config.calibrate or not recs:
+        """Fit the calibration to every measured plan's estimate (one sample per plan)."""
+        if not self.config.calibrate or not self.measured:
             return
-        cands = [r.candidate for r in recs]
+        keys = list(self.measured)
+        cands = [self._plans[k] for k in keys]
 
         def predict(cl: "Cluster") -> list[float]:
             sim = Simulator(self.graph, cl, self.cost)
             return [self._evaluate(sim, c)[0] for c in cands]
 
-        self.calibration = fit_step_calibration(predict, self.cluster, [float(r.measured_s or 0.0) for r in recs],
+        self.calibration = fit_step_calibration(predict, self.cluster, [self.measured[k] for k in keys],
                                                 ridge=self.config.calibration_ridge)
         self._sim = Simulator(self.graph, self.calibration.apply(self.cluster), self.cost)
 
@@ -179,27 +217,19 @@ class TuningSearch:
                           predicted_s=self.predict(cand, calibrated=False), predicted_at_trial_s=self.predict(cand),
                           key=key, candidate=cand)
         final = self.finalists is not None
+        rec.best_before_s = self.best_s
         if times:
             rec.step_times_s = list(times)
             rec.measured_s = float(np.quantile(times, self.config.step_quantile))
-            self.measured[key] = rec.measured_s
-            if self.reference_s is None:
-                self.reference_s = rec.measured_s
-            rec.best_before_s = self.best_s
-            if final:  # a final round: paired with the best's blocks around it (_decide_final)
+            if final:
                 self.final_steps.setdefault(key, []).extend(times)
-                self._close_best_block()
-                if key == self.best_key:
-                    self._best_blocks.append(rec.measured_s)
-                else:
-                    self._rival_blocks.append((key, rec.measured_s, len(self._best_blocks) - 1))
-            elif key == self.best_key:
-                self._best_times = list(times)
-                self.best_s = rec.measured_s
-            elif rec.measured_s < self.best_s * (1.0 - self.config.min_gain):
-                self.best, self.best_key, self.best_s = cand, key, rec.measured_s
-                self._best_times = list(times)
-                rec.became_best = True
+            self._close_best_block()
+            self._blocks.append((key, math.log(max(rec.measured_s, 1e-12))))
+            self._plans[key] = cand
+            self._estimate()
+            rec.estimate_s = self.measured[key]
+            if not final:
+                rec.became_best = self._keep_rule() == key
         else:
             rec.error = error or "failed"
             self.failed[key] = rec.error
@@ -214,53 +244,63 @@ class TuningSearch:
         rec.best_so_far_s = self.best_s
         return rec
 
+    def _estimate(self) -> None:
+        """Refit every measured plan's paired estimate (:func:`paired_estimates`), in seconds at the
+        mean load of all blocks."""
+        ref = self._blocks[0][0]
+        d = paired_estimates(self._blocks, ref)
+        level = float(np.mean([y - d[k] for k, y in self._blocks]))
+        self.measured = {k: math.exp(v + level) for k, v in d.items()}
+        self.reference_s = self.measured[ref]
+        if self.best_key in self.measured:
+            self.best_s = self.measured[self.best_key]
+
+    def _ranked(self) -> list[bytes]:
+        """Measured plans that never failed, fastest estimate first."""
+        return sorted((k for k in self.measured if k not in self.failed), key=lambda k: self.measured[k])
+
+    def _keep_rule(self) -> bytes:
+        """The best after a trial: the fastest estimate, when it beats the best's by ``min_gain`` (or
+        the best has none, having failed or not run yet); its key."""
+        ranked = self._ranked()
+        if ranked and (self.best_key not in self.measured or self.best_key in self.failed
+                       or self.measured[ranked[0]] < self.measured[self.best_key] * (1.0 - self.config.min_gain)):
+            self.best_key = ranked[0]
+            self.best = self._plans[ranked[0]]
+        self.best_s = self.measured.get(self.best_key, math.inf)
+        return self.best_key
+
     def _start_final(self) -> None:
-        """The finalists: the best and its ``confirm_top - 1`` fastest measured rivals (latest times)."""
-        latest = {r.key: r.candidate for r in self.records if r.measured_s is not None and r.key not in self.failed}
-        rivals = sorted((self.measured[k], i, c) for i, (k, c) in enumerate(latest.items()) if k != self.best_key)
+        """The finalists: the best and the ``confirm_top - 1`` fastest estimates after it."""
+        rivals = [k for k in self._ranked() if k != self.best_key]
         if rivals:
-            self.finalists = [self.best] + [c for _, _, c in rivals[: self.config.confirm_top - 1]]
-            self.final_steps, self._best_open, self._best_blocks, self._rival_blocks = {}, [], [], []
+            self.finalists = [self.best] + [self._plans[k] for k in rivals[: self.config.confirm_top - 1]]
+            self.final_steps = {}
 
     def _close_best_block(self) -> None:
         if self._best_open:
-            self._best_blocks.append(float(np.quantile(self._best_open, self.config.step_quantile)))
+            self._blocks.append((self.best_key, math.log(max(float(np.quantile(self._best_open,
+                                                                                  self.config.step_quantile)), 1e-12))))
+            self._plans.setdefault(self.best_key, self.best)
             self._best_open = []
 
     def _decide_final(self) -> bytes:
-        """Keep the fastest finalist by the final rounds (module doc); its key."""
+        """Keep the finalist of the fastest estimate over every block of the run (module doc); its key."""
         assert self.finalists is not None
-        self._close_best_block()
-        q = self.config.step_quantile
-        pooled = {candidate_key(c): float(np.quantile(self.final_steps[candidate_key(c)], q))
-                  for c in self.finalists if self.final_steps.get(candidate_key(c))}
-        paired: dict[bytes, list[float]] = {}
-        b = self._best_blocks
-        for key, t, j in self._rival_blocks:
-            around = [b[i] for i in (j, j + 1) if 0 <= i < len(b)]
-            if around:
-                paired.setdefault(key, []).append(math.log(t) - float(np.mean(np.log(around))))
-        if self.best_key in pooled and paired and self.config.every_n_steps:
-            self.final_s = {self.best_key: pooled[self.best_key]}
-            self.final_s.update({k: pooled[self.best_key] * math.exp(float(np.mean(v))) for k, v in paired.items()})
-        else:
-            self.final_s = pooled
+        keys = [candidate_key(c) for c in self.finalists]
+        self.final_s = {k: self.measured[k] for k in keys if k in self.measured and k not in self.failed}
         if self.final_s:
             win = min(self.final_s, key=lambda k: self.final_s[k])
-            self.best = next(c for c in self.finalists if candidate_key(c) == win)
+            self.best = self.finalists[keys.index(win)]
             self.best_key, self.best_s = win, self.final_s[win]
-            self.measured[win] = self.best_s
         return self.best_key
 
     def observe_best(self, seconds: float) -> None:
-        """A step measured on the best placement between trials: keeps its estimate current (and
-        in the final rounds counts as one of the best's steps there)."""
+        """A step measured on the best placement between trials: one of the best's steps in the block
+        that the next trial is paired with (module doc)."""
         if self.finalists is not None:
             self.final_steps.setdefault(self.best_key, []).append(seconds)
-            self._best_open.append(seconds)
-        self._best_times = (self._best_times + [seconds])[-3 * self.config.steps_per_trial:]
-        self.best_s = float(np.quantile(self._best_times, self.config.step_quantile))
-        self.measured[self.best_key] = self.best_s
+        self._best_open.append(seconds)
 
     # ---- choosing ------------------------------------------------------------------------
 

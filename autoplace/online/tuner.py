@@ -131,15 +131,16 @@ class OnlineConfig:
     failure_penalty: float = 2.0
     """the reward (negated) of a candidate that failed, does not fit or is not valid."""
     min_gain: float = 0.02
-    """a candidate replaces the best only when measured faster by at least this fraction (noise guard)."""
+    """a plan replaces the best only when its paired estimate (every block of steps so far, each
+    compared with the ones just before and after it: :mod:`autoplace.online.search`) is faster by at
+    least this fraction (noise guard)."""
     confirm: int = 0
-    """after the ``trials``, this many more trials in **final rounds**: the best and its
-    ``confirm_top - 1`` fastest measured rivals, the rivals measured in turn, each trial followed by
+    """after the ``trials``, this many more trials in **final rounds**: the best and the
+    ``confirm_top - 1`` fastest estimates after it, the rivals measured in turn, each trial followed by
     ``every_n_steps`` steps of the best (measured too; with ``every_n_steps=0`` the best takes its
-    turn as a trial). Each rival block is compared with the best's blocks around it, so the load of
-    the moment cancels; the fastest by those ratios is kept (:mod:`autoplace.online.search`): a best
-    that won one noisy trial must stay ahead in interleaved measurements. Each counts as a live
-    trial."""
+    turn as a trial). The finalist of the fastest paired estimate over every block of the run is
+    kept: a best that won one noisy trial must stay ahead in interleaved measurements. Each counts as
+    a live trial."""
     confirm_top: int = 3
     """plans in the final rounds: the best and the fastest measured others (see ``confirm``)."""
     calibrate: bool = True
