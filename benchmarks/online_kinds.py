@@ -306,6 +306,9 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
                 row["uncalibrated_s"] = [s.predict(kind_of(c), calibrated=False) for c in cands]
                 row["calibration"] = s.calibration.to_dict()
                 row["final_s"] = {kind_label(f): s.final_s.get(candidate_key(f)) for f in s.finalists or ()}
+                label_of = {k: lab for k, lab in zip(keys, m["labels"])}
+                row["blocks"] = [[label_of.get(k, "?"), t] for k, t in s.blocks]  # the keep rule's input
+                row["estimates_s"] = {label_of.get(k, "?"): v for k, v in s.measured.items()}
             runs.append(row)
     tune_s = time.perf_counter() - t1
     loads.append(os.getloadavg()[0])
@@ -357,6 +360,9 @@ def main() -> None:
     ap.add_argument("--between", type=int, default=4,
                     help="OnlineConfig.every_n_steps: training steps on the best plan between two trials (its "
                          "estimate kept current under the machine's load; not trials)")
+    ap.add_argument("--ab-rounds", type=int, default=8,
+                    help="alternating A/B rounds of the judge (the measured best); 4 before 2026-12-07, when its "
+                         "two halves picked bests 1.3-1.6x apart on AlexNet and VGG-16 (online_kinds_report.judge_halves)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
                     help="folder of online_kinds.json and .md (a subset run: give another folder)")
     ap.add_argument("--fsdp-probe", choices=("stored", "new", "off"), default="stored",
@@ -376,7 +382,7 @@ def main() -> None:
     torch.set_num_threads(1)
     args = {"quick": a.quick, "trials": a.trials, "trial_steps": 2 if a.quick else 3, "between": a.between, "confirm": a.confirm,
             "confirm_top": a.confirm_top, "passes": 1 if a.quick else 2,
-            "brute_steps": 2 if a.quick else 3, "ab_rounds": 2 if a.quick else 4, "ab_steps": 2 if a.quick else 4,
+            "brute_steps": 2 if a.quick else 3, "ab_rounds": 2 if a.quick else a.ab_rounds, "ab_steps": 2 if a.quick else 4,
             "seed": 0, "starts": a.starts, "top": 3}
     done: list[dict[str, Any]] = []
     if a.append and (a.out / "online_kinds.json").exists():  # models measured by an earlier run stay
@@ -393,6 +399,7 @@ def main() -> None:
                            + (f" --between {a.between}" if a.between != 4 else "")
                            + (f" --confirm {a.confirm}" if a.confirm != 6 else "")
                            + (f" --confirm-top {a.confirm_top}" if a.confirm_top != 3 else "")
+                           + (f" --ab-rounds {a.ab_rounds}" if a.ab_rounds != 8 else "")
                            + (f" --fsdp-probe {a.fsdp_probe}" if a.fsdp_probe != "stored" else "")
                            + (" --pipeline-recompute" if a.pipeline_recompute else "")
                            + (f" --planner {a.planner}" if a.planner != "best" else ""),

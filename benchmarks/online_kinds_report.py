@@ -12,8 +12,11 @@ import numpy as np
 from autoplace.report import format_table
 
 
-def rms_log(pred: list[float], meas: list[float]) -> float:
-    return float(math.sqrt(np.mean([(math.log(p) - math.log(q)) ** 2 for p, q in zip(pred, meas)])))
+def rms_log(pred: list[float], meas: list[float], *, level: bool = True) -> float:
+    """rms of log(pred / meas); ``level=False``: with the mean log ratio removed first (the error in
+    the plans' ratios to each other, what ranks them; a load that slows every plan alike is level)."""
+    e = np.log(np.asarray(pred, dtype=float)) - np.log(np.asarray(meas, dtype=float))
+    return float(math.sqrt(np.mean((e if level else e - e.mean()) ** 2)))
 
 
 def rows_of(m: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -34,8 +37,24 @@ def rows_of(m: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
                     "extra_time_share_of_1000": extra / (1000.0 * ab[best]),
                     "rms_before": rms_log(m["predicted_s"], meas),
                     "rms_after": rms_log(r["calibrated_s"], meas) if "calibrated_s" in r else math.nan,
-                    "tuning_steps": r["tuning_steps"]})
+                    "rms_before_ratios": rms_log(m["predicted_s"], meas, level=False),
+                    "rms_after_ratios": rms_log(r["calibrated_s"], meas, level=False) if "calibrated_s" in r else math.nan,
+                    "tuning_steps": r["tuning_steps"], "judge_halves": judge_halves(m, args)})
     return out
+
+
+def judge_halves(m: dict[str, Any], args: dict[str, Any]) -> float:
+    """The judge against itself: the time, over the A/B rounds' second half, of the plan fastest over
+    their first half, over the second half's fastest (1.0: the halves agree). A tuner cannot be held
+    to within 3% of a best the judge cannot tell within 3% (the noise floor of the machine)."""
+    n = int(args["ab_steps"])
+    steps = {k: np.asarray(v, dtype=float) for k, v in m["ab_steps_s"].items()}
+    half = n * (len(next(iter(steps.values()))) // n // 2)
+    if half == 0:
+        return math.nan
+    first = {k: float(np.quantile(v[:half], 0.25)) for k, v in steps.items()}
+    second = {k: float(np.quantile(v[half:], 0.25)) for k, v in steps.items()}
+    return second[min(first, key=first.__getitem__)] / min(second.values())
 
 
 def model_line(m: dict[str, Any]) -> str:
@@ -60,7 +79,10 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "max_live_share": max(r["share_of_1000"] for r in rs),
                        "max_extra_time_share": max(r["extra_time_share_of_1000"] for r in rs),
                        "rms_after_median": float(np.nanmedian([r["rms_after"] for r in rs])),
-                       "rms_before_median": float(np.median([r["rms_before"] for r in rs]))}
+                       "rms_before_median": float(np.median([r["rms_before"] for r in rs])),
+                       "judge_halves_within_3pct": sum(r.get("judge_halves", math.nan) <= 1.03 for r in rs),
+                       "rms_after_ratios_median": float(np.nanmedian([r.get("rms_after_ratios", math.nan) for r in rs])),
+                       "rms_before_ratios_median": float(np.median([r.get("rms_before_ratios", math.nan) for r in rs]))}
     pairs = {}
     for r in rows:
         pairs.setdefault((r["model"], r["start"]), {})[r["search"]] = r["kept_over_best"]
@@ -120,7 +142,11 @@ def write(res: dict[str, Any], out: Path) -> None:
                          f"{x['max_live_share']:.1%} of a 1,000-step run in steps (goal 5%), their time beyond the "
                          f"best's at most {x['max_extra_time_share']:.1%}; calibrated simulator's rms log error over "
                          f"all candidates, median over the runs, {x['rms_before_median']:.3f} before (uncalibrated) and "
-                         f"{x['rms_after_median']:.3f} after tuning.")
+                         f"{x['rms_after_median']:.3f} after tuning; in the plans' ratios to each other (each run's "
+                         f"mean log error removed: the load of the tuning's moment against the all-candidates pass's) "
+                         f"{x['rms_before_ratios_median']:.3f} before and {x['rms_after_ratios_median']:.3f} after. "
+                         f"The judge against itself (the best of the A/B rounds' first half within 3% over their "
+                         f"second half): {x['judge_halves_within_3pct']} of {x['configurations']}.")
     if "learned_over_control" in s:
         x = s["learned_over_control"]
         lines.append(f"- **learned / control** (kept/best of PPO over that of the control, same start, same trials): "
@@ -134,7 +160,9 @@ def write(res: dict[str, Any], out: Path) -> None:
               "fastest of those rounds. kept/best (all-candidates pass): the same ratio from that pass alone. "
               "rms log error: the simulator over every candidate against the all-candidates pass, before "
               "(uncalibrated, the profile and host probe as taken before training) and after each tuning run's "
-              "calibration. Step counts: live-trial steps are trials x (1 warm-up + measured steps); the start's "
+              "calibration; 'in ratios': the same with the run's mean log error removed (the error in the plans' "
+              "ratios to each other, which ranks them; the load of the tuning's moment, which slows every plan "
+              "alike, is level). Step counts: live-trial steps are trials x (1 warm-up + measured steps); the start's "
               "own measurement is not a trial.", "",
               format_table(head, body, markdown=True), "", "## Per model", "",
               format_table(["model", "configurations", "control within 3%", "learned within 3%",

@@ -389,6 +389,12 @@ class TuningSearch:
         self.exhausted = True
 
     @property
+    def blocks(self) -> list[tuple[bytes, float]]:
+        """Every measured block in the order it ran: (plan key, its ``step_quantile`` in seconds); the
+        paired estimates' input (the module doc)."""
+        return [(k, math.exp(y)) for k, y in self._blocks]
+
+    @property
     def budget(self) -> int:
         """Live trials in all: ``trials`` and the ``confirm`` re-measurements."""
         return self.config.trials + self.config.confirm
@@ -417,7 +423,8 @@ class TuningSearch:
 
     def report(self) -> str:
         """Every trial: placement, predicted (uncalibrated, calibrated at the time, calibrated
-        now) and measured step time, best so far; then the calibration and the policy."""
+        now) and measured step time, its plan's paired estimate now, the best's estimate after it;
+        then the calibration and the policy."""
         rows = []
         for r in self.records:
             now = self.predict(r.candidate)
@@ -425,9 +432,10 @@ class TuningSearch:
             rows.append(["start" if r.index == 0 else str(r.index), r.summary, str(r.moved),
                          f"{r.predicted_s * 1e3:.3f}", f"{r.predicted_at_trial_s * 1e3:.3f}", f"{now * 1e3:.3f}",
                          "-" if r.measured_s is None else f"{r.measured_s * 1e3:.3f}",
+                         f"{self.measured[r.key] * 1e3:.3f}" if r.key in self.measured else "-",
                          f"{r.best_so_far_s * 1e3:.3f}", status or ("FAILED" if r.measured_s is None else "")])
         head = ["trial", "placement", "moved ops", "sim ms", "calibrated ms (then)", "calibrated ms (now)",
-                "measured ms", "best ms", "note"]
+                "measured ms", "estimate ms (now)", "best ms (then)", "note"]
         best = self.to_placement(self.best)
         lines = [f"online fine-tuning: {self.trials_done}/{self.budget} trials; policy: {self.policy_name} "
                  f"({self.policy_note})", format_table(head, rows), "",
