@@ -151,15 +151,16 @@ class OnlineConfig:
     """where the best plan is written (JSON) when the trials are done; None: not saved."""
     seed: int = 0
     """seed of the policy's sampling and PPO's shuffles."""
-    search: str = "topk"
-    """"topk" (the learning-free control: one pool of ``4 * screen_samples`` policy samples, never
-    updated, measured in the order of the calibrated simulator, re-ranked after every measurement;
-    the fastest is kept) or "ppo" (the learned tuner: PPO on live and simulated rewards). "topk" is
-    the default because it measured better: over plan kinds on 2 CPU processes with the machine
-    otherwise idle (benchmarks/online_kinds.py at 3950a79, 28 configurations, the same trials), it
-    kept a plan within 3% of the measured best in 27 where PPO did in 25, geometric mean kept/best
-    1.008 against 1.021, PPO better in none, worse in 3; on a loaded machine (load 8-10) the two
-    were level (18 and 18, PPO better in 8, worse in 7)."""
+    search: str = "ppo"
+    """"ppo" (the learned tuner: PPO on live and simulated rewards) or "topk" (the learning-free
+    control: one pool of ``4 * screen_samples`` policy samples, never updated, measured in the order
+    of the calibrated simulator, re-ranked after every measurement; the fastest is kept). "ppo" is
+    the default because it measured better with the paired estimates (e4e05e8): over plan kinds on 2
+    CPU processes with the machine otherwise idle (benchmarks/online_kinds.py, 28 configurations, the
+    same trials), PPO kept a plan within 3% of the measured best in 26, 26 and 27 of 28 in three runs
+    where the control did in 26, 25 and 23 (geometric mean kept/best 1.017 against 1.018 over the 84),
+    which decided it; a fourth run (2261d55) confirmed it: 28 of 28 against 26 (1.001 against 1.009).
+    Before the paired estimates the control had measured better (3950a79: 27 against 25)."""
     kinds: bool = True
     """under torchrun (``wrap(mode="pipeline")``): tune over plan kinds (DDP, FSDP, 2-stage GPipe/1F1B
     pipelines at cuts around the plan's, micro-batches, recompute, the plan's learned planner's
