@@ -83,7 +83,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "judge_halves_within_3pct": sum(r.get("judge_halves", math.nan) <= 1.03 for r in rs),
                        "rms_after_ratios_median": float(np.nanmedian([r.get("rms_after_ratios", math.nan) for r in rs])),
                        "rms_before_ratios_median": float(np.median([r.get("rms_before_ratios", math.nan) for r in rs]))}
-    pairs = {}
+    pairs: dict[tuple[str, str], dict[str, float]] = {}
     for r in rows:
         pairs.setdefault((r["model"], r["start"]), {})[r["search"]] = r["kept_over_best"]
     ratios = [v["ppo"] / v["topk"] for v in pairs.values() if "ppo" in v and "topk" in v]
