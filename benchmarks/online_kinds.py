@@ -93,7 +93,7 @@ OUTSIDE: dict[str, dict[str, Any]] = {  # small configs, widened to steps of ten
     "wavenet": dict(small=True, layers=4, residual_channels=32, dilation_channels=32, skip_channels=64,
                     batch_size=8),
 }
-QUANTILE = 0.25
+QUANTILE = report.QUANTILE
 FSDP_MICROBATCHES = (1,)
 """FSDP candidates' micro-batch counts (kind_candidates' ``fsdp_microbatches``)."""
 RECOMPUTE = (True,)
@@ -306,7 +306,7 @@ def run(rank: int, payload: dict[str, Any]) -> dict[str, Any]:
                 row["uncalibrated_s"] = [s.predict(kind_of(c), calibrated=False) for c in cands]
                 row["calibration"] = s.calibration.to_dict()
                 row["final_s"] = {kind_label(f): s.final_s.get(candidate_key(f)) for f in s.finalists or ()}
-                label_of = {k: lab for k, lab in zip(keys, m["labels"])}
+                label_of = dict(zip(keys, m["labels"]))
                 row["blocks"] = [[label_of.get(k, "?"), t] for k, t in s.blocks]  # the keep rule's input
                 row["estimates_s"] = {label_of.get(k, "?"): v for k, v in s.measured.items()}
             runs.append(row)

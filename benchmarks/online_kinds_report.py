@@ -11,6 +11,9 @@ import numpy as np
 
 from autoplace.report import format_table
 
+QUANTILE = 0.25
+"""a plan's time: this quantile of its steps (every pass of benchmarks/online_kinds.py and the judge)."""
+
 
 def rms_log(pred: list[float], meas: list[float], *, level: bool = True) -> float:
     """rms of log(pred / meas); ``level=False``: with the mean log ratio removed first (the error in
@@ -23,6 +26,8 @@ def rows_of(m: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (start, tuner) of a model."""
     meas, labels, best = m["measured_s"], m["labels"], m["best"]
     ab = {int(k): v for k, v in m["ab_s"].items()}
+    per_model = {"rms_before": rms_log(m["predicted_s"], meas),  # the same for every run of the model
+                 "rms_before_ratios": rms_log(m["predicted_s"], meas, level=False), "judge_halves": judge_halves(m, args)}
     out = []
     for r in m["runs"]:
         trials = r.get("trials_done", args["trials"])
@@ -35,11 +40,9 @@ def rows_of(m: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
                     "kept_over_best_bruteforce": meas[r["kept"]] / meas[best],
                     "live_trial_steps": live, "share_of_1000": live / 1000.0,
                     "extra_time_share_of_1000": extra / (1000.0 * ab[best]),
-                    "rms_before": rms_log(m["predicted_s"], meas),
                     "rms_after": rms_log(r["calibrated_s"], meas) if "calibrated_s" in r else math.nan,
-                    "rms_before_ratios": rms_log(m["predicted_s"], meas, level=False),
                     "rms_after_ratios": rms_log(r["calibrated_s"], meas, level=False) if "calibrated_s" in r else math.nan,
-                    "tuning_steps": r["tuning_steps"], "judge_halves": judge_halves(m, args)})
+                    "tuning_steps": r["tuning_steps"], **per_model})
     return out
 
 
@@ -52,8 +55,8 @@ def judge_halves(m: dict[str, Any], args: dict[str, Any]) -> float:
     half = n * (len(next(iter(steps.values()))) // n // 2)
     if half == 0:
         return math.nan
-    first = {k: float(np.quantile(v[:half], 0.25)) for k, v in steps.items()}
-    second = {k: float(np.quantile(v[half:], 0.25)) for k, v in steps.items()}
+    first = {k: float(np.quantile(v[:half], QUANTILE)) for k, v in steps.items()}
+    second = {k: float(np.quantile(v[half:], QUANTILE)) for k, v in steps.items()}
     return second[min(first, key=first.__getitem__)] / min(second.values())
 
 

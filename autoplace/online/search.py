@@ -224,8 +224,7 @@ class TuningSearch:
             if final:
                 self.final_steps.setdefault(key, []).extend(times)
             self._close_best_block()
-            self._blocks.append((key, math.log(max(rec.measured_s, 1e-12))))
-            self._plans[key] = cand
+            self._add_block(key, cand, rec.measured_s)
             self._estimate()
             rec.estimate_s = self.measured[key]
             if not final:
@@ -277,11 +276,13 @@ class TuningSearch:
             self.finalists = [self.best] + [self._plans[k] for k in rivals[: self.config.confirm_top - 1]]
             self.final_steps = {}
 
+    def _add_block(self, key: bytes, cand: Any, seconds: float) -> None:
+        self._blocks.append((key, math.log(max(seconds, 1e-12))))
+        self._plans[key] = cand
+
     def _close_best_block(self) -> None:
         if self._best_open:
-            self._blocks.append((self.best_key, math.log(max(float(np.quantile(self._best_open,
-                                                                                  self.config.step_quantile)), 1e-12))))
-            self._plans.setdefault(self.best_key, self.best)
+            self._add_block(self.best_key, self.best, float(np.quantile(self._best_open, self.config.step_quantile)))
             self._best_open = []
 
     def _decide_final(self) -> bytes:
@@ -446,7 +447,8 @@ class TuningSearch:
         if self.final_s and self.finalists is not None:
             lines.append("final rounds (estimate, steps): " + ", ".join(
                 f"{self.summarize(c)} {self.final_s[candidate_key(c)] * 1e3:.3f} ms "
-                f"({len(self.final_steps[candidate_key(c)])})" for c in self.finalists if candidate_key(c) in self.final_s))
+                f"({len(self.final_steps.get(candidate_key(c), ()))})" for c in self.finalists
+                if candidate_key(c) in self.final_s))
         if self.metrics:
             lines.append("last PPO update: " + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()))
         return "\n".join(lines)

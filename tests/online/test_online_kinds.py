@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import autoplace
-from autoplace.online.kinds import KindPolicy, kind_candidates, kind_label, split_at_share
+from autoplace.online.kinds import KindPolicy, kind_candidates, kind_label, kind_placement, split_at_share
 from autoplace.planners.learned.env import candidate_key, candidate_of
 
 CHILD = Path(__file__).with_name("kinds_child.py")
@@ -174,7 +174,7 @@ def test_confirm_gives_the_beaten_best_a_second_measurement_under_the_current_lo
         cfg = OnlineConfig(trials=2, confirm=confirm, search="topk", calibrate=False)
         return TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
                             policy_note="", config=cfg,
-                            to_placement=lambda c: autoplace.Placement.pipeline(graph, cluster, *c),
+                            to_placement=lambda c: kind_placement(graph, cluster, c),
                             summarize=lambda c: kind_label(c))
 
     for confirm in (0, 1):
@@ -193,6 +193,9 @@ def test_confirm_gives_the_beaten_best_a_second_measurement_under_the_current_lo
         assert rival is not None and candidate_key(rival) == candidate_key(cands[0])  # the fastest other
         s.record(rival, [9e-3])  # 14% faster than a's steps just before it: a's win was the noise
         assert s.best_key == candidate_key(cands[0]) and s.trials_done == 3 and s.next_candidate() is None
+        # the third finalist ran in the trial phase only (one confirmation trial for two rivals): the
+        # report lists it with its estimate and no final-round steps
+        assert len(s.finalists or ()) == 3 and "(0)" in s.report().split("final rounds (estimate, steps): ")[1]
 
 
 def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
@@ -210,7 +213,7 @@ def test_final_rounds_decide_on_pooled_steps_not_on_one_noisy_trial() -> None:
         cfg = OnlineConfig(trials=2, confirm=len(rival_blocks), confirm_top=2, search="topk", calibrate=False,
                            step_quantile=0.25)
         s = TuningSearch(graph, cluster, CostModel(), cands[0], policy=KindPolicy(cands), policy_name="kinds",
-                         policy_note="", config=cfg, to_placement=lambda c: autoplace.Placement.pipeline(graph, cluster, *c),
+                         policy_note="", config=cfg, to_placement=lambda c: kind_placement(graph, cluster, c),
                          summarize=lambda c: kind_label(c))
         s.record(cands[0], [10e-3] * 3)  # the start
         a = s.next_candidate()
